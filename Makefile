@@ -1,0 +1,40 @@
+# Braid: two commands. `make run` and `make test` each set everything up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.braid-installed
+CONFIG ?= deploy/configs/default.yaml
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test test-slow install proto bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned, so pip takes the on-disk CPU wheel and never a CUDA build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/braid run --config $(CONFIG)
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-slow: install
+	$(PY) -m pytest -q -m slow tests
+
+bench: install
+	$(PY) bench/pipeline.py
+
+# Regenerate the checked-in gRPC stubs after editing services/proto/braid.proto.
+proto: install
+	$(PY) -m services.proto.regen
+
+clean:
+	rm -rf $(VENV) runs .cache

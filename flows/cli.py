@@ -1,0 +1,94 @@
+"""``braid``: the command line. Thin: parse arguments, then import what the command needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def prefect_env(cache_dir: str) -> None:
+    """Local Prefect defaults (ephemeral API) unless the user configured a server."""
+    home = Path(os.environ.setdefault("PREFECT_HOME", str(Path(cache_dir, "prefect").resolve())))
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from services.common.config import ConfigError, load_config
+
+    overrides = list(ns.set or [])
+    if ns.model:
+        overrides.append(f"model.path={ns.model}")
+    if ns.run_id:
+        overrides.append(f"run_id={ns.run_id}")
+    try:
+        cfg = load_config(ns.config, overrides)  # fail fast, before Prefect starts
+    except (ConfigError, FileNotFoundError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    prefect_env(cfg.cache_dir)
+    from flows.rl_training import rl_training
+
+    result = rl_training(config_path=ns.config, overrides=overrides)
+    print(json.dumps({k: result[k] for k in ("run_dir", "mode", "warmstart_accuracy", "final_accuracy",
+                                            "accuracy_stderr", "eval_prompts", "samples_per_second")}, indent=2))
+    return 0
+
+
+def _config(ns: argparse.Namespace) -> int:
+    from services.common.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(ns.config, list(ns.set or []))
+    except (ConfigError, FileNotFoundError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="braid", description="Asynchronous, disaggregated RL post-training")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the rl_training flow (local Prefect, local services)")
+    run.add_argument("--config", default="deploy/configs/default.yaml", help="YAML config file")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. trainer.mode=sync")
+    run.add_argument("--model", help="local HF checkpoint dir instead of the built tiny model")
+    run.add_argument("--run-id", help="run directory name under runs/")
+    run.set_defaults(func=_run)
+
+    cfg = sub.add_parser("config", help="print the resolved config (validates it)")
+    cfg.add_argument("--config", default="deploy/configs/default.yaml")
+    cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
+    cfg.set_defaults(func=_config)
+
+    sgs = sub.add_parser("sgs", help="run a Stream Generation Service process", add_help=False)
+    sgs.set_defaults(func=lambda ns: _delegate("services.generation.__main__", ns.rest))
+    trainer = sub.add_parser("trainer", help="run a trainer process", add_help=False)
+    trainer.set_defaults(func=lambda ns: _delegate("services.trainer.__main__", ns.rest))
+    for p in (sgs, trainer):
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    return importlib.import_module(module).main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return ns.func(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

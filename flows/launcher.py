@@ -1,0 +1,108 @@
+"""Local process launcher: start services as child processes and supervise them.
+
+Each service runs as ``python -m <module>`` with its stdout/stderr in a log file in the run
+directory. ``Supervisor.check`` raises ``ServiceDied`` with the tail of the dead process's log
+when any supervised process exits unexpectedly; ``stop_all`` sends SIGTERM, then SIGKILL
+after a grace period. Used by the Prefect flow and by the benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TAIL_LINES = 40
+
+
+class ServiceDied(RuntimeError):
+    """A supervised process exited unexpectedly; the message carries its log tail."""
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    if not path.exists():
+        return "<no log>"
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    expect_exit: bool = False  # a job that finishes (trainer) rather than a server
+
+    def describe_exit(self) -> str:
+        return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{tail(self.log_path)}"
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        PYTHONUNBUFFERED="1",
+        PYTHONWARNINGS="ignore",
+    )
+    return env
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.services: list[Service] = []
+
+    def start(self, name: str, module: str, args: list[str], *, threads: int, expect_exit: bool = False) -> Service:
+        log_path = self.run_dir / f"{name}.log"
+        log = log_path.open("w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(threads),
+            start_new_session=True,
+        )
+        log.close()
+        svc = Service(name, proc, log_path, expect_exit)
+        self.services.append(svc)
+        return svc
+
+    def check(self) -> None:
+        """Raise ``ServiceDied`` if a server exited, or a job exited non-zero."""
+        for svc in self.services:
+            code = svc.proc.poll()
+            if code is None:
+                continue
+            if not svc.expect_exit or code != 0:
+                raise ServiceDied(svc.describe_exit())
+
+    def wait_for_file(self, path: Path, timeout_s: float) -> str:
+        """Wait until ``path`` exists (e.g. a port file) while checking the services."""
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            self.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path} did not appear within {timeout_s:.0f}s")
+            time.sleep(0.1)
+        return path.read_text().strip()
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        for svc in reversed(self.services):
+            if svc.proc.poll() is None:
+                svc.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for svc in reversed(self.services):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                svc.proc.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                svc.proc.kill()
+                svc.proc.wait()

@@ -1,0 +1,119 @@
+"""Run report: PNG plots and ``report.md`` from a run directory's metrics, timeline and summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _load(run_dir: Path) -> tuple[list[dict], dict, dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    timeline = json.loads((run_dir / "timeline.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return rows, timeline, summary
+
+
+def plot_learning(rows: list[dict], summary: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    its = [r["iteration"] + 1 for r in rows]
+    ax.plot(its, [r["reward_mean"] for r in rows], label="training reward (mean over samples)", color="tab:blue")
+    n = summary["iterations"]
+    ax.errorbar(
+        [0, n],
+        [summary["warmstart_accuracy"], summary["final_accuracy"]],
+        yerr=[summary["warmstart_stderr"], summary["accuracy_stderr"]],
+        fmt="o",
+        color="tab:red",
+        capsize=4,
+        label=f"held-out accuracy ({summary['eval_prompts']} prompts, ±1 s.e.)",
+    )
+    ax.set_xlabel("iteration (optimizer step)")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"Learning curve ({summary['mode']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12) -> None:
+    """Generation vs training per iteration over wall time (StreamRL Figure 5 style)."""
+    gen = [g for g in timeline["generation"] if g[0] < max_iterations]
+    train = [t for t in timeline["training"] if t[0] < max_iterations]
+    if not gen:
+        return
+    t0 = min(g[1] for g in gen)
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    colors = plt.cm.tab20.colors
+    for k, start, end in gen:
+        ax.barh(1, end - start, left=start - t0, height=0.6, color=colors[int(k) % 20], edgecolor="black", lw=0.4)
+        ax.text((start + end) / 2 - t0, 1, str(int(k)), ha="center", va="center", fontsize=7)
+    for k, start, end in train:
+        ax.barh(0, end - start, left=start - t0, height=0.6, color=colors[int(k) % 20], edgecolor="black", lw=0.4)
+    ax.set_yticks([0, 1], ["training", "generation"])
+    ax.set_xlabel("seconds since the first iteration's generation started (labels: iteration)")
+    ax.set_title(f"Stage timeline, first {min(max_iterations, len(gen))} iterations")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return sum(r[key] for r in rows) / len(rows) if rows else 0.0
+
+
+def render_markdown(rows: list[dict], summary: dict) -> str:
+    ws, fin = summary["eval_warmstart"], summary["eval_final"]
+    wall = sum(r["iteration_time_s"] for r in rows)
+    lines = [
+        f"# Braid run report — mode `{summary['mode']}`",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| held-out prompts | {summary['eval_prompts']} (fingerprint `{summary['eval_fingerprint']}`) |",
+        f"| warm-start accuracy | {summary['warmstart_accuracy']:.3f} ± {summary['warmstart_stderr']:.3f} |",
+        f"| final accuracy | {summary['final_accuracy']:.3f} ± {summary['accuracy_stderr']:.3f} |",
+        f"| improvement | {summary['improvement']:+.3f} ({summary['improvement_in_stderr']:.1f} × final s.e.) |",
+        f"| iterations | {summary['iterations']} |",
+        f"| samples/s (RL phase) | {summary['samples_per_second']:.1f} |",
+        f"| mean generation / training time per iteration | {_mean(rows, 'gen_time_s'):.2f} s / {_mean(rows, 'train_time_s'):.2f} s |",
+        f"| idle fraction: generation / training | {sum(r['idle_gen_s'] for r in rows) / wall:.2f} / {sum(r['idle_train_s'] for r in rows) / wall:.2f} |",
+        f"| staleness (versions): mean / max | {_mean(rows, 'staleness_mean'):.2f} / {max((r['staleness_max'] for r in rows), default=0)} |",
+        f"| trainer stall per weight push | {1000 * _mean(rows, 'push_stall_s'):.1f} ms |",
+        "",
+        "![learning curve](learning_curve.png)",
+        "",
+        "![stage timeline](timeline.png)",
+        "",
+        "## Accuracy by difficulty (scratchpad steps)",
+        "",
+        "| steps | prompts | warm start | final |",
+        "|---|---|---|---|",
+    ]
+    for name, final in fin["by_difficulty"].items():
+        before = ws["by_difficulty"].get(name, {}).get("accuracy", float("nan"))
+        lines.append(f"| {name} | {final['n']} | {before:.3f} | {final['accuracy']:.3f} |")
+    lines += [
+        "",
+        "Accuracy is one sample per prompt at the training temperature (pass@1); the standard error is",
+        "binomial, sqrt(p(1-p)/n).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: Path) -> Path:
+    rows, timeline, summary = _load(run_dir)
+    plot_learning(rows, summary, run_dir / "learning_curve.png")
+    plot_timeline(timeline, run_dir / "timeline.png")
+    path = run_dir / "report.md"
+    path.write_text(render_markdown(rows, summary))
+    return path

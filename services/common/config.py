@@ -1,0 +1,202 @@
+"""Configuration: one pydantic model per component, composed into ``RunConfig``.
+
+Every field has a docstring-like description and explicit bounds, so a bad file fails fast
+naming the field and the allowed range. Files are YAML; ``key.sub=value`` overrides are applied
+on top (values parsed as YAML scalars). The resolved config is written into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskConfig(_Strict):
+    """The count-down task family (see ``services.tasks.arith``)."""
+
+    min_steps: int = Field(1, ge=1, le=200, description="Fewest scratchpad steps of a prompt.")
+    max_steps: int = Field(40, ge=1, le=200, description="Most scratchpad steps of a prompt.")
+    alpha: float = Field(1.4, gt=0.0, le=10.0, description="Power-law tail: P(steps=q) ∝ q^-alpha.")
+    max_step: int = Field(9, ge=2, le=9, description="The subtracted value d is drawn from 2..max_step.")
+    max_value: int = Field(999, ge=102, le=10**9, description="Largest start value n.")
+    seed: int = Field(0, ge=0, description="Seed of the training prompt stream.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TaskConfig:
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})")
+        if self.max_value < self.max_steps * self.max_step + 100:
+            raise ValueError(
+                f"max_value ({self.max_value}) must be >= max_steps * max_step + 100 "
+                f"({self.max_steps * self.max_step + 100})"
+            )
+        return self
+
+    def distribution(self) -> dict[str, int | float]:
+        return {
+            "min_steps": self.min_steps,
+            "max_steps": self.max_steps,
+            "alpha": self.alpha,
+            "max_step": self.max_step,
+            "max_value": self.max_value,
+        }
+
+
+class ModelConfig(_Strict):
+    """The policy. Built from this config (tiny, for CPU) unless ``path`` names a local HF checkpoint."""
+
+    path: str | None = Field(None, description="Local HF checkpoint dir; None builds a tiny model.")
+    arch: Literal["qwen2", "llama"] = Field("qwen2", description="Architecture of the built model.")
+    hidden_size: int = Field(128, ge=16, le=8192, description="Hidden width of the built model.")
+    num_layers: int = Field(4, ge=1, le=128, description="Decoder layers of the built model.")
+    num_heads: int = Field(4, ge=1, le=128, description="Attention heads of the built model.")
+    num_kv_heads: int = Field(2, ge=1, le=128, description="KV heads (GQA) of the built model.")
+    intermediate_size: int = Field(384, ge=16, le=65536, description="MLP width of the built model.")
+    max_positions: int = Field(512, ge=64, le=131072, description="Max sequence length.")
+    init_seed: int = Field(0, ge=0, description="Seed of the built model's initial weights.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) "
+                f"and num_heads by num_kv_heads ({self.num_kv_heads})"
+            )
+        return self
+
+
+class WarmstartConfig(_Strict):
+    """Supervised warm start on task demonstrations; cached by content hash."""
+
+    steps: int = Field(600, ge=0, le=1_000_000, description="SFT optimizer steps (0 = skip).")
+    batch_size: int = Field(64, ge=1, le=4096, description="Demonstrations per SFT step.")
+    lr: float = Field(3e-3, gt=0.0, le=1.0, description="Peak SFT learning rate (cosine decay).")
+    micro_batch_tokens: int = Field(2048, ge=16, le=10**7, description="Padded tokens per forward/backward.")
+    seed: int = Field(1, ge=0, description="Seed of the demonstration stream.")
+
+
+class GenerationConfig(_Strict):
+    """The Stream Generation Service (SGS) and its engine."""
+
+    engine: str = Field("cb", description="Engine registry key ('cb' = transformers continuous batching).")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    max_new_tokens: int = Field(256, ge=1, le=65536, description="Cap on generated tokens per sample.")
+    max_inflight: int = Field(256, ge=1, le=65536, description="Requests admitted to the engine at once.")
+    num_blocks: int = Field(512, ge=4, le=1_000_000, description="KV-cache blocks (explicit: the default takes most RAM).")
+    page_size: int = Field(32, ge=4, le=4096, description="Tokens per KV-cache block.")
+    max_batch_tokens: int = Field(2048, ge=16, le=1_000_000, description="Token budget of one engine step.")
+    max_sequences_per_request: int = Field(8192, ge=1, le=1_000_000, description="Most sequences (prompts x samples) in one Generate request.")
+    max_prompt_tokens: int = Field(1024, ge=1, le=1_000_000, description="Longest prompt accepted.")
+    max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC max message size (MiB).")
+    threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the SGS process.")
+    seed: int = Field(0, ge=0, description="Engine sampling seed.")
+
+
+class TrainerConfig(_Strict):
+    """The trainer: pipeline mode, GRPO, dynamic batching, weight publication."""
+
+    mode: Literal["sequential", "sync", "one_step"] = Field(
+        "one_step",
+        description="Pipeline mode: sequential (baseline: generate all, then train), sync (on-policy, "
+        "training starts on complete groups while generation runs), one_step (generation of k+1 overlaps training on k).",
+    )
+    iterations: int = Field(40, ge=1, le=1_000_000, description="RL iterations (optimizer steps).")
+    prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
+    group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")
+    micro_batch_groups: int = Field(8, ge=1, le=100_000, description="Complete groups that trigger a forward/backward.")
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    clip_eps: float = Field(0.2, gt=0.0, le=10.0, description="PPO-style ratio clip.")
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference coefficient (0 = no reference model).")
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="Gradient clipping norm.")
+    chunk_bytes: int = Field(1 << 20, ge=1024, le=1 << 30, description="Weight stream chunk size.")
+    threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the trainer process.")
+    seed: int = Field(0, ge=0, description="Trainer seed.")
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> TrainerConfig:
+        if self.micro_batch_groups > self.prompts_per_iteration:
+            raise ValueError(
+                f"micro_batch_groups ({self.micro_batch_groups}) must be <= "
+                f"prompts_per_iteration ({self.prompts_per_iteration})"
+            )
+        return self
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation, before RL (warm start) and after."""
+
+    prompts: int = Field(500, ge=1, le=1_000_000, description="Held-out prompts.")
+    seed: int = Field(12345, ge=0, description="Seed that fixes the held-out prompts.")
+
+
+class RunConfig(_Strict):
+    """A whole RL run."""
+
+    run_id: str | None = Field(None, description="Run directory name (default: timestamp).")
+    runs_dir: str = Field("runs", description="Where run directories are created.")
+    cache_dir: str = Field(".cache", description="Warm-start checkpoints and Prefect home.")
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the field and the rule."""
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides (value parsed as a YAML scalar) to a nested dict."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML (or JSON) config file, apply overrides, validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        loaded = yaml.safe_load(Path(path).read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"invalid config ({source}): top level must be a mapping")
+        data = loaded or {}
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def write_config(cfg: RunConfig, path: Path) -> None:
+    path.write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")

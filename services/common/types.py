@@ -1,0 +1,65 @@
+"""Plain dataclasses that cross component boundaries (protobuf stays at the RPC edge)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    prompt_id: str
+    token_ids: tuple[int, ...]
+    group_id: str = ""
+
+    @property
+    def group(self) -> str:
+        return self.group_id or self.prompt_id
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    samples_per_prompt: int = 1
+    max_new_tokens: int = 0  # 0 = the service default
+    min_weight_version: int = 0
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One finished sample, as streamed by the SGS."""
+
+    prompt_id: str
+    group_id: str
+    sample_index: int
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_version: int
+    finish_reason: str
+    submitted_at: float
+    started_at: float
+    finished_at: float
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    status: str
+    weight_version: int
+    pending_version: int
+    running: int
+    waiting: int
+    finished: int
+    kv_usage: float
+    engine: str
+    generated_tokens: int
+
+
+@dataclass
+class Interval:
+    """A labelled time interval (unix seconds) for the stage timeline."""
+
+    stage: str
+    iteration: int
+    start: float
+    end: float
+    meta: dict[str, float] = field(default_factory=dict)

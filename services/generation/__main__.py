@@ -1,0 +1,56 @@
+"""``python -m services.generation``: run one Stream Generation Service process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="braid-sgs", description="Stream Generation Service (gRPC)")
+    parser.add_argument("--config", required=True, help="resolved run config (config.json)")
+    parser.add_argument("--model", required=True, help="local checkpoint dir to serve")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
+    parser.add_argument("--port-file", help="write the bound port here once serving")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
+
+    from services.common.config import load_config
+    from services.generation.core import GenerationCore
+    from services.generation.engine import create_engine
+    from services.generation.server import GenerationServicer, create_server
+
+    cfg = load_config(ns.config).generation
+    engine = create_engine(cfg.engine, ns.model, cfg)
+    core = GenerationCore(engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens)
+    servicer = GenerationServicer(core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions)
+    server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb)
+    core.start()
+    server.start()
+    if ns.port_file:
+        tmp = Path(ns.port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.rename(ns.port_file)
+    logging.info("serving on %s:%d (engine %s)", ns.host, port, engine.name)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if not core.alive():
+            logging.error("generation core died: %r", core.error)
+            server.stop(grace=1).wait()
+            return 1
+    server.stop(grace=2).wait()
+    core.stop()
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

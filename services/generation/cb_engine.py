@@ -1,0 +1,102 @@
+"""Engine ``cb``: transformers' continuous batching (paged KV cache), CPU or GPU.
+
+Sizing is explicit (``num_blocks`` x ``page_size`` tokens of KV cache, ``max_batch_tokens`` per
+step): the library default sizes the cache to most of free memory. Prefix block sharing is
+disabled: shared prefix blocks would keep KV computed with old weights after a swap and give
+wrong outputs. Log-probs come from the sampling distribution (after temperature).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers import GenerationConfig as HFGenerationConfig
+from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+from services.common.config import GenerationConfig
+from services.common.weights import TensorSpec, specs_of
+from services.generation.engine import Engine, EngineOutput, register_engine
+
+
+class ContinuousBatchingEngine(Engine):
+    name = "cb"
+
+    def __init__(self, model_path: str, cfg: GenerationConfig) -> None:
+        torch.set_num_threads(cfg.threads)
+        self._model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32)
+        self._model.eval()
+        self.vocab_size = int(self._model.config.vocab_size)
+        self.max_positions = int(self._model.config.max_position_embeddings)
+        eos = self._model.config.eos_token_id
+        if eos is None:
+            raise ValueError(f"{model_path}: model config has no eos_token_id")
+        self.eos_id = int(eos if isinstance(eos, int) else eos[0])
+        gen = HFGenerationConfig(
+            do_sample=True,
+            temperature=cfg.temperature,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=cfg.max_new_tokens,
+            eos_token_id=self.eos_id,
+            pad_token_id=self._model.config.pad_token_id or self.eos_id,
+        )
+        cb = ContinuousBatchingConfig(
+            num_blocks=cfg.num_blocks,
+            page_size=cfg.page_size,
+            max_batch_tokens=cfg.max_batch_tokens,
+            allow_block_sharing=False,
+            return_logprobs=True,
+            seed=cfg.seed,
+        )
+        self._manager = self._model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        self._manager.start()
+
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int) -> None:
+        rid = self._manager.add_request(prompt, request_id=request_id, max_new_tokens=max_new_tokens)
+        if rid is None:
+            raise RuntimeError("continuous batching manager refused the request (stopped or failed)")
+
+    def poll(self, timeout: float) -> list[EngineOutput]:
+        outputs: list[EngineOutput] = []
+        result = self._manager.get_result(timeout=timeout)
+        while result is not None:
+            outputs.append(self._convert(result))
+            result = self._manager.get_result(timeout=0)
+        if not outputs and not self._manager.is_running():
+            raise RuntimeError("continuous batching loop stopped unexpectedly")
+        return outputs
+
+    def _convert(self, result) -> EngineOutput:  # result: transformers GenerationOutput
+        tokens = [int(t) for t in result.generated_tokens]
+        reason = "stop" if tokens and tokens[-1] == self.eos_id else "length"
+        return EngineOutput(
+            request_id=result.request_id,
+            token_ids=tokens,
+            logprobs=[float(x) for x in result.logprobs],
+            finish_reason=reason,
+            error=result.error,
+        )
+
+    def cancel(self, request_id: str) -> None:
+        self._manager.cancel_request(request_id)
+
+    def param_specs(self) -> dict[str, TensorSpec]:
+        return specs_of(self._model.state_dict())
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        with self._manager.pause():
+            self._model.load_state_dict(state, strict=True)
+
+    def kv_usage(self) -> float:
+        processor = self._manager.batch_processor
+        if processor is None:
+            return 0.0
+        return float(1.0 - processor.cache.compute_free_capacity(relative=True))
+
+    def close(self) -> None:
+        self._manager.stop(block=True)
+
+
+@register_engine("cb")
+def _make(model_path: str, cfg: GenerationConfig) -> Engine:
+    return ContinuousBatchingEngine(model_path, cfg)

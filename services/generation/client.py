@@ -1,0 +1,63 @@
+"""Client of the Stream Generation Service; speaks dataclasses, hides protobuf."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import torch
+
+from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
+from services.common.weights import iter_chunks
+from services.generation import convert
+from services.proto import braid_pb2 as pb
+from services.proto import braid_pb2_grpc as pb_grpc
+
+
+class GenerationClient:
+    def __init__(self, address: str, *, max_message_mb: int = 64, timeout_s: float = 3600.0) -> None:
+        limit = max_message_mb * 1024 * 1024
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(
+            address,
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        )
+        self._stub = pb_grpc.GenerationStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> GenerationClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> HealthSnapshot:
+        """Poll Health until the service answers (retrying only on UNAVAILABLE)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.health()
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def health(self) -> HealthSnapshot:
+        return convert.health_from_pb(self._stub.Health(pb.HealthRequest(), timeout=10))
+
+    def generate(self, prompts: list[PromptSpec], params: GenerateParams) -> Iterator[SampleRecord]:
+        """Stream samples in completion order. Cancel by closing the iterator."""
+        stream = self._stub.Generate(convert.request_to_pb(prompts, params), timeout=self.timeout_s)
+        try:
+            for sample in stream:
+                yield convert.sample_from_pb(sample)
+        finally:
+            stream.cancel()
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20) -> pb.UpdateAck:
+        chunks = (convert.chunk_to_pb(c) for c in iter_chunks(state, version, chunk_bytes))
+        return self._stub.UpdateWeights(chunks, timeout=600)

@@ -1,0 +1,234 @@
+"""The SGS core: one thread owns the engine and runs schedule -> execute -> update.
+
+Every call into the engine happens on the core thread, so the engine needs no locking. Each
+pass of the loop:
+
+1. takes new sequences, cancellations and staged weights from the inbox;
+2. installs a staged weight version once no request is in flight (in-flight requests finish
+   on the version they started with; admission pauses while a version is staged, so the
+   drain is bounded by the longest running request);
+3. admits waiting sequences, oldest first, whose ``min_weight_version`` is installed, up to
+   ``max_inflight``;
+4. polls the engine and routes each finished output to its call's queue at once, so the RPC
+   layer streams it while the rest of the batch is still running.
+
+A failure in the loop is recorded, every open call receives it, and ``error`` is set so the
+process supervisor can exit non-zero.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
+from services.generation.engine import Engine
+
+log = logging.getLogger("braid.sgs")
+
+
+class CallClosed(Exception):
+    """Sentinel put on a call's queue when the core stops or fails."""
+
+
+@dataclass
+class Call:
+    """One Generate request: its expected sample count and the queue samples arrive on."""
+
+    call_id: int
+    expected: int
+    out: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: bool = False
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    call: Call
+    prompt: PromptSpec
+    sample_index: int
+    max_new_tokens: int
+    min_version: int
+    submitted_at: float
+    started_at: float = 0.0
+    version: int = -1
+
+
+class GenerationCore:
+    def __init__(self, engine: Engine, *, max_inflight: int, default_max_new_tokens: int, version: int = 0) -> None:
+        self.engine = engine
+        self.max_inflight = max_inflight
+        self.default_max_new_tokens = default_max_new_tokens
+        self.version = version
+        self.pending_version = -1
+        self.error: BaseException | None = None
+        self.finished = 0
+        self.generated_tokens = 0
+        self._pending_state: dict[str, torch.Tensor] | None = None
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: deque[_Seq] = deque()
+        self._running: dict[str, _Seq] = {}
+        self._calls = itertools.count()
+        self._stage_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sgs-core", daemon=True)
+
+    # ------------------------------------------------------------------ API (any thread)
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def submit(self, prompts: list[PromptSpec], params: GenerateParams) -> Call:
+        call = Call(call_id=next(self._calls), expected=len(prompts) * params.samples_per_prompt)
+        now = time.time()
+        max_new = params.max_new_tokens or self.default_max_new_tokens
+        seqs = [
+            _Seq(f"c{call.call_id}-{p.prompt_id}-{i}", call, p, i, max_new, params.min_weight_version, now)
+            for p in prompts
+            for i in range(params.samples_per_prompt)
+        ]
+        self._inbox.put(("seqs", seqs))
+        return call
+
+    def cancel(self, call: Call) -> None:
+        call.cancelled = True
+        self._inbox.put(("cancel", call))
+
+    def newest_version(self) -> int:
+        with self._stage_lock:
+            return max(self.version, self.pending_version)
+
+    def stage_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Stage a validated version; it replaces any older staged one."""
+        with self._stage_lock:
+            if version <= max(self.version, self.pending_version):
+                raise ValueError(f"version {version} is not newer than {max(self.version, self.pending_version)}")
+            self.pending_version = version
+            self._inbox.put(("weights", (version, state)))
+
+    def health(self) -> HealthSnapshot:
+        return HealthSnapshot(
+            status="draining" if self.pending_version >= 0 else "serving",
+            weight_version=self.version,
+            pending_version=self.pending_version,
+            running=len(self._running),
+            waiting=len(self._waiting),
+            finished=self.finished,
+            kv_usage=self.engine.kv_usage() if self.alive() else 0.0,
+            engine=self.engine.name,
+            generated_tokens=self.generated_tokens,
+        )
+
+    # ------------------------------------------------------------------ core thread
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._take_inbox(block=not self._running)
+                self._maybe_install()
+                self._admit()
+                if self._running:
+                    for out in self.engine.poll(timeout=0.005):
+                        self._deliver(out)
+        except BaseException as exc:  # recorded and surfaced to every caller and the supervisor
+            log.exception("SGS core failed")
+            self.error = exc
+        finally:
+            self._close_all()
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = item
+            if kind == "seqs":
+                self._waiting.extend(payload)
+            elif kind == "cancel":
+                self._cancel(payload)
+            elif kind == "weights":
+                self._pending_state = payload[1]
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _cancel(self, call: Call) -> None:
+        self._waiting = deque(s for s in self._waiting if s.call is not call)
+        for rid, seq in list(self._running.items()):
+            if seq.call is call:
+                self.engine.cancel(rid)
+                del self._running[rid]
+
+    def _maybe_install(self) -> None:
+        if self._pending_state is None or self._running:
+            return
+        with self._stage_lock:
+            version, state = self.pending_version, self._pending_state
+            self._pending_state = None
+        self.engine.load_weights(state)
+        with self._stage_lock:
+            self.version = version
+            if self.pending_version == version:
+                self.pending_version = -1
+        log.info("installed weight version %d", version)
+
+    def _admit(self) -> None:
+        if self._pending_state is not None:
+            return
+        kept: deque[_Seq] = deque()
+        while self._waiting and len(self._running) < self.max_inflight:
+            seq = self._waiting.popleft()
+            if seq.min_version > self.version:
+                kept.append(seq)
+                continue
+            seq.started_at = time.time()
+            seq.version = self.version
+            self.engine.submit(seq.request_id, list(seq.prompt.token_ids), seq.max_new_tokens)
+            self._running[seq.request_id] = seq
+        kept.extend(self._waiting)
+        self._waiting = kept
+
+    def _deliver(self, out) -> None:
+        seq = self._running.pop(out.request_id, None)
+        if seq is None:  # cancelled meanwhile
+            return
+        if out.error:
+            seq.call.out.put(RuntimeError(f"engine failed on {out.request_id}: {out.error}"))
+            return
+        self.finished += 1
+        self.generated_tokens += len(out.token_ids)
+        seq.call.out.put(
+            SampleRecord(
+                prompt_id=seq.prompt.prompt_id,
+                group_id=seq.prompt.group,
+                sample_index=seq.sample_index,
+                prompt_token_ids=seq.prompt.token_ids,
+                token_ids=tuple(out.token_ids),
+                logprobs=tuple(out.logprobs),
+                weight_version=seq.version,
+                finish_reason=out.finish_reason,
+                submitted_at=seq.submitted_at,
+                started_at=seq.started_at,
+                finished_at=time.time(),
+            )
+        )
+
+    def _close_all(self) -> None:
+        reason = CallClosed(f"generation core stopped: {self.error!r}" if self.error else "generation core stopped")
+        calls = {s.call.call_id: s.call for s in list(self._waiting) + list(self._running.values())}
+        for call in calls.values():
+            call.out.put(reason)

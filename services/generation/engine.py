@@ -1,0 +1,86 @@
+"""The engine interface the SGS drives, and the registry engines plug into.
+
+An engine takes token-id requests, produces finished outputs in completion order, and lets its
+caller swap weights while it is idle. The SGS core (``services.generation.core``) owns one
+engine from a single thread: it decides admission, ordering and when to install weights; the
+engine only executes. Engines: ``cb`` (transformers continuous batching, CPU/GPU, built in);
+a vLLM engine can register under another key without touching the SGS.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from services.common.config import GenerationConfig
+from services.common.weights import TensorSpec
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    error: str | None = None
+
+
+class Engine(ABC):
+    """One inference engine instance (one data-parallel unit of the SGS)."""
+
+    name: str
+    vocab_size: int  # token ids must lie in [0, vocab_size)
+    max_positions: int  # prompt + generated tokens must fit
+
+    @abstractmethod
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int) -> None:
+        """Queue one sequence for generation."""
+
+    @abstractmethod
+    def poll(self, timeout: float) -> list[EngineOutput]:
+        """Outputs finished since the last poll, in completion order; waits up to ``timeout``."""
+
+    @abstractmethod
+    def cancel(self, request_id: str) -> None:
+        """Drop a queued or running request (no output is produced for it)."""
+
+    @abstractmethod
+    def param_specs(self) -> dict[str, TensorSpec]:
+        """Names, dtypes and shapes the engine accepts in ``load_weights``."""
+
+    @abstractmethod
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Install new weights. The caller guarantees no request is in flight."""
+
+    @abstractmethod
+    def kv_usage(self) -> float:
+        """Fraction of KV-cache capacity in use."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+EngineFactory = Callable[[str, GenerationConfig], Engine]
+_ENGINES: dict[str, EngineFactory] = {}
+
+
+def register_engine(key: str) -> Callable[[EngineFactory], EngineFactory]:
+    def deco(factory: EngineFactory) -> EngineFactory:
+        if key in _ENGINES:
+            raise ValueError(f"engine {key!r} registered twice")
+        _ENGINES[key] = factory
+        return factory
+
+    return deco
+
+
+def create_engine(key: str, model_path: str, cfg: GenerationConfig) -> Engine:
+    """Build the engine registered under ``key`` for the checkpoint at ``model_path``."""
+    import services.generation.cb_engine  # noqa: F401  (registers "cb")
+
+    if key not in _ENGINES:
+        raise ValueError(f"unknown engine {key!r}; registered: {sorted(_ENGINES)}")
+    return _ENGINES[key](model_path, cfg)

@@ -1,0 +1,146 @@
+"""Stream Generation Service: the gRPC edge over ``GenerationCore``.
+
+Validates every request and answers bad ones with a clear status (INVALID_ARGUMENT for
+malformed input, FAILED_PRECONDITION for a stale weight version, DATA_LOSS for a digest
+mismatch, RESOURCE_EXHAUSTED for oversized messages), converts protobuf to dataclasses, and
+streams each finished sample back as soon as the core delivers it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from concurrent import futures
+
+import grpc
+
+from services.common.config import GenerationConfig
+from services.common.types import GenerateParams, PromptSpec
+from services.common.weights import WeightAssembler, WeightError
+from services.generation import convert
+from services.generation.core import CallClosed, GenerationCore
+from services.proto import braid_pb2 as pb
+from services.proto import braid_pb2_grpc as pb_grpc
+
+log = logging.getLogger("braid.sgs")
+
+_WEIGHT_CODES = {
+    "argument": grpc.StatusCode.INVALID_ARGUMENT,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "integrity": grpc.StatusCode.DATA_LOSS,
+}
+MAX_ID_CHARS = 256
+MAX_SAMPLES_PER_PROMPT = 1024
+
+
+class RequestError(ValueError):
+    pass
+
+
+def validate_request(
+    prompts: list[PromptSpec],
+    params: GenerateParams,
+    cfg: GenerationConfig,
+    *,
+    vocab_size: int,
+    max_positions: int,
+) -> None:
+    """Raise ``RequestError`` with a precise message if the request cannot be served."""
+    if not prompts:
+        raise RequestError("request has no prompts")
+    if not 1 <= params.samples_per_prompt <= MAX_SAMPLES_PER_PROMPT:
+        raise RequestError(f"samples_per_prompt must be in [1, {MAX_SAMPLES_PER_PROMPT}], got {params.samples_per_prompt}")
+    total = len(prompts) * params.samples_per_prompt
+    if total > cfg.max_sequences_per_request:
+        raise RequestError(f"request asks for {total} sequences; the limit is {cfg.max_sequences_per_request}")
+    if params.max_new_tokens > cfg.max_new_tokens:
+        raise RequestError(f"max_new_tokens {params.max_new_tokens} exceeds the service limit {cfg.max_new_tokens}")
+    if params.min_weight_version < 0:
+        raise RequestError(f"min_weight_version must be >= 0, got {params.min_weight_version}")
+    max_new = params.max_new_tokens or cfg.max_new_tokens
+    seen: set[str] = set()
+    for p in prompts:
+        if not p.prompt_id or len(p.prompt_id) > MAX_ID_CHARS:
+            raise RequestError(f"prompt_id must be 1..{MAX_ID_CHARS} characters, got {p.prompt_id[:40]!r}")
+        if p.prompt_id in seen:
+            raise RequestError(f"duplicate prompt_id {p.prompt_id!r}")
+        seen.add(p.prompt_id)
+        if len(p.group_id) > MAX_ID_CHARS:
+            raise RequestError(f"group_id of {p.prompt_id!r} is longer than {MAX_ID_CHARS} characters")
+        if not p.token_ids:
+            raise RequestError(f"prompt {p.prompt_id!r} has no tokens")
+        if len(p.token_ids) > cfg.max_prompt_tokens:
+            raise RequestError(f"prompt {p.prompt_id!r} has {len(p.token_ids)} tokens; the limit is {cfg.max_prompt_tokens}")
+        if len(p.token_ids) + max_new > max_positions:
+            raise RequestError(
+                f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {max_new} new exceed the model's {max_positions} positions"
+            )
+        bad = [t for t in p.token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise RequestError(f"prompt {p.prompt_id!r} has token ids outside [0, {vocab_size}): {bad[:5]}")
+
+
+class GenerationServicer(pb_grpc.GenerationServicer):
+    def __init__(self, core: GenerationCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int) -> None:
+        self.core = core
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.max_positions = max_positions
+
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
+        prompts, params = convert.request_from_pb(request)
+        try:
+            validate_request(prompts, params, self.cfg, vocab_size=self.vocab_size, max_positions=self.max_positions)
+        except RequestError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if not self.core.alive():
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"generation core is down: {self.core.error!r}")
+        call = self.core.submit(prompts, params)
+        context.add_callback(lambda: self.core.cancel(call))
+        delivered = 0
+        while delivered < call.expected:
+            try:
+                item = call.out.get(timeout=0.5)
+            except queue.Empty:
+                if not context.is_active():
+                    return
+                continue
+            if isinstance(item, CallClosed):
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(item))
+            if isinstance(item, Exception):
+                context.abort(grpc.StatusCode.INTERNAL, str(item))
+            delivered += 1
+            yield convert.sample_to_pb(item)
+
+    def UpdateWeights(self, request_iterator, context: grpc.ServicerContext) -> pb.UpdateAck:
+        assembler = WeightAssembler(self.core.engine.param_specs(), self.core.newest_version())
+        try:
+            for chunk in request_iterator:
+                assembler.add(convert.chunk_from_pb(chunk))
+            version, state = assembler.finish()
+            self.core.stage_weights(version, state)
+        except WeightError as err:
+            context.abort(_WEIGHT_CODES[err.kind], str(err))
+        except ValueError as err:  # lost a race with a newer version
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        log.info("staged weight version %d (%d bytes)", version, assembler.bytes)
+        return pb.UpdateAck(version=version, staged=True, bytes=assembler.bytes, tensors=len(state))
+
+    def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
+        return convert.health_to_pb(self.core.health())
+
+
+def create_server(
+    servicer: GenerationServicer, address: str, *, max_message_mb: int, workers: int = 16
+) -> tuple[grpc.Server, int]:
+    """Build a server bound to ``address`` (port 0 picks a free port); returns (server, port)."""
+    limit = max_message_mb * 1024 * 1024
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgs-rpc"),
+        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+    )
+    pb_grpc.add_GenerationServicer_to_server(servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"could not bind {address}")
+    return server, port

@@ -1,0 +1,74 @@
+"""Padding and per-token log-probs of (prompt, completion) pairs, shared by SFT and RL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass
+class PackedBatch:
+    """Right-padded sequences. ``completion_mask[b, t]`` marks targets ``input_ids[b, t + 1]``
+    that belong to the completion, aligned with ``logits[:, :-1]``."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long
+    completion_mask: torch.Tensor  # [B, T-1] float
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return int(self.completion_mask.sum().item())
+
+
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
+    """Concatenate each prompt with its completion and right-pad to the longest."""
+    if len(prompts) != len(completions) or not prompts:
+        raise ValueError(f"need equal, non-empty lists (got {len(prompts)} prompts, {len(completions)} completions)")
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    width = max(lengths)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    cmask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
+    for b, (p, c) in enumerate(zip(prompts, completions)):
+        seq = p + c
+        ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[b, : len(seq)] = 1
+        # target position t+1 is completion token j when t+1 = len(p) + j
+        cmask[b, len(p) - 1 : len(seq) - 1] = 1.0
+    return PackedBatch(ids, attn, cmask)
+
+
+def token_logprobs(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
+    """Log-prob of every next token under ``model``: shape [B, T-1] (mask with completion_mask)."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    logits = out.logits[:, :-1].float()
+    targets = batch.input_ids[:, 1:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def length_buckets(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Split indices into micro-batches of similar length, each with at most ``max_tokens``
+    padded tokens (a single longer sequence gets a micro-batch of its own). Sorting by length
+    first keeps padding waste small when lengths are long-tailed."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # sorted ascending: the newest member is the longest, so it sets the padded width
+        if current and (len(current) + 1) * lengths[i] > max_tokens:
+            buckets.append(current)
+            current = []
+        current.append(i)
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def completion_values(batch: PackedBatch, prompt_lens: list[int], values: list[list[float]]) -> torch.Tensor:
+    """Place per-completion-token values (e.g. behaviour log-probs) on ``completion_mask``'s grid."""
+    out = torch.zeros_like(batch.completion_mask)
+    for b, (plen, vals) in enumerate(zip(prompt_lens, values)):
+        out[b, plen - 1 : plen - 1 + len(vals)] = torch.tensor(vals, dtype=out.dtype)
+    return out

@@ -1,0 +1,110 @@
+"""The policy: a causal LM built from a config (tiny, CPU) or loaded from a local checkpoint.
+
+Both paths yield a ``Policy`` (model + tokenizer + the ids the pipeline needs), so a user with
+a real HF checkpoint and a GPU runs exactly the code the tiny CPU default runs. Nothing is ever
+downloaded: ``from_pretrained`` is called on local directories only, with hub access off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from services.common.config import ModelConfig
+from services.tasks.arith import ALPHABET
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+
+
+@dataclass
+class Policy:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerFast
+
+    @property
+    def eos_id(self) -> int:
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("tokenizer has no eos token; the pipeline needs one to end samples")
+        return int(eos)
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return self.eos_id if pad is None else int(pad)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        bos = self.tokenizer.bos_token_id
+        return ([int(bos)] if bos is not None else []) + [int(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode([i for i in ids if i != self.eos_id], skip_special_tokens=True)
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over the task alphabet (one token per character)."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(ALPHABET))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_policy(cfg: ModelConfig) -> Policy:
+    """Build the tiny policy from ``cfg`` (random init, seeded)."""
+    tok = char_tokenizer()
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+    torch.manual_seed(cfg.init_seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return Policy(model=model, tokenizer=tok)
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load a policy from a local checkpoint directory (never the hub)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a local HF checkpoint (no config.json)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    return Policy(model=model, tokenizer=tok)
+
+
+def save_policy(policy: Policy, path: str | Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)

@@ -1,0 +1,124 @@
+"""Supervised warm start: a short SFT pass on task demonstrations, cached by content hash.
+
+RL needs a policy that sometimes succeeds. The warm start trains next-token prediction on the
+reference scratchpads (loss on completion tokens only) with AdamW and cosine decay, then saves
+an HF checkpoint under ``<cache_dir>/warmstart-<hash>/``. The hash covers everything that
+determines the result (model source and config, task distribution, SFT settings, held-out
+set), so a second run with the same settings loads the checkpoint instead of training.
+Held-out evaluation prompts are excluded from the demonstrations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from services.common.config import RunConfig
+from services.common.progress import progress_interval
+from services.policy.batch import length_buckets, pack, token_logprobs
+from services.policy.model import Policy, build_policy, load_policy, save_policy
+from services.tasks.arith import ProblemSampler, demonstration, eval_problems
+
+
+def cache_key(cfg: RunConfig) -> str:
+    payload = {
+        "model": cfg.model.model_dump(mode="json"),
+        "task": cfg.task.distribution(),
+        "warmstart": cfg.warmstart.model_dump(mode="json"),
+        "eval": cfg.eval.model_dump(mode="json"),
+        "format": 1,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_policy(cfg: RunConfig) -> Policy:
+    return load_policy(cfg.model.path) if cfg.model.path else build_policy(cfg.model)
+
+
+def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]:
+    """Train ``policy`` in place on demonstrations; returns the loss per step."""
+    ws = cfg.warmstart
+    held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **cfg.task.distribution()))
+    sampler = ProblemSampler(ws.seed, exclude=held_out, **cfg.task.distribution())  # type: ignore[arg-type]
+    model = policy.model
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, ws.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return ws.lr * (step + 1) / warmup
+        frac = (step - warmup) / max(1, ws.steps - warmup)
+        return ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    losses: list[float] = []
+    bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, unit="step", mininterval=progress_interval())
+    for step in bar:
+        problems = sampler.batch(ws.batch_size)
+        prompts = [policy.encode_prompt(p.prompt) for p in problems]
+        comps = [policy.tokenizer.encode(demonstration(p), add_special_tokens=False) + [policy.eos_id] for p in problems]
+        n_tokens = sum(len(c) for c in comps)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for idx in length_buckets([len(p) + len(c) for p, c in zip(prompts, comps)], ws.micro_batch_tokens):
+            batch = pack([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id)
+            logp = token_logprobs(model, batch)
+            loss = -(logp * batch.completion_mask).sum() / n_tokens
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(total)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
+def ensure_warmstart(cfg: RunConfig, *, progress: bool = True) -> Path:
+    """Return the warm-start checkpoint dir, training it first if it is not cached."""
+    out = Path(cfg.cache_dir) / f"warmstart-{cache_key(cfg)}"
+    if (out / "warmstart.json").is_file():
+        return out
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    policy = base_policy(cfg)
+    t0 = time.time()
+    losses = sft(policy, cfg, progress=progress) if cfg.warmstart.steps > 0 else []
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_policy(policy, tmp)
+    meta = {"steps": cfg.warmstart.steps, "seconds": time.time() - t0, "final_loss": losses[-1] if losses else None}
+    (tmp / "warmstart.json").write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m services.policy.warmstart --config run/config.json --out FILE``: ensure the
+    checkpoint exists and write its path to FILE."""
+    import argparse
+
+    from services.common.config import load_config
+
+    parser = argparse.ArgumentParser(prog="braid-warmstart", description=main.__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True, help="file that receives the checkpoint path")
+    ns = parser.parse_args(argv)
+    path = ensure_warmstart(load_config(ns.config))
+    Path(ns.out).write_text(str(path.resolve()) + "\n")
+    print(f"warm-start checkpoint: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

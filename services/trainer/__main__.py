@@ -1,0 +1,79 @@
+"""``python -m services.trainer``: the trainer process of one RL run.
+
+Connects to the SGS, evaluates the warm start, runs the RL iterations in the configured
+pipeline mode, evaluates again, and writes ``metrics.jsonl``, ``timeline.json`` and
+``summary.json`` into the run directory. Exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
+    parser.add_argument("--config", required=True, help="resolved run config (config.json)")
+    parser.add_argument("--model", required=True, help="local checkpoint dir to start from")
+    parser.add_argument("--sgs", required=True, help="SGS address host:port")
+    parser.add_argument("--run-dir", required=True)
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
+
+    from services.common.config import load_config
+    from services.generation.client import GenerationClient
+    from services.policy.model import load_policy
+    from services.tasks.arith import fingerprint
+    from services.trainer.loop import RLTrainer
+
+    cfg = load_config(ns.config)
+    run_dir = Path(ns.run_dir)
+    client = GenerationClient(ns.sgs, max_message_mb=cfg.generation.max_message_mb)
+    client.wait_ready(timeout_s=120)
+    trainer = RLTrainer(cfg, load_policy(ns.model), client, run_dir)
+
+    def progress(k: int, row: dict) -> None:
+        logging.info(
+            "iter %d/%d reward %.3f len %.1f %.1f samples/s stale %.2f",
+            k + 1, cfg.trainer.iterations, row["reward_mean"], row["response_len_mean"],
+            row["samples_per_s"], row["staleness_mean"],
+        )
+
+    before = trainer.evaluate("eval-warmstart")
+    logging.info("warm-start accuracy %.3f ± %.3f", before.accuracy, before.stderr)
+    t0 = time.time()
+    trainer.run_iterations(progress)
+    rl_seconds = time.time() - t0
+    after = trainer.evaluate("eval-final")
+    logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
+    trainer.write_timeline()
+    trainer.publisher.close()
+    samples = cfg.trainer.iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    summary = {
+        "mode": cfg.trainer.mode,
+        "iterations": cfg.trainer.iterations,
+        "warmstart_accuracy": before.accuracy,
+        "warmstart_stderr": before.stderr,
+        "final_accuracy": after.accuracy,
+        "accuracy_stderr": after.stderr,
+        "improvement": after.accuracy - before.accuracy,
+        "improvement_in_stderr": (after.accuracy - before.accuracy) / max(after.stderr, 1e-9),
+        "eval_prompts": after.prompts,
+        "eval_fingerprint": fingerprint(trainer.eval_set),
+        "samples_per_second": samples / rl_seconds,
+        "rl_seconds": rl_seconds,
+        "final_weight_version": trainer.version,
+        "eval_warmstart": before.to_json(),
+        "eval_final": after.to_json(),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

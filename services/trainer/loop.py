@@ -1,0 +1,239 @@
+"""The RL trainer: consumes SGS sample streams, takes GRPO steps, publishes weights.
+
+Pipeline modes (``trainer.mode``):
+
+- ``sequential`` — the naive baseline: generate the whole batch, then train on it.
+- ``sync`` — on-policy. Each iteration's prompts are generated with the current weights
+  (``min_weight_version``), and the trainer runs forward/backward on complete groups as they
+  stream in, so training overlaps the generation tail (StreamRL's dynamic-batch pipelining).
+  One optimizer step per iteration: micro-batches accumulate gradients.
+- ``one_step`` — generation of iteration k+1 is requested before training on iteration k
+  starts, with the weights the trainer had then, so the stages overlap fully and every sample
+  is at most one version stale (StreamRL's one-step asynchronous pipelining). The clipped
+  importance ratio uses the behaviour log-probs the SGS reported.
+
+Weights leave through ``WeightPublisher`` (background push), so the trainer stalls only for a
+snapshot copy. Every iteration appends a line to ``metrics.jsonl``; the stage intervals go to
+``timeline.json``; evaluation before and after RL goes to ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from services.common.config import RunConfig
+from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.generation.client import GenerationClient
+from services.policy.batch import completion_values, length_buckets, pack, token_logprobs
+from services.policy.model import Policy
+from services.tasks.arith import Problem, ProblemSampler, eval_problems, reward
+from services.trainer.batching import DynamicBatcher
+from services.trainer.evaluate import EvalResult, score
+from services.trainer.grpo import advantage_estimator, policy_loss
+from services.trainer.streams import SampleStream, WeightPublisher
+from services.trainer.timeline import idle
+
+MICRO_BATCH_TOKENS = 4096  # padded tokens per forward/backward: bounds activation memory
+
+
+@dataclass
+class _Accumulator:
+    samples: int = 0
+    tokens: int = 0
+    rewards: float = 0.0
+    correct: int = 0
+    lengths: list[int] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+    trained_samples: int = 0
+    zero_adv_groups: int = 0
+    loss: float = 0.0
+    clip_fraction: float = 0.0
+    kl: float = 0.0
+    micro_batches: int = 0
+    busy: list[tuple[float, float]] = field(default_factory=list)
+    gen_first_start: float = float("inf")
+    gen_last_finish: float = 0.0
+
+
+class RLTrainer:
+    def __init__(self, cfg: RunConfig, policy: Policy, client: GenerationClient, run_dir: Path) -> None:
+        tc = cfg.trainer
+        torch.set_num_threads(tc.threads)
+        torch.manual_seed(tc.seed)
+        self.cfg = cfg
+        self.policy = policy
+        self.model = policy.model.train()
+        self.client = client
+        self.run_dir = run_dir
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if tc.kl_coef > 0 else None
+        self.advantages = advantage_estimator("grpo")
+        self.version = 0
+        dist = cfg.task.distribution()
+        self.eval_set = eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist)
+        held_out = frozenset(p.prompt for p in self.eval_set)
+        self.sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)  # type: ignore[arg-type]
+        self.problems: dict[str, Problem] = {}
+        self.publisher = WeightPublisher(client, tc.chunk_bytes)
+        self.gen_busy: list[tuple[float, float]] = []
+        self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
+        self.metrics_path = run_dir / "metrics.jsonl"
+
+    # ------------------------------------------------------------------ requests
+    def _prompts(self, problems: list[Problem]) -> list[PromptSpec]:
+        for p in problems:
+            self.problems[p.prompt_id] = p
+        return [PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt))) for p in problems]
+
+    def request(self, iteration: int, min_version: int) -> SampleStream:
+        problems = self.sampler.batch(self.cfg.trainer.prompts_per_iteration)
+        params = GenerateParams(self.cfg.trainer.group_size, 0, min_version, tag=f"iter-{iteration}")
+        return SampleStream(self.client, self._prompts(problems), params)
+
+    def evaluate(self, tag: str) -> EvalResult:
+        t0 = time.time()
+        self.publisher.wait(self.version)
+        stream = SampleStream(self.client, self._prompts(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
+        samples = list(stream)
+        self.timeline["eval"].append([-1, t0, time.time()])
+        return score(self.eval_set, samples, self.policy, self.version)
+
+    # ------------------------------------------------------------------ training
+    def run_iterations(self, progress=None) -> None:
+        mode = self.cfg.trainer.mode
+        n = self.cfg.trainer.iterations
+        streams = {0: self.request(0, self.version)}
+        for k in range(n):
+            if mode == "one_step" and k + 1 < n:
+                streams[k + 1] = self.request(k + 1, self.version)
+            stats = self.train_on(streams.pop(k), k)
+            if mode != "one_step" and k + 1 < n:
+                streams[k + 1] = self.request(k + 1, self.version)
+            if progress is not None:
+                progress(k, stats)
+        self.publisher.wait(self.version)
+
+    def train_on(self, stream: SampleStream, iteration: int) -> dict:
+        tc = self.cfg.trainer
+        t_start = time.time()
+        acc = _Accumulator()
+        batcher = DynamicBatcher(tc.group_size, tc.micro_batch_groups)
+        self.opt.zero_grad(set_to_none=True)
+        source = list(stream) if tc.mode == "sequential" else stream
+        for sample in source:
+            self._observe(sample, acc)
+            groups = batcher.add(sample)
+            if groups:
+                self._backward(groups, stream.expected, acc)
+        groups = batcher.flush()
+        if groups:
+            self._backward(groups, stream.expected, acc)
+        if batcher.incomplete:
+            raise RuntimeError(f"iteration {iteration}: {batcher.incomplete} groups incomplete at end of stream")
+        t0 = time.time()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
+        self.opt.step()
+        self.version += 1
+        stall = self.publisher.publish(self.model, self.version)
+        acc.busy.append((t0, time.time()))
+        return self._record(iteration, t_start, time.time(), acc, grad_norm, stall)
+
+    def _observe(self, sample: SampleRecord, acc: _Accumulator) -> None:
+        r = reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
+        acc.samples += 1
+        acc.tokens += len(sample.token_ids)
+        acc.rewards += r
+        acc.correct += int(r == 1.0)
+        acc.lengths.append(len(sample.token_ids))
+        acc.staleness.append(self.version - sample.weight_version)
+        acc.gen_first_start = min(acc.gen_first_start, sample.started_at)
+        acc.gen_last_finish = max(acc.gen_last_finish, sample.finished_at)
+        self.gen_busy.append((sample.started_at, sample.finished_at))
+
+    def _backward(self, groups: list[list[SampleRecord]], total: int, acc: _Accumulator) -> None:
+        """Forward/backward one micro-batch of complete groups; gradients accumulate."""
+        t0 = time.time()
+        chosen: list[tuple[SampleRecord, float]] = []
+        for group in groups:
+            rewards = torch.tensor([reward(self.problems[s.prompt_id], self.policy.decode(list(s.token_ids))) for s in group])
+            adv = self.advantages(rewards)
+            if self.ref is None and bool((adv == 0).all()):
+                acc.zero_adv_groups += 1  # no gradient without a KL term: skip the compute
+                continue
+            chosen.extend(zip(group, adv.tolist()))
+        lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s, _ in chosen]
+        for idx in length_buckets(lengths, MICRO_BATCH_TOKENS):
+            self._loss_backward([chosen[i] for i in idx], total, acc)
+        acc.busy.append((t0, time.time()))
+
+    def _loss_backward(self, items: list[tuple[SampleRecord, float]], total: int, acc: _Accumulator) -> None:
+        tc = self.cfg.trainer
+        prompts = [list(s.prompt_token_ids) for s, _ in items]
+        comps = [list(s.token_ids) for s, _ in items]
+        batch = pack(prompts, comps, self.policy.pad_id)
+        logp_old = completion_values(batch, [len(p) for p in prompts], [list(s.logprobs) for s, _ in items])
+        logp = token_logprobs(self.model, batch)
+        logp_ref = None
+        if self.ref is not None:
+            with torch.no_grad():
+                logp_ref = token_logprobs(self.ref, batch)
+        # positions outside the completion carry logp_old = 0; the mask removes them
+        logp_old = torch.where(batch.completion_mask > 0, logp_old, logp.detach())
+        loss, stats = policy_loss(
+            logp, logp_old, torch.tensor([a for _, a in items]), batch.completion_mask,
+            clip_eps=tc.clip_eps, logp_ref=logp_ref, kl_coef=tc.kl_coef,
+        )
+        (loss / total).backward()
+        acc.trained_samples += len(items)
+        acc.loss += float(loss) / total
+        acc.clip_fraction += stats.clip_fraction
+        acc.kl += stats.kl
+        acc.micro_batches += 1
+
+    # ------------------------------------------------------------------ metrics
+    def _record(self, k: int, t_start: float, t_end: float, acc: _Accumulator, grad_norm: float, stall: float) -> dict:
+        window = (t_start, t_end)
+        wall = t_end - t_start
+        mb = max(1, acc.micro_batches)
+        row = {
+            "iteration": k,
+            "mode": self.cfg.trainer.mode,
+            "weight_version": self.version,
+            "reward_mean": acc.rewards / acc.samples,
+            "accuracy": acc.correct / acc.samples,
+            "samples": acc.samples,
+            "trained_samples": acc.trained_samples,
+            "zero_advantage_groups": acc.zero_adv_groups,
+            "loss": acc.loss,
+            "clip_fraction": acc.clip_fraction / mb,
+            "kl": acc.kl / mb,
+            "grad_norm": grad_norm,
+            "gen_time_s": acc.gen_last_finish - acc.gen_first_start,
+            "train_time_s": sum(e - s for s, e in acc.busy),
+            "iteration_time_s": wall,
+            "idle_gen_s": idle(self.gen_busy, window),
+            "idle_train_s": idle(acc.busy, window),
+            "samples_per_s": acc.samples / wall,
+            "tokens_per_s": acc.tokens / wall,
+            "response_len_mean": sum(acc.lengths) / len(acc.lengths),
+            "response_len_max": max(acc.lengths),
+            "staleness_mean": sum(acc.staleness) / len(acc.staleness),
+            "staleness_max": max(acc.staleness),
+            "push_stall_s": stall,
+            "t_start": t_start,
+            "t_end": t_end,
+        }
+        self.timeline["generation"].append([k, acc.gen_first_start, acc.gen_last_finish])
+        self.timeline["training"].extend([[k, s, e] for s, e in acc.busy])
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+    def write_timeline(self) -> None:
+        (self.run_dir / "timeline.json").write_text(json.dumps(self.timeline) + "\n")

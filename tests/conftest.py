@@ -1,0 +1,94 @@
+"""Shared fixtures: a tiny policy checkpoint and a real SGS process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    from services.common.config import load_config
+    from services.policy.model import build_policy, save_policy
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml")
+    path = tmp_path_factory.mktemp("tiny") / "policy"
+    save_policy(build_policy(cfg.model), path)
+    return path
+
+
+class SGSProcess:
+    def __init__(self, proc: subprocess.Popen, address: str, log: Path) -> None:
+        self.proc, self.address, self.log = proc, address, log
+
+
+def start_sgs(workdir: Path, checkpoint: Path, overrides: list[str]) -> SGSProcess:
+    from services.common.config import load_config, write_config
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", overrides)
+    write_config(cfg, workdir / "config.json")
+    port_file, log = workdir / "sgs.port", workdir / "sgs.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"),
+             "--model", str(checkpoint), "--port", "0", "--port-file", str(port_file)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)
+
+
+def stop_sgs(sgs: SGSProcess) -> int:
+    sgs.proc.send_signal(signal.SIGTERM)
+    try:
+        return sgs.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        sgs.proc.kill()
+        return sgs.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def sgs(tmp_path_factory, tiny_checkpoint):
+    from services.generation.client import GenerationClient
+
+    workdir = tmp_path_factory.mktemp("sgs")
+    proc = start_sgs(workdir, tiny_checkpoint, ["generation.max_new_tokens=200", "generation.max_message_mb=1"])
+    client = GenerationClient(proc.address, max_message_mb=8)
+    client.wait_ready()
+    yield proc, client
+    client.close()
+    assert stop_sgs(proc) == 0, proc.log.read_text()[-3000:]

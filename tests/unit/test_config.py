@@ -1,0 +1,43 @@
+from pathlib import Path
+
+import pytest
+
+from services.common.config import ConfigError, RunConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    assert isinstance(load_config(path), RunConfig)
+
+
+def test_overrides_apply_and_parse_scalars():
+    cfg = load_config(None, ["trainer.mode=sync", "trainer.lr=0.01", "model.path=/x"])
+    assert cfg.trainer.mode == "sync" and cfg.trainer.lr == 0.01 and cfg.model.path == "/x"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("trainer.group_size=1", "trainer.group_size: Input should be greater than or equal to 2"),
+        ("trainer.mode=fast", "trainer.mode: Input should be 'sequential', 'sync' or 'one_step'"),
+        ("generation.temperature=0", "generation.temperature: Input should be greater than 0"),
+        ("trainer.typo=3", "trainer.typo: Extra inputs are not permitted"),
+        ("task.min_steps=9", None),
+    ],
+)
+def test_invalid_values_name_field_and_range(override, fragment):
+    overrides = [override] + (["task.max_steps=3"] if fragment is None else [])
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert (fragment or "min_steps (9) must be <= max_steps (3)") in str(err.value)
+
+
+def test_bad_file_and_bad_override_syntax(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        load_config(None, ["novalue"])

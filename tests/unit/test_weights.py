@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from services.common.weights import Chunk, WeightAssembler, WeightError, iter_chunks, specs_of
+
+
+def state():
+    torch.manual_seed(0)
+    return {"a": torch.randn(100, 7), "b": torch.randn(3), "c": torch.zeros(0)}
+
+
+def test_roundtrip_in_small_chunks():
+    sd = state()
+    chunks = list(iter_chunks(sd, version=3, chunk_bytes=64))
+    assert sum(c.last for c in chunks) == 1 and chunks[-1].last and chunks[-1].digest
+    asm = WeightAssembler(specs_of(sd), installed_version=2)
+    for c in chunks:
+        asm.add(c)
+    version, out = asm.finish()
+    assert version == 3
+    for k in sd:
+        assert torch.equal(out[k], sd[k])
+
+
+def _feed(chunks, installed=0, specs=None):
+    asm = WeightAssembler(specs or specs_of(state()), installed_version=installed)
+    for c in chunks:
+        asm.add(c)
+    return asm.finish()
+
+
+def _replace(chunk: Chunk, **kw) -> Chunk:
+    return Chunk(**{**chunk.__dict__, **kw})
+
+
+@pytest.mark.parametrize(
+    "mutate, kind, match",
+    [
+        (lambda cs: [_replace(cs[0], name="zzz")] + cs[1:], "argument", "unknown parameter"),
+        (lambda cs: [_replace(cs[0], shape=(7, 100))] + cs[1:], "argument", "expected dtype float32 shape"),
+        (lambda cs: [_replace(cs[0], dtype="float16")] + cs[1:], "argument", "float16"),
+        (lambda cs: cs[:-1] + [_replace(cs[-1], digest="0" * 64)], "integrity", "digest mismatch"),
+        (lambda cs: [cs[0], _replace(cs[1], data=b"x" + cs[1].data[1:])] + cs[2:], "integrity", "digest mismatch"),
+        (lambda cs: [cs[1]] + cs, "argument", "offset"),
+        (lambda cs: cs[:-2], "argument", "stream ended"),
+    ],
+)
+def test_bad_streams_are_refused(mutate, kind, match):
+    chunks = list(iter_chunks(state(), version=1, chunk_bytes=512))
+    with pytest.raises(WeightError, match=match) as err:
+        _feed(mutate(chunks))
+    assert err.value.kind == kind
+
+
+def test_old_version_is_refused():
+    with pytest.raises(WeightError, match="not newer") as err:
+        _feed(list(iter_chunks(state(), version=2, chunk_bytes=512)), installed=2)
+    assert err.value.kind == "precondition"

@@ -112,7 +112,7 @@ class TrainerConfig(_Strict):
     prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
     group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")
     micro_batch_groups: int = Field(8, ge=1, le=100_000, description="Complete groups that trigger a forward/backward.")
-    lr: float = Field(1e-3, gt=0.0, le=1.0, description="AdamW learning rate.")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     clip_eps: float = Field(0.2, gt=0.0, le=10.0, description="PPO-style ratio clip.")
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference coefficient (0 = no reference model).")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TAIL_LINES = 40
+SGS_READY_TIMEOUT_S = 180
 
 
 class ServiceDied(RuntimeError):
@@ -106,3 +107,38 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 svc.proc.kill()
                 svc.proc.wait()
+
+
+def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
+    """Start the SGS and the trainer for the run in ``run_dir``, supervise them until the
+    trainer exits, stop everything, and return the path of ``summary.json``.
+
+    ``on_poll(trainer_service)`` is called every ``poll_s`` while the trainer runs (progress)."""
+    from services.common.config import load_config
+
+    cfg = load_config(run_dir / "config.json")
+    sup = Supervisor(run_dir)
+    config = str(run_dir / "config.json")
+    try:
+        port_file = run_dir / "sgs.port"
+        port_file.unlink(missing_ok=True)
+        sup.start(
+            "sgs", "services.generation",
+            ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file)],
+            threads=cfg.generation.threads,
+        )
+        port = sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)
+        trainer = sup.start(
+            "trainer", "services.trainer",
+            ["--config", config, "--model", checkpoint, "--sgs", f"127.0.0.1:{port}", "--run-dir", str(run_dir)],
+            threads=cfg.trainer.threads, expect_exit=True,
+        )
+        while trainer.proc.poll() is None:
+            sup.check()
+            if on_poll is not None:
+                on_poll(trainer)
+            time.sleep(poll_s)
+        sup.check()  # a non-zero trainer exit raises with its log tail
+    finally:
+        sup.stop_all()
+    return run_dir / "summary.json"

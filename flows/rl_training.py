@@ -19,13 +19,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from tqdm import tqdm
 
-from flows.launcher import Supervisor, child_env
+from flows.launcher import child_env, run_processes
 from flows.report import write_report
 from services.common.progress import progress_interval
 from services.common.config import RunConfig, load_config, write_config
-
-SGS_READY_TIMEOUT_S = 180
-
 
 def new_run_dir(cfg: RunConfig) -> Path:
     run_id = cfg.run_id or time.strftime("%Y%m%d-%H%M%S")
@@ -61,50 +58,40 @@ def _read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def _watch(sup: Supervisor, trainer, run_dir: Path, iterations: int) -> None:
-    """Poll the services until the trainer exits; mirror progress to Prefect and the terminal."""
-    artifact_id = create_progress_artifact(0.0, key="rl-training-progress", description="RL iterations completed")
-    seen = 0
-    with tqdm(total=iterations, desc="RL iterations", unit="it", mininterval=progress_interval()) as bar:
-        while trainer.proc.poll() is None:
-            sup.check()
-            rows = _read_metrics(run_dir / "metrics.jsonl")
-            if len(rows) > seen:
-                bar.update(len(rows) - seen)
-                seen = len(rows)
-                last = rows[-1]
-                bar.set_postfix(reward=f"{last['reward_mean']:.2f}", stale=f"{last['staleness_mean']:.1f}")
-                update_progress_artifact(artifact_id, 100.0 * seen / iterations)
-            time.sleep(0.5)
-        bar.update(len(_read_metrics(run_dir / "metrics.jsonl")) - seen)
-    sup.check()  # a non-zero trainer exit raises with its log tail
-    update_progress_artifact(artifact_id, 100.0)
+class _Progress:
+    """Mirrors metrics.jsonl into a Prefect progress artifact and a terminal bar."""
+
+    def __init__(self, run_dir: Path, iterations: int) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.iterations = iterations
+        self.seen = 0
+        self.artifact_id = create_progress_artifact(0.0, key="rl-training-progress", description="RL iterations completed")
+        self.bar = tqdm(total=iterations, desc="RL iterations", unit="it", mininterval=progress_interval())
+
+    def __call__(self, _trainer=None) -> None:
+        rows = _read_metrics(self.path)
+        if len(rows) > self.seen:
+            self.bar.update(len(rows) - self.seen)
+            self.seen = len(rows)
+            last = rows[-1]
+            self.bar.set_postfix(reward=f"{last['reward_mean']:.2f}", stale=f"{last['staleness_mean']:.1f}")
+            update_progress_artifact(self.artifact_id, 100.0 * self.seen / self.iterations)
+
+    def close(self) -> None:
+        self()
+        self.bar.close()
 
 
 @task(name="run-services")
 def run_services(run_dir: str, checkpoint: str) -> str:
     """Start the SGS and the trainer as processes, supervise them, return summary.json's path."""
     rd = Path(run_dir)
-    cfg = load_config(rd / "config.json")
-    sup = Supervisor(rd)
+    progress = _Progress(rd, load_config(rd / "config.json").trainer.iterations)
     try:
-        port_file = rd / "sgs.port"
-        port_file.unlink(missing_ok=True)
-        sup.start(
-            "sgs", "services.generation",
-            ["--config", str(rd / "config.json"), "--model", checkpoint, "--port", "0", "--port-file", str(port_file)],
-            threads=cfg.generation.threads,
-        )
-        port = sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)
-        trainer = sup.start(
-            "trainer", "services.trainer",
-            ["--config", str(rd / "config.json"), "--model", checkpoint, "--sgs", f"127.0.0.1:{port}", "--run-dir", run_dir],
-            threads=cfg.trainer.threads, expect_exit=True,
-        )
-        _watch(sup, trainer, rd, cfg.trainer.iterations)
+        summary = run_processes(rd, checkpoint, on_poll=progress)
     finally:
-        sup.stop_all()
-    return str(rd / "summary.json")
+        progress.close()
+    return str(summary)
 
 
 @task(name="report")

@@ -52,12 +52,13 @@ def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12) -> None:
     t0 = min(g[1] for g in gen)
     fig, ax = plt.subplots(figsize=(9, 2.8))
     colors = plt.cm.tab20.colors
-    for k, start, end in gen:
-        ax.barh(1, end - start, left=start - t0, height=0.6, color=colors[int(k) % 20], edgecolor="black", lw=0.4)
-        ax.text((start + end) / 2 - t0, 1, str(int(k)), ha="center", va="center", fontsize=7)
+    for k, start, end in gen:  # alternate sub-rows: overlapping windows (one_step) stay visible
+        y = 0.85 + 0.35 * (int(k) % 2)
+        ax.barh(y, end - start, left=start - t0, height=0.3, color=colors[int(k) % 20], edgecolor="black", lw=0.4)
+        ax.text((start + end) / 2 - t0, y, str(int(k)), ha="center", va="center", fontsize=7)
     for k, start, end in train:
         ax.barh(0, end - start, left=start - t0, height=0.6, color=colors[int(k) % 20], edgecolor="black", lw=0.4)
-    ax.set_yticks([0, 1], ["training", "generation"])
+    ax.set_yticks([0, 1.02], ["training", "generation"])
     ax.set_xlabel("seconds since the first iteration's generation started (labels: iteration)")
     ax.set_title(f"Stage timeline, first {min(max_iterations, len(gen))} iterations")
     ax.grid(axis="x", alpha=0.3)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import fields
+
 from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
 from services.common.weights import Chunk
 from services.proto import braid_pb2 as pb
@@ -28,79 +31,40 @@ def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], Generate
     return prompts, params
 
 
+def _to_pb(message_cls, obj):
+    """Dataclass -> protobuf message with the same field names."""
+    return message_cls(**{f.name: getattr(obj, f.name) for f in fields(obj)})
+
+
+def _from_pb(cls, message):
+    """Protobuf message -> dataclass ``cls`` with the same field names (repeated -> tuple)."""
+    values = {}
+    for f in fields(cls):
+        value = getattr(message, f.name)
+        repeated = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+        values[f.name] = tuple(value) if repeated else value
+    return cls(**values)
+
+
 def sample_to_pb(s: SampleRecord) -> pb.Sample:
-    return pb.Sample(
-        prompt_id=s.prompt_id,
-        group_id=s.group_id,
-        sample_index=s.sample_index,
-        prompt_token_ids=list(s.prompt_token_ids),
-        token_ids=list(s.token_ids),
-        logprobs=list(s.logprobs),
-        weight_version=s.weight_version,
-        finish_reason=s.finish_reason,
-        submitted_at=s.submitted_at,
-        started_at=s.started_at,
-        finished_at=s.finished_at,
-    )
+    return _to_pb(pb.Sample, s)
 
 
 def sample_from_pb(s: pb.Sample) -> SampleRecord:
-    return SampleRecord(
-        prompt_id=s.prompt_id,
-        group_id=s.group_id,
-        sample_index=s.sample_index,
-        prompt_token_ids=tuple(s.prompt_token_ids),
-        token_ids=tuple(s.token_ids),
-        logprobs=tuple(s.logprobs),
-        weight_version=s.weight_version,
-        finish_reason=s.finish_reason,
-        submitted_at=s.submitted_at,
-        started_at=s.started_at,
-        finished_at=s.finished_at,
-    )
+    return _from_pb(SampleRecord, s)
 
 
 def chunk_to_pb(c: Chunk) -> pb.WeightChunk:
-    return pb.WeightChunk(
-        version=c.version,
-        name=c.name,
-        dtype=c.dtype,
-        shape=list(c.shape),
-        offset=c.offset,
-        data=c.data,
-        tensor_bytes=c.tensor_bytes,
-        last=c.last,
-        digest=c.digest,
-    )
+    return _to_pb(pb.WeightChunk, c)
 
 
 def chunk_from_pb(c: pb.WeightChunk) -> Chunk:
-    return Chunk(
-        version=c.version,
-        name=c.name,
-        dtype=c.dtype,
-        shape=tuple(c.shape),
-        offset=c.offset,
-        data=c.data,
-        tensor_bytes=c.tensor_bytes,
-        last=c.last,
-        digest=c.digest,
-    )
+    return _from_pb(Chunk, c)
 
 
 def health_to_pb(h: HealthSnapshot) -> pb.HealthReply:
-    return pb.HealthReply(**h.__dict__)
+    return _to_pb(pb.HealthReply, h)
 
 
 def health_from_pb(h: pb.HealthReply) -> HealthSnapshot:
-    return HealthSnapshot(
-        status=h.status,
-        weight_version=h.weight_version,
-        pending_version=h.pending_version,
-        running=h.running,
-        waiting=h.waiting,
-        finished=h.finished,
-        kv_usage=h.kv_usage,
-        engine=h.engine,
-        generated_tokens=h.generated_tokens,
-    )
+    return _from_pb(HealthSnapshot, h)

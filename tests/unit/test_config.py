@@ -41,3 +41,13 @@ def test_bad_file_and_bad_override_syntax(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="key.sub=value"):
         load_config(None, ["novalue"])
+
+
+def test_cli_refuses_invalid_config_before_starting_anything(capsys, tmp_path):
+    from flows.cli import main
+
+    assert main(["run", "--config", str(ROOT / "deploy/configs/smoke.yaml"), "--set", "trainer.lr=5",
+                 "--set", f"runs_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.lr: Input should be less than or equal to 1" in err
+    assert not any(tmp_path.iterdir())  # no run directory was created

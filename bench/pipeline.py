@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -50,12 +52,26 @@ def run_mode(base: list[str], config: str, mode: str, work: Path, checkpoint: st
     }
 
 
+def summarize(per_mode: dict[str, list[dict]], meta: dict) -> dict:
+    """Mean over rounds of every measured quantity, plus the ratios against sequential."""
+    detail = {m: {k: statistics.fmean(r[k] for r in rounds) for k in rounds[0]} for m, rounds in per_mode.items()}
+    sps = {m: detail[m]["samples_per_s"] for m in MODES}
+    return {
+        **meta,
+        "samples_per_s": sps,
+        "speedup_one_step_vs_sequential": sps["one_step"] / sps["sequential"],
+        "speedup_sync_vs_sequential": sps["sync"] / sps["sequential"],
+        "detail": detail,
+        "all_rounds": per_mode,
+    }
+
+
 def markdown(result: dict) -> str:
     lines = [
         "# Pipeline benchmark (CPU, tiny model; measured side by side in one run)",
         "",
         f"{result['iterations']} iterations x {result['samples_per_iteration']} samples per mode, "
-        f"{result['repeats']} alternating repeat(s), median reported; host: {result['host']}.",
+        f"{result['repeats']} alternating round(s), mean reported; host: {result['host']}.",
         "",
         "| mode | samples/s | vs sequential | idle generation | idle training | staleness |",
         "|---|---|---|---|---|---|",
@@ -91,19 +107,14 @@ def main() -> int:
             t0 = time.time()
             per_mode[mode].append(run_mode(base, ns.config, mode, work, checkpoint, r))
             print(f"[round {r}] {mode}: {per_mode[mode][-1]['samples_per_s']:.1f} samples/s ({time.time() - t0:.0f}s)")
-    detail = {m: sorted(v, key=lambda d: d["samples_per_s"])[len(v) // 2] for m, v in per_mode.items()}
     cfg = load_config(ns.config)
-    result = {
+    meta = {
         "iterations": ns.iterations,
         "samples_per_iteration": cfg.trainer.prompts_per_iteration * cfg.trainer.group_size,
         "repeats": ns.repeats,
-        "host": f"{platform.machine()}, {__import__('os').cpu_count()} cores, CPU only",
-        "samples_per_s": {m: detail[m]["samples_per_s"] for m in MODES},
-        "speedup_one_step_vs_sequential": detail["one_step"]["samples_per_s"] / detail["sequential"]["samples_per_s"],
-        "speedup_sync_vs_sequential": detail["sync"]["samples_per_s"] / detail["sequential"]["samples_per_s"],
-        "detail": detail,
-        "all_rounds": per_mode,
+        "host": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
     }
+    result = summarize(per_mode, meta)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,3 @@ class HealthSnapshot:
     kv_usage: float
     engine: str
     generated_tokens: int
-
-
-@dataclass
-class Interval:
-    """A labelled time interval (unix seconds) for the stage timeline."""
-
-    stage: str
-    iteration: int
-    start: float
-    end: float
-    meta: dict[str, float] = field(default_factory=dict)

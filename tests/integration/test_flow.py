@@ -19,10 +19,10 @@ def prefect_api():
         yield
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[dict, Path]:
+def _run(tmp_path: Path, mode: str, extra: tuple[str, ...] = ()) -> tuple[dict, Path]:
     from flows.rl_training import rl_training
 
-    overrides = [
+    overrides = [*extra,
         f"runs_dir={tmp_path / 'runs'}",
         f"cache_dir={tmp_path / 'cache'}",
         f"run_id={mode}",
@@ -73,8 +73,10 @@ def _check_artifacts() -> None:
             assert found, key
 
 
-def test_sync_flow_waits_for_new_weights_before_generating(prefect_api, tmp_path):
-    _, run_dir = _run(tmp_path, "sync")
+def test_sync_flow_from_a_local_checkpoint_waits_for_new_weights(prefect_api, tmp_path, tiny_checkpoint):
+    # --model path/: the same pipeline starts from a local HF checkpoint directory
+    _, run_dir = _run(tmp_path, "sync", (f"model.path={tiny_checkpoint}",))
+    assert json.loads((run_dir / "config.json").read_text())["model"]["path"] == str(tiny_checkpoint)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["staleness_max"] == 0 for r in rows)  # on-policy
     timeline = json.loads((run_dir / "timeline.json").read_text())

@@ -80,6 +80,7 @@ class RLTrainer:
         held_out = frozenset(p.prompt for p in self.eval_set)
         self.sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)  # type: ignore[arg-type]
         self.problems: dict[str, Problem] = {}
+        self._rewards: dict[tuple[str, int], float] = {}  # scored on arrival, used when the group completes
         self.publisher = WeightPublisher(client, tc.chunk_bytes)
         self.gen_busy: list[tuple[float, float]] = []
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
@@ -146,6 +147,7 @@ class RLTrainer:
 
     def _observe(self, sample: SampleRecord, acc: _Accumulator) -> None:
         r = reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
+        self._rewards[(sample.prompt_id, sample.sample_index)] = r
         acc.samples += 1
         acc.tokens += len(sample.token_ids)
         acc.rewards += r
@@ -161,7 +163,7 @@ class RLTrainer:
         t0 = time.time()
         chosen: list[tuple[SampleRecord, float]] = []
         for group in groups:
-            rewards = torch.tensor([reward(self.problems[s.prompt_id], self.policy.decode(list(s.token_ids))) for s in group])
+            rewards = torch.tensor([self._rewards.pop((s.prompt_id, s.sample_index)) for s in group])
             adv = self.advantages(rewards)
             if self.ref is None and bool((adv == 0).all()):
                 acc.zero_adv_groups += 1  # no gradient without a KL term: skip the compute

@@ -113,7 +113,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     """Start the SGS and the trainer for the run in ``run_dir``, supervise them until the
     trainer exits, stop everything, and return the path of ``summary.json``.
 
-    ``on_poll(trainer_service)`` is called every ``poll_s`` while the trainer runs (progress)."""
+    ``on_poll()`` is called every ``poll_s`` while the trainer runs (progress reporting)."""
     from services.common.config import load_config
 
     cfg = load_config(run_dir / "config.json")
@@ -136,7 +136,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         while trainer.proc.poll() is None:
             sup.check()
             if on_poll is not None:
-                on_poll(trainer)
+                on_poll()
             time.sleep(poll_s)
         sup.check()  # a non-zero trainer exit raises with its log tail
     finally:

@@ -24,6 +24,7 @@ from flows.report import write_report
 from services.common.progress import progress_interval
 from services.common.config import RunConfig, load_config, write_config
 
+
 def new_run_dir(cfg: RunConfig) -> Path:
     run_id = cfg.run_id or time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.runs_dir) / run_id
@@ -68,7 +69,7 @@ class _Progress:
         self.artifact_id = create_progress_artifact(0.0, key="rl-training-progress", description="RL iterations completed")
         self.bar = tqdm(total=iterations, desc="RL iterations", unit="it", mininterval=progress_interval())
 
-    def __call__(self, _trainer=None) -> None:
+    def __call__(self) -> None:
         rows = _read_metrics(self.path)
         if len(rows) > self.seen:
             self.bar.update(len(rows) - self.seen)

@@ -98,16 +98,70 @@ class GenerationConfig(_Strict):
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC max message size (MiB).")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the SGS process.")
     seed: int = Field(0, ge=0, description="Engine sampling seed.")
+    instances: int = Field(1, ge=1, le=64, description="SGS instances (engine processes, data-parallel units).")
+    step_delay_ms: list[float] = Field(
+        default_factory=list,
+        description="Injected delay per engine poll, per instance (straggler emulation; empty = none).",
+    )
+
+    @model_validator(mode="after")
+    def _delays_fit(self) -> GenerationConfig:
+        if len(self.step_delay_ms) > self.instances:
+            raise ValueError(f"step_delay_ms has {len(self.step_delay_ms)} entries for {self.instances} instances")
+        if any(d < 0 for d in self.step_delay_ms):
+            raise ValueError(f"step_delay_ms must be >= 0 (got {self.step_delay_ms})")
+        return self
+
+    def delay_of(self, instance: int) -> float:
+        return self.step_delay_ms[instance] if instance < len(self.step_delay_ms) else 0.0
+
+
+class AlgorithmConfig(_Strict):
+    """The RL objective (``services.trainer.algorithms``): GRPO with DAPO options, or PPO with a critic."""
+
+    name: Literal["grpo", "ppo"] = Field("grpo", description="Objective: grpo (group baseline) or ppo (critic + GAE).")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="GRPO advantage estimator (ignored by ppo).")
+    clip_high: float | None = Field(
+        None, gt=0.0, le=10.0, description="Upper ratio clip (DAPO clip-higher, e.g. 0.28); None = trainer.clip_eps."
+    )
+    loss_agg: Literal["sample_mean", "token_mean"] = Field(
+        "sample_mean", description="sample_mean (mean over tokens, then samples) or token_mean (DAPO token-level loss)."
+    )
+    dynamic_sampling: bool = Field(False, description="DAPO dynamic sampling: drop groups whose rewards are all equal.")
+    off_policy: Literal["none", "tis", "decoupled"] = Field(
+        "none",
+        description="Correction for stale samples: none, tis (truncated importance sampling), "
+        "decoupled (decoupled PPO against the proximal policy).",
+    )
+    is_cap: float = Field(2.0, ge=1.0, le=1000.0, description="Truncation of the behaviour importance weight (tis, decoupled).")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO discount.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO GAE lambda.")
+    vf_coef: float = Field(0.5, gt=0.0, le=100.0, description="PPO value-loss coefficient.")
+    value_clip: float = Field(0.2, gt=0.0, le=100.0, description="PPO value clip around the rollout-time values.")
+    critic_lr: float = Field(1e-4, gt=0.0, le=1.0, description="PPO critic learning rate.")
 
 
 class TrainerConfig(_Strict):
-    """The trainer: pipeline mode, GRPO, dynamic batching, weight publication."""
+    """The trainer: pipeline mode, RL objective, dynamic batching, staleness bound, weight publication."""
 
-    mode: Literal["sequential", "sync", "one_step"] = Field(
+    mode: Literal["sequential", "sync", "one_step", "bounded"] = Field(
         "one_step",
         description="Pipeline mode: sequential (baseline: generate all, then train), sync (on-policy, "
-        "training starts on complete groups while generation runs), one_step (generation of k+1 overlaps training on k).",
+        "training starts on complete groups while generation runs), one_step (generation of k+1 overlaps training on k), "
+        "bounded (trajectory-level asynchrony: instances run different versions, every trajectory within eta).",
     )
+    eta: int = Field(1, ge=0, le=64, description="Staleness bound of bounded mode: V_traj + eta >= V_buf for every trained trajectory.")
+    partial_rollout: bool = Field(
+        False, description="bounded mode: interrupt in-flight trajectories on a new version, re-prefill, continue."
+    )
+    async_bound: int | None = Field(
+        None, ge=0, le=64, description="RollArt's per-trajectory bound alpha: abort tracked trajectories older than n - alpha."
+    )
+    redundancy_groups: int = Field(0, ge=0, le=100_000, description="Batch-level redundancy: extra groups per buffer (surplus aborted).")
+    redundancy_samples: int = Field(0, ge=0, le=1024, description="Group-level redundancy: extra samples per group (surplus aborted).")
+    max_inflight_groups: int = Field(16, ge=1, le=100_000, description="bounded mode: groups in flight per SGS instance.")
+    checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     iterations: int = Field(40, ge=1, le=1_000_000, description="RL iterations (optimizer steps).")
     prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
     group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval_fingerprint": fingerprint(trainer.eval_set),
         "samples_per_second": samples / rl_seconds,
         "rl_seconds": rl_seconds,
+        "rl_started_at": t0,
         "final_weight_version": trainer.version,
         "eval_warmstart": before.to_json(),
         "eval_final": after.to_json(),

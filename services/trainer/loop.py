@@ -19,7 +19,6 @@ snapshot copy. Every iteration appends a line to ``metrics.jsonl``; the stage in
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass, field
@@ -30,16 +29,13 @@ import torch
 from services.common.config import RunConfig
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerationClient
-from services.policy.batch import completion_values, length_buckets, pack, token_logprobs
-from services.policy.model import Policy
+from services.policy.model import Policy, save_policy
 from services.tasks.arith import Problem, ProblemSampler, eval_problems, reward
 from services.trainer.batching import DynamicBatcher
 from services.trainer.evaluate import EvalResult, score
-from services.trainer.grpo import advantage_estimator, policy_loss
+from services.trainer.learner import Group, Learner, StepStats
 from services.trainer.streams import SampleStream, WeightPublisher
 from services.trainer.timeline import idle
-
-MICRO_BATCH_TOKENS = 4096  # padded tokens per forward/backward: bounds activation memory
 
 
 @dataclass
@@ -50,13 +46,6 @@ class _Accumulator:
     correct: int = 0
     lengths: list[int] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
-    trained_samples: int = 0
-    zero_adv_groups: int = 0
-    loss: float = 0.0
-    clip_fraction: float = 0.0
-    kl: float = 0.0
-    micro_batches: int = 0
-    busy: list[tuple[float, float]] = field(default_factory=list)
     gen_first_start: float = float("inf")
     gen_last_finish: float = 0.0
 
@@ -68,12 +57,10 @@ class RLTrainer:
         torch.manual_seed(tc.seed)
         self.cfg = cfg
         self.policy = policy
-        self.model = policy.model.train()
+        self.learner = Learner(cfg, policy)
+        self.model = self.learner.model
         self.client = client
         self.run_dir = run_dir
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if tc.kl_coef > 0 else None
-        self.advantages = advantage_estimator("grpo")
         self.version = 0
         dist = cfg.task.distribution()
         self.eval_set = eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist)
@@ -124,26 +111,38 @@ class RLTrainer:
         tc = self.cfg.trainer
         t_start = time.time()
         acc = _Accumulator()
+        stats = self.learner.begin()
         batcher = DynamicBatcher(tc.group_size, tc.micro_batch_groups)
-        self.opt.zero_grad(set_to_none=True)
         source = list(stream) if tc.mode == "sequential" else stream
         for sample in source:
             self._observe(sample, acc)
             groups = batcher.add(sample)
             if groups:
-                self._backward(groups, stream.expected, acc)
+                self.learner.backward([self._rewarded(g) for g in groups])
         groups = batcher.flush()
         if groups:
-            self._backward(groups, stream.expected, acc)
+            self.learner.backward([self._rewarded(g) for g in groups])
         if batcher.incomplete:
             raise RuntimeError(f"iteration {iteration}: {batcher.incomplete} groups incomplete at end of stream")
-        t0 = time.time()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.max_grad_norm))
-        self.opt.step()
+        grad_norm = self.learner.step()
         self.version += 1
+        t0 = time.time()
         stall = self.publisher.publish(self.model, self.version)
-        acc.busy.append((t0, time.time()))
-        return self._record(iteration, t_start, time.time(), acc, grad_norm, stall)
+        stats.busy.append((t0, time.time()))
+        self.maybe_checkpoint()
+        return self._record(iteration, t_start, time.time(), acc, stats, grad_norm, stall)
+
+    def _rewarded(self, samples: list[SampleRecord]) -> Group:
+        return Group(samples, [self._rewards.pop((s.prompt_id, s.sample_index)) for s in samples])
+
+    def maybe_checkpoint(self) -> None:
+        """Every ``checkpoint_every`` versions, save the policy (for offline evaluation over time)."""
+        every = self.cfg.trainer.checkpoint_every
+        if every and self.version % every == 0:
+            out = self.run_dir / "checkpoints" / f"v{self.version:05d}"
+            save_policy(self.policy, out)
+            with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
+                f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
 
     def _observe(self, sample: SampleRecord, acc: _Accumulator) -> None:
         r = reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
@@ -158,51 +157,13 @@ class RLTrainer:
         acc.gen_last_finish = max(acc.gen_last_finish, sample.finished_at)
         self.gen_busy.append((sample.started_at, sample.finished_at))
 
-    def _backward(self, groups: list[list[SampleRecord]], total: int, acc: _Accumulator) -> None:
-        """Forward/backward one micro-batch of complete groups; gradients accumulate."""
-        t0 = time.time()
-        chosen: list[tuple[SampleRecord, float]] = []
-        for group in groups:
-            rewards = torch.tensor([self._rewards.pop((s.prompt_id, s.sample_index)) for s in group])
-            adv = self.advantages(rewards)
-            if self.ref is None and bool((adv == 0).all()):
-                acc.zero_adv_groups += 1  # no gradient without a KL term: skip the compute
-                continue
-            chosen.extend(zip(group, adv.tolist()))
-        lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s, _ in chosen]
-        for idx in length_buckets(lengths, MICRO_BATCH_TOKENS):
-            self._loss_backward([chosen[i] for i in idx], total, acc)
-        acc.busy.append((t0, time.time()))
-
-    def _loss_backward(self, items: list[tuple[SampleRecord, float]], total: int, acc: _Accumulator) -> None:
-        tc = self.cfg.trainer
-        prompts = [list(s.prompt_token_ids) for s, _ in items]
-        comps = [list(s.token_ids) for s, _ in items]
-        batch = pack(prompts, comps, self.policy.pad_id)
-        logp_old = completion_values(batch, [len(p) for p in prompts], [list(s.logprobs) for s, _ in items])
-        logp = token_logprobs(self.model, batch)
-        logp_ref = None
-        if self.ref is not None:
-            with torch.no_grad():
-                logp_ref = token_logprobs(self.ref, batch)
-        # positions outside the completion carry logp_old = 0; the mask removes them
-        logp_old = torch.where(batch.completion_mask > 0, logp_old, logp.detach())
-        loss, stats = policy_loss(
-            logp, logp_old, torch.tensor([a for _, a in items]), batch.completion_mask,
-            clip_eps=tc.clip_eps, logp_ref=logp_ref, kl_coef=tc.kl_coef,
-        )
-        (loss / total).backward()
-        acc.trained_samples += len(items)
-        acc.loss += float(loss) / total
-        acc.clip_fraction += stats.clip_fraction
-        acc.kl += stats.kl
-        acc.micro_batches += 1
-
     # ------------------------------------------------------------------ metrics
-    def _record(self, k: int, t_start: float, t_end: float, acc: _Accumulator, grad_norm: float, stall: float) -> dict:
+    def _record(
+        self, k: int, t_start: float, t_end: float, acc: _Accumulator, st: StepStats, grad_norm: float, stall: float
+    ) -> dict:
         window = (t_start, t_end)
         wall = t_end - t_start
-        mb = max(1, acc.micro_batches)
+        mb = max(1, st.micro_batches)
         row = {
             "iteration": k,
             "mode": self.cfg.trainer.mode,
@@ -210,17 +171,17 @@ class RLTrainer:
             "reward_mean": acc.rewards / acc.samples,
             "accuracy": acc.correct / acc.samples,
             "samples": acc.samples,
-            "trained_samples": acc.trained_samples,
-            "zero_advantage_groups": acc.zero_adv_groups,
-            "loss": acc.loss,
-            "clip_fraction": acc.clip_fraction / mb,
-            "kl": acc.kl / mb,
+            "trained_samples": st.trained_samples,
+            "zero_advantage_groups": st.zero_adv_groups,
+            "loss": st.loss,
+            "clip_fraction": st.clip_fraction / mb,
+            "kl": st.kl / mb,
             "grad_norm": grad_norm,
             "gen_time_s": acc.gen_last_finish - acc.gen_first_start,
-            "train_time_s": sum(e - s for s, e in acc.busy),
+            "train_time_s": sum(e - s for s, e in st.busy),
             "iteration_time_s": wall,
             "idle_gen_s": idle(self.gen_busy, window),
-            "idle_train_s": idle(acc.busy, window),
+            "idle_train_s": idle(st.busy, window),
             "samples_per_s": acc.samples / wall,
             "tokens_per_s": acc.tokens / wall,
             "response_len_mean": sum(acc.lengths) / len(acc.lengths),
@@ -232,7 +193,7 @@ class RLTrainer:
             "t_end": t_end,
         }
         self.timeline["generation"].append([k, acc.gen_first_start, acc.gen_last_finish])
-        self.timeline["training"].extend([[k, s, e] for s, e in acc.busy])
+        self.timeline["training"].extend([[k, s, e] for s, e in st.busy])
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         return row

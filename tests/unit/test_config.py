@@ -21,7 +21,7 @@ def test_overrides_apply_and_parse_scalars():
     "override, fragment",
     [
         ("trainer.group_size=1", "trainer.group_size: Input should be greater than or equal to 2"),
-        ("trainer.mode=fast", "trainer.mode: Input should be 'sequential', 'sync' or 'one_step'"),
+        ("trainer.mode=fast", "trainer.mode: Input should be 'sequential', 'sync', 'one_step' or 'bounded'"),
         ("generation.temperature=0", "generation.temperature: Input should be greater than 0"),
         ("trainer.typo=3", "trainer.typo: Extra inputs are not permitted"),
         ("task.min_steps=9", None),

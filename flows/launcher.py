@@ -109,8 +109,24 @@ class Supervisor:
                 svc.proc.wait()
 
 
+def start_instances(sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int) -> list[str]:
+    """Start ``n`` SGS instance processes (``sgs-i``) and return their loopback addresses."""
+    config = str(run_dir / "config.json")
+    port_files = []
+    for i in range(n):
+        port_file = run_dir / f"sgs-{i}.port"
+        port_file.unlink(missing_ok=True)
+        sup.start(
+            f"sgs-{i}", "services.generation",
+            ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file), "--instance", str(i)],
+            threads=threads,
+        )
+        port_files.append(port_file)
+    return [f"127.0.0.1:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
+
+
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
-    """Start the SGS and the trainer for the run in ``run_dir``, supervise them until the
+    """Start the SGS instances and the trainer for the run in ``run_dir``, supervise them until the
     trainer exits, stop everything, and return the path of ``summary.json``.
 
     ``on_poll()`` is called every ``poll_s`` while the trainer runs (progress reporting)."""
@@ -120,17 +136,10 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     sup = Supervisor(run_dir)
     config = str(run_dir / "config.json")
     try:
-        port_file = run_dir / "sgs.port"
-        port_file.unlink(missing_ok=True)
-        sup.start(
-            "sgs", "services.generation",
-            ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file)],
-            threads=cfg.generation.threads,
-        )
-        port = sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)
+        addresses = start_instances(sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads)
         trainer = sup.start(
             "trainer", "services.trainer",
-            ["--config", config, "--model", checkpoint, "--sgs", f"127.0.0.1:{port}", "--run-dir", str(run_dir)],
+            ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)],
             threads=cfg.trainer.threads, expect_exit=True,
         )
         while trainer.proc.poll() is None:

@@ -22,6 +22,7 @@ class GenerateParams:
     max_new_tokens: int = 0  # 0 = the service default
     min_weight_version: int = 0
     tag: str = ""
+    interruptible: bool = False  # partial rollout: return running samples early on a weight update
 
 
 @dataclass(frozen=True)

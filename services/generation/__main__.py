@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
     parser.add_argument("--port-file", help="write the bound port here once serving")
+    parser.add_argument("--instance", type=int, default=0, help="instance index (selects generation.step_delay_ms)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.generation.server import GenerationServicer, create_server
 
     cfg = load_config(ns.config).generation
-    engine = create_engine(cfg.engine, ns.model, cfg)
+    engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0)
     core = GenerationCore(engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens)
     servicer = GenerationServicer(core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions)
     server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb)

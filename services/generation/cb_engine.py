@@ -4,9 +4,16 @@ Sizing is explicit (``num_blocks`` x ``page_size`` tokens of KV cache, ``max_bat
 step): the library default sizes the cache to most of free memory. Prefix block sharing is
 disabled: shared prefix blocks would keep KV computed with old weights after a swap and give
 wrong outputs. Log-probs come from the sampling distribution (after temperature).
+
+Interrupt (partial rollout) pauses the generation loop, reads each request's tokens and
+log-probs so far from the scheduler's request state, and cancels the requests; the KV cache
+they held is freed, so resuming means re-prefilling prompt + partial output with new weights.
+``step_delay_s`` sleeps before every forward pass (straggler emulation in tests).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -21,10 +28,14 @@ from services.generation.engine import Engine, EngineOutput, register_engine
 class ContinuousBatchingEngine(Engine):
     name = "cb"
 
-    def __init__(self, model_path: str, cfg: GenerationConfig) -> None:
+    supports_interrupt = True
+
+    def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> None:
         torch.set_num_threads(cfg.threads)
         self._model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32)
         self._model.eval()
+        if step_delay_s > 0:
+            self._model.register_forward_pre_hook(lambda *_: time.sleep(step_delay_s))
         self.vocab_size = int(self._model.config.vocab_size)
         self.max_positions = int(self._model.config.max_position_embeddings)
         eos = self._model.config.eos_token_id
@@ -80,6 +91,23 @@ class ContinuousBatchingEngine(Engine):
     def cancel(self, request_id: str) -> None:
         self._manager.cancel_request(request_id)
 
+    def interrupt(self, request_ids: list[str]) -> dict[str, EngineOutput]:
+        outputs: dict[str, EngineOutput] = {}
+        with self._manager.pause():
+            scheduler = self._manager.batch_processor.scheduler
+            for rid in request_ids:
+                state = scheduler.active_requests.get(rid) or scheduler.waiting_requests.get(rid)
+                tokens: list[int] = []
+                logprobs: list[float] = []
+                if state is not None:
+                    out = state.to_generation_output()
+                    n = min(len(out.generated_tokens), len(out.logprobs))  # a token without its log-prob is redone
+                    tokens = [int(t) for t in out.generated_tokens[:n]]
+                    logprobs = [float(x) for x in out.logprobs[:n]]
+                outputs[rid] = EngineOutput(rid, tokens, logprobs, "interrupted")
+                self._manager.cancel_request(rid)
+        return outputs
+
     def param_specs(self) -> dict[str, TensorSpec]:
         return specs_of(self._model.state_dict())
 
@@ -98,5 +126,5 @@ class ContinuousBatchingEngine(Engine):
 
 
 @register_engine("cb")
-def _make(model_path: str, cfg: GenerationConfig) -> Engine:
-    return ContinuousBatchingEngine(model_path, cfg)
+def _make(model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> Engine:
+    return ContinuousBatchingEngine(model_path, cfg, step_delay_s)

@@ -15,6 +15,27 @@ from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 
 
+class GenerateCall:
+    """One server-streaming Generate call. ``cancel`` stops it on the server too (its running
+    samples are dropped); a cancelled call's iterator ends instead of raising."""
+
+    def __init__(self, rendezvous) -> None:
+        self._call = rendezvous
+        self.cancelled = False
+
+    def __iter__(self) -> Iterator[SampleRecord]:
+        try:
+            for sample in self._call:
+                yield convert.sample_from_pb(sample)
+        except grpc.RpcError as err:
+            if not (self.cancelled and err.code() == grpc.StatusCode.CANCELLED):
+                raise
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._call.cancel()
+
+
 class GenerationClient:
     def __init__(self, address: str, *, max_message_mb: int = 64, timeout_s: float = 3600.0) -> None:
         limit = max_message_mb * 1024 * 1024
@@ -51,12 +72,15 @@ class GenerationClient:
 
     def generate(self, prompts: list[PromptSpec], params: GenerateParams) -> Iterator[SampleRecord]:
         """Stream samples in completion order. Cancel by closing the iterator."""
-        stream = self._stub.Generate(convert.request_to_pb(prompts, params), timeout=self.timeout_s)
+        call = self.start(prompts, params)
         try:
-            for sample in stream:
-                yield convert.sample_from_pb(sample)
+            yield from call
         finally:
-            stream.cancel()
+            call.cancel()
+
+    def start(self, prompts: list[PromptSpec], params: GenerateParams) -> GenerateCall:
+        """Start a Generate call; iterate it for samples, ``cancel()`` it from any thread."""
+        return GenerateCall(self._stub.Generate(convert.request_to_pb(prompts, params), timeout=self.timeout_s))
 
     def update_weights(self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20) -> pb.UpdateAck:
         chunks = (convert.chunk_to_pb(c) for c in iter_chunks(state, version, chunk_bytes))

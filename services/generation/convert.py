@@ -17,6 +17,7 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
         max_new_tokens=params.max_new_tokens,
         min_weight_version=params.min_weight_version,
         request_tag=params.tag,
+        interruptible=params.interruptible,
     )
 
 
@@ -27,6 +28,7 @@ def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], Generate
         max_new_tokens=req.max_new_tokens,
         min_weight_version=req.min_weight_version,
         tag=req.request_tag,
+        interruptible=req.interruptible,
     )
     return prompts, params
 

@@ -6,7 +6,10 @@ pass of the loop:
 1. takes new sequences, cancellations and staged weights from the inbox;
 2. installs a staged weight version once no request is in flight (in-flight requests finish
    on the version they started with; admission pauses while a version is staged, so the
-   drain is bounded by the longest running request);
+   drain is bounded by the longest running request). If every running request is
+   *interruptible* (partial rollout), they are interrupted instead: each comes back at once
+   with its tokens so far and finish_reason "interrupted", and the version installs without
+   a drain; the caller resumes them (prompt + partial output) on the new weights;
 3. admits waiting sequences, oldest first, whose ``min_weight_version`` is installed, up to
    ``max_inflight``;
 4. polls the engine and routes each finished output to its call's queue at once, so the RPC
@@ -57,6 +60,7 @@ class _Seq:
     max_new_tokens: int
     min_version: int
     submitted_at: float
+    interruptible: bool = False
     started_at: float = 0.0
     version: int = -1
 
@@ -96,7 +100,7 @@ class GenerationCore:
         now = time.time()
         max_new = params.max_new_tokens or self.default_max_new_tokens
         seqs = [
-            _Seq(f"c{call.call_id}-{p.prompt_id}-{i}", call, p, i, max_new, params.min_weight_version, now)
+            _Seq(f"c{call.call_id}-{p.prompt_id}-{i}", call, p, i, max_new, params.min_weight_version, now, params.interruptible)
             for p in prompts
             for i in range(params.samples_per_prompt)
         ]
@@ -174,8 +178,13 @@ class GenerationCore:
                 del self._running[rid]
 
     def _maybe_install(self) -> None:
-        if self._pending_state is None or self._running:
+        if self._pending_state is None:
             return
+        if self._running:
+            if not all(seq.interruptible for seq in self._running.values()):
+                return  # drain: in-flight requests finish on their version
+            for out in self.engine.interrupt(list(self._running)).values():
+                self._deliver(out)
         with self._stage_lock:
             version, state = self.pending_version, self._pending_state
             self._pending_state = None
@@ -209,7 +218,8 @@ class GenerationCore:
         if out.error:
             seq.call.out.put(RuntimeError(f"engine failed on {out.request_id}: {out.error}"))
             return
-        self.finished += 1
+        if out.finish_reason != "interrupted":
+            self.finished += 1
         self.generated_tokens += len(out.token_ids)
         seq.call.out.put(
             SampleRecord(

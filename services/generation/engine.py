@@ -24,7 +24,7 @@ class EngineOutput:
     request_id: str
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "interrupted"
     error: str | None = None
 
 
@@ -47,6 +47,15 @@ class Engine(ABC):
     def cancel(self, request_id: str) -> None:
         """Drop a queued or running request (no output is produced for it)."""
 
+    supports_interrupt: bool = False
+
+    def interrupt(self, request_ids: list[str]) -> dict[str, EngineOutput]:
+        """Stop running requests and return what each generated so far (partial rollout).
+
+        The requests are dropped from the engine; their outputs carry finish_reason
+        ``"interrupted"``. Engines that cannot do this leave ``supports_interrupt`` False."""
+        raise NotImplementedError(f"engine {self.name!r} cannot interrupt requests")
+
     @abstractmethod
     def param_specs(self) -> dict[str, TensorSpec]:
         """Names, dtypes and shapes the engine accepts in ``load_weights``."""
@@ -63,7 +72,7 @@ class Engine(ABC):
     def close(self) -> None: ...
 
 
-EngineFactory = Callable[[str, GenerationConfig], Engine]
+EngineFactory = Callable[..., Engine]  # (model_path, cfg, step_delay_s=0.0) -> Engine
 _ENGINES: dict[str, EngineFactory] = {}
 
 
@@ -77,10 +86,11 @@ def register_engine(key: str) -> Callable[[EngineFactory], EngineFactory]:
     return deco
 
 
-def create_engine(key: str, model_path: str, cfg: GenerationConfig) -> Engine:
-    """Build the engine registered under ``key`` for the checkpoint at ``model_path``."""
+def create_engine(key: str, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> Engine:
+    """Build the engine registered under ``key`` for the checkpoint at ``model_path``
+    (``step_delay_s``: an injected delay per engine step, to emulate a straggler)."""
     import services.generation.cb_engine  # noqa: F401  (registers "cb")
 
     if key not in _ENGINES:
         raise ValueError(f"unknown engine {key!r}; registered: {sorted(_ENGINES)}")
-    return _ENGINES[key](model_path, cfg)
+    return _ENGINES[key](model_path, cfg, step_delay_s)

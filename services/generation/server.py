@@ -93,6 +93,11 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             validate_request(prompts, params, self.cfg, vocab_size=self.vocab_size, max_positions=self.max_positions)
         except RequestError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if params.interruptible and not self.core.engine.supports_interrupt:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"engine {self.core.engine.name!r} cannot interrupt requests: partial rollout is unavailable",
+            )
         if not self.core.alive():
             context.abort(grpc.StatusCode.UNAVAILABLE, f"generation core is down: {self.core.error!r}")
         call = self.core.submit(prompts, params)

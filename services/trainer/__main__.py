@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
     parser.add_argument("--model", required=True, help="local checkpoint dir to start from")
-    parser.add_argument("--sgs", required=True, help="SGS address host:port")
+    parser.add_argument("--sgs", required=True, help="SGS instance addresses host:port[,host:port...]")
     parser.add_argument("--run-dir", required=True)
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(ns.config)
     run_dir = Path(ns.run_dir)
-    client = GenerationClient(ns.sgs, max_message_mb=cfg.generation.max_message_mb)
-    client.wait_ready(timeout_s=120)
-    trainer = RLTrainer(cfg, load_policy(ns.model), client, run_dir)
+    clients = [GenerationClient(a, max_message_mb=cfg.generation.max_message_mb) for a in ns.sgs.split(",") if a]
+    for client in clients:
+        client.wait_ready(timeout_s=120)
+    trainer = RLTrainer(cfg, load_policy(ns.model), clients, run_dir)
 
     def progress(k: int, row: dict) -> None:
         logging.info(
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         "eval_final": after.to_json(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    client.close()
+    for client in clients:
+        client.close()
     return 0
 
 

@@ -39,7 +39,7 @@ from services.trainer.timeline import idle
 
 
 @dataclass
-class _Accumulator:
+class Accumulator:
     samples: int = 0
     tokens: int = 0
     rewards: float = 0.0
@@ -51,7 +51,7 @@ class _Accumulator:
 
 
 class RLTrainer:
-    def __init__(self, cfg: RunConfig, policy: Policy, client: GenerationClient, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path) -> None:
         tc = cfg.trainer
         torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
@@ -59,7 +59,7 @@ class RLTrainer:
         self.policy = policy
         self.learner = Learner(cfg, policy)
         self.model = self.learner.model
-        self.client = client
+        self.clients = clients
         self.run_dir = run_dir
         self.version = 0
         dist = cfg.task.distribution()
@@ -68,13 +68,13 @@ class RLTrainer:
         self.sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)  # type: ignore[arg-type]
         self.problems: dict[str, Problem] = {}
         self._rewards: dict[tuple[str, int], float] = {}  # scored on arrival, used when the group completes
-        self.publisher = WeightPublisher(client, tc.chunk_bytes)
+        self.publisher = WeightPublisher(clients, tc.chunk_bytes)
         self.gen_busy: list[tuple[float, float]] = []
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
         self.metrics_path = run_dir / "metrics.jsonl"
 
     # ------------------------------------------------------------------ requests
-    def _prompts(self, problems: list[Problem]) -> list[PromptSpec]:
+    def prompt_specs(self, problems: list[Problem]) -> list[PromptSpec]:
         for p in problems:
             self.problems[p.prompt_id] = p
         return [PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt))) for p in problems]
@@ -82,12 +82,12 @@ class RLTrainer:
     def request(self, iteration: int, min_version: int) -> SampleStream:
         problems = self.sampler.batch(self.cfg.trainer.prompts_per_iteration)
         params = GenerateParams(self.cfg.trainer.group_size, 0, min_version, tag=f"iter-{iteration}")
-        return SampleStream(self.client, self._prompts(problems), params)
+        return SampleStream(self.clients, self.prompt_specs(problems), params)
 
     def evaluate(self, tag: str) -> EvalResult:
         t0 = time.time()
         self.publisher.wait(self.version)
-        stream = SampleStream(self.client, self._prompts(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
+        stream = SampleStream(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
         samples = list(stream)
         self.timeline["eval"].append([-1, t0, time.time()])
         return score(self.eval_set, samples, self.policy, self.version)
@@ -96,6 +96,11 @@ class RLTrainer:
     def run_iterations(self, progress=None) -> None:
         mode = self.cfg.trainer.mode
         n = self.cfg.trainer.iterations
+        if mode == "bounded":
+            from services.trainer.bounded import BoundedRunner
+
+            BoundedRunner(self).run(n, progress)
+            return
         streams = {0: self.request(0, self.version)}
         for k in range(n):
             if mode == "one_step" and k + 1 < n:
@@ -110,7 +115,7 @@ class RLTrainer:
     def train_on(self, stream: SampleStream, iteration: int) -> dict:
         tc = self.cfg.trainer
         t_start = time.time()
-        acc = _Accumulator()
+        acc = Accumulator()
         stats = self.learner.begin()
         batcher = DynamicBatcher(tc.group_size, tc.micro_batch_groups)
         source = list(stream) if tc.mode == "sequential" else stream
@@ -130,7 +135,7 @@ class RLTrainer:
         stall = self.publisher.publish(self.model, self.version)
         stats.busy.append((t0, time.time()))
         self.maybe_checkpoint()
-        return self._record(iteration, t_start, time.time(), acc, stats, grad_norm, stall)
+        return self.record(iteration, t_start, time.time(), acc, stats, grad_norm, stall)
 
     def _rewarded(self, samples: list[SampleRecord]) -> Group:
         return Group(samples, [self._rewards.pop((s.prompt_id, s.sample_index)) for s in samples])
@@ -144,22 +149,29 @@ class RLTrainer:
             with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
                 f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
 
-    def _observe(self, sample: SampleRecord, acc: _Accumulator) -> None:
-        r = reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
+    def score(self, sample: SampleRecord) -> float:
+        return reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
+
+    def _observe(self, sample: SampleRecord, acc: Accumulator) -> None:
+        r = self.score(sample)
         self._rewards[(sample.prompt_id, sample.sample_index)] = r
+        self.tally(sample, r, self.version - sample.weight_version, acc)
+
+    def tally(self, sample: SampleRecord, r: float, staleness: int, acc: Accumulator) -> None:
         acc.samples += 1
         acc.tokens += len(sample.token_ids)
         acc.rewards += r
         acc.correct += int(r == 1.0)
         acc.lengths.append(len(sample.token_ids))
-        acc.staleness.append(self.version - sample.weight_version)
+        acc.staleness.append(staleness)
         acc.gen_first_start = min(acc.gen_first_start, sample.started_at)
         acc.gen_last_finish = max(acc.gen_last_finish, sample.finished_at)
         self.gen_busy.append((sample.started_at, sample.finished_at))
 
     # ------------------------------------------------------------------ metrics
-    def _record(
-        self, k: int, t_start: float, t_end: float, acc: _Accumulator, st: StepStats, grad_norm: float, stall: float
+    def record(
+        self, k: int, t_start: float, t_end: float, acc: Accumulator, st: StepStats, grad_norm: float, stall: float,
+        extra: dict | None = None,
     ) -> dict:
         window = (t_start, t_end)
         wall = t_end - t_start
@@ -191,6 +203,7 @@ class RLTrainer:
             "push_stall_s": stall,
             "t_start": t_start,
             "t_end": t_end,
+            **(extra or {}),
         }
         self.timeline["generation"].append([k, acc.gen_first_start, acc.gen_last_finish])
         self.timeline["training"].extend([[k, s, e] for s, e in st.busy])

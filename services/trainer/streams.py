@@ -1,10 +1,13 @@
-"""Mechanism around the SGS client: sample streams read on threads, weights pushed on a thread.
+"""Mechanism around the SGS clients: sample streams read on threads, weights pushed on threads.
 
-``SampleStream`` runs one Generate call on a background thread and hands samples to the
-trainer through a queue, so two iterations' streams can be open at once (one-step
-asynchrony). ``WeightPublisher`` pushes weight versions from a background thread: the
-trainer pays only for a snapshot copy and returns to training; a newer version supersedes one
-not yet sent. A failure on either thread is re-raised in the trainer at its next call.
+``SampleStream`` splits a request's prompts across the SGS instances (round robin by prompt,
+so a GRPO group stays on one instance), runs one Generate call per instance on a background
+thread and merges the samples into one queue in completion order, so two iterations' streams
+can be open at once (one-step asynchrony). ``WeightPusher`` pushes versions to one instance
+from a background thread (a newer version supersedes one not yet sent); ``WeightPublisher``
+snapshots the model once per version and offers it to every instance's pusher, so the
+trainer pays only for the snapshot copy. A failure on any thread is re-raised in the trainer
+at its next call.
 """
 
 from __future__ import annotations
@@ -23,14 +26,17 @@ _END = object()
 
 
 class SampleStream:
-    def __init__(self, client: GenerationClient, prompts: list[PromptSpec], params: GenerateParams) -> None:
+    def __init__(self, clients: list[GenerationClient], prompts: list[PromptSpec], params: GenerateParams) -> None:
         self.expected = len(prompts) * params.samples_per_prompt
         self.submitted_at = time.time()
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(
-            target=self._read, args=(client, prompts, params), name=f"stream-{params.tag}", daemon=True
-        )
-        self._thread.start()
+        shares = [prompts[i :: len(clients)] for i in range(len(clients))]
+        self._open = sum(1 for share in shares if share)
+        for i, (client, share) in enumerate(zip(clients, shares)):
+            if share:
+                threading.Thread(
+                    target=self._read, args=(client, share, params), name=f"stream-{params.tag}-{i}", daemon=True
+                ).start()
 
     def _read(self, client: GenerationClient, prompts: list[PromptSpec], params: GenerateParams) -> None:
         try:
@@ -42,19 +48,64 @@ class SampleStream:
 
     def __iter__(self) -> Iterator[SampleRecord]:
         received = 0
-        while True:
+        open_calls = self._open
+        while open_calls:
             item = self._queue.get()
             if item is _END:
-                if received != self.expected:
-                    raise RuntimeError(f"stream ended after {received} of {self.expected} samples")
-                return
+                open_calls -= 1
+                continue
             if isinstance(item, BaseException):
                 raise RuntimeError(f"generation stream failed: {item}") from item
             received += 1
             yield item
+        if received != self.expected:
+            raise RuntimeError(f"stream ended after {received} of {self.expected} samples")
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class WeightPublisher:
+    """Fan-out of weight versions to every SGS instance (one ``WeightPusher`` each)."""
+
+    def __init__(self, clients: list[GenerationClient], chunk_bytes: int) -> None:
+        self.pushers = [WeightPusher(c, chunk_bytes) for c in clients]
+
+    def publish(self, model: torch.nn.Module, version: int) -> float:
+        """Snapshot ``model``'s weights for ``version``, offer them to every instance, and
+        return the trainer-side stall (s)."""
+        t0 = time.perf_counter()
+        self.raise_if_failed()
+        state = snapshot(model)
+        for p in self.pushers:
+            p.offer(version, state)
+        return time.perf_counter() - t0
+
+    @property
+    def published(self) -> int:
+        return min(p.published for p in self.pushers)
+
+    @property
+    def push_seconds(self) -> dict[int, float]:
+        return {v: s for p in self.pushers for v, s in p.push_seconds.items()}
+
+    def raise_if_failed(self) -> None:
+        for p in self.pushers:
+            p.raise_if_failed()
+
+    def wait(self, version: int, timeout_s: float = 600) -> None:
+        for p in self.pushers:
+            p.wait(version, timeout_s)
+
+    def close(self) -> None:
+        for p in self.pushers:
+            p.close()
+
+
+class WeightPusher:
+    """Pushes the newest offered version to one SGS instance from a background thread."""
+
     def __init__(self, client: GenerationClient, chunk_bytes: int) -> None:
         self._client = client
         self._chunk_bytes = chunk_bytes
@@ -62,20 +113,20 @@ class WeightPublisher:
         self._next: tuple[int, dict[str, torch.Tensor]] | None = None
         self._error: BaseException | None = None
         self._closed = False
-        self.published = 0
+        self.published = 0  # newest version the instance has acknowledged (staged)
+        self.offered = 0  # newest version handed to this pusher
         self.push_seconds: dict[int, float] = {}
         self._thread = threading.Thread(target=self._run, name="weight-publisher", daemon=True)
         self._thread.start()
 
-    def publish(self, model: torch.nn.Module, version: int) -> float:
-        """Snapshot ``model``'s weights for ``version`` and return the trainer-side stall (s)."""
-        t0 = time.perf_counter()
+    def offer(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Hand a version over; it replaces an older one not yet sent."""
         self.raise_if_failed()
-        snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with self._cond:
-            self._next = (version, snapshot)
+            self.offered = max(self.offered, version)
+            if self._next is None or self._next[0] < version:
+                self._next = (version, state)
             self._cond.notify_all()
-        return time.perf_counter() - t0
 
     def raise_if_failed(self) -> None:
         if self._error is not None:

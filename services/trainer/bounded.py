@@ -1,0 +1,324 @@
+"""``bounded`` mode: trajectory-level asynchrony under a strict per-trajectory staleness bound.
+
+The rollout coordinator of Laminar / StaleFlow, run inside the trainer process. One thread
+observes, asks the pure policies, and acts:
+
+1. **sync** — ``routing.instances_to_sync`` says which SGS instances take the newest weights
+   (lazily: when the bound stops them from starting work at their version, or when idle).
+   Instances therefore run different versions at once.
+2. **route** — interrupted trajectories resume first (partial rollout: prompt + tokens so far,
+   on any instance whose version is not older than their ``V_traj``); then new GRPO groups
+   start wherever ``StalenessManager.can_reserve`` allows (StaleFlow Algorithm 2), each as
+   one Generate call of ``group_size + redundancy_samples`` samples with
+   ``min_weight_version = V_traj``, and is *reserved* in the manager.
+3. **collect** — samples stream back from all calls into one queue. A finished sample is
+   scored at once; a group with ``group_size`` finished samples is complete: its surplus is
+   cancelled, DAPO's filter may abort it, otherwise it is *occupied* and written to the
+   experience buffer. Interrupted samples (partial rollout) update the partial-response pool.
+4. **train** — occupied groups of the head buffer are final, so their gradients are computed
+   as soon as they appear (streaming, as in the other modes); when the head buffer is Ready
+   it is *consumed*: one optimizer step, version + 1.
+
+Every consumed trajectory satisfies ``V_traj + eta >= V_buf`` (checked again here and
+counted in ``bound_violations``, which must stay 0). Metrics add the staleness histogram of
+each consumed buffer (StaleFlow Fig. 18), Laminar's inherent staleness, RollArt's bound
+aborts, interrupts and redundancy surplus.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from services.buffer.pools import ExperienceBuffer, Partial, PartialResponsePool, PromptPool
+from services.buffer.routing import InstanceView, instances_to_sync, pick_instance
+from services.buffer.staleness import Aborted, Entry, StalenessManager
+from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.generation.client import GenerateCall
+from services.tasks.arith import Problem
+from services.trainer.learner import Group
+from services.trainer.loop import Accumulator, RLTrainer
+from services.trainer.streams import snapshot
+
+log = logging.getLogger("braid.bounded")
+
+
+def keep_group(rewards: list[float]) -> bool:
+    """DAPO dynamic sampling: a group whose rewards are all equal carries no signal."""
+    return len(set(rewards)) > 1
+
+
+@dataclass
+class _Call:
+    instance: int
+    group: str
+    keys: list[str]  # partial-pool keys of the samples this call produces
+    handle: GenerateCall | None = None
+    open: int = 0  # samples not yet returned
+
+
+@dataclass
+class _GroupState:
+    problem: Problem
+    v_traj: int
+    finished: dict[int, tuple[SampleRecord, float]] = field(default_factory=dict)
+    calls: list[_Call] = field(default_factory=list)
+    complete: bool = False
+
+
+class BoundedRunner:
+    def __init__(self, trainer: RLTrainer) -> None:
+        tc = trainer.cfg.trainer
+        self.t = trainer
+        self.tc = tc
+        self.max_new = trainer.cfg.generation.max_new_tokens
+        self.mgr = StalenessManager(
+            tc.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
+            redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=trainer.version,
+        )
+        self.prompts: PromptPool[Problem] = PromptPool.from_batches(trainer.sampler.batch, tc.prompts_per_iteration)
+        self.partial = PartialResponsePool()
+        self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
+        self.events: queue.Queue = queue.Queue()
+        self.pushers = trainer.publisher.pushers
+        self.capacity = tc.max_inflight_groups * (tc.group_size + tc.redundancy_samples)
+        self.inflight = [0] * len(self.pushers)
+        self.groups: dict[str, _GroupState] = {}
+        self.resume: list[Partial] = []
+        self.trained: set[str] = set()
+        self.latest: tuple[int, dict] = (trainer.version, {})
+        self.counts: Counter[str] = Counter()
+        self.gen_busy: list[tuple[float, float]] = []
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, iterations: int, progress=None) -> None:
+        self.t.learner.begin()
+        t_start = time.time()
+        try:
+            for k in range(iterations):
+                while not self.mgr.ready():
+                    self._sync()
+                    self._route()
+                    self._collect(timeout=0.02)
+                    self._train_head()
+                row = self._consume(k, t_start)
+                t_start = row["t_end"]
+                if progress is not None:
+                    progress(k, row)
+        finally:
+            self._shutdown()
+
+    def _views(self) -> list[InstanceView]:
+        return [InstanceView(i, p.offered, self.inflight[i], self.capacity) for i, p in enumerate(self.pushers)]
+
+    def _sync(self) -> None:
+        version, state = self.latest
+        for i in instances_to_sync(self._views(), version, self.mgr.can_reserve):
+            self.pushers[i].offer(version, state)
+            self.counts["syncs"] += 1
+
+    # ------------------------------------------------------------------ routing
+    def _route(self) -> None:
+        waiting = []
+        for p in sorted(self.resume, key=lambda p: p.version):
+            inst = pick_instance(p.version, self._views(), self.mgr.can_reserve)
+            if inst is None:
+                waiting.append(p)
+            else:
+                self._launch_resume(p, inst)
+        self.resume = waiting
+        g = self.tc.group_size + self.tc.redundancy_samples
+        while (inst := pick_instance(None, self._views(), self.mgr.can_reserve, need=g)) is not None:
+            self._launch_group(self.prompts.take(), inst)
+
+    def _launch_group(self, problem: Problem, inst: InstanceView) -> None:
+        key = problem.prompt_id
+        self.mgr.reserve(key, inst.version)
+        state = _GroupState(problem, inst.version)
+        self.groups[key] = state
+        n = self.tc.group_size + self.tc.redundancy_samples
+        (spec,) = self.t.prompt_specs([problem])
+        call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)])
+        for i, pkey in enumerate(call.keys):
+            self.partial.start(Partial(pkey, key, i, spec.token_ids, inst.version, inst.index))
+        params = GenerateParams(n, 0, inst.version, tag=f"group-{key}", interruptible=self.tc.partial_rollout)
+        self._start(call, [spec], params, state)
+
+    def _launch_resume(self, p: Partial, inst: InstanceView) -> None:
+        state = self.groups[p.group]
+        self.partial.move(p.key, inst.index)
+        call = _Call(inst.index, p.group, [p.key])
+        spec = PromptSpec(f"{p.key}#{p.segments}", p.prompt_token_ids + p.token_ids, p.group)
+        left = self.max_new - len(p.token_ids)
+        params = GenerateParams(1, left, p.version, tag=f"resume-{p.key}", interruptible=True)
+        self.counts["resumed"] += 1
+        self._start(call, [spec], params, state)
+
+    def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState) -> None:
+        call.open = len(call.keys)
+        self.inflight[call.instance] += call.open
+        call.handle = self.t.clients[call.instance].start(prompts, params)
+        state.calls.append(call)
+        threading.Thread(target=self._read, args=(call,), name=f"call-{call.keys[0]}", daemon=True).start()
+
+    def _read(self, call: _Call) -> None:
+        try:
+            for sample in call.handle:
+                self.events.put(("sample", call, sample))
+        except BaseException as exc:  # surfaced in the coordinator thread
+            self.events.put(("error", call, exc))
+
+    # ------------------------------------------------------------------ collecting
+    def _collect(self, timeout: float) -> None:
+        try:
+            event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            kind, call, payload = event
+            if kind == "error":
+                address = self.t.clients[call.instance].address
+                raise RuntimeError(f"SGS instance {call.instance} ({address}) failed: {payload}") from payload
+            self._on_sample(call, payload)
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _on_sample(self, call: _Call, s: SampleRecord) -> None:
+        state = self.groups.get(call.group)
+        if state is None or state.complete or call.handle.cancelled:
+            return  # surplus of a finished, aborted or cancelled group
+        call.open -= 1
+        self.inflight[call.instance] -= 1
+        pkey = call.keys[0] if len(call.keys) == 1 else f"{call.group}/{s.sample_index}"
+        if s.finish_reason == "interrupted":
+            p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
+            self.counts["interrupted"] += 1
+            if len(p.token_ids) < self.max_new:
+                self.resume.append(p)
+                return
+            s = SampleRecord(s.prompt_id, s.group_id, s.sample_index, s.prompt_token_ids, (), (), s.weight_version,
+                             "length", s.submitted_at, s.started_at, s.finished_at)
+        self._finish_sample(state, self.partial.finish(pkey), s)
+
+    def _finish_sample(self, state: _GroupState, p: Partial, s: SampleRecord) -> None:
+        """Stitch the segments of one trajectory into a SampleRecord of the original prompt."""
+        version = p.first_version if p.first_version >= 0 else s.weight_version
+        sample = SampleRecord(
+            prompt_id=p.group, group_id=p.group, sample_index=p.sample_index, prompt_token_ids=p.prompt_token_ids,
+            token_ids=p.token_ids + s.token_ids, logprobs=p.logprobs + s.logprobs, weight_version=version,
+            finish_reason=s.finish_reason, submitted_at=s.submitted_at, started_at=s.started_at,
+            finished_at=s.finished_at,
+        )
+        self.gen_busy.append((s.started_at, s.finished_at))
+        state.finished[p.sample_index] = (sample, self.t.score(sample))
+        if len(state.finished) >= self.tc.group_size:
+            self._complete(p.group, state)
+
+    def _complete(self, key: str, state: _GroupState) -> None:
+        state.complete = True
+        self._cancel_calls(state)
+        done = sorted(state.finished.items())[: self.tc.group_size]
+        samples = [s for _, (s, _) in done]
+        rewards = [r for _, (_, r) in done]
+        if self.tc.algorithm.dynamic_sampling and not keep_group(rewards):
+            self.mgr.abort(key, "filtered")
+            self.counts["filtered"] += 1
+            del self.groups[key]
+            return
+        self.experience.put(key, Group(samples, rewards))
+        self.mgr.occupy(key, generated_version=min(s.weight_version for s in samples))
+
+    def _cancel_calls(self, state: _GroupState) -> None:
+        for call in state.calls:
+            if call.open and call.handle is not None and not call.handle.cancelled:
+                call.handle.cancel()
+                self.inflight[call.instance] -= call.open
+                call.open = 0
+        for p in self.partial.drop_group(state.problem.prompt_id):
+            self.resume = [r for r in self.resume if r.key != p.key]
+
+    # ------------------------------------------------------------------ training
+    def _train_head(self) -> None:
+        """Backward the head buffer's occupied groups as they appear (they are final)."""
+        new = [e.key for e in self.mgr.head_occupied() if e.key not in self.trained]
+        room = self.mgr.batch - len(self.trained)  # with redundancy never train a surplus group
+        new = new[: max(room, 0)]
+        if new and (len(new) >= self.tc.micro_batch_groups or len(new) == room):
+            self.t.learner.backward([self.experience.get(k) for k in new])
+            self.trained.update(new)
+
+    def _prefer_trained(self, occupied: list[Entry], n: int) -> list[Entry]:
+        return sorted(occupied, key=lambda e: e.key not in self.trained)[:n]
+
+    def _consume(self, k: int, t_start: float) -> dict:
+        result = self.mgr.consume(select=self._prefer_trained)
+        keys = [e.key for e in result.entries]
+        untrained = [key for key in keys if key not in self.trained]
+        groups = self.experience.take(keys)
+        by_key = dict(zip(keys, groups))
+        if untrained:
+            self.t.learner.backward([by_key[key] for key in untrained])
+        self._drop(result.aborted)
+        grad_norm = self.t.learner.step()
+        stats = self.t.learner.stats
+        self.t.version += 1
+        t0 = time.time()
+        self.latest = (self.t.version, snapshot(self.t.model))
+        stall = time.time() - t0
+        stats.busy.append((t0, time.time()))
+        self.t.maybe_checkpoint()
+        acc = Accumulator()
+        for g in groups:
+            for s, r in zip(g.samples, g.rewards):
+                self.t.tally(s, r, result.buffer_version - s.weight_version, acc)
+        for key in keys:
+            self.groups.pop(key, None)
+        self.trained.clear()
+        t_end = time.time()
+        self.t.gen_busy.extend(self.gen_busy)
+        self.gen_busy = []
+        row = self.t.record(k, t_start, t_end, acc, stats, grad_norm, stall, self._extra(result))
+        self.t.learner.begin()
+        return row
+
+    def _drop(self, aborted: list[Aborted]) -> None:
+        for a in aborted:
+            self.counts[f"aborted_{a.reason}"] += 1
+            state = self.groups.pop(a.key, None)
+            if state is not None:
+                state.complete = True
+                self._cancel_calls(state)
+                if a.reason == "async_bound":
+                    self.prompts.put_back(state.problem)  # regenerate it on fresher weights
+            if a.key in self.experience:
+                self.experience.take([a.key])
+
+    def _extra(self, result) -> dict:
+        entries = result.entries
+        hist = Counter(e.staleness for e in entries)
+        return {
+            "eta": self.tc.eta,
+            "buffer_version": result.buffer_version,
+            "entry_staleness_hist": {str(s): n for s, n in sorted(hist.items())},
+            "entry_staleness_max": max(e.staleness for e in entries),
+            "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
+            "bound_violations": sum(1 for e in entries if e.version + self.tc.eta < e.buffer_version),
+            "instance_versions": [p.offered for p in self.pushers],
+            **{k: v for k, v in sorted(self.counts.items())},
+        }
+
+    def _shutdown(self) -> None:
+        """Cancel work for buffers that will not be trained; bring every instance to the newest version."""
+        for state in self.groups.values():
+            state.complete = True
+            self._cancel_calls(state)
+        version, state = self.latest
+        if state:
+            for p in self.pushers:
+                p.offer(version, state)

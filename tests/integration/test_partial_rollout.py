@@ -1,0 +1,46 @@
+"""Partial rollout in the SGS: a weight update interrupts running interruptible samples."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from services.common.types import GenerateParams, PromptSpec
+from services.generation.client import GenerationClient
+from services.policy.model import load_policy
+from tests.conftest import start_sgs, stop_sgs
+
+
+def test_weight_update_interrupts_running_samples_and_they_resume_on_the_new_version(tmp_path, tiny_checkpoint):
+    # 20 ms per engine step: the samples are still running when the update arrives
+    proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.max_new_tokens=200", "generation.step_delay_ms=[20]"])
+    client = GenerationClient(proc.address)
+    try:
+        client.wait_ready()
+        prompts = [PromptSpec(f"p{i}", (1, 5, 6, 7)) for i in range(2)]
+        params = GenerateParams(samples_per_prompt=4, max_new_tokens=200, interruptible=True)
+        samples = []
+        reader = threading.Thread(target=lambda: samples.extend(client.generate(prompts, params)))
+        reader.start()
+        time.sleep(1.0)
+        weights = load_policy(tiny_checkpoint).model.state_dict()
+        assert client.update_weights(weights, version=1, chunk_bytes=1 << 16).staged
+        reader.join(timeout=120)
+        assert len(samples) == 8
+        interrupted = [s for s in samples if s.finish_reason == "interrupted"]
+        assert interrupted, [(s.finish_reason, len(s.token_ids)) for s in samples]
+        for s in interrupted:
+            assert s.weight_version == 0 and len(s.token_ids) == len(s.logprobs) < 200
+        # installed at once: no drain of the interrupted samples' remaining tokens (>= 2 s at 20 ms/token)
+        deadline = time.monotonic() + 1.0
+        while client.health().weight_version != 1:
+            assert time.monotonic() < deadline, client.health()
+            time.sleep(0.05)
+        s = interrupted[0]
+        resumed = PromptSpec("resume", tuple(s.prompt_token_ids) + tuple(s.token_ids))
+        left = 200 - len(s.token_ids)
+        (rest,) = client.generate([resumed], GenerateParams(max_new_tokens=left, min_weight_version=1))
+        assert rest.weight_version == 1 and 1 <= len(rest.token_ids) <= left
+    finally:
+        client.close()
+        assert stop_sgs(proc) == 0, proc.log.read_text()[-3000:]

@@ -8,6 +8,7 @@ after a grace period. Used by the Prefect flow and by the benchmark.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("braid.launcher")
 
 TAIL_LINES = 40
 SGS_READY_TIMEOUT_S = 180
@@ -37,6 +40,7 @@ class Service:
     proc: subprocess.Popen
     log_path: Path
     expect_exit: bool = False  # a job that finishes (trainer) rather than a server
+    tolerate_exit: bool = False  # a replaceable server (an SGS instance in bounded mode): its death is logged
 
     def describe_exit(self) -> str:
         return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{tail(self.log_path)}"
@@ -60,8 +64,12 @@ class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.services: list[Service] = []
+        self.lost: list[Service] = []  # tolerated exits, already reported
 
-    def start(self, name: str, module: str, args: list[str], *, threads: int, expect_exit: bool = False) -> Service:
+    def start(
+        self, name: str, module: str, args: list[str], *, threads: int, expect_exit: bool = False,
+        tolerate_exit: bool = False,
+    ) -> Service:
         log_path = self.run_dir / f"{name}.log"
         log = log_path.open("w")
         proc = subprocess.Popen(
@@ -72,7 +80,7 @@ class Supervisor:
             start_new_session=True,
         )
         log.close()
-        svc = Service(name, proc, log_path, expect_exit)
+        svc = Service(name, proc, log_path, expect_exit, tolerate_exit)
         self.services.append(svc)
         return svc
 
@@ -80,7 +88,11 @@ class Supervisor:
         """Raise ``ServiceDied`` if a server exited, or a job exited non-zero."""
         for svc in self.services:
             code = svc.proc.poll()
-            if code is None:
+            if code is None or svc in self.lost:
+                continue
+            if svc.tolerate_exit and any(s.proc.poll() is None for s in self.services if s.tolerate_exit):
+                self.lost.append(svc)
+                log.warning("%s", svc.describe_exit())
                 continue
             if not svc.expect_exit or code != 0:
                 raise ServiceDied(svc.describe_exit())
@@ -109,8 +121,11 @@ class Supervisor:
                 svc.proc.wait()
 
 
-def start_instances(sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int) -> list[str]:
-    """Start ``n`` SGS instance processes (``sgs-i``) and return their loopback addresses."""
+def start_instances(
+    sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False
+) -> list[str]:
+    """Start ``n`` SGS instance processes (``sgs-i``) and return their loopback addresses.
+    With ``tolerate_exit`` the run survives the death of some (not all) instances."""
     config = str(run_dir / "config.json")
     port_files = []
     for i in range(n):
@@ -119,7 +134,7 @@ def start_instances(sup: Supervisor, run_dir: Path, checkpoint: str, n: int, thr
         sup.start(
             f"sgs-{i}", "services.generation",
             ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file), "--instance", str(i)],
-            threads=threads,
+            threads=threads, tolerate_exit=tolerate_exit,
         )
         port_files.append(port_file)
     return [f"127.0.0.1:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
@@ -136,7 +151,10 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     sup = Supervisor(run_dir)
     config = str(run_dir / "config.json")
     try:
-        addresses = start_instances(sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads)
+        tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1  # it resumes lost trajectories
+        addresses = start_instances(
+            sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate
+        )
         trainer = sup.start(
             "trainer", "services.trainer",
             ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)],

@@ -67,6 +67,46 @@ def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12) -> None:
     plt.close(fig)
 
 
+def plot_staleness(rows: list[dict], path: Path) -> bool:
+    """Staleness (V_buf - V_traj) of the groups in each consumed buffer, stacked (StaleFlow Fig. 18)."""
+    hists = [r.get("entry_staleness_hist") for r in rows]
+    if not any(hists):
+        return False
+    eta = max(int(r.get("eta", 0)) for r in rows)
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    bottom = [0.0] * len(rows)
+    its = [r["iteration"] for r in rows]
+    colors = plt.cm.viridis
+    for s in range(eta + 1):
+        counts = [float((h or {}).get(str(s), 0)) for h in hists]
+        totals = [max(1.0, sum((h or {}).values())) for h in hists]
+        share = [c / t for c, t in zip(counts, totals)]
+        ax.bar(its, share, bottom=bottom, color=colors(s / max(1, eta)), label=f"staleness {s}", width=0.9)
+        bottom = [b + x for b, x in zip(bottom, share)]
+    ax.set_xlabel("consumed buffer (iteration)")
+    ax.set_ylabel("share of groups")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Staleness per consumed buffer (bound eta = {eta})")
+    ax.legend(fontsize=7, ncol=eta + 1, loc="upper center", bbox_to_anchor=(0.5, -0.22))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _bounded_lines(rows: list[dict]) -> list[str]:
+    if not any("bound_violations" in r for r in rows):
+        return []
+    last = rows[-1]
+    aborted = ", ".join(f"{k[len('aborted_'):]} {v}" for k, v in last.items() if k.startswith("aborted_")) or "none"
+    return [
+        f"| staleness bound eta / violations | {last['eta']} / {sum(r['bound_violations'] for r in rows)} |",
+        f"| inherent staleness (Laminar M - K), mean | {_mean(rows, 'inherent_staleness_mean'):.2f} |",
+        f"| weight syncs / interrupted samples / resumed | {last.get('syncs', 0)} / {last.get('interrupted', 0)} / {last.get('resumed', 0)} |",
+        f"| aborted groups | {aborted}; filtered (dynamic sampling) {last.get('filtered', 0)} |",
+    ]
+
+
 def _mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows) if rows else 0.0
 
@@ -89,11 +129,13 @@ def render_markdown(rows: list[dict], summary: dict) -> str:
         f"| idle fraction: generation / training | {sum(r['idle_gen_s'] for r in rows) / wall:.2f} / {sum(r['idle_train_s'] for r in rows) / wall:.2f} |",
         f"| staleness (versions): mean / max | {_mean(rows, 'staleness_mean'):.2f} / {max((r['staleness_max'] for r in rows), default=0)} |",
         f"| trainer stall per weight push | {1000 * _mean(rows, 'push_stall_s'):.1f} ms |",
+        *_bounded_lines(rows),
         "",
         "![learning curve](learning_curve.png)",
         "",
         "![stage timeline](timeline.png)",
         "",
+        *(["![staleness per buffer](staleness.png)", ""] if any("entry_staleness_hist" in r for r in rows) else []),
         "## Accuracy by difficulty (scratchpad steps)",
         "",
         "| steps | prompts | warm start | final |",
@@ -115,6 +157,7 @@ def write_report(run_dir: Path) -> Path:
     rows, timeline, summary = _load(run_dir)
     plot_learning(rows, summary, run_dir / "learning_curve.png")
     plot_timeline(timeline, run_dir / "timeline.png")
+    plot_staleness(rows, run_dir / "staleness.png")
     path = run_dir / "report.md"
     path.write_text(render_markdown(rows, summary))
     return path

@@ -176,6 +176,19 @@ class TrainerConfig(_Strict):
     seed: int = Field(0, ge=0, description="Trainer seed.")
 
     @model_validator(mode="after")
+    def _bounded_only(self) -> TrainerConfig:
+        if self.mode != "bounded":
+            used = [
+                name for name, on in (
+                    ("partial_rollout", self.partial_rollout), ("async_bound", self.async_bound is not None),
+                    ("redundancy_groups", self.redundancy_groups > 0), ("redundancy_samples", self.redundancy_samples > 0),
+                ) if on
+            ]
+            if used:
+                raise ValueError(f"{', '.join(used)} only apply to mode 'bounded' (mode is {self.mode!r})")
+        return self
+
+    @model_validator(mode="after")
     def _groups_fit(self) -> TrainerConfig:
         if self.micro_batch_groups > self.prompts_per_iteration:
             raise ValueError(

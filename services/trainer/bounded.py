@@ -19,6 +19,11 @@ observes, asks the pure policies, and acts:
    as soon as they appear (streaming, as in the other modes); when the head buffer is Ready
    it is *consumed*: one optimizer step, version + 1.
 
+**Instance failure** (Laminar §3.3): when a call fails with UNAVAILABLE the instance is
+marked dead; every trajectory the partial-response pool places on it resumes elsewhere from
+the tokens recorded so far (its ``V_traj`` and reserved entry unchanged), so no trajectory
+is lost. The run fails only when no instance is left.
+
 Every consumed trajectory satisfies ``V_traj + eta >= V_buf`` (checked again here and
 counted in ``bound_violations``, which must stay 0). Metrics add the staleness histogram of
 each consumed buffer (StaleFlow Fig. 18), Laminar's inherent staleness, RollArt's bound
@@ -29,6 +34,8 @@ from __future__ import annotations
 
 import logging
 import queue
+
+import grpc
 import threading
 import time
 from collections import Counter
@@ -87,6 +94,7 @@ class BoundedRunner:
         self.pushers = trainer.publisher.pushers
         self.capacity = tc.max_inflight_groups * (tc.group_size + tc.redundancy_samples)
         self.inflight = [0] * len(self.pushers)
+        self.alive = [True] * len(self.pushers)
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.trained: set[str] = set()
@@ -113,11 +121,16 @@ class BoundedRunner:
             self._shutdown()
 
     def _views(self) -> list[InstanceView]:
-        return [InstanceView(i, p.offered, self.inflight[i], self.capacity) for i, p in enumerate(self.pushers)]
+        return [
+            InstanceView(i, p.offered, self.inflight[i], self.capacity, self.alive[i]) for i, p in enumerate(self.pushers)
+        ]
 
     def _sync(self) -> None:
         version, state = self.latest
         for i in instances_to_sync(self._views(), version, self.mgr.can_reserve):
+            if self.pushers[i].error is not None:
+                self._lose_instance(i, f"weight push failed: {self.pushers[i].error}")
+                continue
             self.pushers[i].offer(version, state)
             self.counts["syncs"] += 1
 
@@ -181,9 +194,9 @@ class BoundedRunner:
         while True:
             kind, call, payload = event
             if kind == "error":
-                address = self.t.clients[call.instance].address
-                raise RuntimeError(f"SGS instance {call.instance} ({address}) failed: {payload}") from payload
-            self._on_sample(call, payload)
+                self._on_error(call, payload)
+            else:
+                self._on_sample(call, payload)
             try:
                 event = self.events.get_nowait()
             except queue.Empty:
@@ -205,6 +218,32 @@ class BoundedRunner:
             s = SampleRecord(s.prompt_id, s.group_id, s.sample_index, s.prompt_token_ids, (), (), s.weight_version,
                              "length", s.submitted_at, s.started_at, s.finished_at)
         self._finish_sample(state, self.partial.finish(pkey), s)
+
+    def _on_error(self, call: _Call, exc: BaseException) -> None:
+        address = self.t.clients[call.instance].address
+        unavailable = isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
+        if not unavailable:
+            raise RuntimeError(f"SGS instance {call.instance} ({address}) failed: {exc}") from exc
+        if self.alive[call.instance]:
+            self._lose_instance(call.instance, f"{address}: {exc.details()}")
+
+    def _lose_instance(self, i: int, why: str) -> None:
+        """Mark instance ``i`` dead and resume its trajectories elsewhere from their recorded tokens."""
+        self.alive[i] = False
+        self.counts["instances_lost"] += 1
+        if not any(self.alive):
+            raise RuntimeError(f"every SGS instance is gone (last: {why})")
+        log.warning("SGS instance %d lost (%s); resuming its trajectories elsewhere", i, why)
+        for state in self.groups.values():
+            for call in state.calls:
+                if call.instance == i and call.handle is not None and not call.handle.cancelled:
+                    call.handle.cancel()
+                    call.open = 0
+        self.inflight[i] = 0
+        for p in self.partial.on_instance(i):
+            if p not in self.resume:
+                self.resume.append(p)
+                self.counts["recovered"] += 1
 
     def _finish_sample(self, state: _GroupState, p: Partial, s: SampleRecord) -> None:
         """Stitch the segments of one trajectory into a SampleRecord of the original prompt."""
@@ -314,11 +353,15 @@ class BoundedRunner:
         }
 
     def _shutdown(self) -> None:
-        """Cancel work for buffers that will not be trained; bring every instance to the newest version."""
+        """Cancel work for buffers that will not be trained; bring every live instance to the newest
+        version; lost instances leave the trainer's client list (evaluation uses the others)."""
         for state in self.groups.values():
             state.complete = True
             self._cancel_calls(state)
+        live = [i for i, ok in enumerate(self.alive) if ok]
+        self.t.clients[:] = [self.t.clients[i] for i in live]
+        self.t.publisher.pushers[:] = [self.pushers[i] for i in live]
         version, state = self.latest
         if state:
-            for p in self.pushers:
+            for p in self.t.publisher.pushers:
                 p.offer(version, state)

@@ -128,6 +128,10 @@ class WeightPusher:
                 self._next = (version, state)
             self._cond.notify_all()
 
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
     def raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"weight push failed: {self._error}") from self._error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import psutil
 import pytest
 
 from flows.launcher import run_processes
@@ -11,11 +12,11 @@ from services.common.config import load_config, write_config
 from tests.conftest import ROOT
 
 
-def _run(tmp_path, checkpoint, overrides):
+def _run(tmp_path, checkpoint, overrides, on_poll=None):
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["trainer.mode=bounded", "generation.instances=2", *overrides])
     write_config(cfg, tmp_path / "config.json")
     (tmp_path / "metrics.jsonl").write_text("")
-    summary = json.loads(run_processes(tmp_path, str(checkpoint)).read_text())
+    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=on_poll, poll_s=0.2).read_text())
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return summary, rows
 
@@ -37,3 +38,26 @@ def test_straggler_instance_never_breaks_the_bound_and_training_progresses(tmp_p
     assert sum(r["entry_staleness_hist"].get("1", 0) for r in rows) > 0  # asynchrony was used
     if partial:
         assert rows[-1].get("interrupted", 0) > 0 and rows[-1].get("resumed", 0) > 0
+
+
+def test_a_lost_instance_loses_no_trajectory(tmp_path, tiny_checkpoint):
+    killed: list[int] = []
+
+    def kill_slow_instance_after_first_step():
+        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
+            return
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if "--instance" in cmd and cmd[cmd.index("--instance") + 1] == "1" and str(tmp_path) in " ".join(cmd):
+                proc.kill()
+                killed.append(proc.pid)
+
+    summary, rows = _run(
+        tmp_path, tiny_checkpoint,
+        ["trainer.eta=1", "trainer.iterations=5", "generation.step_delay_ms=[0, 40]"],
+        on_poll=kill_slow_instance_after_first_step,
+    )
+    assert killed, "the slow instance was not found"
+    assert [r["iteration"] for r in rows] == list(range(5)) and summary["final_weight_version"] == 5
+    assert rows[-1]["instances_lost"] == 1 and rows[-1]["recovered"] > 0
+    assert all(r["bound_violations"] == 0 and r["samples"] == 16 for r in rows)

@@ -47,16 +47,12 @@ from services.buffer.staleness import Aborted, Entry, StalenessManager
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.tasks.arith import Problem
+from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
 from services.trainer.loop import Accumulator, RLTrainer
 from services.trainer.streams import snapshot
 
 log = logging.getLogger("braid.bounded")
-
-
-def keep_group(rewards: list[float]) -> bool:
-    """DAPO dynamic sampling: a group whose rewards are all equal carries no signal."""
-    return len(set(rewards)) > 1
 
 
 @dataclass
@@ -265,7 +261,7 @@ class BoundedRunner:
         done = sorted(state.finished.items())[: self.tc.group_size]
         samples = [s for _, (s, _) in done]
         rewards = [r for _, (_, r) in done]
-        if self.tc.algorithm.dynamic_sampling and not keep_group(rewards):
+        if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
             self.mgr.abort(key, "filtered")
             self.counts["filtered"] += 1
             del self.groups[key]

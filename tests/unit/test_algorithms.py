@@ -4,14 +4,18 @@ import pytest
 import torch
 
 from services.trainer.algorithms import (
+    MicroBatch,
+    ObjectiveParams,
     advantage_estimator,
-    check_algorithm,
     dapo_keep_group,
     dr_grpo_advantages,
     gae,
+    get_algorithm,
     grpo_advantages,
     outcome_rewards,
     policy_loss,
+    register_advantage,
+    register_algorithm,
     value_loss,
 )
 
@@ -20,7 +24,8 @@ def test_group_advantages_hand_computed():
     adv = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]))
     assert torch.allclose(adv, torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
     assert torch.equal(grpo_advantages(torch.tensor([1.0, 1.0, 1.0])), torch.zeros(3))
-    assert torch.allclose(dr_grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0])), torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    dr = dr_grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert torch.allclose(dr, torch.tensor([0.75, -0.25, -0.25, -0.25]))
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         advantage_estimator("nope")
 
@@ -85,9 +90,10 @@ def test_off_policy_weights_truncate_or_mask_stale_tokens():
     behav = torch.log(torch.tensor([[0.2, 0.4]]))
     mask = torch.ones(1, 2)
     adv = torch.tensor([1.0])
-    tis, s_tis = policy_loss(logp, behav, adv, mask, clip_low=0.2, loss_agg="token_mean", off_policy="tis", is_cap=2.0)
-    dec, s_dec = policy_loss(logp, behav, adv, mask, clip_low=0.2, loss_agg="token_mean", off_policy="decoupled", is_cap=2.0)
-    none, s_none = policy_loss(logp, behav, adv, mask, clip_low=0.2, loss_agg="token_mean")
+    kw = {"clip_low": 0.2, "loss_agg": "token_mean", "is_cap": 2.0}
+    tis, s_tis = policy_loss(logp, behav, adv, mask, off_policy="tis", **kw)
+    dec, s_dec = policy_loss(logp, behav, adv, mask, off_policy="decoupled", **kw)
+    none, s_none = policy_loss(logp, behav, adv, mask, **kw)
     assert tis.item() == pytest.approx(-(2.0 + 1.25))  # rho = 1; w truncated to 2
     assert dec.item() == pytest.approx(-(0.0 + 1.25))  # w = 3 > cap: token masked
     assert s_tis.is_capped_fraction == s_dec.is_capped_fraction == 0.5
@@ -117,8 +123,83 @@ def test_value_loss_is_clipped_around_rollout_values():
     assert loss.item() == pytest.approx(0.32)
 
 
-def test_dynamic_sampling_filter_and_registry():
-    assert not dapo_keep_group([1.0, 1.0, 1.0]) and dapo_keep_group([0.0, 1.0])
-    assert check_algorithm("ppo") == "ppo"
-    with pytest.raises(ValueError, match="unknown algorithm 'a2c'"):
-        check_algorithm("a2c")
+def test_unclipped_negative_advantage_keeps_large_stale_ratio():
+    # 'none', A = -1: ratio 3.0 (> 1 + eps) -> min(-3.0, -1.2) = -3.0: the unbounded weight passes (loss 3.0);
+    # ratio 0.5 (< 1 - eps) -> min(-0.5, -0.8) = -0.8: clipped, no gradient
+    behav = torch.log(torch.tensor([[0.2, 0.8]]))
+    logp = torch.log(torch.tensor([[0.6, 0.4]])).requires_grad_(True)
+    loss, _ = policy_loss(logp, behav, torch.tensor([-1.0]), torch.ones(1, 2), clip_low=0.2, loss_agg="token_mean")
+    assert loss.item() == pytest.approx(3.0 + 0.8)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([3.0, 0.0])  # d(-rho A)/dlogp = rho for A = -1
+
+
+def test_gae_on_a_padded_batch_matches_hand_computation():
+    # row 0: prompt position, 2 completion tokens, 1 pad; row 1: 3 completion tokens from position 1
+    # gamma 1, lam 0.5, reward 1 on each row's last completion token
+    # row 0, values [., 0.5, 0.2, 7]: A2 = 1 - 0.2 = 0.8 (pad value 7 ignored: terminal)
+    #                                   A1 = (0.2 - 0.5) + 0.5 * 0.8 = 0.1
+    # row 1, values [., 0, 0, 0]: deltas [0, 0, 1] -> A = [0.25, 0.5, 1]
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    values = torch.tensor([[3.0, 0.5, 0.2, 7.0], [3.0, 0.0, 0.0, 0.0]])
+    rewards = outcome_rewards(torch.tensor([1.0, 1.0]), mask)
+    assert rewards.tolist() == [[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+    adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.5)
+    assert adv.flatten().tolist() == pytest.approx([0.0, 0.1, 0.8, 0.0] + [0.0, 0.25, 0.5, 1.0])
+    assert ret.flatten().tolist() == pytest.approx([0.0, 0.6, 1.0, 0.0] + [0.0, 0.25, 0.5, 1.0])
+
+
+def test_outcome_reward_of_an_empty_completion_is_dropped():
+    assert outcome_rewards(torch.tensor([2.0]), torch.zeros(1, 3)).tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_ppo_objective_hand_computed():
+    # one sample, 2 completion tokens, on-policy, values [0.5, 0.2], reward 1, gamma = lam = 1
+    # A = [(0.2 - 0.5) + 0.8, 1 - 0.2] = [0.5, 0.8], returns [1, 1]
+    # policy (sample_mean): -(0.5 + 0.8) / 2 = -0.65; value: 0.5 * ((0.5 - 1)^2 + (0.2 - 1)^2) / 2 = 0.2225
+    # total with vf_coef 0.5: -0.65 + 0.11125 = -0.53875
+    ppo = get_algorithm("ppo")
+    assert ppo.uses_critic and not ppo.signal_is_advantage
+    values = torch.tensor([[0.5, 0.2]], requires_grad=True)
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_(True)
+    mb = MicroBatch(logp, logp.detach(), torch.ones(1, 2), ppo.group_signal(torch.tensor([1.0]), ObjectiveParams()),
+                    values=values)
+    out = ppo.loss(mb, ObjectiveParams(gamma=1.0, lam=1.0, vf_coef=0.5))
+    assert out.policy_loss == pytest.approx(-0.65) and out.value_loss == pytest.approx(0.2225)
+    assert out.loss.item() == pytest.approx(-0.53875)
+    out.loss.backward()
+    # d/dv of 0.5 * 0.5 * mean((v - 1)^2) = 0.5 * (v - 1) / 2 -> [-0.125, -0.2]
+    assert values.grad[0].tolist() == pytest.approx([-0.125, -0.2])
+    with pytest.raises(ValueError, match="critic"):
+        ppo.loss(MicroBatch(logp, logp.detach(), torch.ones(1, 2), torch.ones(1)), ObjectiveParams())
+
+
+def test_grpo_objective_uses_the_configured_estimator_and_clip():
+    grpo = get_algorithm("grpo")
+    assert not grpo.uses_critic and grpo.signal_is_advantage
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert grpo.group_signal(rewards, ObjectiveParams(advantage="dr_grpo")).tolist() == pytest.approx(
+        [0.75, -0.25, -0.25, -0.25]
+    )
+    # ratio 1.25 vs behaviour, A = +1, clip_high 0.28 -> not clipped: loss -1.25
+    mb = MicroBatch(torch.log(torch.tensor([[0.5]])), torch.log(torch.tensor([[0.4]])), torch.ones(1, 1), torch.ones(1))
+    assert grpo.loss(mb, ObjectiveParams(clip_high=0.28)).policy_loss == pytest.approx(-1.25)
+    assert grpo.loss(mb, ObjectiveParams()).policy_loss == pytest.approx(-1.2)
+
+
+def test_dynamic_sampling_filter():
+    assert not dapo_keep_group([1.0, 1.0, 1.0]) and not dapo_keep_group([0.5])
+    assert dapo_keep_group([0.0, 1.0]) and dapo_keep_group([1.0, 1.0, 0.9])
+
+
+def test_registries_reject_unknown_and_duplicate_names():
+    assert get_algorithm("ppo").name == "ppo"
+    with pytest.raises(ValueError, match=r"unknown algorithm 'a2c'; registered: \['grpo', 'ppo'\]"):
+        get_algorithm("a2c")
+    with pytest.raises(ValueError, match="already registered"):
+        register_algorithm("grpo", uses_critic=False, signal_is_advantage=True, group_signal=lambda r, p: r)
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage("grpo")
+    with pytest.raises(ValueError, match="unknown off-policy correction"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), clip_low=0.2,
+                    off_policy="vtrace")

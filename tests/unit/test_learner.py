@@ -1,80 +1,146 @@
-"""The learner on a tiny model: normalisation contract, PPO step, dynamic sampling."""
+"""The learner and the critic on a tiny model: normalisation contract, PPO step, dynamic sampling."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from services.common.config import RunConfig
+from services.common.config import ModelConfig, RunConfig
 from services.common.types import SampleRecord
+from services.policy.batch import pack, token_logprobs
 from services.policy.model import build_policy
+from services.trainer.algorithms import grpo_advantages, policy_loss
+from services.trainer.critic import ValueModel
 from services.trainer.learner import Group, Learner
 
-MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+PROMPT = (1, 5, 6)
 
 
 def _sample(group: str, i: int, n_tokens: int) -> SampleRecord:
     g = torch.Generator().manual_seed(ord(group) * 10 + i)
     tokens = tuple(int(t) for t in torch.randint(3, 18, (n_tokens,), generator=g))  # the char vocabulary has 19 ids
-    return SampleRecord(group, group, i, (1, 5, 6), tokens, tuple(-1.5 for _ in tokens), 0, "stop", 0.0, 0.0, 0.0)
+    # behaviour log-probs -1.5..-3.0: off-policy w.r.t. the trainer's model, so ratios differ from 1
+    logprobs = tuple(-1.5 - 0.25 * (k % 7) for k in range(n_tokens))
+    return SampleRecord(group, group, i, PROMPT, tokens, logprobs, 0, "stop", 0.0, 0.0, 0.0)
 
 
 def _groups() -> list[Group]:
     return [
         Group([_sample("a", 0, 3), _sample("a", 1, 7)], [1.0, 0.0]),
-        Group([_sample("b", 0, 2), _sample("b", 1, 5)], [0.0, 1.0]),
-        Group([_sample("c", 0, 4), _sample("c", 1, 4)], [1.0, 1.0]),
+        Group([_sample("b", 0, 2), _sample("b", 1, 5), _sample("b", 2, 1)], [0.0, 1.0, 1.0]),
+        Group([_sample("c", 0, 4), _sample("c", 1, 4)], [1.0, 1.0]),  # all equal: zero advantages
     ]
 
 
-def _learner(**algo) -> Learner:
-    cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"lr": 1e-2, "algorithm": algo}})
+def _learner(max_grad_norm: float = 1.0, **algo) -> Learner:
+    cfg = RunConfig.model_validate(
+        {"model": MODEL, "trainer": {"lr": 1e-2, "max_grad_norm": max_grad_norm, "algorithm": algo}}
+    )
     torch.manual_seed(0)
     return Learner(cfg, build_policy(cfg.model))
 
 
-def _step(learner: Learner, batches: list[list[Group]]) -> dict[str, torch.Tensor]:
+def _modules(learner: Learner) -> dict[str, torch.nn.Module]:
+    return {"policy": learner.model, **({"critic": learner.critic} if learner.critic is not None else {})}
+
+
+def _state(learner: Learner) -> dict[str, torch.Tensor]:
+    return {f"{m}.{k}": v.detach().clone() for m, mod in _modules(learner).items() for k, v in mod.named_parameters()}
+
+
+def _step(learner: Learner, batches: list[list[Group]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """-> (parameters after the step, the normalised and clipped gradients the step applied)."""
     learner.begin()
     for b in batches:
         learner.backward(b)
     learner.step()
-    return {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+    grads = {f"{m}.{k}": p.grad.clone() for m, mod in _modules(learner).items() for k, p in mod.named_parameters()}
+    return _state(learner), grads
 
 
-def _grads(learner: Learner, batches: list[list[Group]]) -> tuple[dict[str, torch.Tensor], float]:
-    learner.begin()
-    for b in batches:
-        learner.backward(b)
-    grads = {n: p.grad.clone() for n, p in learner.model.named_parameters() if p.grad is not None}
-    return grads, learner._normaliser
-
-
-@pytest.mark.parametrize(("agg", "normaliser"), [("sample_mean", 6.0), ("token_mean", 25.0)])
-def test_micro_batch_split_and_order_do_not_change_the_gradient(agg, normaliser):
+@pytest.mark.parametrize("name", ["grpo", "ppo"])
+@pytest.mark.parametrize("agg", ["sample_mean", "token_mean"])
+def test_step_does_not_depend_on_micro_batch_split_or_order(name, agg):
     g = _groups()
-    one, n_one = _grads(_learner(loss_agg=agg), [g])
-    split, n_split = _grads(_learner(loss_agg=agg), [[g[2]], [g[1]], [g[0]]])
-    assert n_one == n_split == normaliser  # samples, or completion tokens (3+7+2+5+4+4)
-    assert one.keys() == split.keys() and one
-    for k in one:
-        assert torch.allclose(one[k], split[k], atol=1e-6), k
-    learner = _learner(loss_agg=agg)
-    before = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    after = _step(learner, [g])
-    assert any(not torch.equal(before[k], after[k]) for k in after)  # the step moved the weights
+    initial = _state(_learner(name=name, loss_agg=agg))
+    one, g_one = _step(_learner(name=name, loss_agg=agg), [g])
+    for batches in ([[g[0]], [g[1], g[2]]], [[g[1], g[2]], [g[0]]]):
+        params, grads = _step(_learner(name=name, loss_agg=agg), batches)
+        assert params.keys() == one.keys()
+        for k in one:
+            assert torch.allclose(grads[k], g_one[k], atol=1e-8, rtol=1e-5), k
+            # AdamW's first update is lr * g / (|g| + 1e-8): an entry whose gradient is round-off
+            # (e.g. k_proj.bias, exactly 0 in exact arithmetic) moves by +-lr either way
+            real = g_one[k].abs() > 1e-6
+            assert torch.allclose(params[k][real], one[k][real], atol=1e-6), k
+    moved = {k.split(".")[0] for k in one if not torch.equal(one[k], initial[k])}
+    assert moved == ({"policy", "critic"} if name == "ppo" else {"policy"})
 
 
-def test_ppo_updates_policy_and_critic():
+@pytest.mark.parametrize(("agg", "normaliser"), [("sample_mean", 7.0), ("token_mean", 26.0)])
+def test_normalised_gradient_is_the_gradient_of_the_batch_mean_loss(agg, normaliser):
+    """The learner's gradient after ``step``'s normalisation equals the gradient of the loss
+    averaged over the whole batch (samples: 2 + 3 + 2; tokens: 3+7 + 2+5+1 + 4+4)."""
+    g = _groups()
+    learner = _learner(max_grad_norm=1e6, loss_agg=agg)  # no clipping: compare raw gradients
+    learner.begin()
+    learner.backward([g[2], g[0]])
+    learner.backward([g[1]])
+    assert learner._normaliser == normaliser and learner.stats.zero_adv_groups == 1
+    learner.step()
+
+    ref = _learner(loss_agg=agg).model
+    samples = [s for group in g for s in group.samples]
+    adv = torch.cat([grpo_advantages(torch.tensor(group.rewards)) for group in g])
+    batch = pack([list(PROMPT)] * len(samples), [list(s.token_ids) for s in samples], 0)
+    behav = torch.zeros_like(batch.completion_mask)
+    for b, s in enumerate(samples):
+        behav[b, len(PROMPT) - 1 : len(PROMPT) - 1 + len(s.logprobs)] = torch.tensor(s.logprobs)
+    loss, _ = policy_loss(token_logprobs(ref, batch), behav, adv, batch.completion_mask, clip_low=0.2, loss_agg=agg)
+    (loss / normaliser).backward()
+    for (name, p), q in zip(learner.model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None, name
+        assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), name
+
+
+def test_ppo_step_updates_policy_and_critic_and_reports_value_loss():
     learner = _learner(name="ppo")
-    critic_before = {k: v.clone() for k, v in learner.critic.state_dict().items()}
-    policy_before = {k: v.clone() for k, v in learner.model.state_dict().items()}
+    assert learner.critic is not None
     _step(learner, [_groups()])
-    assert learner.stats.value_loss > 0
-    assert any(not torch.equal(critic_before[k], v) for k, v in learner.critic.state_dict().items())
-    assert any(not torch.equal(policy_before[k], v) for k, v in learner.model.state_dict().items())
+    st = learner.stats
+    assert st.trained_samples == 7 and st.zero_adv_groups == 0  # ppo never skips a group
+    assert st.value_loss > 0 and st.critic_grad_norm > 0
 
 
 def test_dynamic_sampling_drops_groups_with_equal_rewards():
     learner = _learner(dynamic_sampling=True)
     _step(learner, [_groups()])
-    assert learner.stats.filtered_groups == 1 and learner.stats.trained_samples == 4
+    assert learner.stats.filtered_groups == 1 and learner.stats.trained_samples == 5
+    assert learner._normaliser == 5.0 and learner.stats.zero_adv_groups == 0
+    plain = _learner()
+    _step(plain, [_groups()])
+    assert plain.stats.filtered_groups == 0 and plain._normaliser == 7.0 and plain.stats.zero_adv_groups == 1
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_critic_values_are_aligned_with_the_completion_grid(arch):
+    policy = build_policy(ModelConfig(arch=arch, **MODEL))
+    critic = ValueModel(policy.model)
+    batch = pack([[1, 5, 6], [1, 7]], [[8, 9], [10, 11, 12]], 0)
+    values = critic.values(batch)
+    assert values.shape == batch.completion_mask.shape == (2, 4)
+    assert not values.any()  # zero-initialised head
+    torch.nn.init.normal_(critic.head.weight)
+    values = critic.values(batch)
+    changed = pack([[1, 5, 6], [1, 7]], [[8, 9], [10, 11, 13]], 0)  # last token of row 1 (position 4)
+    after = critic.values(changed)
+    # V[b, t] sees tokens 0..t only: position 4 is never an input to the grid, so nothing changes
+    assert torch.allclose(values, after, atol=1e-6)
+    earlier = pack([[1, 5, 6], [1, 7]], [[8, 9], [10, 14, 12]], 0)  # position 3 of row 1
+    moved = critic.values(earlier)
+    assert torch.allclose(values[0], moved[0], atol=1e-6) and torch.allclose(values[1, :3], moved[1, :3], atol=1e-6)
+    assert not torch.allclose(values[1, 3], moved[1, 3], atol=1e-4)
+    # the backbone is a copy: training the critic leaves the policy alone
+    critic_embed = critic.backbone.embed_tokens.weight
+    assert critic_embed.data_ptr() != policy.model.model.embed_tokens.weight.data_ptr()

@@ -1,0 +1,551 @@
+"""End-to-end benchmark: Braid's pipeline modes against TRL's GRPOTrainer, side by side in one run.
+
+Every mode trains the same warm-started policy on the same task, prompt stream and hardware:
+
+- ``sync``, ``one_step`` — Braid's SGS instances and trainer as separate processes;
+- ``bounded_<eta>`` (eta = 1, 2, 4) and ``bounded_<eta>_partial`` (with partial rollout) — Braid's
+  trajectory-level asynchrony;
+- every Braid mode runs the same ``--instances`` SGS instances (default 2, as
+  ``deploy/configs/bounded.yaml``), so the modes differ only in their pipeline;
+- ``trl`` — TRL's ``GRPOTrainer`` (``bench/trl_peer.py``), run in a benchmark-only virtualenv
+  that this script creates on first use (``.cache/bench-trl-venv``; never a project dependency).
+
+Measured per mode:
+
+- **samples/s**: trajectories trained per second of RL wall time, iteration 0 (start-up) excluded,
+  from ``metrics.jsonl`` (Braid: ``iteration_time_s``; TRL: time between optimizer-step ends);
+- **accuracy over time**: every ``checkpoint_every`` optimizer steps the policy is saved with a
+  timestamp; after the run, outside the timed region, ``bench/eval_checkpoints.py`` scores each
+  checkpoint on the same held-out prompts with the same decoding for every mode (sampling at
+  temperature 1.0, fixed seed). The warm start is the point (0 s, warm-start accuracy) of every curve;
+- **time to target**: the first checkpoint time (seconds since RL began) whose held-out accuracy
+  reaches the target. The target is fixed by a rule before the comparison:
+  ``warm + TARGET_FRACTION * (final_sync - warm)`` (``--target`` overrides it with a number);
+- **final accuracy** with its binomial standard error (last checkpoint); "within noise" of sync
+  means within 2 combined standard errors;
+- **staleness**: per consumed buffer, the distribution of trajectory staleness (groups by
+  ``V_buf - V_traj``, StaleFlow Fig. 18) and violations of the mode's bound (sync 0, one_step 1,
+  bounded eta); ``max_staleness_violations`` adds them up over Braid's modes and must be 0.
+
+A mode that fails is reported with its error (and log tail) and does not stop the others; each
+finished mode's result is kept in its run directory (``--reuse`` picks it up again).
+
+Writes ``bench/results/e2e.json``, ``bench/results/e2e.md`` and ``bench/results/e2e_curves.png``.
+
+    python bench/e2e.py [--quick] [--modes sync,one_step,trl] [--reuse]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BOUNDED_ETAS = (1, 2, 4)
+BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
+MODES = (*BRAID_MODES, "trl")
+TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
+NOISE_SE = 2.0  # "within noise": |acc - acc_sync| <= 2 combined standard errors
+TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "datasets", "accelerate")
+TRL_VENV = ROOT / ".cache" / "bench-trl-venv"
+
+# Full run: the default config's 100 iterations, 10 checkpoints, 500 held-out prompts.
+FULL = {"iterations": 100, "checkpoint_every": 10, "eval_prompts": 500}
+# --quick: every mode, same fields, < 1 min per mode: 9 modes in ~7 min on 2 cores, ~8.5 min when the
+# TRL virtualenv is created first (measured; a smoke test of the harness, not a learning result).
+QUICK = {"iterations": 6, "checkpoint_every": 3, "eval_prompts": 128}
+
+
+# ---------------------------------------------------------------------------------------- pure helpers
+def mode_overrides(mode: str, instances: int) -> list[str]:
+    """Config overrides that select ``mode`` (Braid modes; ``trl`` reads the plain config)."""
+    if mode in ("sync", "one_step"):
+        return [f"trainer.mode={mode}", f"generation.instances={instances}"]
+    if mode == "trl":
+        return ["trainer.mode=sync"]  # TRL is synchronous on-policy; only the shared fields matter to it
+    parts = mode.split("_")
+    if parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit() or parts[2:] not in ([], ["partial"]):
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    out = ["trainer.mode=bounded", f"trainer.eta={int(parts[1])}", f"generation.instances={instances}"]
+    if parts[2:] == ["partial"]:
+        out.append("trainer.partial_rollout=true")
+    return out
+
+
+def staleness_bound(mode: str) -> int:
+    """The largest staleness a trained trajectory may have in ``mode``."""
+    if mode == "sync":
+        return 0
+    if mode == "one_step":
+        return 1
+    if mode.startswith("bounded_"):
+        return int(mode.split("_")[1])
+    raise ValueError(f"mode {mode!r} has no staleness bound")
+
+
+def steady_throughput(rows: list[dict]) -> dict:
+    """Samples per second over the iterations after the first (start-up effects excluded)."""
+    if not rows:
+        raise ValueError("no iterations recorded")
+    steady = rows[1:] or rows
+    wall = sum(r["iteration_time_s"] for r in steady)
+    samples = sum(r["samples"] for r in steady)
+    return {"samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "iterations_counted": len(steady)}
+
+
+def curve_points(warm: tuple[float, float], points: list[dict], rl_started_at: float) -> list[list[float]]:
+    """[(rl_seconds, accuracy, stderr)], starting with the warm start at 0 s, in time order."""
+    curve = [[0.0, warm[0], warm[1]]]
+    for p in sorted(points, key=lambda p: p["time"]):
+        curve.append([p["time"] - rl_started_at, p["accuracy"], p["stderr"]])
+    return curve
+
+
+def time_to_target(curve: list[list[float]], target: float | None) -> float | None:
+    """First time on ``curve`` whose accuracy reaches ``target``; None if never (or no target)."""
+    if target is None:
+        return None
+    for t, acc, _ in sorted(curve, key=lambda p: p[0]):
+        if acc >= target:
+            return t
+    return None
+
+
+def choose_target(warm_accuracy: float, sync_final: float | None, fraction: float = TARGET_FRACTION) -> float | None:
+    """warm + fraction * (sync's final - warm); None when sync did not improve on the warm start."""
+    if sync_final is None or sync_final <= warm_accuracy:
+        return None
+    return warm_accuracy + fraction * (sync_final - warm_accuracy)
+
+
+def buffer_staleness(rows: list[dict], group_size: int, bound: int) -> list[dict]:
+    """Per consumed buffer: the histogram of trajectory-group staleness and the bound violations.
+
+    Bounded rows carry the trainer's ``entry_staleness_hist`` (groups) and ``bound_violations``.
+    In sync/one_step every sample of a group shares one weight version and staleness is 0 or 1,
+    so the group histogram follows exactly from the sample mean."""
+    out = []
+    for r in rows:
+        if "entry_staleness_hist" in r:
+            hist = {int(k): int(v) for k, v in r["entry_staleness_hist"].items()}
+            flagged = int(r["bound_violations"])
+        elif r["staleness_max"] <= 1:
+            groups = r["samples"] // group_size
+            stale = round(r["staleness_mean"] * groups)
+            hist = {s: n for s, n in ((0, groups - stale), (1, stale)) if n}
+            flagged = 0
+        else:
+            hist, flagged = {}, 0
+        over = sum(n for s, n in hist.items() if s > bound)
+        if r["staleness_max"] > bound:
+            over = max(over, 1)
+        out.append({
+            "iteration": r["iteration"],
+            "hist": {str(s): n for s, n in sorted(hist.items())},
+            "staleness_mean": r["staleness_mean"],
+            "staleness_max": r["staleness_max"],
+            "violations": max(flagged, over),
+        })
+    return out
+
+
+def total_hist(buffers: list[dict]) -> dict[str, int]:
+    total: dict[int, int] = {}
+    for b in buffers:
+        for s, n in b["hist"].items():
+            total[int(s)] = total.get(int(s), 0) + n
+    return {str(s): n for s, n in sorted(total.items())}
+
+
+def within_noise(acc: float, se: float, ref: float, ref_se: float, k: float = NOISE_SE) -> bool:
+    return abs(acc - ref) <= k * math.sqrt(se * se + ref_se * ref_se)
+
+
+def target_checks(sps: dict, final: dict, stderr: dict) -> dict:
+    """The issue's targets, each True/False, or None when a mode it needs did not run."""
+
+    def ratio_at_least(a: str, b: str, factor: float) -> bool | None:
+        if sps.get(a) is None or sps.get(b) is None:
+            return None
+        return sps[a] >= factor * sps[b]
+
+    braid = [m for m in BRAID_MODES if sps.get(m) is not None]
+    checks: dict = {
+        "one_step_ge_1.25x_sync": ratio_at_least("one_step", "sync", 1.25),
+        "bounded_2_ge_one_step": ratio_at_least("bounded_2", "one_step", 1.0),
+        "every_braid_mode_ahead_of_trl": (
+            None if sps.get("trl") is None or not braid else all(sps[m] > sps["trl"] for m in braid)
+        ),
+    }
+    if final.get("sync") is not None:
+        checks["async_final_accuracy_within_noise_of_sync"] = {
+            m: within_noise(final[m], stderr[m], final["sync"], stderr["sync"])
+            for m in BRAID_MODES if m != "sync" and final.get(m) is not None
+        }
+    else:
+        checks["async_final_accuracy_within_noise_of_sync"] = None
+    return checks
+
+
+def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, meta: dict) -> dict:
+    """The result document: the issue's fields keyed by every mode (None where a mode did not
+    run or failed), then the detail."""
+    keys = list(dict.fromkeys([*MODES, *modes]))
+
+    def field(name: str) -> dict:
+        return {m: per_mode[m][name] if per_mode.get(m, {}).get("status") == "ok" else None for m in keys}
+
+    sps, final, se = field("samples_per_s"), field("final_accuracy"), field("accuracy_stderr")
+    ttt = {m: time_to_target(per_mode[m]["curve"], target) if sps[m] is not None else None for m in keys}
+    violations = sum(per_mode[m]["staleness"]["violations"] for m in keys if sps[m] is not None and m != "trl")
+    status = {m: per_mode[m]["status"] if m in per_mode else "not run" for m in keys}
+    return {
+        "samples_per_s": sps,
+        "time_to_target_s": ttt,
+        "final_accuracy": final,
+        "accuracy_stderr": se,
+        "max_staleness_violations": violations,
+        "target_accuracy": target,
+        "targets": target_checks(sps, final, se),
+        "status": status,
+        **meta,
+        "modes": {m: per_mode[m] for m in keys if m in per_mode},
+    }
+
+
+def fmt(x: float | None, spec: str = ".1f", none: str = "—") -> str:
+    return none if x is None else format(x, spec)
+
+
+def markdown(result: dict) -> str:
+    sps, ttt = result["samples_per_s"], result["time_to_target_s"]
+    final, se = result["final_accuracy"], result["accuracy_stderr"]
+    s_sync, s_trl = sps.get("sync"), sps.get("trl")
+    m = result["settings"]
+    lines = [
+        "# End-to-end benchmark: Braid's pipeline modes vs TRL GRPOTrainer (CPU, tiny model, one run)",
+        "",
+        (
+            f"{'QUICK run (--quick): few iterations, a smoke test of the harness, not a result. ' if m['quick'] else ''}"
+            f"{m['iterations']} optimizer steps x {m['samples_per_iteration']} samples per mode; checkpoints every "
+            f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
+            f"Host: {result['host']['summary']}. TRL {result['host'].get('trl_version') or '—'} "
+            f"(generation backend: {m['trl_generation']}). Braid: {m['instances']} SGS instance(s) in every mode "
+            f"and the trainer, one torch thread per process; TRL: one process, {m['trl_threads']} threads."
+        ),
+        "",
+        (
+            f"Target accuracy: **{fmt(result['target_accuracy'], '.3f')}** ({result['target_rule']}); "
+            f"warm start {result['warmstart']['accuracy']:.3f} ± {result['warmstart']['stderr']:.3f}."
+        ),
+        "",
+        "| mode | samples/s | vs sync | vs TRL | time to target (s) | final accuracy | staleness (groups by V_buf - V_traj) | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode in result["status"]:
+        d = result["modes"].get(mode, {})
+        hist = d.get("staleness", {}).get("total_hist") if mode != "trl" else None
+        hist_s = ", ".join(f"{k}: {v}" for k, v in hist.items()) if hist else "—"
+        s = sps[mode]
+        lines.append(
+            f"| {mode} | {fmt(s)} | {fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} | "
+            f"{fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} | {fmt(ttt[mode])} | "
+            f"{fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | "
+            f"{hist_s} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
+        )
+    t = result["targets"]
+    lines += [
+        "",
+        f"Staleness-bound violations over Braid's modes: **{result['max_staleness_violations']}** (must be 0).",
+        "",
+        "Targets (from the issue):",
+        "",
+        f"- one_step >= 1.25x sync samples/s: {t['one_step_ge_1.25x_sync']}",
+        f"- bounded eta=2 >= one_step samples/s: {t['bounded_2_ge_one_step']}",
+        f"- every Braid mode ahead of TRL in samples/s: {t['every_braid_mode_ahead_of_trl']}",
+        (
+            f"- final accuracy of async modes within {NOISE_SE:g} standard errors of sync: "
+            f"{t['async_final_accuracy_within_noise_of_sync']}"
+        ),
+        "",
+        "![accuracy vs wall time](e2e_curves.png)",
+        "",
+        (
+            "Accuracy curves (rl seconds, accuracy ± stderr) and the staleness distribution of every consumed "
+            "buffer are in `e2e.json` (`modes.<mode>.curve`, `modes.<mode>.staleness.buffers`). Wall times are "
+            "CPU times on a noisy 2-core machine: compare ratios, not absolutes."
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- mechanism
+def log_tail(path: Path, lines: int = 30) -> str:
+    if not path.is_file():
+        return "<no log>"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def ensure_trl_venv(venv: Path = TRL_VENV) -> Path:
+    """The benchmark-only TRL virtualenv's python, created on first use (~2 min)."""
+    py = venv / "bin" / "python"
+    probe = "import trl, datasets, accelerate, services.tasks.arith; print(trl.__version__)"
+    if py.is_file() and subprocess.run([str(py), "-c", probe], cwd=ROOT, capture_output=True, check=False).returncode == 0:
+        return py
+    log = venv.parent / f"{venv.name}.log"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    print(f"creating the TRL virtualenv {venv} (log: {log})", flush=True)
+    shutil.rmtree(venv, ignore_errors=True)
+    with log.open("w") as f:
+        for cmd in (
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(py), "-m", "pip", "install", *TRL_REQUIREMENTS],
+            [str(py), "-m", "pip", "install", "-e", str(ROOT)],
+        ):
+            f.write(f"$ {' '.join(cmd)}\n")
+            f.flush()
+            if subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode != 0:
+                raise RuntimeError(f"TRL virtualenv setup failed: {' '.join(cmd)}\n{log_tail(log)}")
+    return py
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def run_braid(run_dir: Path, checkpoint: str) -> None:
+    from flows.launcher import run_processes
+
+    run_processes(run_dir, checkpoint)
+
+
+def run_trl(run_dir: Path, checkpoint: str, threads: int, generation: str) -> None:
+    from flows.launcher import child_env
+
+    py = ensure_trl_venv()
+    env = child_env(threads)
+    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    log = run_dir / "trl.log"
+    cmd = [str(py), str(ROOT / "bench" / "trl_peer.py"), "--config", str(run_dir / "config.json"),
+           "--model", checkpoint, "--run-dir", str(run_dir), "--threads", str(threads), "--generation", generation]
+    with log.open("w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"TRL peer exited with code {code}; last lines of {log}:\n{log_tail(log)}")
+
+
+def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float, float], problems, ns) -> dict:
+    """Run one mode (timed), then score its checkpoints (untimed); the mode's result."""
+    from eval_checkpoints import evaluate_run
+
+    t0 = time.time()
+    if mode == "trl":
+        run_trl(run_dir, checkpoint, ns.trl_threads, ns.trl_generation)
+    else:
+        run_braid(run_dir, checkpoint)
+    run_wall = time.time() - t0
+    rows = read_rows(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    t1 = time.time()
+    points = [p.to_json() for p in evaluate_run(run_dir, problems, cfg.generation.max_new_tokens)]
+    if not points or points[-1]["version"] != cfg.trainer.iterations:
+        raise RuntimeError(f"{mode}: the final checkpoint (version {cfg.trainer.iterations}) is missing")
+    curve = curve_points(warm, points, summary["rl_started_at"])
+    result = {
+        "status": "ok",
+        **steady_throughput(rows),
+        "final_accuracy": points[-1]["accuracy"],
+        "accuracy_stderr": points[-1]["stderr"],
+        "curve": curve,
+        "checkpoints": points,
+        "rl_seconds": summary["rl_seconds"],
+        "run_wall_s": run_wall,
+        "eval_wall_s": time.time() - t1,
+        "run_dir": str(run_dir),
+    }
+    if mode == "trl":
+        result["trl"] = {k: summary[k] for k in ("versions", "threads", "generation", "grpo_config")}
+        result["trl"]["timers_s"] = [r["timers_s"] for r in rows]
+    else:
+        buffers = buffer_staleness(rows, cfg.trainer.group_size, staleness_bound(mode))
+        result["staleness"] = {
+            "bound": staleness_bound(mode),
+            "violations": sum(b["violations"] for b in buffers),
+            "total_hist": total_hist(buffers),
+            "buffers": buffers,
+        }
+        result["online_eval"] = {  # the trainer's own final evaluation through the SGS (cross-check)
+            k: summary[k] for k in ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts")
+        }
+        result["idle_fraction_generation"] = sum(r["idle_gen_s"] for r in rows[1:]) / max(result["wall_s"], 1e-9)
+        result["idle_fraction_training"] = sum(r["idle_train_s"] for r in rows[1:]) / max(result["wall_s"], 1e-9)
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    for mode, d in result["modes"].items():
+        if d.get("status") != "ok":
+            continue
+        t, acc, se = zip(*d["curve"])
+        ax.errorbar(t, acc, yerr=se, marker="o", ms=3, capsize=2, elinewidth=0.7, alpha=0.85,
+                    lw=2.2 if mode in ("sync", "trl") else 1.2,
+                    ls="--" if mode == "trl" else "-", label=f"{mode} ({d['samples_per_s']:.0f} samples/s)")
+    if result["target_accuracy"] is not None:
+        ax.axhline(result["target_accuracy"], color="grey", ls=":", label="target")
+    ax.set_xlabel("RL wall time (s)")
+    ax.set_ylabel(f"held-out accuracy ({result['settings']['eval_prompts']} prompts)")
+    ax.set_title("Accuracy vs wall time")
+    ax.legend(fontsize=7)
+    stale = {m: d["staleness"]["total_hist"] for m, d in result["modes"].items() if d.get("status") == "ok" and "staleness" in d}
+    levels = sorted({int(s) for h in stale.values() for s in h})
+    bottom = [0.0] * len(stale)
+    for level in levels:
+        frac = [h.get(str(level), 0) / max(1, sum(h.values())) for h in stale.values()]
+        bx.bar(list(stale), frac, bottom=bottom, label=f"staleness {level}")
+        bottom = [b + f for b, f in zip(bottom, frac)]
+    bx.set_ylabel("fraction of trained groups")
+    bx.set_title("Staleness of consumed trajectories (all buffers)")
+    bx.tick_params(axis="x", rotation=45, labelsize=7)
+    if levels:
+        bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
+    parser.add_argument("--quick", action="store_true", help=f"few iterations, small eval ({QUICK}); < 10 min")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    parser.add_argument("--iterations", type=int, default=None, help="override the optimizer steps per mode")
+    parser.add_argument("--checkpoint-every", type=int, default=None)
+    parser.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts scored per checkpoint")
+    parser.add_argument("--target", type=float, default=None, help="fixed target accuracy (default: the rule)")
+    parser.add_argument("--instances", type=int, default=2, help="SGS instances in every Braid mode")
+    parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL peer")
+    parser.add_argument("--trl-generation", choices=("cb", "generate"), default="cb",
+                        help="TRL generation backend (cb measured faster here than plain generate)")
+    parser.add_argument("--reuse", action="store_true", help="reuse finished runs with identical settings")
+    parser.add_argument("--work", default=str(ROOT / "runs" / "bench-e2e"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ns = parser.parse_args()
+
+    modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
+    for m in modes:
+        mode_overrides(m, ns.instances)  # validates the name
+    preset = QUICK if ns.quick else FULL
+    iterations = ns.iterations or preset["iterations"]
+    every = ns.checkpoint_every or preset["checkpoint_every"]
+    n_eval = ns.eval_prompts or preset["eval_prompts"]
+    if iterations % every:
+        parser.error(f"--checkpoint-every ({every}) must divide the iterations ({iterations}): the last step is scored")
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
+    import transformers
+    from eval_checkpoints import DECODING, EVAL_SEED, evaluate_checkpoint
+
+    from services.common.config import load_config, write_config
+    from services.policy.warmstart import ensure_warmstart
+    from services.tasks.arith import eval_problems
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(os.cpu_count() or 1)
+    t_start = time.time()
+    base_cfg = load_config(ns.config)
+    checkpoint = str(ensure_warmstart(base_cfg).resolve())  # keyed on the unmodified config, as pipeline.py
+    base = [f"trainer.iterations={iterations}", f"trainer.checkpoint_every={every}", f"eval.prompts={n_eval}"]
+    problems = eval_problems(base_cfg.eval.seed, n_eval, **base_cfg.task.distribution())
+    warm_point = evaluate_checkpoint(checkpoint, problems, base_cfg.generation.max_new_tokens)
+    warm = (warm_point.accuracy, warm_point.stderr)
+    print(f"warm start {checkpoint}: accuracy {warm[0]:.3f} ± {warm[1]:.3f} on {n_eval} prompts", flush=True)
+    eval_key = {"prompts": n_eval, "seed": EVAL_SEED, "decoding": DECODING, "warm": list(warm)}
+
+    work = Path(ns.work) / ("quick" if ns.quick else "full")
+    per_mode: dict[str, dict] = {}
+    for mode in modes:
+        run_dir = work / mode
+        cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances))
+        settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
+                    "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
+        cached = run_dir / "e2e_mode.json"
+        if ns.reuse and cached.is_file():
+            saved = json.loads(cached.read_text())
+            if saved["settings"] == settings and saved["result"]["status"] == "ok":
+                per_mode[mode] = saved["result"]
+                print(f"{mode}: reused {cached}", flush=True)
+                continue
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        write_config(cfg, run_dir / "config.json")
+        t0 = time.time()
+        try:
+            per_mode[mode] = measure_mode(mode, run_dir, cfg, checkpoint, warm, problems, ns)
+            print(f"{mode}: {per_mode[mode]['samples_per_s']:.1f} samples/s, final accuracy "
+                  f"{per_mode[mode]['final_accuracy']:.3f} ({time.time() - t0:.0f}s)", flush=True)
+        except Exception as exc:  # noqa: BLE001 -- recover: a failing mode is reported, the others still run
+            msg = f"failed: {type(exc).__name__}: {exc}"
+            per_mode[mode] = {"status": msg, "traceback": traceback.format_exc(), "run_dir": str(run_dir)}
+            print(f"{mode}: {msg}", file=sys.stderr, flush=True)
+        cached.write_text(json.dumps({"settings": settings, "result": per_mode[mode]}, indent=2) + "\n")
+
+    sync = per_mode.get("sync", {})
+    target = ns.target if ns.target is not None else choose_target(
+        warm[0], sync["final_accuracy"] if sync.get("status") == "ok" else None
+    )
+    trl_ok = per_mode.get("trl", {}).get("status") == "ok"
+    meta = {
+        "target_rule": ("fixed by --target" if ns.target is not None else
+                        f"warm start + {TARGET_FRACTION:g} x (sync final - warm start), set before comparing"),
+        "warmstart": {"checkpoint": checkpoint, "accuracy": warm[0], "stderr": warm[1]},
+        "settings": {
+            "quick": ns.quick, "iterations": iterations, "checkpoint_every": every, "eval_prompts": n_eval,
+            "samples_per_iteration": base_cfg.trainer.prompts_per_iteration * base_cfg.trainer.group_size,
+            "decoding": DECODING, "eval_seed": EVAL_SEED, "instances": ns.instances,
+            "trl_threads": ns.trl_threads, "trl_generation": ns.trl_generation, "config": ns.config,
+            "modes_requested": modes,
+        },
+        "host": {
+            "summary": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl_version": per_mode["trl"]["trl"]["versions"]["trl"] if trl_ok else None,
+        },
+        "bench_wall_s": time.time() - t_start,
+    }
+    result = assemble(modes, per_mode, target, meta)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "e2e.md").write_text(markdown(result))
+    plot(result, out / "e2e_curves.png")
+    print(markdown(result))
+    print(f"total {time.time() - t_start:.0f}s")
+    failed = [m for m in modes if per_mode[m]["status"] != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Pure helpers of the end-to-end benchmark (bench/e2e.py, bench/trl_peer.py): no TRL, no runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+e2e = _load("e2e")
+trl_peer = _load("trl_peer")
+
+
+def row(k: int, samples: int = 256, t: float = 2.0, mean: float = 0.0, mx: int = 0, **extra) -> dict:
+    return {"iteration": k, "samples": samples, "iteration_time_s": t, "staleness_mean": mean, "staleness_max": mx,
+            **extra}
+
+
+def test_steady_throughput_excludes_the_first_iteration():
+    rows = [row(0, t=10.0), row(1, t=2.0), row(2, t=2.0)]
+    got = e2e.steady_throughput(rows)
+    assert got["samples_per_s"] == pytest.approx(512 / 4.0)
+    assert got["iterations_counted"] == 2
+    assert e2e.steady_throughput([row(0, t=4.0)])["samples_per_s"] == pytest.approx(64.0)
+    with pytest.raises(ValueError):
+        e2e.steady_throughput([])
+
+
+def test_curve_starts_at_the_warm_start_and_is_relative_to_rl_start():
+    points = [{"time": 130.0, "accuracy": 0.5, "stderr": 0.02}, {"time": 110.0, "accuracy": 0.4, "stderr": 0.02}]
+    assert e2e.curve_points((0.3, 0.02), points, 100.0) == [[0.0, 0.3, 0.02], [10.0, 0.4, 0.02], [30.0, 0.5, 0.02]]
+
+
+def test_time_to_target_is_the_first_checkpoint_reaching_it():
+    curve = [[0.0, 0.30, 0.02], [10.0, 0.36, 0.02], [20.0, 0.33, 0.02], [30.0, 0.40, 0.02]]
+    assert e2e.time_to_target(curve, 0.35) == 10.0
+    assert e2e.time_to_target(curve, 0.40) == 30.0
+    assert e2e.time_to_target(curve, 0.30) == 0.0
+    assert e2e.time_to_target(curve, 0.41) is None
+    assert e2e.time_to_target(curve, None) is None
+
+
+def test_target_rule():
+    assert e2e.choose_target(0.30, 0.50) == pytest.approx(0.30 + e2e.TARGET_FRACTION * 0.20)
+    assert e2e.choose_target(0.30, 0.30) is None  # no gain: no meaningful target
+    assert e2e.choose_target(0.30, None) is None
+
+
+def test_mode_overrides_and_bounds():
+    assert e2e.mode_overrides("sync", 2) == ["trainer.mode=sync", "generation.instances=2"]
+    assert e2e.mode_overrides("bounded_4_partial", 2) == [
+        "trainer.mode=bounded", "trainer.eta=4", "generation.instances=2", "trainer.partial_rollout=true",
+    ]
+    assert e2e.staleness_bound("one_step") == 1 and e2e.staleness_bound("bounded_2_partial") == 2
+    for bad in ("bounded", "bounded_x", "bounded_2_full", "async"):
+        with pytest.raises(ValueError):
+            e2e.mode_overrides(bad, 2)
+
+
+def test_every_mode_name_resolves_to_a_valid_config():
+    from services.common.config import load_config
+
+    for mode in e2e.MODES:
+        load_config(None, e2e.mode_overrides(mode, 2))
+
+
+def test_buffer_staleness_from_bounded_histograms_and_from_one_step_means():
+    bounded = [row(0, mean=0.5, mx=2, entry_staleness_hist={"0": 16, "2": 16}, bound_violations=0)]
+    (b,) = e2e.buffer_staleness(bounded, 8, bound=2)
+    assert b["hist"] == {"0": 16, "2": 16} and b["violations"] == 0
+    (b,) = e2e.buffer_staleness(bounded, 8, bound=1)
+    assert b["violations"] == 16  # groups staler than the bound are counted
+    one_step = [row(0, mean=0.0), row(1, mean=1.0, mx=1), row(2, mean=0.25, mx=1)]
+    buffers = e2e.buffer_staleness(one_step, 8, bound=1)
+    assert [b["hist"] for b in buffers] == [{"0": 32}, {"1": 32}, {"0": 24, "1": 8}]
+    assert e2e.total_hist(buffers) == {"0": 56, "1": 40}
+    (b,) = e2e.buffer_staleness([row(0, mean=0.5, mx=1)], 8, bound=0)
+    assert b["violations"] > 0  # a stale sample in sync mode is a violation
+
+
+def test_within_noise():
+    assert e2e.within_noise(0.50, 0.02, 0.53, 0.02)
+    assert not e2e.within_noise(0.40, 0.02, 0.53, 0.02)
+
+
+def _ok(sps: float, acc: float = 0.5, violations: int = 0) -> dict:
+    return {"status": "ok", "samples_per_s": sps, "final_accuracy": acc, "accuracy_stderr": 0.02,
+            "curve": [[0.0, 0.3, 0.02], [50.0, acc, 0.02]], "staleness": {"violations": violations}}
+
+
+def test_assemble_has_the_issue_fields_for_every_mode_and_survives_failures():
+    per_mode = {
+        "sync": _ok(50.0), "one_step": _ok(70.0, violations=0), "bounded_2": _ok(80.0),
+        "bounded_4": {"status": "failed: RuntimeError: boom"}, "trl": _ok(25.0),
+    }
+    modes = list(per_mode)
+    result = e2e.assemble(modes, per_mode, 0.45, {"settings": {}})
+    for name in ("samples_per_s", "time_to_target_s", "final_accuracy", "accuracy_stderr"):
+        assert set(result[name]) >= {"sync", "one_step", "bounded_1", "bounded_2", "bounded_4", "trl"}
+        assert set(result[name]) == set(e2e.MODES)
+    assert result["samples_per_s"]["bounded_4"] is None and result["status"]["bounded_4"].startswith("failed")
+    assert result["samples_per_s"]["bounded_1"] is None and result["status"]["bounded_1"] == "not run"
+    assert result["time_to_target_s"]["sync"] == 50.0
+    assert result["max_staleness_violations"] == 0
+    t = result["targets"]
+    assert t["one_step_ge_1.25x_sync"] is True and t["bounded_2_ge_one_step"] is True
+    assert t["every_braid_mode_ahead_of_trl"] is True
+    assert t["async_final_accuracy_within_noise_of_sync"] == {"one_step": True, "bounded_2": True}
+
+
+def test_assemble_counts_violations_and_misses():
+    per_mode = {"sync": _ok(50.0), "one_step": _ok(55.0, violations=3), "trl": _ok(60.0)}
+    result = e2e.assemble(list(per_mode), per_mode, None, {})
+    assert result["max_staleness_violations"] == 3
+    assert result["time_to_target_s"]["sync"] is None  # no target
+    assert result["targets"]["one_step_ge_1.25x_sync"] is False
+    assert result["targets"]["every_braid_mode_ahead_of_trl"] is False
+    assert result["targets"]["bounded_2_ge_one_step"] is None
+
+
+def test_markdown_renders_a_partial_result():
+    per_mode = {"sync": _ok(50.0), "trl": {"status": "failed: RuntimeError: TRL peer exited with code 1\nlog"}}
+    per_mode["sync"]["staleness"]["total_hist"] = {"0": 64}
+    meta = {
+        "settings": {"quick": True, "iterations": 6, "checkpoint_every": 2, "eval_prompts": 200,
+                     "samples_per_iteration": 256, "decoding": "sampling", "trl_generation": "cb",
+                     "instances": 2, "trl_threads": 2},
+        "host": {"summary": "x86_64, 2 cores", "trl_version": None},
+        "target_rule": "rule", "warmstart": {"accuracy": 0.3, "stderr": 0.03},
+    }
+    text = e2e.markdown(e2e.assemble(["sync", "trl"], per_mode, 0.4, meta))
+    assert "| sync | 50.0 | 1.00x |" in text
+    assert "| trl | — |" in text and "failed: RuntimeError" in text
+
+
+def test_trl_peer_batching_gives_one_step_per_iteration():
+    assert trl_peer.peer_batching(256, 8, 64) == (64, 4)
+    assert trl_peer.peer_batching(64, 8, 128) == (64, 1)
+    with pytest.raises(ValueError):
+        trl_peer.peer_batching(256, 8, 48)
+    with pytest.raises(ValueError):
+        trl_peer.peer_batching(100, 8, 50)
+    assert math.isfinite(e2e.TARGET_FRACTION)

@@ -50,14 +50,16 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from e2e_report import NOISE_SE, markdown, plot  # noqa: E402  (rendering of the results)
 
 BOUNDED_ETAS = (1, 2, 4)
 BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
 MODES = (*BRAID_MODES, "trl")
 TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
-NOISE_SE = 2.0  # "within noise": |acc - acc_sync| <= 2 combined standard errors
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "datasets", "accelerate")
 TRL_VENV = ROOT / ".cache" / "bench-trl-venv"
 
@@ -225,72 +227,6 @@ def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, 
     }
 
 
-def fmt(x: float | None, spec: str = ".1f", none: str = "—") -> str:
-    return none if x is None else format(x, spec)
-
-
-def markdown(result: dict) -> str:
-    sps, ttt = result["samples_per_s"], result["time_to_target_s"]
-    final, se = result["final_accuracy"], result["accuracy_stderr"]
-    s_sync, s_trl = sps.get("sync"), sps.get("trl")
-    m = result["settings"]
-    lines = [
-        "# End-to-end benchmark: Braid's pipeline modes vs TRL GRPOTrainer (CPU, tiny model, one run)",
-        "",
-        (
-            f"{'QUICK run (--quick): few iterations, a smoke test of the harness, not a result. ' if m['quick'] else ''}"
-            f"{m['iterations']} optimizer steps x {m['samples_per_iteration']} samples per mode; checkpoints every "
-            f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
-            f"Host: {result['host']['summary']}. TRL {result['host'].get('trl_version') or '—'} "
-            f"(generation backend: {m['trl_generation']}). Braid: {m['instances']} SGS instance(s) in every mode "
-            f"and the trainer, one torch thread per process; TRL: one process, {m['trl_threads']} threads."
-        ),
-        "",
-        (
-            f"Target accuracy: **{fmt(result['target_accuracy'], '.3f')}** ({result['target_rule']}); "
-            f"warm start {result['warmstart']['accuracy']:.3f} ± {result['warmstart']['stderr']:.3f}."
-        ),
-        "",
-        "| mode | samples/s | vs sync | vs TRL | time to target (s) | final accuracy | staleness (groups by V_buf - V_traj) | status |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for mode in result["status"]:
-        d = result["modes"].get(mode, {})
-        hist = d.get("staleness", {}).get("total_hist") if mode != "trl" else None
-        hist_s = ", ".join(f"{k}: {v}" for k, v in hist.items()) if hist else "—"
-        s = sps[mode]
-        lines.append(
-            f"| {mode} | {fmt(s)} | {fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} | "
-            f"{fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} | {fmt(ttt[mode])} | "
-            f"{fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | "
-            f"{hist_s} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
-        )
-    t = result["targets"]
-    lines += [
-        "",
-        f"Staleness-bound violations over Braid's modes: **{result['max_staleness_violations']}** (must be 0).",
-        "",
-        "Targets (from the issue):",
-        "",
-        f"- one_step >= 1.25x sync samples/s: {t['one_step_ge_1.25x_sync']}",
-        f"- bounded eta=2 >= one_step samples/s: {t['bounded_2_ge_one_step']}",
-        f"- every Braid mode ahead of TRL in samples/s: {t['every_braid_mode_ahead_of_trl']}",
-        (
-            f"- final accuracy of async modes within {NOISE_SE:g} standard errors of sync: "
-            f"{t['async_final_accuracy_within_noise_of_sync']}"
-        ),
-        "",
-        "![accuracy vs wall time](e2e_curves.png)",
-        "",
-        (
-            "Accuracy curves (rl seconds, accuracy ± stderr) and the staleness distribution of every consumed "
-            "buffer are in `e2e.json` (`modes.<mode>.curve`, `modes.<mode>.staleness.buffers`). Wall times are "
-            "CPU times on a noisy 2-core machine: compare ratios, not absolutes."
-        ),
-    ]
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------------------------------- mechanism
 def log_tail(path: Path, lines: int = 30) -> str:
     if not path.is_file():
@@ -393,43 +329,6 @@ def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[flo
         result["idle_fraction_generation"] = sum(r["idle_gen_s"] for r in rows[1:]) / max(result["wall_s"], 1e-9)
         result["idle_fraction_training"] = sum(r["idle_train_s"] for r in rows[1:]) / max(result["wall_s"], 1e-9)
     return result
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
-    for mode, d in result["modes"].items():
-        if d.get("status") != "ok":
-            continue
-        t, acc, se = zip(*d["curve"])
-        ax.errorbar(t, acc, yerr=se, marker="o", ms=3, capsize=2, elinewidth=0.7, alpha=0.85,
-                    lw=2.2 if mode in ("sync", "trl") else 1.2,
-                    ls="--" if mode == "trl" else "-", label=f"{mode} ({d['samples_per_s']:.0f} samples/s)")
-    if result["target_accuracy"] is not None:
-        ax.axhline(result["target_accuracy"], color="grey", ls=":", label="target")
-    ax.set_xlabel("RL wall time (s)")
-    ax.set_ylabel(f"held-out accuracy ({result['settings']['eval_prompts']} prompts)")
-    ax.set_title("Accuracy vs wall time")
-    ax.legend(fontsize=7)
-    stale = {m: d["staleness"]["total_hist"] for m, d in result["modes"].items() if d.get("status") == "ok" and "staleness" in d}
-    levels = sorted({int(s) for h in stale.values() for s in h})
-    bottom = [0.0] * len(stale)
-    for level in levels:
-        frac = [h.get(str(level), 0) / max(1, sum(h.values())) for h in stale.values()]
-        bx.bar(list(stale), frac, bottom=bottom, label=f"staleness {level}")
-        bottom = [b + f for b, f in zip(bottom, frac)]
-    bx.set_ylabel("fraction of trained groups")
-    bx.set_title("Staleness of consumed trajectories (all buffers)")
-    bx.tick_params(axis="x", rotation=45, labelsize=7)
-    if levels:
-        bx.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main() -> int:

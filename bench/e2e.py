@@ -7,6 +7,9 @@ Every mode trains the same warm-started policy on the same task, prompt stream a
   trajectory-level asynchrony;
 - every Braid mode runs the same ``--instances`` SGS instances (default 2, as
   ``deploy/configs/bounded.yaml``), so the modes differ only in their pipeline;
+- disaggregated resources, emulated on one host (``--pin``, on by default with 2+ CPUs): every SGS
+  process is pinned to CPU 0 (the generation site) and the trainer to CPU 1 (the training site),
+  so no mode borrows the other stage's core while that stage idles;
 - ``trl`` — TRL's ``GRPOTrainer`` (``bench/trl_peer.py``), run in a benchmark-only virtualenv
   that this script creates on first use (``.cache/bench-trl-venv``; never a project dependency).
 
@@ -71,6 +74,11 @@ QUICK = {"iterations": 6, "checkpoint_every": 3, "eval_prompts": 128}
 
 
 # ---------------------------------------------------------------------------------------- pure helpers
+def pin_overrides(pin: bool) -> list[str]:
+    """Generation site = CPU 0, training site = CPU 1 (Braid modes), or no pinning."""
+    return ["generation.cpus=[0]", "trainer.cpus=[1]"] if pin else []
+
+
 def mode_overrides(mode: str, instances: int) -> list[str]:
     """Config overrides that select ``mode`` (Braid modes; ``trl`` reads the plain config)."""
     if mode in ("sync", "one_step"):
@@ -341,6 +349,8 @@ def main() -> int:
     parser.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts scored per checkpoint")
     parser.add_argument("--target", type=float, default=None, help="fixed target accuracy (default: the rule)")
     parser.add_argument("--instances", type=int, default=2, help="SGS instances in every Braid mode")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2,
+                        help="pin SGS processes to CPU 0 and the trainer to CPU 1 (default: on with 2+ CPUs)")
     parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL peer")
     parser.add_argument("--trl-generation", choices=("cb", "generate"), default="cb",
                         help="TRL generation backend (cb measured faster here than plain generate)")
@@ -386,7 +396,8 @@ def main() -> int:
     per_mode: dict[str, dict] = {}
     for mode in modes:
         run_dir = work / mode
-        cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances))
+        pinned = pin_overrides(ns.pin) if mode != "trl" else []
+        cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances) + pinned)
         settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
                     "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
         cached = run_dir / "e2e_mode.json"
@@ -422,7 +433,7 @@ def main() -> int:
         "settings": {
             "quick": ns.quick, "iterations": iterations, "checkpoint_every": every, "eval_prompts": n_eval,
             "samples_per_iteration": base_cfg.trainer.prompts_per_iteration * base_cfg.trainer.group_size,
-            "decoding": DECODING, "eval_seed": EVAL_SEED, "instances": ns.instances,
+            "decoding": DECODING, "eval_seed": EVAL_SEED, "instances": ns.instances, "pinned": ns.pin,
             "trl_threads": ns.trl_threads, "trl_generation": ns.trl_generation, "config": ns.config,
             "modes_requested": modes,
         },

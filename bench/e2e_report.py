@@ -25,7 +25,9 @@ def markdown(result: dict) -> str:
             f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
             f"Host: {result['host']['summary']}. TRL {result['host'].get('trl_version') or '—'} "
             f"(generation backend: {m['trl_generation']}). Braid: {m['instances']} SGS instance(s) in every mode "
-            f"and the trainer, one torch thread per process; TRL: one process, {m['trl_threads']} threads."
+            f"and the trainer, one torch thread per process"
+            f"{' (SGS processes pinned to CPU 0, the trainer to CPU 1: disaggregated stages)' if m.get('pinned') else ''}"
+            f"; TRL: one process, {m['trl_threads']} threads."
         ),
         "",
         (

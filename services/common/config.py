@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class TaskConfig(_Strict):
+M = TypeVar("M", bound=BaseModel)
+
+
+class TaskConfig(StrictModel):
     """The count-down task family (see ``services.tasks.arith``)."""
 
     min_steps: int = Field(1, ge=1, le=200, description="Fewest scratchpad steps of a prompt.")
@@ -50,7 +53,7 @@ class TaskConfig(_Strict):
         }
 
 
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """The policy. Built from this config (tiny, for CPU) unless ``path`` names a local HF checkpoint."""
 
     path: str | None = Field(None, description="Local HF checkpoint dir; None builds a tiny model.")
@@ -73,7 +76,7 @@ class ModelConfig(_Strict):
         return self
 
 
-class WarmstartConfig(_Strict):
+class WarmstartConfig(StrictModel):
     """Supervised warm start on task demonstrations; cached by content hash."""
 
     steps: int = Field(600, ge=0, le=1_000_000, description="SFT optimizer steps (0 = skip).")
@@ -83,7 +86,7 @@ class WarmstartConfig(_Strict):
     seed: int = Field(1, ge=0, description="Seed of the demonstration stream.")
 
 
-class GenerationConfig(_Strict):
+class GenerationConfig(StrictModel):
     """The Stream Generation Service (SGS) and its engine."""
 
     engine: str = Field("cb", description="Engine registry key ('cb' = transformers continuous batching).")
@@ -97,6 +100,10 @@ class GenerationConfig(_Strict):
     max_prompt_tokens: int = Field(1024, ge=1, le=1_000_000, description="Longest prompt accepted.")
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC max message size (MiB).")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the SGS process.")
+    cpus: list[NonNegativeInt] = Field(
+        default_factory=list,
+        description="CPU ids every SGS process pins itself to (one-host emulation of a generation site; empty = unpinned).",
+    )
     seed: int = Field(0, ge=0, description="Engine sampling seed.")
     instances: int = Field(1, ge=1, le=64, description="SGS instances (engine processes, data-parallel units).")
     step_delay_ms: list[float] = Field(
@@ -116,7 +123,7 @@ class GenerationConfig(_Strict):
         return self.step_delay_ms[instance] if instance < len(self.step_delay_ms) else 0.0
 
 
-class AlgorithmConfig(_Strict):
+class AlgorithmConfig(StrictModel):
     """The RL objective (``services.trainer.algorithms``): GRPO with DAPO options, or PPO with a critic."""
 
     name: Literal["grpo", "ppo"] = Field("grpo", description="Objective: grpo (group baseline) or ppo (critic + GAE).")
@@ -141,7 +148,7 @@ class AlgorithmConfig(_Strict):
     critic_lr: float = Field(1e-4, gt=0.0, le=1.0, description="PPO critic learning rate.")
 
 
-class TrainerConfig(_Strict):
+class TrainerConfig(StrictModel):
     """The trainer: pipeline mode, RL objective, dynamic batching, staleness bound, weight publication."""
 
     mode: Literal["sequential", "sync", "one_step", "bounded"] = Field(
@@ -173,6 +180,10 @@ class TrainerConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="Gradient clipping norm.")
     chunk_bytes: int = Field(1 << 20, ge=1024, le=1 << 30, description="Weight stream chunk size.")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the trainer process.")
+    cpus: list[NonNegativeInt] = Field(
+        default_factory=list,
+        description="CPU ids the trainer process pins itself to (one-host emulation of a training site; empty = unpinned).",
+    )
     seed: int = Field(0, ge=0, description="Trainer seed.")
 
     @model_validator(mode="after")
@@ -198,14 +209,14 @@ class TrainerConfig(_Strict):
         return self
 
 
-class EvalConfig(_Strict):
+class EvalConfig(StrictModel):
     """Held-out evaluation, before RL (warm start) and after."""
 
     prompts: int = Field(500, ge=1, le=1_000_000, description="Held-out prompts.")
     seed: int = Field(12345, ge=0, description="Seed that fixes the held-out prompts.")
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     """A whole RL run."""
 
     run_id: str | None = Field(None, description="Run directory name (default: timestamp).")
@@ -248,21 +259,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a YAML (or JSON) config file, apply overrides, validate."""
+def load_model(cls: type[M], path: str | Path | None = None, overrides: list[str] | None = None) -> M:
+    """Load a YAML (or JSON) file into the pydantic model ``cls``, apply overrides, validate;
+    ``ConfigError`` names the file, the field and the rule."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
         source = str(path)
-        loaded = yaml.safe_load(Path(path).read_text())
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"invalid config ({source}): not YAML: {err}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"invalid config ({source}): top level must be a mapping")
         data = loaded or {}
     data = apply_overrides(data, overrides or [])
     try:
-        return RunConfig.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a run config file (YAML or JSON), apply overrides, validate."""
+    return load_model(RunConfig, path, overrides)
 
 
 def write_config(cfg: RunConfig, path: Path) -> None:

@@ -21,12 +21,16 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
 
+    from services.common.affinity import pin_cpus
     from services.common.config import load_config
+
+    cfg = load_config(ns.config).generation
+    pin_cpus(cfg.cpus, f"SGS instance {ns.instance}")  # before torch creates its threads
+
     from services.generation.core import GenerationCore
     from services.generation.engine import create_engine
     from services.generation.server import GenerationServicer, create_server
 
-    cfg = load_config(ns.config).generation
     engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0)
     core = GenerationCore(engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens)
     servicer = GenerationServicer(core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions)

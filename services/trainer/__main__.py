@@ -24,13 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
 
+    from services.common.affinity import pin_cpus
     from services.common.config import load_config
+
+    cfg = load_config(ns.config)
+    pin_cpus(cfg.trainer.cpus, "trainer")  # before torch creates its threads
+
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
     from services.tasks.arith import fingerprint
     from services.trainer.loop import RLTrainer
 
-    cfg = load_config(ns.config)
     run_dir = Path(ns.run_dir)
     clients = [GenerationClient(a, max_message_mb=cfg.generation.max_message_mb) for a in ns.sgs.split(",") if a]
     for client in clients:

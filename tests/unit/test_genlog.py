@@ -1,0 +1,52 @@
+import multiprocessing as mp
+
+import pytest
+
+from ranker.genlog import GenerationLog, GenerationLogError, GenRecord
+
+
+def _rec(i: int, length: int = 5) -> GenRecord:
+    return GenRecord(f"p{i}", f"prompt {i}", length, i // 10, i % 2, 1000.0 + i)
+
+
+def test_append_and_recent_oldest_first(tmp_path):
+    with GenerationLog(tmp_path / "gen.sqlite") as log:
+        assert log.append(_rec(i, i + 1) for i in range(25)) == 25
+        assert log.count() == 25
+        last = log.recent(3)
+        assert [r.prompt_id for r in last] == ["p22", "p23", "p24"]
+        assert last[0] == _rec(22, 23)
+        assert len(log.recent(100)) == 25
+
+
+def test_non_positive_length_rejected_and_nothing_written(tmp_path):
+    with GenerationLog(tmp_path / "gen.sqlite") as log:
+        with pytest.raises(GenerationLogError, match="prompt_id 'p1' has 0"):
+            log.append([_rec(0), _rec(1, 0)])
+        assert log.count() == 0
+
+
+def test_not_a_log_names_the_file(tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"definitely not sqlite" * 100)
+    with pytest.raises(GenerationLogError, match="bad.sqlite: not a generation log"):
+        GenerationLog(bad)
+
+
+def _writer(path: str, start: int) -> None:
+    with GenerationLog(path) as log:
+        for i in range(start, start + 50):
+            log.append([_rec(i)])
+
+
+def test_several_processes_append_to_one_log(tmp_path):
+    path = str(tmp_path / "gen.sqlite")
+    GenerationLog(path).close()
+    procs = [mp.get_context("spawn").Process(target=_writer, args=(path, k * 1000)) for k in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with GenerationLog(path) as log:
+        assert log.count() == 150

@@ -10,7 +10,9 @@ the controller (``flows/two_site.py``) reports.
 
 A site stops its services when the controller writes the flow-run input ``stop`` to it, or when
 the controller's own flow run has reached a final state (crashed, cancelled), so a lost
-controller never leaves servers behind. Prefect turns a SIGTERM (a cancelled run, a stopped
+controller never leaves servers behind. A generation site then ends Completed; a training site
+stopped before its trainer finished ends Cancelled (the failure is reported by the site that
+caused it). Prefect turns a SIGTERM (a cancelled run, a stopped
 worker) into an exception, and the ``finally`` blocks stop the processes then too.
 
 Adding a process to a site (e.g. its weight relay) is one more ``sup.start(...)`` line in the
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.states import Cancelled, State
 
 from flows.launcher import Supervisor, start_instances
 from flows.two_site import ENDPOINTS_KEY, FINAL, STOP_KEY
@@ -33,10 +36,6 @@ from services.common.sites import Role, SiteConfig, SitesConfig
 POLL_S = 1.0
 
 log = logging.getLogger("braid.sites")
-
-
-class StopRequested(RuntimeError):
-    """The controller asked this site to stop before its work was done."""
 
 
 class StopSignal:
@@ -118,7 +117,7 @@ def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint
 @flow(name="training_site", log_prints=True)
 def training_site(
     site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str, sgs: list[str]
-) -> dict:
+) -> dict | State:
     """Run the trainer of one RL run against the given SGS addresses until it finishes.
 
     Args:
@@ -144,8 +143,8 @@ def training_site(
         logger.info("site %s: trainer started against %s", s.name, ", ".join(sgs))
         while trainer.proc.poll() is None:
             sup.check()
-            if stop.requested():
-                raise StopRequested(f"site {s.name}: stopped before the trainer finished ({stop.reason})")
+            if stop.requested():  # the run is over elsewhere (another site died): end Cancelled, not Failed
+                return Cancelled(message=f"site {s.name}: stopped before the trainer finished ({stop.reason})")
             time.sleep(POLL_S)
         sup.check()  # a non-zero trainer exit raises with its log tail
     finally:

@@ -166,7 +166,7 @@ class SiteRuns:
                 return True
         message = verdict(observations, self.params.start_timeout_s)
         if message:
-            self._cancel_waiting(observations)
+            self._cancel_waiting(observations, f"cancelled by the controller: {message}")
             raise SiteFailed(message)
         return False
 
@@ -202,17 +202,17 @@ class SiteRuns:
         while True:
             observations = [self.observe(r) for r in self.runs]
             if all(o.state in FINAL or o.state == "SCHEDULED" for o in observations) or time.monotonic() > deadline:
-                self._cancel_waiting(observations)
+                self._cancel_waiting(observations, "cancelled by the controller: the run ended before a worker took it")
                 return observations
             time.sleep(self.params.poll_s)
 
-    def _cancel_waiting(self, observations: list[SiteObservation]) -> None:
+    def _cancel_waiting(self, observations: list[SiteObservation], reason: str) -> None:
         """Cancel runs no worker has taken, so a worker that comes up later does not start them."""
         from prefect.states import Cancelled
 
         for run, obs in zip(self.runs, observations):
             if obs.state == "SCHEDULED":
-                self.client.set_flow_run_state(run.id, Cancelled(message="the controller run ended"), force=True)
+                self.client.set_flow_run_state(run.id, Cancelled(message=reason), force=True)
 
     def close(self) -> None:
         self._client_context.__exit__(None, None, None)

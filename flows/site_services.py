@@ -21,7 +21,6 @@ site's flow, before the processes that need it.
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -34,8 +33,6 @@ from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig
 
 POLL_S = 1.0
-
-log = logging.getLogger("braid.sites")
 
 
 class StopSignal:

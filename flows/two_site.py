@@ -143,8 +143,15 @@ class SiteRuns:
     def start(self, role: str, flow_name: str, site: SiteConfig, parameters: dict) -> SiteRun:
         from prefect.deployments import run_deployment
 
+        from prefect.exceptions import ObjectNotFound
+
         name = deployment_name(flow_name, site)
-        fr = run_deployment(name, parameters=parameters, timeout=0, as_subflow=True)
+        try:
+            fr = run_deployment(name, parameters=parameters, timeout=0, as_subflow=True)
+        except ObjectNotFound:
+            raise SiteFailed(
+                f"{role} site {site.name!r}: the server has no deployment {name!r} (deploy/prefect.yaml needs one per site)"
+            ) from None
         run = SiteRun(role, site, fr.id, fr.name, time.monotonic())
         self.runs.append(run)
         return run

@@ -13,6 +13,9 @@ it, types the run's length into the Iterations and eval Prompts fields and submi
 the run to finish (two-site mode: the generation and training sites run as their own flow runs
 on their pools' workers), then photographs the run page and its artifacts. --quick starts from
 the smoke config instead (seconds-long run, meaningless plots): for checking the script.
+--artifacts-of FLOW_RUN_ID --url URL only photographs a finished run's artifacts on a running
+server (e.g. one triggered by hand from the UI). A default run waits for a cached warm start of
+the default model (~1.5 min on an idle machine, much longer on a busy one): --timeout.
 """
 
 from __future__ import annotations
@@ -98,17 +101,36 @@ def _shoot(page, path: Path, full_page: bool = False) -> None:
     print(f"  wrote {path}")
 
 
-def drive(ui: str, api_url: str, out: Path, quick: bool, iterations: int, eval_prompts: int) -> dict:
+def shoot_artifacts(page, ui: str, api_url: str, flow_run_id: str, out: Path) -> None:
+    """The finished run's page (graph with the site flow runs, Artifacts tab) and its artifacts."""
+    from flows.server import api_request
+
+    page.goto(f"{ui}/v2/runs/flow-run/{flow_run_id}")
+    page.get_by_role("tab", name="Artifacts").click()
+    page.get_by_text("rl-training-report").first.wait_for()
+    _shoot(page, out / "ui-run-artifacts.png")
+    for key, name in (("rl-training-report", "ui-report.png"), ("rl-training-metrics", "ui-metrics-table.png")):
+        _, found = api_request(api_url, "POST", "/artifacts/filter",
+                               {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run_id]}}})
+        page.goto(f"{ui}/v2/artifacts/artifact/{found[0]['id']}")
+        page.wait_for_load_state("networkidle")
+        _shoot(page, out / name, full_page=True)
+
+
+def _browser(pw):
+    return pw.chromium.launch_persistent_context(
+        tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM, headless=True, viewport=VIEWPORT, args=CHROMIUM_ARGS,
+    )
+
+
+def drive(ui: str, api_url: str, out: Path, quick: bool, iterations: int, eval_prompts: int, timeout_s: float) -> dict:
     from playwright.sync_api import sync_playwright
 
     from flows.server import api_request
 
     _, dep = api_request(api_url, "GET", "/deployments/name/rl_training/rl-training")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(
-            tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM, headless=True,
-            viewport=VIEWPORT, args=CHROMIUM_ARGS,
-        )
+        browser = _browser(pw)
         page = browser.new_page()
         _open_form(page, ui, dep["id"], quick)
         _shoot(page, out / "ui-run-form.png")
@@ -129,19 +151,9 @@ def drive(ui: str, api_url: str, out: Path, quick: bool, iterations: int, eval_p
         page.wait_for_url(lambda url: "/run?" not in url and not url.endswith("/run"), timeout=60_000)
         flow_run_id = _new_run(api_url, dep["id"], submitted)
         print(f"  run {flow_run_id} submitted from the form; waiting for it to finish")
-        run = _wait_final(api_url, flow_run_id, timeout_s=1800)
+        run = _wait_final(api_url, flow_run_id, timeout_s=timeout_s)
         print(f"  run ended {run['state']['type']}")
-
-        page.goto(f"{ui}/v2/runs/flow-run/{flow_run_id}")
-        page.get_by_role("tab", name="Artifacts").click()
-        page.get_by_text("rl-training-report").first.wait_for()
-        _shoot(page, out / "ui-run-artifacts.png")
-        for key, name in (("rl-training-report", "ui-report.png"), ("rl-training-metrics", "ui-metrics-table.png")):
-            _, found = api_request(api_url, "POST", "/artifacts/filter",
-                                   {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run_id]}}})
-            page.goto(f"{ui}/v2/artifacts/artifact/{found[0]['id']}")
-            page.wait_for_load_state("networkidle")
-            _shoot(page, out / name, full_page=True)
+        shoot_artifacts(page, ui, api_url, flow_run_id, out)
         browser.close()
     return run
 
@@ -152,12 +164,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke-sized run (checks the script; dull plots)")
     parser.add_argument("--iterations", type=int, default=20, help="RL iterations typed into the form")
     parser.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts typed into the form")
+    parser.add_argument("--timeout", type=float, default=7200.0, help="seconds to wait for the run")
     parser.add_argument("--state-dir", default=str(ROOT / ".cache/ui-screenshot"))
+    parser.add_argument("--artifacts-of", metavar="FLOW_RUN_ID",
+                        help="only photograph the artifacts of this finished run, on the server at --url")
+    parser.add_argument("--url", default="http://127.0.0.1:4200", help="UI address for --artifacts-of")
     ns = parser.parse_args(argv)
     from flows.server import ServerOptions, describe, start, stop
 
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
+    if ns.artifacts_of:
+        from playwright.sync_api import sync_playwright
+
+        with sync_playwright() as pw:
+            browser = _browser(pw)
+            shoot_artifacts(browser.new_page(), ns.url, f"{ns.url}/api", ns.artifacts_of, out)
+            browser.close()
+        return 0
     opts = ServerOptions(port=_free_port(), state_dir=ns.state_dir, root=str(ROOT))
     print(f"starting braid server on {opts.url} ...", flush=True)
     state = start(opts)
@@ -165,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         iterations = 2 if ns.quick else ns.iterations
         eval_prompts = 32 if ns.quick else ns.eval_prompts
-        run = drive(state["url"], state["api_url"], out, ns.quick, iterations, eval_prompts)
+        run = drive(state["url"], state["api_url"], out, ns.quick, iterations, eval_prompts, ns.timeout)
     finally:
         print("stopped: " + ", ".join(stop(opts.state_dir)))
     return 0 if run["state"]["type"] == "COMPLETED" else 1

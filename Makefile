@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow install proto bench clean
+.PHONY: run test test-slow install proto bench clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,19 @@ test-slow: install
 
 bench: install
 	$(PY) bench/pipeline.py
+
+# Local Prefect server with UI, one work pool + worker per site, deployments from deploy/prefect.yaml
+# (docs/deploy.md). State, logs and the Prefect home under .cache/server/.
+PORT ?= 4200
+server: install
+	$(VENV)/bin/braid server start --port $(PORT)
+
+server-stop:
+	$(VENV)/bin/braid server stop
+
+# UI screenshots in docs/img/ (needs Debian's chromium and `pip install -e '.[ui]'`; see docs/deploy.md).
+screenshots: install
+	$(PY) bench/ui_screenshot.py
 
 # Regenerate the checked-in gRPC stubs after editing services/proto/braid.proto.
 proto: install

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.set_defaults(func=lambda ns: _delegate("services.trainer.__main__", ns.rest))
     for p in (sgs, trainer):
         p.add_argument("rest", nargs=argparse.REMAINDER)
+    server = sub.add_parser("server", help="local Prefect server + work pools + deployments + workers (docs/deploy.md)")
+    server.add_argument("action", choices=["start", "stop", "status"], help="`braid server start --help` lists the options")
+    server.add_argument("rest", nargs=argparse.REMAINDER)
+    server.set_defaults(func=lambda ns: _delegate("flows.server", [ns.action, *ns.rest]))
     return parser
 
 

@@ -122,22 +122,27 @@ class Supervisor:
 
 
 def start_instances(
-    sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False
+    sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False,
+    host: str = "127.0.0.1", base_port: int = 0, config: Path | None = None,
 ) -> list[str]:
-    """Start ``n`` SGS instance processes (``sgs-i``) and return their loopback addresses.
-    With ``tolerate_exit`` the run survives the death of some (not all) instances."""
-    config = str(run_dir / "config.json")
+    """Start ``n`` SGS instance processes (``sgs-i``) and return their ``host:port`` addresses.
+    With ``tolerate_exit`` the run survives the death of some (not all) instances. Instance ``i``
+    binds ``host:base_port + i`` (``base_port`` 0: any free port); ``config`` defaults to the run
+    directory's ``config.json``."""
+    config_path = str(config or run_dir / "config.json")
     port_files = []
     for i in range(n):
         port_file = run_dir / f"sgs-{i}.port"
         port_file.unlink(missing_ok=True)
+        port = base_port + i if base_port else 0
         sup.start(
             f"sgs-{i}", "services.generation",
-            ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file), "--instance", str(i)],
+            ["--config", config_path, "--model", checkpoint, "--host", host, "--port", str(port),
+             "--port-file", str(port_file), "--instance", str(i)],
             threads=threads, tolerate_exit=tolerate_exit,
         )
         port_files.append(port_file)
-    return [f"127.0.0.1:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
+    return [f"{host}:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
 
 
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:

@@ -94,6 +94,32 @@ def plot_staleness(rows: list[dict], path: Path) -> bool:
     return True
 
 
+def plot_lengths(rows: list[dict], path: Path) -> bool:
+    """Output-length distribution (tokens per sample) of the first and the last quarter of the
+    iterations: the long tail the pipeline has to hide, and how training moves it."""
+    rows = [r for r in rows if r.get("response_lens")]
+    if not rows:
+        return False
+    k = max(1, len(rows) // 4)
+    early = [n for r in rows[:k] for n in r["response_lens"]]
+    late = [n for r in rows[-k:] for n in r["response_lens"]]
+    top = max(early + late)
+    bins = list(range(0, top + 2, max(1, (top + 1) // 40)))
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.hist(early, bins=bins, alpha=0.6, label=f"iterations 1-{k}", color="tab:blue")
+    ax.hist(late, bins=bins, alpha=0.6, label=f"iterations {len(rows) - k + 1}-{len(rows)}", color="tab:orange")
+    ax.set_yscale("log")
+    ax.set_xlabel("output length (tokens)")
+    ax.set_ylabel("samples")
+    ax.set_title("Output-length distribution")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _bounded_lines(rows: list[dict]) -> list[str]:
     if not any("bound_violations" in r for r in rows):
         return []
@@ -135,6 +161,7 @@ def render_markdown(rows: list[dict], summary: dict) -> str:
         "",
         "![stage timeline](timeline.png)",
         "",
+        *(["![output-length distribution](lengths.png)", ""] if any(r.get("response_lens") for r in rows) else []),
         *(["![staleness per buffer](staleness.png)", ""] if any("entry_staleness_hist" in r for r in rows) else []),
         "## Accuracy by difficulty (scratchpad steps)",
         "",
@@ -158,6 +185,7 @@ def write_report(run_dir: Path) -> Path:
     plot_learning(rows, summary, run_dir / "learning_curve.png")
     plot_timeline(timeline, run_dir / "timeline.png")
     plot_staleness(rows, run_dir / "staleness.png")
+    plot_lengths(rows, run_dir / "lengths.png")
     path = run_dir / "report.md"
     path.write_text(render_markdown(rows, summary))
     return path

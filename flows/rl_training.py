@@ -4,7 +4,13 @@ The flow only wires steps and passes paths: resolve the config into a run direct
 the warm-start checkpoint exists (a cached SFT pass), start the Stream Generation Service and
 the trainer as separate processes on loopback, watch them (a dead process fails the flow with
 its log tail), mirror progress into a Prefect progress artifact and a terminal bar, then write
-the report and publish it as a markdown artifact.
+the report and publish it as artifacts: the markdown report with its plots inlined, and a table
+of per-iteration metrics.
+
+Parameters are typed (pydantic models from ``services/common/config.py``), so a deployment's
+Run form in the Prefect UI shows every field with its default, help text and bounds, and the
+server refuses out-of-range values before a run is created. With ``sites`` set, the services run
+as per-site flow runs on the sites' work pools instead (``flows/two_site.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +22,20 @@ import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from tqdm import tqdm
 
+from flows.artifacts import embed_images, metrics_table
 from flows.launcher import child_env, run_processes
 from flows.report import write_report
+from flows.two_site import TwoSiteConfig, run_two_sites
 from services.common.progress import progress_interval
-from services.common.config import RunConfig, load_config, write_config
+from services.common.config import ConfigError, RunConfig, apply_overrides, load_config, write_config
 
 
 def new_run_dir(cfg: RunConfig) -> Path:
@@ -34,9 +47,19 @@ def new_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
+def resolve_config(config: RunConfig | None, config_path: str | None, overrides: list[str]) -> RunConfig:
+    """``config`` (or, when it is None, the file ``config_path``) with ``overrides`` applied."""
+    if config is None:
+        return load_config(config_path, overrides)
+    try:
+        return RunConfig.model_validate(apply_overrides(config.model_dump(mode="json"), overrides))
+    except ValueError as err:  # pydantic's ValidationError names the field and the rule
+        raise ConfigError(f"invalid config (flow parameter 'config' with overrides {overrides}): {err}") from None
+
+
 @task(name="prepare-run")
-def prepare_run(config_path: str | None, overrides: list[str]) -> str:
-    cfg = load_config(config_path, overrides)
+def prepare_run(config: RunConfig | None, config_path: str | None, overrides: list[str]) -> str:
+    cfg = resolve_config(config, config_path, overrides)
     run_dir = new_run_dir(cfg)
     write_config(cfg, run_dir / "config.json")
     (run_dir / "metrics.jsonl").write_text("")
@@ -95,21 +118,56 @@ def run_services(run_dir: str, checkpoint: str) -> str:
     return str(summary)
 
 
+def run_sites(run_dir: str, checkpoint: str, sites: TwoSiteConfig) -> str:
+    """Two-site mode: the site flow runs (on their pools' workers) run the services; this flow
+    run starts and watches them (flows/two_site.py). Not a task: it creates subflow runs."""
+    rd = Path(run_dir)
+    progress = _Progress(rd, load_config(rd / "config.json").trainer.iterations)
+    try:
+        summary = run_two_sites(rd, checkpoint, sites, on_poll=progress)
+    finally:
+        progress.close()
+    return str(summary)
+
+
 @task(name="report")
 def report(run_dir: str) -> str:
-    path = write_report(Path(run_dir))
-    create_markdown_artifact(path.read_text(), key="rl-training-report", description=f"Braid run {Path(run_dir).name}")
+    rd = Path(run_dir)
+    path = write_report(rd)
+    create_markdown_artifact(
+        embed_images(path.read_text(), rd), key="rl-training-report", description=f"Braid run {rd.name}"
+    )
+    create_table_artifact(
+        metrics_table(_read_metrics(rd / "metrics.jsonl")), key="rl-training-metrics",
+        description=f"Per-iteration metrics of Braid run {rd.name}",
+    )
     return str(path)
 
 
 @flow(name="rl_training", log_prints=True)
-def rl_training(config_path: str | None = "deploy/configs/default.yaml", overrides: list[str] | None = None) -> dict:
-    """Run asynchronous GRPO end to end; returns the run summary."""
+def rl_training(
+    config: RunConfig | None = None,
+    sites: TwoSiteConfig | None = None,
+    config_path: str | None = "deploy/configs/default.yaml",
+    overrides: list[str] | None = None,
+) -> dict:
+    """Run asynchronous GRPO end to end; returns the run summary.
+
+    Args:
+        config: The run config; every field has its default, bounds and help. Empty: load config_path.
+        sites: Two-site mode: run the services as per-site flow runs on the sites' work pools. Empty: run them
+            as local processes of this flow run (what `braid run` does).
+        config_path: YAML run config, used only when config is empty (the CLI's --config).
+        overrides: key.sub=value overrides applied on top of the config (the CLI's --set).
+    """
     logger = get_run_logger()
-    run_dir = prepare_run(config_path, list(overrides or []))
+    run_dir = prepare_run(config, config_path, list(overrides or []))
     logger.info("run directory: %s", run_dir)
     checkpoint = warm_start(run_dir)
-    summary_path = run_services(run_dir, checkpoint)
+    if sites is None:
+        summary_path = run_services(run_dir, checkpoint)
+    else:
+        summary_path = run_sites(run_dir, checkpoint, sites)
     report(run_dir)
     summary = json.loads(Path(summary_path).read_text())
     logger.info(

@@ -202,6 +202,7 @@ class RLTrainer:
             "tokens_per_s": acc.tokens / wall,
             "response_len_mean": sum(acc.lengths) / len(acc.lengths),
             "response_len_max": max(acc.lengths),
+            "response_lens": list(acc.lengths),  # per sample, for the report's length distribution
             "staleness_mean": sum(acc.staleness) / len(acc.staleness),
             "staleness_max": max(acc.staleness),
             "push_stall_s": stall,

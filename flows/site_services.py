@@ -1,0 +1,149 @@
+"""Per-site service flows: the processes one site runs for one RL run.
+
+``generation_site`` starts the site's SGS instances bound to the site config's host and port
+(``sgs_port + i`` for instance i; 0 = any free port), publishes their addresses as the flow-run
+input ``sgs-endpoints`` (read by the controller) and as a table artifact (read by people), then
+serves until told to stop. ``training_site`` starts the trainer against the SGS addresses it is
+given and finishes when the trainer does. Both supervise their processes with
+``flows.launcher.Supervisor``: a dead process fails the site's flow run with its log tail, which
+the controller (``flows/two_site.py``) reports.
+
+A site stops its services when the controller writes the flow-run input ``stop`` to it, or when
+the controller's own flow run has reached a final state (crashed, cancelled), so a lost
+controller never leaves servers behind. A generation site then ends Completed; a training site
+stopped before its trainer finished ends Cancelled (the failure is reported by the site that
+caused it). Prefect turns a SIGTERM (a cancelled run, a stopped
+worker) into an exception, and the ``finally`` blocks stop the processes then too.
+
+Adding a process to a site (e.g. its weight relay) is one more ``sup.start(...)`` line in the
+site's flow, before the processes that need it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.states import Cancelled, State
+
+from flows.launcher import Supervisor, start_instances
+from flows.two_site import ENDPOINTS_KEY, FINAL, STOP_KEY
+from services.common.config import RunConfig, write_config
+from services.common.sites import Role, SiteConfig, SitesConfig
+
+POLL_S = 1.0
+
+
+class StopSignal:
+    """Polls the Prefect API: has the controller asked this site run to stop, or gone away?"""
+
+    def __init__(self) -> None:
+        from prefect.runtime import flow_run
+
+        self.controller = flow_run.parent_flow_run_id  # None when the run was started by hand
+        self.reason = ""
+
+    def requested(self) -> bool:
+        from prefect.client.orchestration import get_client
+        from prefect.input import read_flow_run_input
+
+        value = read_flow_run_input(STOP_KEY)
+        if value is not None:
+            self.reason = str(value.get("reason", value) if isinstance(value, dict) else value)
+            return True
+        if self.controller:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(self.controller).state
+            if state is not None and state.type.value in FINAL:
+                self.reason = f"the controller flow run ended {state.type.value}"
+                return True
+        return False
+
+
+def _site(sites: SitesConfig, name: str, role: Role, config: RunConfig, run_dir: str) -> tuple[SiteConfig, Path, Path]:
+    site = sites.site(name)
+    if role not in site.roles:
+        raise ValueError(f"site {name!r} has roles {site.roles}; it cannot run the {role} service flow")
+    rd = Path(run_dir)
+    rd.mkdir(parents=True, exist_ok=True)
+    cfg_path = rd / f"config-{site.name}.json"  # the site's own copy of the resolved run config
+    write_config(config, cfg_path)
+    return site, rd, cfg_path
+
+
+@flow(name="generation_site", log_prints=True)
+def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str) -> dict:
+    """Serve the SGS instances of one generation site until the controller says stop.
+
+    Args:
+        site: Name of this site in the site config.
+        sites: The site config (hosts, ports, work pools of every site).
+        config: The resolved run config.
+        checkpoint: Warm-start checkpoint directory (a path this site can read).
+        run_dir: Run directory for this site's logs.
+    """
+    from prefect.artifacts import create_table_artifact
+    from prefect.input import create_flow_run_input
+
+    logger = get_run_logger()
+    s, rd, cfg_path = _site(sites, site, "generation", config, run_dir)
+    sup = Supervisor(rd)
+    stop = StopSignal()
+    try:
+        addresses = start_instances(
+            sup, rd, checkpoint, config.generation.instances, config.generation.threads,
+            tolerate_exit=config.trainer.mode == "bounded" and config.generation.instances > 1,
+            host=s.host, base_port=s.sgs_port, config=cfg_path,
+        )
+        create_flow_run_input(ENDPOINTS_KEY, addresses)
+        create_table_artifact(
+            [{"instance": i, "address": a, "log": str(rd / f"sgs-{i}.log")} for i, a in enumerate(addresses)],
+            key="sgs-endpoints", description=f"SGS instances of site {s.name}",
+        )
+        logger.info("site %s serves SGS at %s", s.name, ", ".join(addresses))
+        while not stop.requested():
+            sup.check()
+            time.sleep(POLL_S)
+        logger.info("stopping: %s", stop.reason)
+    finally:
+        sup.stop_all()
+    return {"site": s.name, "sgs": addresses}
+
+
+@flow(name="training_site", log_prints=True)
+def training_site(
+    site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str, sgs: list[str]
+) -> dict | State:
+    """Run the trainer of one RL run against the given SGS addresses until it finishes.
+
+    Args:
+        site: Name of this site in the site config.
+        sites: The site config (hosts, ports, work pools of every site).
+        config: The resolved run config.
+        checkpoint: Warm-start checkpoint directory (a path this site can read).
+        run_dir: Run directory: the trainer writes metrics, timeline and summary here.
+        sgs: SGS addresses (host:port) published by the generation sites.
+    """
+    logger = get_run_logger()
+    if not sgs:
+        raise ValueError("training_site needs at least one SGS address")
+    s, rd, cfg_path = _site(sites, site, "training", config, run_dir)
+    sup = Supervisor(rd)
+    stop = StopSignal()
+    try:
+        trainer = sup.start(
+            "trainer", "services.trainer",
+            ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd)],
+            threads=config.trainer.threads, expect_exit=True,
+        )
+        logger.info("site %s: trainer started against %s", s.name, ", ".join(sgs))
+        while trainer.proc.poll() is None:
+            sup.check()
+            if stop.requested():  # the run is over elsewhere (another site died): end Cancelled, not Failed
+                return Cancelled(message=f"site {s.name}: stopped before the trainer finished ({stop.reason})")
+            time.sleep(POLL_S)
+        sup.check()  # a non-zero trainer exit raises with its log tail
+    finally:
+        sup.stop_all()
+    return {"site": s.name, "summary": str(rd / "summary.json")}

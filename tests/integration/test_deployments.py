@@ -1,0 +1,226 @@
+"""Deployments on a real Prefect server: `braid server start` on a free loopback port (auth on),
+deployments from deploy/prefect.yaml, one process worker per site pool; runs are created from a
+deployment through the REST API exactly as the UI's Run button does
+(POST /deployments/{id}/create_flow_run with the form's parameters).
+
+Adding a deployment to deploy/prefect.yaml means adding its row to SHORT_RUNS (a test fails
+until it is there): the parameters a person would enter for a seconds-long run, and the
+artifacts the run must publish. Site service flows have no row of their own: rl_training starts
+them, and its two-site run covers them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from flows.server import ServerOptions, api_request, start, stop, stop_worker
+from services.common.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT_FILE = ROOT / "deploy/prefect.yaml"
+SITES = ROOT / "deploy/sites/local-two-site.yaml"
+AUTH = "braid:integration-test"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@dataclass(frozen=True)
+class ShortRun:
+    parameters: Callable[[Path], dict]  # tmp dir -> flow parameters for a seconds-long run
+    artifacts: tuple[str, ...]  # artifact keys the run must publish
+
+
+def _smoke_config(tmp: Path, *overrides: str) -> dict:
+    return load_config(
+        ROOT / "deploy/configs/smoke.yaml", [f"runs_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", *overrides]
+    ).model_dump(mode="json")
+
+
+def _two_sites(tmp: Path, **extra) -> dict:
+    return {"sites_file": str(tmp / "sites.yaml"), "start_timeout_s": 60, "poll_s": 0.5, **extra}
+
+
+# deployment name in deploy/prefect.yaml -> its short run (None: started by another flow, not by people)
+SHORT_RUNS: dict[str, ShortRun | None] = {
+    "rl-training": ShortRun(
+        parameters=lambda tmp: {"config": _smoke_config(tmp), "sites": _two_sites(tmp)},
+        artifacts=("rl-training-progress", "rl-training-metrics", "rl-training-report"),
+    ),
+    "gen-site": None,
+    "train-site": None,
+}
+
+
+def _deployments() -> list[dict]:
+    return yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A Prefect server with auth, the deployments and a worker per site; sites on ports 0."""
+    tmp = tmp_path_factory.mktemp("server")
+    sites = yaml.safe_load(SITES.read_text())
+    for site in sites["sites"]:
+        site["sgs_port"] = site["relay_port"] = 0  # tests bind free ports
+    (tmp / "sites.yaml").write_text(yaml.safe_dump(sites))
+    saved = os.environ.get("PREFECT_SERVER_API_AUTH_STRING")
+    os.environ["PREFECT_SERVER_API_AUTH_STRING"] = AUTH
+    opts = ServerOptions(port=_free_port(), sites_file=str(tmp / "sites.yaml"), state_dir=str(tmp / "state"), root=str(ROOT))
+    try:
+        state = start(opts)
+        yield state, tmp
+    finally:
+        stop(opts.state_dir)
+        if saved is None:
+            os.environ.pop("PREFECT_SERVER_API_AUTH_STRING", None)
+        else:
+            os.environ["PREFECT_SERVER_API_AUTH_STRING"] = saved
+
+
+def _api(state: dict, method: str, path: str, body: dict | None = None, auth: str | None = AUTH):
+    return api_request(state["api_url"], method, path, body, auth=auth)
+
+
+def _deployment_id(state: dict, name: str) -> str:
+    status, found = _api(state, "POST", "/deployments/filter", {"deployments": {"name": {"any_": [name]}}})
+    assert status == 200 and len(found) == 1, (status, found)
+    return found[0]["id"]
+
+
+def _run_from_deployment(state: dict, name: str, parameters: dict) -> tuple[int, dict]:
+    """What the UI's Run button does: create a flow run from the deployment with the form's values."""
+    return _api(state, "POST", f"/deployments/{_deployment_id(state, name)}/create_flow_run", {"parameters": parameters})
+
+
+def _wait_final(state: dict, flow_run_id: str, timeout_s: float = 480) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, run = _api(state, "GET", f"/flow_runs/{flow_run_id}")
+        if run["state"]["type"] in FINAL:
+            return run
+        time.sleep(1.0)
+    raise AssertionError(f"flow run {flow_run_id} not final after {timeout_s}s: {run['state']}")
+
+
+def _artifact_keys(state: dict, flow_run_id: str) -> set[str]:
+    _, found = _api(state, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+    return {a["key"] for a in found}
+
+
+def test_every_deployment_has_a_short_run_row():
+    names = [d["name"] for d in _deployments()]
+    assert len(names) == len(set(names)), names
+    assert sorted(names) == sorted(SHORT_RUNS), "add the new deployment's row to SHORT_RUNS"
+
+
+def test_a_client_without_the_auth_string_is_refused(server):
+    state, _ = server
+    status, body = _api(state, "POST", "/deployments/filter", {}, auth=None)
+    assert status == 401, body
+    status, _ = _api(state, "POST", "/deployments/filter", {}, auth="braid:wrong")
+    assert status == 401
+    assert _api(state, "POST", "/deployments/filter", {})[0] == 200
+
+
+def test_out_of_range_parameter_is_refused_before_a_run_exists(server):
+    state, tmp = server
+    config = _smoke_config(tmp)
+    config["trainer"]["iterations"] = 0
+    status, body = _run_from_deployment(state, "rl-training", {"config": config, "sites": _two_sites(tmp)})
+    assert status == 409, body
+    assert "config.trainer.iterations" in body["detail"] and "minimum of 1" in body["detail"], body
+    dep = _deployment_id(state, "rl-training")
+    _, runs = _api(state, "POST", "/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [dep]}}})
+    assert all(r["parameters"]["config"]["trainer"]["iterations"] != 0 for r in runs)
+
+
+@pytest.mark.parametrize("name", [d["name"] for d in _deployments() if SHORT_RUNS.get(d["name"])])
+def test_deployment_run_from_the_api_completes_with_its_artifacts(server, name):
+    state, tmp = server
+    short = SHORT_RUNS[name]
+    status, created = _run_from_deployment(state, name, short.parameters(tmp))
+    assert status == 201, created
+    run = _wait_final(state, created["id"])
+    assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
+    assert set(short.artifacts) <= _artifact_keys(state, created["id"])
+
+
+def test_two_site_run_ran_each_site_on_its_own_pool(server):
+    state, _ = server
+    by_flow = {}
+    for flow_name in ("generation_site", "training_site"):
+        _, runs = _api(state, "POST", "/flow_runs/filter", {"flows": {"name": {"any_": [flow_name]}}})
+        assert runs, flow_name
+        by_flow[flow_name] = runs[0]
+    pools = {f: r["work_pool_name"] for f, r in by_flow.items()}
+    assert pools == {"generation_site": "braid-generation", "training_site": "braid-training"}
+    assert all(r["state"]["type"] == "COMPLETED" for r in by_flow.values())
+    assert "sgs-endpoints" in _artifact_keys(state, by_flow["generation_site"]["id"])
+
+
+@pytest.mark.slow
+def test_cross_field_config_error_fails_the_run_before_it_starts(server):
+    state, tmp = server
+    config = _smoke_config(tmp)
+    config["trainer"]["micro_batch_groups"] = 16  # > prompts_per_iteration (4): a validator, not a bound
+    status, created = _run_from_deployment(state, "rl-training", {"config": config})
+    assert status == 201, created
+    run = _wait_final(state, created["id"], timeout_s=180)
+    assert run["state"]["type"] == "FAILED" and "micro_batch_groups" in run["state"]["message"], run["state"]
+    _, tasks = _api(state, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [created["id"]]}}})
+    assert not tasks  # nothing ran
+
+
+def _kill_sgs_when_serving(run_dir_root: Path, timeout_s: float = 240) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "services.generation" in cmd and str(run_dir_root) in cmd:
+                if list(run_dir_root.glob("*/sgs-0.port")):
+                    proc.kill()
+                    return proc.info["pid"]
+        time.sleep(0.5)
+    raise AssertionError("no SGS process of the run appeared")
+
+
+@pytest.mark.slow
+def test_a_dead_site_service_fails_the_run_with_its_log_tail(server):
+    state, tmp = server
+    runs = tmp / "dying"
+    config = _smoke_config(tmp, f"runs_dir={runs}", "generation.step_delay_ms=[200]", "trainer.iterations=50")
+    status, created = _run_from_deployment(state, "rl-training", {"config": config, "sites": _two_sites(tmp)})
+    assert status == 201, created
+    _kill_sgs_when_serving(runs)
+    run = _wait_final(state, created["id"])
+    message = run["state"]["message"]
+    assert run["state"]["type"] == "FAILED", message
+    assert "generation site 'gen-site'" in message and "sgs-0 exited" in message, message
+
+
+@pytest.mark.slow
+def test_a_site_without_a_worker_fails_naming_its_pool(server):
+    """Last in the module: it stops the generation site's worker."""
+    state, tmp = server
+    assert stop_worker(state["state_dir"], "gen-site")
+    params = {"config": _smoke_config(tmp), "sites": _two_sites(tmp, start_timeout_s=10)}
+    status, created = _run_from_deployment(state, "rl-training", params)
+    assert status == 201, created
+    run = _wait_final(state, created["id"], timeout_s=300)
+    message = run["state"]["message"]
+    assert run["state"]["type"] == "FAILED", message
+    assert "work pool 'braid-generation'" in message and "prefect worker start --pool braid-generation" in message

@@ -1,0 +1,135 @@
+"""deploy/prefect.yaml against the site config and the flows; the two-site watch policy; artifacts."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.artifacts import embed_images, metrics_table
+from flows.two_site import GENERATION_FLOW, TRAINING_FLOW, SiteObservation, TwoSiteConfig, not_started, verdict
+from services.common.config import load_config
+from services.common.sites import load_sites
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT_FILE = ROOT / "deploy/prefect.yaml"
+SITES = load_sites(ROOT / "deploy/sites/local-two-site.yaml")
+
+
+def _deployments() -> list[dict]:
+    return yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
+
+
+def _flow(entrypoint: str):
+    from prefect.flows import load_flow_from_entrypoint
+
+    return load_flow_from_entrypoint(str(ROOT / entrypoint))
+
+
+def test_every_deployment_runs_on_a_pool_of_the_site_config():
+    pools = {s.work_pool for s in SITES.sites}
+    for dep in _deployments():
+        assert dep["work_pool"]["name"] in pools, dep["name"]
+        assert dep.get("enforce_parameter_schema") is True, dep["name"]
+
+
+def test_each_site_has_its_service_flow_deployed_on_its_own_pool():
+    by_flow: dict[str, dict[str, str]] = {}
+    for dep in _deployments():
+        by_flow.setdefault(_flow(dep["entrypoint"]).name, {})[dep["name"]] = dep["work_pool"]["name"]
+    for site in SITES.generation_sites:
+        assert by_flow[GENERATION_FLOW][site.name] == site.work_pool
+    assert by_flow[TRAINING_FLOW][SITES.training_site.name] == SITES.training_site.work_pool
+    assert by_flow["rl_training"]["rl-training"] == SITES.training_site.work_pool  # the controller runs at training
+
+
+def test_rl_training_deployment_defaults_are_the_make_run_config():
+    from flows.deploy_steps import run_config
+
+    dep = next(d for d in _deployments() if d["name"] == "rl-training")
+    step = dep["build"][0]["flows.deploy_steps.run_config"]
+    assert dep["parameters"]["config"] == "{{ " + step["id"] + ".config }}"
+    assert run_config(str(ROOT / step["path"]))["config"] == load_config(ROOT / "deploy/configs/default.yaml").model_dump(mode="json")
+    assert load_sites(ROOT / dep["parameters"]["sites"]["sites_file"]) == SITES
+    TwoSiteConfig.model_validate(dep["parameters"]["sites"])
+
+
+def test_parameter_schema_carries_bounds_and_help_for_the_ui_form():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.rl_training import rl_training
+
+    schema = parameter_schema(rl_training).model_dump()
+    assert list(schema["properties"]) == ["config", "sites", "config_path", "overrides"]
+    assert all(p.get("description") for p in schema["properties"].values())
+    iterations = schema["definitions"]["TrainerConfig"]["properties"]["iterations"]
+    assert iterations["minimum"] == 1 and iterations["description"]
+    start = schema["definitions"]["TwoSiteConfig"]["properties"]["start_timeout_s"]
+    assert start["minimum"] == 5.0 and start["maximum"] == 3600.0
+
+
+def test_server_side_schema_validation_names_the_field():
+    """The check the server runs on create_flow_run (enforce_parameter_schema)."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    from flows.rl_training import rl_training
+
+    schema = parameter_schema(rl_training).model_dump()
+    config = load_config(ROOT / "deploy/configs/smoke.yaml").model_dump(mode="json")
+    validate({"config": config}, schema, raise_on_error=True)
+    config["trainer"]["lr"] = 0.0
+    with pytest.raises(ValidationError, match=r"config\.trainer\.lr"):
+        validate({"config": config}, schema, raise_on_error=True)
+
+
+def _obs(state: str, waited: float = 0.0, role: str = "generation", message: str = "") -> SiteObservation:
+    return SiteObservation(role, "gen-site", "braid-generation", "brave-otter", state, message, waited)
+
+
+def test_a_run_no_worker_picks_up_fails_after_the_timeout_naming_the_pool():
+    assert not_started(_obs("SCHEDULED", waited=59), 60) is None
+    message = not_started(_obs("SCHEDULED", waited=61), 60)
+    assert "no worker of work pool 'braid-generation'" in message and "prefect worker start --pool braid-generation" in message
+    assert "took it but it did not start (PENDING)" in not_started(_obs("PENDING", waited=61), 60)
+    assert not_started(_obs("RUNNING", waited=600), 60) is None
+
+
+def test_verdict_reports_the_first_site_that_ended_or_stalled():
+    assert verdict([_obs("RUNNING"), _obs("RUNNING", role="training")], 60) is None
+    died = verdict([_obs("FAILED", message="ServiceDied: sgs-0 exited"), _obs("RUNNING", role="training")], 60)
+    assert died.startswith("generation site 'gen-site'") and "ended FAILED: ServiceDied: sgs-0 exited" in died
+    assert "ended COMPLETED" in verdict([_obs("COMPLETED")], 60)  # a server must not finish on its own
+    assert "waited 70s" in verdict([_obs("RUNNING"), _obs("SCHEDULED", waited=70, role="training")], 60)
+
+
+def test_metrics_table_rounds_and_renames():
+    rows = [{"iteration": 0, "weight_version": 1, "reward_mean": 0.123456, "push_stall_s": 0.0021, "response_lens": [1, 2]}]
+    assert metrics_table(rows) == [{"iteration": 1, "weight version": 1, "reward": 0.123, "push stall ms": 2.1}]
+
+
+def test_embed_images_inlines_existing_pngs_only(tmp_path):
+    data = b"\x89PNG-bytes"
+    (tmp_path / "a.png").write_bytes(data)
+    out = embed_images("x ![curve](a.png) y ![gone](missing.png)", tmp_path)
+    assert f"![curve](data:image/png;base64,{base64.b64encode(data).decode()})" in out
+    assert "![gone](missing.png)" in out
+
+
+def test_server_state_and_help_need_no_server(tmp_path):
+    from flows.server import read_state, stop
+
+    assert read_state(tmp_path) is None and stop(tmp_path) == []
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "server", "start", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "--port" in out.stdout and "--state-dir" in out.stdout, out.stderr
+
+
+def test_deploy_step_output_is_json():
+    from flows.deploy_steps import run_config
+
+    json.dumps(run_config(str(ROOT / "deploy/configs/smoke.yaml")))

@@ -121,19 +121,36 @@ class Supervisor:
                 svc.proc.wait()
 
 
+def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool, max_message_mb: int) -> list[str]:
+    """Start ``n`` weight relay processes (``relay-i``; the first is the master) and return their
+    loopback addresses."""
+    port_files = []
+    for i in range(n):
+        port_file = run_dir / f"relay-{i}.port"
+        port_file.unlink(missing_ok=True)
+        args = ["--port", "0", "--port-file", str(port_file), "--keep", str(keep), "--max-message-mb", str(max_message_mb)]
+        sup.start(f"relay-{i}", "services.weights", args + ([] if shm else ["--no-shm"]), threads=1)
+        port_files.append(port_file)
+    return [f"127.0.0.1:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S).split()[0]}" for p in port_files]
+
+
 def start_instances(
-    sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False
+    sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False,
+    relays: list[str] | None = None,
 ) -> list[str]:
     """Start ``n`` SGS instance processes (``sgs-i``) and return their loopback addresses.
-    With ``tolerate_exit`` the run survives the death of some (not all) instances."""
+    With ``tolerate_exit`` the run survives the death of some (not all) instances. With
+    ``relays``, instance i pulls weights from relay ``i % len(relays)``."""
     config = str(run_dir / "config.json")
     port_files = []
     for i in range(n):
         port_file = run_dir / f"sgs-{i}.port"
         port_file.unlink(missing_ok=True)
+        relay = ["--relay", relays[i % len(relays)]] if relays else []
         sup.start(
             f"sgs-{i}", "services.generation",
-            ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file), "--instance", str(i)],
+            ["--config", config, "--model", checkpoint, "--port", "0", "--port-file", str(port_file), "--instance", str(i)]
+            + relay,
             threads=threads, tolerate_exit=tolerate_exit,
         )
         port_files.append(port_file)
@@ -152,12 +169,19 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     config = str(run_dir / "config.json")
     try:
         tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1  # it resumes lost trajectories
+        w = cfg.weights
+        relays = (
+            start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb)
+            if w.transport == "relay" else []
+        )
         addresses = start_instances(
-            sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate
+            sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate,
+            relays=relays,
         )
         trainer = sup.start(
             "trainer", "services.trainer",
-            ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)],
+            ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)]
+            + (["--relays", ",".join(relays)] if relays else []),
             threads=cfg.trainer.threads, expect_exit=True,
         )
         while trainer.proc.poll() is None:

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="local checkpoint dir to start from")
     parser.add_argument("--sgs", required=True, help="SGS instance addresses host:port[,host:port...]")
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--relays", default="", help="weight relays host:port[,...] (relay transport; the first is the master)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
 
@@ -39,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     clients = [GenerationClient(a, max_message_mb=cfg.generation.max_message_mb) for a in ns.sgs.split(",") if a]
     for client in clients:
         client.wait_ready(timeout_s=120)
-    trainer = RLTrainer(cfg, load_policy(ns.model), clients, run_dir)
+    from services.weights.transport import create_transport
+
+    relays = [a for a in ns.relays.split(",") if a]
+    if cfg.weights.transport == "relay" and not relays:
+        parser.error("weights.transport is 'relay': pass the relay addresses with --relays")
+    transport = create_transport(cfg.weights.transport, cfg.weights, relays=relays, chunk_bytes=cfg.trainer.chunk_bytes)
+    trainer = RLTrainer(cfg, load_policy(ns.model), clients, run_dir, transport=transport)
 
     def progress(k: int, row: dict) -> None:
         logging.info(

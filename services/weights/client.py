@@ -97,7 +97,12 @@ class RelayError(RuntimeError):
 
 
 def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
-    options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    options = [
+        ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+        # a restarted relay must be seen again within a heartbeat or two, not after gRPC's 1-120 s backoff
+        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
     if tls is None:
         return grpc.insecure_channel(address, options=options)
     options.append(("grpc.ssl_target_name_override", tls.server_name))

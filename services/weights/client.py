@@ -273,7 +273,7 @@ class RelayClient:
         except FileNotFoundError:  # evicted meanwhile: stream it (or fail naming the versions held)
             return None
         try:
-            mm = mmap.mmap(fd, max(m.total_bytes, 1), prot=mmap.PROT_READ)
+            mm = mmap.mmap(fd, max(m.total_bytes, 1), flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         view = memoryview(mm)[: m.total_bytes]

@@ -207,6 +207,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                 self.branches = branches
                 if changed:
                     threading.Thread(target=self._sync_branches, daemon=True).start()
+                    for branch in branches:  # connect now, so the first chunk of a broadcast pays no handshake
+                        threading.Thread(target=self._warm, args=(branch[0],), daemon=True).start()
                 if request.upstream and request.upstream != self.upstream:
                     self.upstream = request.upstream
                     threading.Thread(target=self._catch_up, args=(request.upstream,), daemon=True).start()
@@ -233,6 +235,12 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             self._forwarding.update((inc.version, tuple(b)) for b in todo)
         for branch in todo:
             threading.Thread(target=self._forward, args=(inc, branch), name=f"fwd-{inc.version}", daemon=True).start()
+
+    def _warm(self, address: str) -> None:
+        try:
+            self.peer(address).versions(timeout_s=2.0)
+        except (grpc.RpcError, RelayError):
+            pass  # a dead hop is the forwarder's and the controller's business
 
     def _sync_branches(self) -> None:
         """After a re-plan, make sure each new branch head has the newest version held or

@@ -67,7 +67,8 @@ class Blob:
         try:
             if fd >= 0 and os.fstat(fd).st_size < size:
                 raise WeightError("argument", f"shared-memory blob {path} is smaller than {size} bytes")
-            self._mm = mmap.mmap(fd, max(size, 1))
+            flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if path is not None else 0)  # map an existing file in one go
+            self._mm = mmap.mmap(fd, max(size, 1), flags=flags) if fd >= 0 else mmap.mmap(-1, max(size, 1))
         finally:
             if fd >= 0:
                 os.close(fd)

@@ -143,7 +143,8 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path) -> dict:
             watcher = RelayClient(address)
             try:
                 stalls, fulls = [], []
-                for v in (1, 2):
+                for v in (1, 2, 3):
+                    time.sleep(0.5)  # a training step: the transport prepares the next snapshot buffer meanwhile
                     t0 = time.perf_counter()
                     transport.publish(v, transport.snapshot(model))
                     stalls.append(time.perf_counter() - t0)

@@ -21,9 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=int, default=2, help="versions kept (K)")
     parser.add_argument("--no-shm", action="store_true", help="keep versions in private memory (no same-host fast path)")
     parser.add_argument("--max-message-mb", type=int, default=256)
-    parser.add_argument("--tls-host", help="address other sites use (mutual TLS); needs --tls-dir and --site")
+    parser.add_argument("--tls-host", help="serve other sites here (mutual TLS); needs --tls-dir and --site")
     parser.add_argument("--tls-port", type=int, default=0)
-    parser.add_argument("--tls-dir", help="directory made by `braid certs`")
+    parser.add_argument("--tls-dir", help="directory made by `braid certs` (with --site: this relay's certificate, also as a client)")
     parser.add_argument("--site", default="", help="this relay's site (selects <tls-dir>/<site>.pem)")
     parser.add_argument("--upstream", default="", help="catch up from this relay at start")
     ns = parser.parse_args(argv)
@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     from services.weights.store import VersionStore
 
     tls = None
-    if ns.tls_host:
-        if not (ns.tls_dir and ns.site):
-            parser.error("--tls-host needs --tls-dir and --site")
+    if ns.tls_host and not (ns.tls_dir and ns.site):
+        parser.error("--tls-host needs --tls-dir and --site")
+    if ns.tls_dir and ns.site:
         d = Path(ns.tls_dir)
         tls = TlsFiles(d / "ca.pem", d / f"{ns.site}.pem", d / f"{ns.site}.key")
         tls.read()  # fail now, naming the missing files
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb)
     server, port, tls_port = create_server(
         servicer, f"{ns.host}:{ns.port}", max_message_mb=ns.max_message_mb,
-        tls_address=f"{ns.tls_host}:{ns.tls_port}" if tls else None, tls=tls,
+        tls_address=f"{ns.tls_host}:{ns.tls_port}" if ns.tls_host else None, tls=tls,
     )
     servicer.relay_id = ns.id or f"{ns.host}:{port}"
     server.start()

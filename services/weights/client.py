@@ -82,10 +82,12 @@ class WeightBlob:
     blob: Blob
 
 
-def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None) -> WeightBlob:
-    """Copy ``state`` into one flat blob (shared memory when ``shm_dir``): the trainer's only stall."""
+def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
+    """Copy ``state`` into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
+    ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
     manifest = manifest_of(state, chunk_bytes)
-    blob = Blob(manifest.total_bytes, shm_dir)
+    fits = spare is not None and spare.size == manifest.total_bytes and (spare.path is not None) == (shm_dir is not None)
+    blob = spare if fits else Blob(manifest.total_bytes, shm_dir)
     flatten_into(state, manifest, blob.view)
     return WeightBlob(manifest, blob)
 

@@ -94,8 +94,10 @@ class RelayTransport(WeightTransport):
 
     name = "relay"
 
-    def __init__(self, cfg: WeightsConfig, *, relays: list[str], sites: list[str] | None = None,
-                 training_site: str = "local", **_) -> None:
+    def __init__(self, cfg: WeightsConfig, *, relays: list[str], training_site: str = "local", tls=None, **_) -> None:
+        """``relays``: ``host:port[@site[@tls://host:port]]``, the master first: its address on this
+        site, its site (default: the training site) and, for another site, the address this
+        site reaches it at (mutual TLS with ``tls``, this site's ``TlsFiles``)."""
         from services.weights.chain import RelayNode
         from services.weights.client import RelayClient
         from services.weights.controller import ChainController
@@ -111,10 +113,15 @@ class RelayTransport(WeightTransport):
         self._error: BaseException | None = None
         self._closed = False
         self._master_client: RelayClient | None = None
-        nodes = [RelayNode(r, (sites or [])[i] if sites else training_site) for i, r in enumerate(relays)]
+        self._spare = None  # a pre-populated blob for the next snapshot (made after each push)
+        nodes = []
+        for spec in relays:
+            address, _, rest = spec.partition("@")
+            site, _, remote = rest.partition("@")
+            nodes.append(RelayNode(address, site or training_site, True, remote))
         self.controller = ChainController(
             nodes, training_site, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
-            on_master=self._set_master,
+            on_master=self._set_master, tls=tls,
         )
         self.controller.start()
         self._thread = threading.Thread(target=self._run, name="relay-push", daemon=True)
@@ -130,7 +137,26 @@ class RelayTransport(WeightTransport):
     def snapshot(self, model: torch.nn.Module):
         from services.weights.client import snapshot_blob
 
-        return snapshot_blob(model.state_dict(), self.cfg.chunk_bytes, Path("/dev/shm") if self.cfg.shm else None)
+        with self._cond:
+            spare, self._spare = self._spare, None
+        return snapshot_blob(model.state_dict(), self.cfg.chunk_bytes, self._shm_dir, spare)
+
+    @property
+    def _shm_dir(self) -> Path | None:
+        return Path("/dev/shm") if self.cfg.shm else None
+
+    def _prepare_spare(self, size: int) -> None:
+        """Allocate and fault in the next snapshot's buffer off the trainer's thread."""
+        from services.weights.store import Blob
+
+        with self._cond:
+            if self._spare is not None and self._spare.size == size:
+                return
+        spare = Blob(size, self._shm_dir, populate=True)
+        with self._cond:
+            old, self._spare = self._spare, spare
+        if old is not None:
+            old.release()
 
     def publish(self, version: int, snap) -> None:
         self.raise_if_failed()
@@ -159,6 +185,8 @@ class RelayTransport(WeightTransport):
             self._cond.notify_all()
         self._thread.join(timeout=60)
         self.controller.stop()
+        if self._spare is not None:
+            self._spare.release()
 
     def _run(self) -> None:
         while True:
@@ -183,6 +211,7 @@ class RelayTransport(WeightTransport):
             with self._cond:
                 self.pushed = max(self.pushed, version)
                 self._cond.notify_all()
+            self._prepare_spare(wb.manifest.total_bytes)
 
     def _push_with_failover(self, version: int, wb) -> None:
         """Push to the master; if it is unreachable, wait for the controller to name another."""

@@ -1,7 +1,7 @@
 """TLS for cross-site weight links: a local CA, per-site certificates, gRPC credentials.
 
 ``braid certs --sites FILE`` makes ``<tls.dir>/ca.pem`` (+ ``ca.key``) and, per site,
-``<site>.pem`` / ``<site>.key``: an ECDSA P-256 certificate signed by the CA, valid for server
+``<site>.pem`` / ``<site>.key`` (``TlsConfig.paths``): an ECDSA P-256 certificate signed by the CA, valid for server
 *and* client authentication, with the site's host (IP or DNS name), ``localhost``,
 ``127.0.0.1`` and the site name as subject alternative names. A relay's cross-site port
 requires a client certificate signed by the same CA (mutual TLS): a client without one is
@@ -84,7 +84,7 @@ def make_ca(out_dir: Path):
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name("braid local CA")).issuer_name(_name("braid local CA"))
@@ -108,7 +108,7 @@ def make_site_cert(out_dir: Path, site: str, hosts: list[str], ca_cert, ca_key) 
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(site)).issuer_name(ca_cert.subject)

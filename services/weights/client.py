@@ -26,8 +26,16 @@ from pathlib import Path
 import grpc
 
 from services.common.weights import (
-    Chunk, Manifest, WeightError, blob_chunk, check_chunk_digest, chunk_digest, manifest_of, flatten_into,
-    state_from_blob, version_digest,
+    Chunk,
+    Manifest,
+    WeightError,
+    blob_chunk,
+    check_chunk_digest,
+    chunk_digest,
+    flatten_into,
+    manifest_of,
+    state_from_blob,
+    version_digest,
 )
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc

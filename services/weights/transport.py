@@ -40,16 +40,16 @@ class WeightTransport(ABC):
     @abstractmethod
     def snapshot(self, model: torch.nn.Module): ...
 
-    def publish(self, version: int, snap) -> None:  # noqa: B027 (optional hook)
+    def publish(self, version: int, snap) -> None:
         """Hand a version over (non-blocking). Default: nothing (``deliver`` sends it)."""
 
     @abstractmethod
     def deliver(self, client: GenerationClient, version: int, snap) -> None: ...
 
-    def raise_if_failed(self) -> None:  # noqa: B027
+    def raise_if_failed(self) -> None:
         """Raise in the trainer if a background hand-over failed."""
 
-    def close(self) -> None:  # noqa: B027
+    def close(self) -> None:
         """Stop background work."""
 
 

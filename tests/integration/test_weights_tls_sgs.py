@@ -53,8 +53,8 @@ def test_tls_link_refuses_unauthenticated_clients(tmp_path: Path):
 
 
 def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
-    from services.generation.client import GenerationClient
     from services.common.types import GenerateParams, PromptSpec
+    from services.generation.client import GenerationClient
 
     relay = start_relay(tmp_path, "local")
     sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address)

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from services.common.weights import (
-    WeightError, blob_chunk, chunk_digest, manifest_of, state_from_blob, version_digest,
+    WeightError,
+    blob_chunk,
+    chunk_digest,
+    manifest_of,
+    state_from_blob,
+    version_digest,
 )
 from services.proto import braid_pb2 as pb
 from services.weights.chain import RelayNode, choose_master, cross_site_copies, plan_broadcast, relink
@@ -90,9 +95,8 @@ def test_store_keeps_k_versions_and_a_pinned_version_outlives_eviction():
         _push(store, _state(3.0), 3)
         assert store.held() == [2, 3] and s1.evicted
         assert torch.equal(state_from_blob(s1.manifest, s1.blob.view)["a"], torch.full((300,), 1.0))
-    with pytest.raises(WeightError, match=r"versions held: \[2, 3\]") as err:
-        with store.pinned(1):
-            pass
+    with pytest.raises(WeightError, match=r"versions held: \[2, 3\]") as err, store.pinned(1):
+        pass
     assert err.value.kind == "not_found"
 
 

@@ -227,6 +227,11 @@ class WeightsConfig(StrictModel):
     heartbeat_timeout_s: float = Field(1.0, gt=0.0, le=60.0, description="A relay not answering a heartbeat within this is cut out of the chain (s).")
     pull_wait_s: float = Field(300.0, gt=0.0, le=3600.0, description="How long an instance's pull waits for a version to reach its relay (s).")
     max_message_mb: int = Field(256, ge=1, le=2047, description="gRPC max message size of relay traffic (MiB); must exceed chunk_bytes.")
+    sgs_auto_pull_s: float = Field(
+        0.0, ge=0.0, le=3600.0,
+        description="Between requests: an idle SGS instance checks its relay this often and takes a newer version "
+        "(0 = only when the coordinator tells it; the trainer does so in every mode).",
+    )
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> WeightsConfig:

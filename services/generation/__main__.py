@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb)
     core.start()
     server.start()
+    if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:
+        servicer.start_auto_pull(run_cfg.weights.sgs_auto_pull_s)
     if ns.port_file:
         tmp = Path(ns.port_file + ".tmp")
         tmp.write_text(str(port))

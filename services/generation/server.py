@@ -148,24 +148,50 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version must be >= -1 and wait_s >= 0, got {request.version}, {request.wait_s}")
         from services.weights.client import RelayError
 
+        try:
+            return self.pull_and_stage(request.version, min(request.wait_s or self.pull_wait_s, self.pull_wait_s))
+        except WeightError as err:
+            context.abort(_WEIGHT_CODES.get(err.kind, grpc.StatusCode.FAILED_PRECONDITION), str(err))
+        except RelayError as err:
+            context.abort(err.code, f"relay {self.relay.address}: {err}")
+
+    def pull_and_stage(self, version: int, wait_s: float) -> pb.UpdateAck:
+        """Take ``version`` (-1 = latest) from the relay unless it is not newer than what this
+        instance has; raises ``WeightError`` / ``RelayError``."""
         with self._pull_lock:  # one pull at a time; a second asks for what the first may already have staged
             newest = self.core.newest_version()
-            if 0 <= request.version <= newest:
+            if 0 <= version <= newest:
                 return pb.UpdateAck(version=newest, staged=False)
-            wait_s = min(request.wait_s or self.pull_wait_s, self.pull_wait_s)
+            pulled = self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=self.core.engine.param_specs())
+            if pulled.version <= self.core.newest_version():
+                return pb.UpdateAck(version=self.core.newest_version(), staged=False)
             try:
-                pulled = self.relay.pull(request.version, streams=self.relay_streams, wait_s=wait_s,
-                                         specs=self.core.engine.param_specs())
-                if pulled.version <= self.core.newest_version():
-                    return pb.UpdateAck(version=self.core.newest_version(), staged=False)
                 self.core.stage_weights(pulled.version, pulled.state)
-            except WeightError as err:
-                context.abort(_WEIGHT_CODES.get(err.kind, grpc.StatusCode.FAILED_PRECONDITION), str(err))
-            except RelayError as err:
-                context.abort(err.code, f"relay {self.relay.address}: {err}")
+            except ValueError as err:  # lost a race with a newer UpdateWeights
+                raise WeightError("precondition", str(err)) from None
         log.info("pulled and staged weight version %d from relay %s (%s)", pulled.version, self.relay.address, pulled.path)
-        return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes,
-                            tensors=len(pulled.state))
+        return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes, tensors=len(pulled.state))
+
+    def start_auto_pull(self, period_s: float) -> None:
+        """Between requests: every ``period_s``, an idle instance (nothing running or waiting)
+        takes its relay's newest version if it is newer than its own."""
+        threading.Thread(target=self._auto_pull, args=(period_s,), name="sgs-auto-pull", daemon=True).start()
+
+    def _auto_pull(self, period_s: float) -> None:
+        import time
+
+        from services.weights.client import RelayError
+
+        while self.core.alive():
+            time.sleep(period_s)
+            h = self.core.health()
+            if h.running or h.waiting:
+                continue
+            try:
+                if self.relay.versions(timeout_s=5).latest > self.core.newest_version():
+                    self.pull_and_stage(-1, 0.0)
+            except (WeightError, RelayError, grpc.RpcError) as err:  # the relay may be restarting: retry next period
+                log.warning("auto-pull from relay %s failed: %s", self.relay.address, err)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return convert.health_to_pb(self.core.health())

@@ -11,7 +11,7 @@ from services.policy.model import load_policy
 from services.weights.certs import TlsFiles, make_certs
 from services.weights.client import RelayClient, RelayError, snapshot_blob
 from tests.conftest import ROOT, stop_sgs
-from tests.integration.relays import model_state, start_relay
+from tests.integration.relays import model_state, start_relay, wait_for
 
 CHUNK = 16 * 1024
 
@@ -63,14 +63,16 @@ def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
         client.wait_ready()
         state = {k: v.clone().mul_(0) for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
         RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 1)
-        ack = client.pull_weights(1, wait_s=10)
-        assert ack.staged and ack.version == 1
+        ack = client.pull_weights(1, wait_s=10)  # told to (the instance may also have taken it on its own)
+        assert ack.version == 1
         assert client.pull_weights(1).staged is False  # already has it: idempotent
         with pytest.raises(grpc.RpcError) as err:
             client.pull_weights(5, wait_s=0.5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND and "versions held: [1]" in err.value.details()
         out = list(client.generate([PromptSpec("p", (1, 5, 6))], GenerateParams(2, 4, min_weight_version=1)))
         assert len(out) == 2 and all(s.weight_version == 1 for s in out)
+        RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 2)  # not told: between requests
+        wait_for(lambda: client.health().weight_version == 2, 60, "the idle instance takes version 2 on its own")
     finally:
         client.close()
         stop_sgs(sgs)
@@ -86,7 +88,7 @@ def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str):
     from services.common.config import load_config, write_config
     from tests.conftest import SGSProcess
 
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml")
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["weights.sgs_auto_pull_s=0.5"])
     write_config(cfg, workdir / "config.json")
     port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
     with log.open("w") as out:

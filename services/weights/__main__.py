@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.weights.certs import TlsFiles
     from services.weights.server import RelayServicer, create_server
-    from services.weights.store import VersionStore
+    from services.weights.store import VersionStore, private_shm_dir
 
     tls = None
     if ns.tls_host and not (ns.tls_dir and ns.site):
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         d = Path(ns.tls_dir)
         tls = TlsFiles(d / "ca.pem", d / f"{ns.site}.pem", d / f"{ns.site}.key")
         tls.read()  # fail now, naming the missing files
-    shm_dir = None if ns.no_shm else Path("/dev/shm")
+    shm_dir = None if ns.no_shm else private_shm_dir("relay")
     store = VersionStore(ns.keep, shm_dir)
     servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb)
     server, port, tls_port = create_server(
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     server.stop(grace=2).wait()
     servicer.close()
     store.close()
+    if shm_dir is not None:
+        shutil.rmtree(shm_dir, ignore_errors=True)
     return 0
 
 

@@ -136,8 +136,19 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         manifest.validate()
         blob = Blob(manifest.total_bytes, path=path)
         blob.move_to(self.store.shm_dir)
-        inc = self.store.begin(m.version, manifest, blob=blob)
-        self.store.add_digests(inc, list(m.chunk_digests))
+        try:
+            inc = self.store.begin(m.version, manifest, blob=blob)
+        except WeightError:
+            blob.release()
+            raise
+        if inc.blob is not blob:
+            blob.release()
+            raise WeightError("exists", f"version {m.version} is already arriving here")
+        try:
+            self.store.add_digests(inc, list(m.chunk_digests))
+        except WeightError:
+            self.store.discard(inc)
+            raise
         return inc
 
     def _commit(self, inc: Incoming) -> bool:

@@ -40,6 +40,20 @@ from services.common.weights import Chunk, Manifest, WeightError, check_chunk_di
 SHM_PREFIX = "braid-"
 
 
+def private_shm_dir(kind: str, root: Path = Path("/dev/shm")) -> Path:
+    """``/dev/shm/braid-<kind>-<pid>/`` for this process's blobs, after removing the directories
+    of processes that no longer exist (a killed relay or trainer cannot clean up after itself)."""
+    import shutil
+
+    for d in root.glob(f"{SHM_PREFIX}*-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if d.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+    path = root / f"{SHM_PREFIX}{kind}-{os.getpid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def host_id() -> str:
     """This host's identity for the shared-memory fast path: boot id + the /dev/shm mount."""
     boot = Path("/proc/sys/kernel/random/boot_id")

@@ -114,6 +114,11 @@ class RelayTransport(WeightTransport):
         self._closed = False
         self._master_client: RelayClient | None = None
         self._spare = None  # a pre-populated blob for the next snapshot (made after each push)
+        self._shm = None
+        if cfg.shm:
+            from services.weights.store import private_shm_dir
+
+            self._shm = private_shm_dir("trainer")
         nodes = []
         for spec in relays:
             address, _, rest = spec.partition("@")
@@ -143,7 +148,7 @@ class RelayTransport(WeightTransport):
 
     @property
     def _shm_dir(self) -> Path | None:
-        return Path("/dev/shm") if self.cfg.shm else None
+        return self._shm
 
     def _prepare_spare(self, size: int) -> None:
         """Allocate and fault in the next snapshot's buffer off the trainer's thread."""
@@ -187,6 +192,10 @@ class RelayTransport(WeightTransport):
         self.controller.stop()
         if self._spare is not None:
             self._spare.release()
+        if self._shm is not None:
+            import shutil
+
+            shutil.rmtree(self._shm, ignore_errors=True)
 
     def _run(self) -> None:
         while True:

@@ -182,3 +182,18 @@ def test_zero_copy_chunk_encoding_is_plain_protobuf():
     assert bytes(data) == b"abc" and msg.chunk.index == 4 and msg.parts == 3
     msg, data = decode(pb.PushMessage, pb.PushMessage(version_digest="sha256:ab").SerializeToString())
     assert data is None and msg.version_digest == "sha256:ab"
+
+
+def test_private_shm_dirs_of_dead_processes_are_removed(tmp_path):
+    import os
+
+    from services.weights.store import private_shm_dir
+
+    dead = tmp_path / "braid-relay-999999999"  # no such pid
+    dead.mkdir()
+    (dead / "braid-x.blob").write_bytes(b"x")
+    alive = tmp_path / f"braid-relay-{os.getppid()}"
+    alive.mkdir()
+    mine = private_shm_dir("relay", root=tmp_path)
+    assert mine == tmp_path / f"braid-relay-{os.getpid()}" and mine.is_dir()
+    assert not dead.exists() and alive.exists()

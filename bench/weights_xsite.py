@@ -143,7 +143,7 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict
         ns_train, ns_gen = net.add("train"), net.add("gen")
         net.train_dev, gen_dev = net.veth(ns_train, f"{TRAIN_IP}/24", ns_gen, f"{GEN_IP}/24", "bxs")
         runs: dict[str, list[dict]] = {"unlimited": [], "limited": []}
-        for rep in range(1 if quick else 2):
+        for rep in range(1 if quick else 3):
             for kind in ("unlimited", "limited"):
                 if kind == "limited":
                     Netns.limit(net.train_dev, "1gbit", ns_train)

@@ -268,21 +268,31 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="braid-wbench-") as tmp:
         work = Path(tmp)
+        mark = time.time()
+
+        def part_done(name: str) -> None:
+            nonlocal mark
+            result.setdefault("part_seconds", {})[name] = round(time.time() - mark, 1)
+            mark = time.time()
+
         if "a" in ns.parts:
             rows = bench_throughput([100, 500, 1000], 1 if ns.quick else 3, ns.streams, chunk, work)
             result["throughput"] = rows
             result["throughput_ratio_vs_raw"] = {mb: r["same_host"]["ratio"] for mb, r in rows.items()}
             result["throughput_ratio_vs_raw_network"] = {mb: r["network"]["ratio"] for mb, r in rows.items()}
             result["throughput_ratio_path"] = "same_host (shared memory); network path in throughput_ratio_vs_raw_network"
+            part_done("a")
         if "b" in ns.parts and not ns.no_netns:
             bc = bench_broadcast(work, model_mb=50 if ns.quick else 200, hop_rate=ns.hop_rate, chunk=256 << 10)
             result["broadcast"] = bc
             result["broadcast_time_s"] = bc["times"]
             result["broadcast_ratio_8_vs_1"] = bc["times"]["8"] / bc["times"]["1"]
+            part_done("b")
         if "c" in ns.parts:
             rows = bench_stall([10, 100] if ns.quick else [10, 100, 500], ns.streams, chunk, work)
             result["stall"] = rows
             result["trainer_stall_fraction"] = max(r["network"]["fraction"] for r in rows.values())
+            part_done("c")
         if "d" in ns.parts and not ns.no_netns:
             from bench.weights_xsite import bench_cross_site
 
@@ -290,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             result["cross_site"] = xs
             result["cross_site_iteration_overhead"] = xs["iteration_overhead"]
             result["cross_site_copies_per_version"] = xs["copies_per_version"]
+            part_done("d")
     for key in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1", "trainer_stall_fraction",
                 "cross_site_iteration_overhead", "cross_site_copies_per_version"):
         if key not in result and key in previous:  # a partial rerun keeps the other parts' results

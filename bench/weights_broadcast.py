@@ -22,9 +22,13 @@ RELAY_NET = "10.77.0"
 
 
 def _start(work: Path, net, p: int, tag: str, hop_rate: str):
-    from bench.weights_lib import start_relay
+    """p relays, each in its own namespace behind a rate-limited veth (started in parallel)."""
+    from bench.weights_lib import env, netns_prefix
 
-    procs, addrs = [], []
+    import subprocess
+    import sys
+
+    procs, addrs, pending = [], [], []
     for i in range(p):
         ns = net.add(f"{tag}{i}")
         net.hosts = getattr(net, "hosts", 9) + 1  # every relay of the run gets its own address on the bridge
@@ -32,9 +36,21 @@ def _start(work: Path, net, p: int, tag: str, hop_rate: str):
         left, right = net.veth(ns, f"{ip}/24", None, None, f"bw{tag}{i}", bridge=net.bridge_name)
         net.limit(left, hop_rate, ns)
         net.limit(right, hop_rate)
-        proc, ports = start_relay(work, f"b{tag}{i}", "--keep", "1", "--no-shm", ns=ns, host=ip)
-        procs.append(proc)
-        addrs.append(f"{ip}:{ports[0]}")
+        port_file = work / f"b{tag}{i}.port"
+        port_file.unlink(missing_ok=True)
+        procs.append(subprocess.Popen(
+            netns_prefix(ns) + [sys.executable, "-m", "services.weights", "--host", ip, "--port", "0", "--port-file",
+                                str(port_file), "--id", f"b{tag}{i}", "--keep", "1", "--no-shm"],
+            stdout=(work / f"b{tag}{i}.log").open("w"), stderr=subprocess.STDOUT, env=env(),
+        ))
+        pending.append((ip, port_file))
+    deadline = time.monotonic() + 120
+    for (ip, port_file), proc in zip(pending, procs):
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"relay {port_file.stem} did not start")
+            time.sleep(0.05)
+        addrs.append(f"{ip}:{port_file.read_text().split()[0]}")
     return procs, addrs
 
 

@@ -37,7 +37,7 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "deploy/configs/smoke.yaml", MODEL + [
-        f"trainer.mode={mode}", f"trainer.iterations={6 if quick else 12}", "trainer.prompts_per_iteration=8",
+        f"trainer.mode={mode}", f"trainer.iterations={4 if quick else 12}", "trainer.prompts_per_iteration=8",
         "trainer.group_size=4", "trainer.micro_batch_groups=4", "generation.max_new_tokens=48", "generation.instances=2",
         "eval.prompts=4", "weights.transport=relay", "weights.chunk_bytes=1048576", "weights.streams=1",
         "trainer.cpus=[]", "generation.cpus=[]",
@@ -117,6 +117,9 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
             p.proc.terminate()
         return {
             "iteration_time_s": statistics.mean(r["iteration_time_s"] for r in rows[1:]),
+            "iteration_times_s": [round(r["iteration_time_s"], 3) for r in rows],
+            "gen_time_s": statistics.mean(r["gen_time_s"] for r in rows[1:]),
+            "train_time_s": statistics.mean(r["train_time_s"] for r in rows[1:]),
             "iterations": len(rows), "tx_bytes": tx, "versions_at_gen_site": committed,
             "push_stall_s": statistics.mean(r["push_stall_s"] for r in rows),
         }
@@ -144,7 +147,7 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict
         net.train_dev, gen_dev = net.veth(ns_train, f"{TRAIN_IP}/24", ns_gen, f"{GEN_IP}/24", "bxs")
         runs: dict[str, list[dict]] = {"unlimited": [], "limited": []}
         for rep in range(1 if quick else 3):
-            for kind in ("unlimited", "limited"):
+            for kind in ("unlimited", "limited") if rep % 2 == 0 else ("limited", "unlimited"):  # alternate the order
                 if kind == "limited":
                     Netns.limit(net.train_dev, "1gbit", ns_train)
                     Netns.limit(gen_dev, "1gbit", ns_gen)

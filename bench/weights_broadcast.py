@@ -15,6 +15,7 @@ every survivor must end with the version, byte-exact (equal version digests).
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -66,10 +67,12 @@ def _broadcast_once(addrs: list[str], state, chunk: int, version: int = 1, kill=
     try:
         wb = snapshot_blob(state, chunk, None)
         t0 = time.time()
-        clients[0].push(wb, version, streams=1, use_shm=False)
+        pusher = threading.Thread(target=clients[0].push, args=(wb, version), kwargs={"streams": 1, "use_shm": False})
+        pusher.start()  # the master forwards while it receives: the kill must land while the push still runs
         out: dict = {}
         if kill is not None:
             out = kill(clients, ctl)
+        pusher.join()
         live = [c for i, c in enumerate(clients) if i not in out.get("killed", [])]
         deadline = time.monotonic() + 600
         while True:
@@ -121,9 +124,9 @@ def _repair(work: Path, net, state, chunk: int, hop_rate: str, p: int = 4) -> di
     procs, addrs = _start(work, net, p, "fx", hop_rate)
 
     def kill(clients, ctl) -> dict:
-        while True:  # relay 2 is receiving: the broadcast is midway
+        while True:  # relay 2 holds about a third of the version: the broadcast is midway
             info = clients[2].versions().versions.get(1)
-            if info is not None and info.received > 0:
+            if info is not None and info.received >= info.chunks // 3:
                 break
             time.sleep(0.01)
         t_kill = time.time()
@@ -142,7 +145,8 @@ def _repair(work: Path, net, state, chunk: int, hop_rate: str, p: int = 4) -> di
     out = {
         "p": p, "detect_s": res["detect_s"], "survivors_ok": len(res["digests"]) == 1,
         "complete_after_kill_s": res["seconds"] + res["t0"] - res["t_kill"],
-        "relink_s": "by the forwarder" if relinks else "by the controller's re-plan (the master had already sent relay 1 everything)",
+        "relinked_by": "the master's forwarder (skipped the dead hop)" if relinks
+        else "the controller's re-plan (the master had already sent relay 1 everything)",
         "received_at_kill": f"{res['received_at_kill']}/{res['chunks']} chunks at relay 2",
     }
     print(f"(b) repair: dead relay cut out {out['detect_s']:.2f}s after the kill; survivors byte-exact {out['survivors_ok']}", flush=True)

@@ -78,18 +78,19 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
     return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"], "path": pulled["path"]}
 
 
-def bench_throughput(sizes: list[int], reps: int, streams: int, chunk: int, work: Path) -> dict:
+def bench_throughput(sizes: list[int], reps: int, streams: int, chunk: int, work: Path, network_up_to: int) -> dict:
     rows = {}
     for mb in sizes:
-        rows[str(mb)] = _throughput_one(mb, reps, streams, chunk, work)
-        r = rows[str(mb)]
+        rows[str(mb)] = r = _throughput_one(mb, reps, streams, chunk, work, network=mb <= network_up_to)
+        net = r.get("network")
         print(f"(a) {mb} MB: raw {r['raw_gbps']:.2f} GB/s; same-host ratio {r['same_host']['ratio']:.2f} "
-              f"(push {r['same_host']['push_s']:.3f}s pull {r['same_host']['pull_s']:.3f}s), network ratio "
-              f"{r['network']['ratio']:.2f} (push {r['network']['push_s']:.2f}s pull {r['network']['pull_s']:.2f}s)", flush=True)
+              f"(push {r['same_host']['push_s']:.3f}s pull {r['same_host']['pull_s']:.3f}s)"
+              + (f", network ratio {net['ratio']:.2f} (push {net['push_s']:.2f}s pull {net['pull_s']:.2f}s)" if net else ""),
+              flush=True)
     return rows
 
 
-def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path) -> dict:
+def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path, network: bool) -> dict:
     from bench.weights_lib import start_relay, stop
     from services.weights.client import RelayClient
 
@@ -104,11 +105,12 @@ def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path) ->
             raw.append(raw_tcp(nbytes))
             version += 1
             same.append(relay_push_pull(client, client.address, state, version, shm=True, streams=streams, chunk=chunk))
-            version += 1
-            net.append(relay_push_pull(client, client.address, state, version, shm=False, streams=streams, chunk=chunk))
+            if network:
+                version += 1
+                net.append(relay_push_pull(client, client.address, state, version, shm=False, streams=streams, chunk=chunk))
         raw_s = statistics.median(raw)
         row = {"bytes": nbytes, "raw_s": raw_s, "raw_gbps": nbytes / raw_s / 1e9}
-        for name, runs in (("same_host", same), ("network", net)):
+        for name, runs in (("same_host", same), ("network", net)) if network else (("same_host", same),):
             row[name] = {k: statistics.median(r[k] for r in runs) for k in ("push_s", "pull_s", "total_s")}
             row[name]["path"] = runs[0]["path"]
             row[name]["ratio"] = raw_s / row[name]["total_s"]
@@ -119,7 +121,7 @@ def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path) ->
 
 
 # ---------------------------------------------------------------- (c) trainer stall
-def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path) -> dict:
+def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions: int = 5) -> dict:
     """Stall = the trainer thread's time in ``publish`` (snapshot + hand-over); full transfer =
     until the master relay holds the version, over the network path and the same-host path."""
     import torch
@@ -143,8 +145,8 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path) -> dict:
             watcher = RelayClient(address)
             try:
                 stalls, fulls = [], []
-                for v in range(1, 6):
-                    time.sleep(0.5)  # a training step: the transport prepares the next snapshot buffer meanwhile
+                for v in range(1, versions + 1):
+                    time.sleep(1.0)  # a training step: the transport prepares the next snapshot buffer meanwhile
                     t0 = time.perf_counter()
                     transport.publish(v, transport.snapshot(model))
                     stalls.append(time.perf_counter() - t0)
@@ -178,9 +180,9 @@ def write_report(result: dict) -> None:
                   "| size MB | raw GB/s | same-host (shm) push s | pull s | **ratio** | network (gRPC) push s | pull s | **ratio** |",
                   "|---|---|---|---|---|---|---|---|"]
         for mb, r in tp.items():
-            s, n = r["same_host"], r["network"]
-            lines.append(f"| {mb} | {r['raw_gbps']:.2f} | {s['push_s']:.3f} | {s['pull_s']:.3f} | **{s['ratio']:.2f}** | "
-                         f"{n['push_s']:.2f} | {n['pull_s']:.2f} | **{n['ratio']:.2f}** |")
+            s, n = r["same_host"], r.get("network")
+            net = f"{n['push_s']:.2f} | {n['pull_s']:.2f} | **{n['ratio']:.2f}**" if n else "- | - | - (skipped in --quick)"
+            lines.append(f"| {mb} | {r['raw_gbps']:.2f} | {s['push_s']:.3f} | {s['pull_s']:.3f} | **{s['ratio']:.2f}** | {net} |")
         lines.append("")
     bc = result.get("broadcast", {})
     if bc:
@@ -229,7 +231,8 @@ def _plot(result: dict) -> None:
     if tp:
         sizes = list(tp)
         axes[0].bar([i - 0.2 for i in range(len(sizes))], [tp[s]["same_host"]["ratio"] for s in sizes], 0.4, label="same host (shm)")
-        axes[0].bar([i + 0.2 for i in range(len(sizes))], [tp[s]["network"]["ratio"] for s in sizes], 0.4, label="network (gRPC)")
+        axes[0].bar([i + 0.2 for i in range(len(sizes))], [tp[s].get("network", {}).get("ratio", 0) for s in sizes], 0.4,
+                    label="network (gRPC)")
         axes[0].axhline(0.5, color="k", ls="--", lw=1, label="target 0.5")
         axes[0].set_xticks(range(len(sizes)), [f"{s} MB" for s in sizes])
         axes[0].set_ylabel("throughput / raw TCP")
@@ -279,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             mark = time.time()
 
         if "a" in ns.parts:
-            rows = bench_throughput([100, 500, 1000], 1 if ns.quick else 3, ns.streams, chunk, work)
+            rows = bench_throughput([100, 500, 1000], 1 if ns.quick else 3, ns.streams, chunk, work,
+                                    network_up_to=100 if ns.quick else 1000)
             result["throughput"] = rows
             result["throughput_ratio_vs_raw"] = {mb: r["same_host"]["ratio"] for mb, r in rows.items()}
-            result["throughput_ratio_vs_raw_network"] = {mb: r["network"]["ratio"] for mb, r in rows.items()}
+            result["throughput_ratio_vs_raw_network"] = {mb: r["network"]["ratio"] for mb, r in rows.items() if "network" in r}
             result["throughput_ratio_path"] = "same_host (shared memory); network path in throughput_ratio_vs_raw_network"
             part_done("a")
         if "b" in ns.parts and not ns.no_netns:
@@ -292,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             result["broadcast_ratio_8_vs_1"] = bc["times"]["8"] / bc["times"]["1"]
             part_done("b")
         if "c" in ns.parts:
-            rows = bench_stall([10, 100] if ns.quick else [10, 100, 500], ns.streams, chunk, work)
+            rows = bench_stall([10, 100] if ns.quick else [10, 100, 500], ns.streams, chunk, work, versions=3 if ns.quick else 5)
             result["stall"] = rows
             result["trainer_stall_fraction"] = max(r["network"]["fraction"] for r in rows.values())
             part_done("c")

@@ -19,6 +19,7 @@ version digest at the end, and raises ``WeightError`` naming what is wrong. Pure
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import warnings
 from collections.abc import Iterator
@@ -198,11 +199,22 @@ def manifest_of(state: dict[str, torch.Tensor], chunk_bytes: int) -> Manifest:
 
 
 def flatten_into(state: dict[str, torch.Tensor], manifest: Manifest, blob) -> None:
-    """Copy ``state``'s tensors into ``blob`` (a writable buffer of ``total_bytes``) in plan order."""
-    out = torch.frombuffer(blob, dtype=torch.uint8) if manifest.total_bytes else None
+    """Copy ``state``'s tensors into ``blob`` (a writable buffer of ``total_bytes``) in plan order.
+    Contiguous CPU tensors go by ``memmove`` (GIL released; ~10x faster here than ``Tensor.copy_``
+    into a byte view), others through torch."""
+    if not manifest.total_bytes:
+        return
+    base = ctypes.addressof(ctypes.c_char.from_buffer(blob))
+    out = None
     for t in manifest.tensors:
-        if t.nbytes:
-            out[t.offset : t.offset + t.nbytes].copy_(_flat_bytes(state[t.name]))
+        src = state[t.name].detach()
+        if not t.nbytes:
+            continue
+        if src.device.type == "cpu" and src.is_contiguous():
+            ctypes.memmove(base + t.offset, src.data_ptr(), t.nbytes)
+        else:
+            out = torch.frombuffer(blob, dtype=torch.uint8) if out is None else out
+            out[t.offset : t.offset + t.nbytes].copy_(_flat_bytes(src.cpu()))
 
 
 def state_from_blob(manifest: Manifest, blob) -> dict[str, torch.Tensor]:

@@ -123,7 +123,10 @@ def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path, ne
 # ---------------------------------------------------------------- (c) trainer stall
 def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions: int = 5) -> dict:
     """Stall = the trainer thread's time in ``publish`` (snapshot + hand-over); full transfer =
-    until the master relay holds the version, over the network path and the same-host path."""
+    until the master relay holds the version, over the network path and the same-host path.
+    Between pushes the benchmark waits (as a training step would) until the transport has its next
+    snapshot buffer ready (``spare_prepare_s``: how long that took after the push; the first
+    version has none: ``first_stall_s``)."""
     import torch
 
     from bench.weights_lib import start_relay, stop
@@ -144,9 +147,13 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
             transport = RelayTransport(cfg, relays=[address])
             watcher = RelayClient(address)
             try:
-                stalls, fulls = [], []
+                stalls, fulls, prep = [], [], []
                 for v in range(1, versions + 1):
-                    time.sleep(1.0)  # a training step: the transport prepares the next snapshot buffer meanwhile
+                    t_prep = time.perf_counter()  # a training step: the transport prepares the next snapshot buffer
+                    while v > 1 and not transport.spare_ready and time.perf_counter() - t_prep < 30:
+                        time.sleep(0.005)
+                    prep.append(time.perf_counter() - t_prep)
+                    time.sleep(0.2)
                     t0 = time.perf_counter()
                     transport.publish(v, transport.snapshot(model))
                     stalls.append(time.perf_counter() - t0)
@@ -156,7 +163,7 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
                     fulls.append(time.perf_counter() - t0)
                 stall, full = statistics.median(stalls[1:]), statistics.median(fulls[1:])  # the first has no spare buffer
                 row[path] = {"stall_s": stall, "full_transfer_s": full, "fraction": stall / full,
-                             "first_stall_s": stalls[0]}
+                             "first_stall_s": stalls[0], "spare_prepare_s": statistics.median(prep[1:])}
             finally:
                 transport.close()
                 watcher.close()
@@ -202,11 +209,15 @@ def write_report(result: dict) -> None:
     st = result.get("stall", {})
     if st:
         lines += ["## (c) Trainer stall per push (snapshot + hand-over) vs the push's full transfer time", "",
-                  "| model MB | stall s | network transfer s | stall fraction | same-host transfer s | stall fraction |",
-                  "|---|---|---|---|---|---|"]
+                  "The snapshot copies into a buffer the push thread allocated and faulted in after the previous push "
+                  "(ready after `spare s`; a training step is longer); the first push of a run has none (`first stall s`).", "",
+                  "| model MB | stall s | network transfer s | **stall fraction** | same-host transfer s | stall fraction | "
+                  "spare s | first stall s |", "|---|---|---|---|---|---|---|---|"]
         for mb, r in st.items():
-            lines.append(f"| {mb} | {r['network']['stall_s']:.3f} | {r['network']['full_transfer_s']:.2f} | "
-                         f"{r['network']['fraction']:.1%} | {r['same_host']['full_transfer_s']:.3f} | {r['same_host']['fraction']:.1%} |")
+            n, h = r["network"], r["same_host"]
+            lines.append(f"| {mb} | {n['stall_s']:.3f} | {n['full_transfer_s']:.2f} | **{n['fraction']:.1%}** | "
+                         f"{h['full_transfer_s']:.3f} | {h['fraction']:.1%} | {n.get('spare_prepare_s', 0):.2f} | "
+                         f"{n.get('first_stall_s', 0):.3f} |")
         lines.append("")
     xs = result.get("cross_site", {})
     if xs:

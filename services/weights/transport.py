@@ -150,6 +150,11 @@ class RelayTransport(WeightTransport):
     def _shm_dir(self) -> Path | None:
         return self._shm
 
+    @property
+    def spare_ready(self) -> bool:
+        """True when the next snapshot has a pre-populated buffer (it copies at memory speed)."""
+        return self._spare is not None
+
     def _prepare_spare(self, size: int) -> None:
         """Allocate and fault in the next snapshot's buffer off the trainer's thread."""
         from services.weights.store import Blob

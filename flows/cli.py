@@ -74,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     sgs.set_defaults(func=lambda ns: _delegate("services.generation.__main__", ns.rest))
     trainer = sub.add_parser("trainer", help="run a trainer process", add_help=False)
     trainer.set_defaults(func=lambda ns: _delegate("services.trainer.__main__", ns.rest))
-    for p in (sgs, trainer):
+    relay = sub.add_parser("relay", help="run a weight relay process (parameter service)", add_help=False)
+    relay.set_defaults(func=lambda ns: _delegate("services.weights.__main__", ns.rest))
+    certs = sub.add_parser("certs", help="make a local CA and per-site TLS certificates (--sites FILE)", add_help=False)
+    certs.set_defaults(func=lambda ns: _delegate("services.weights.certs", ns.rest))
+    for p in (sgs, trainer, relay, certs):
         p.add_argument("rest", nargs=argparse.REMAINDER)
     server = sub.add_parser("server", help="local Prefect server + work pools + deployments + workers (docs/deploy.md)")
     server.add_argument("action", choices=["start", "stop", "status"], help="`braid server start --help` lists the options")
@@ -89,7 +93,16 @@ def _delegate(module: str, argv: list[str]) -> int:
     return importlib.import_module(module).main(argv)
 
 
+_DELEGATED = {
+    "sgs": "services.generation.__main__", "trainer": "services.trainer.__main__",
+    "relay": "services.weights.__main__", "certs": "services.weights.certs",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _DELEGATED:  # argparse's REMAINDER drops a leading --option: hand over as is
+        return _delegate(_DELEGATED[argv[0]], argv[1:])
     ns = build_parser().parse_args(argv)
     return ns.func(ns)
 

@@ -121,24 +121,55 @@ class Supervisor:
                 svc.proc.wait()
 
 
+def start_relay(
+    sup: Supervisor, run_dir: Path, name: str, *, keep: int, shm: bool, max_message_mb: int,
+    host: str = "127.0.0.1", port: int = 0, site: str = "", tls_dir: str = "", tls_port: int | None = None,
+) -> tuple[str, int | None]:
+    """Start one weight relay process ``name``; return (its ``host:port``, its TLS port or None).
+
+    With ``site`` and ``tls_dir`` the relay uses that site's certificate as a client of other
+    sites' relays; with ``tls_port`` too it also serves other sites there (mutual TLS)."""
+    port_file = run_dir / f"{name}.port"
+    port_file.unlink(missing_ok=True)
+    args = ["--host", host, "--port", str(port), "--port-file", str(port_file), "--id", name,
+            "--keep", str(keep), "--max-message-mb", str(max_message_mb)]
+    args += [] if shm else ["--no-shm"]
+    args += ["--site", site] if site else []
+    args += ["--tls-dir", tls_dir] if tls_dir else []
+    args += ["--tls-host", host, "--tls-port", str(tls_port)] if tls_port is not None else []
+    sup.start(name, "services.weights", args, threads=1)
+    ports = sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S).split()
+    return f"{host}:{ports[0]}", int(ports[1]) if len(ports) > 1 else None
+
+
+def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool, max_message_mb: int) -> list[str]:
+    """Start ``n`` weight relay processes (``relay-i``; the first is the master) and return their
+    loopback addresses."""
+    return [
+        start_relay(sup, run_dir, f"relay-{i}", keep=keep, shm=shm, max_message_mb=max_message_mb)[0] for i in range(n)
+    ]
+
+
 def start_instances(
     sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False,
-    host: str = "127.0.0.1", base_port: int = 0, config: Path | None = None,
+    host: str = "127.0.0.1", base_port: int = 0, config: Path | None = None, relays: list[str] | None = None,
 ) -> list[str]:
     """Start ``n`` SGS instance processes (``sgs-i``) and return their ``host:port`` addresses.
     With ``tolerate_exit`` the run survives the death of some (not all) instances. Instance ``i``
     binds ``host:base_port + i`` (``base_port`` 0: any free port); ``config`` defaults to the run
-    directory's ``config.json``."""
+    directory's ``config.json``. With ``relays``, instance i pulls weights from relay
+    ``i % len(relays)``."""
     config_path = str(config or run_dir / "config.json")
     port_files = []
     for i in range(n):
         port_file = run_dir / f"sgs-{i}.port"
         port_file.unlink(missing_ok=True)
         port = base_port + i if base_port else 0
+        relay = ["--relay", relays[i % len(relays)]] if relays else []
         sup.start(
             f"sgs-{i}", "services.generation",
             ["--config", config_path, "--model", checkpoint, "--host", host, "--port", str(port),
-             "--port-file", str(port_file), "--instance", str(i)],
+             "--port-file", str(port_file), "--instance", str(i)] + relay,
             threads=threads, tolerate_exit=tolerate_exit,
         )
         port_files.append(port_file)
@@ -157,12 +188,19 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     config = str(run_dir / "config.json")
     try:
         tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1  # it resumes lost trajectories
+        w = cfg.weights
+        relays = (
+            start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb)
+            if w.transport == "relay" else []
+        )
         addresses = start_instances(
-            sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate
+            sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate,
+            relays=relays,
         )
         trainer = sup.start(
             "trainer", "services.trainer",
-            ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)],
+            ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)]
+            + (["--relays", ",".join(relays)] if relays else []),
             threads=cfg.trainer.threads, expect_exit=True,
         )
         while trainer.proc.poll() is None:

@@ -15,8 +15,12 @@ stopped before its trainer finished ends Cancelled (the failure is reported by t
 caused it). Prefect turns a SIGTERM (a cancelled run, a stopped
 worker) into an exception, and the ``finally`` blocks stop the processes then too.
 
-Adding a process to a site (e.g. its weight relay) is one more ``sup.start(...)`` line in the
-site's flow, before the processes that need it.
+With the relay weight transport (``weights.transport: relay``, the default) each site also runs
+one weight relay (``flows.launcher.start_relay``): the training site's is the master the trainer
+pushes to; a generation site's relay serves its SGS instances, which pull from it, and other
+sites at ``relay_tls_port`` (mutual TLS when ``tls.enabled``). The generation site publishes its
+relay as flow-run input ``relay-endpoint``, so the trainer's chain controller links master ->
+site relay: one copy of every version crosses each site-to-site link (StreamRL §6).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, State
 
-from flows.launcher import Supervisor, start_instances
-from flows.two_site import ENDPOINTS_KEY, FINAL, STOP_KEY
+from flows.launcher import Supervisor, start_instances, start_relay
+from flows.two_site import ENDPOINTS_KEY, FINAL, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig
 
@@ -91,11 +95,14 @@ def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint
     sup = Supervisor(rd)
     stop = StopSignal()
     try:
+        relay = _site_relay(sup, rd, s, sites, config) if config.weights.transport == "relay" else None
         addresses = start_instances(
             sup, rd, checkpoint, config.generation.instances, config.generation.threads,
             tolerate_exit=config.trainer.mode == "bounded" and config.generation.instances > 1,
-            host=s.host, base_port=s.sgs_port, config=cfg_path,
+            host=s.host, base_port=s.sgs_port, config=cfg_path, relays=[relay[0]] if relay else None,
         )
+        if relay is not None:
+            create_flow_run_input(RELAY_KEY, relay[1])
         create_flow_run_input(ENDPOINTS_KEY, addresses)
         create_table_artifact(
             [{"instance": i, "address": a, "log": str(rd / f"sgs-{i}.log")} for i, a in enumerate(addresses)],
@@ -111,9 +118,24 @@ def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint
     return {"site": s.name, "sgs": addresses}
 
 
+def _site_relay(sup: Supervisor, rd: Path, s: SiteConfig, sites: SitesConfig, config: RunConfig) -> tuple[str, str]:
+    """Start this site's weight relay; return (its address on the site, its relay spec for the
+    trainer: ``host:port@site``, plus ``@tls://host:tls_port`` where other sites reach it)."""
+    w = config.weights
+    tls_dir = sites.tls.dir if sites.tls.enabled else ""
+    serve_tls = sites.tls.enabled and "training" not in s.roles  # the master only dials out
+    address, tls_port = start_relay(
+        sup, rd, f"relay-{s.name}", keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
+        host=s.host, port=s.relay_port, site=s.name, tls_dir=tls_dir, tls_port=s.relay_tls_port if serve_tls else None,
+    )
+    spec = f"{address}@{s.name}" + (f"@tls://{s.host}:{tls_port}" if tls_port is not None else "")
+    return address, spec
+
+
 @flow(name="training_site", log_prints=True)
 def training_site(
-    site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str, sgs: list[str]
+    site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str, sgs: list[str],
+    relays: list[str] | None = None,
 ) -> dict | State:
     """Run the trainer of one RL run against the given SGS addresses until it finishes.
 
@@ -124,6 +146,7 @@ def training_site(
         checkpoint: Warm-start checkpoint directory (a path this site can read).
         run_dir: Run directory: the trainer writes metrics, timeline and summary here.
         sgs: SGS addresses (host:port) published by the generation sites.
+        relays: Relay specs published by the generation sites (relay weight transport).
     """
     logger = get_run_logger()
     if not sgs:
@@ -132,9 +155,14 @@ def training_site(
     sup = Supervisor(rd)
     stop = StopSignal()
     try:
+        weights = []
+        if config.weights.transport == "relay":
+            master = _site_relay(sup, rd, s, sites, config)[1]
+            weights = ["--relays", ",".join([master, *(relays or [])]), "--training-site", s.name]
+            weights += ["--tls-dir", sites.tls.dir] if sites.tls.enabled else []
         trainer = sup.start(
             "trainer", "services.trainer",
-            ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd)],
+            ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd)] + weights,
             threads=config.trainer.threads, expect_exit=True,
         )
         logger.info("site %s: trainer started against %s", s.name, ", ".join(sgs))

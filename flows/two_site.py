@@ -10,8 +10,10 @@ Prefect API only:
 2. wait until each is Running: a run that no worker picks up within ``start_timeout_s`` is
    cancelled and the controller fails naming the site's work pool (no worker polls it);
 3. read each generation site's SGS addresses (``host:port`` from the site config), which the
-   site publishes as flow-run input ``sgs-endpoints`` once its servers answer;
-4. create the training site's flow run with those addresses; the trainer connects over gRPC;
+   site publishes as flow-run input ``sgs-endpoints`` once its servers answer, and (relay weight
+   transport) its relay spec, published before them as ``relay-endpoint``;
+4. create the training site's flow run with those addresses; the trainer connects over gRPC and
+   its chain controller links the master relay to every generation site's relay;
 5. watch every site run (states polled each ``poll_s``): the training run Completed ends the
    run; any other site run reaching a final state first fails the controller with that run's
    state message (a dead service's log tail);
@@ -38,6 +40,7 @@ from services.common.config import StrictModel, load_config
 from services.common.sites import SiteConfig, SitesConfig, load_sites
 
 ENDPOINTS_KEY = "sgs-endpoints"  # flow-run input a generation site writes: its SGS addresses
+RELAY_KEY = "relay-endpoint"  # flow-run input a generation site writes (relay transport): its relay spec
 STOP_KEY = "stop"  # flow-run input the controller writes to a site run: stop your services
 GENERATION_FLOW = "generation_site"
 TRAINING_FLOW = "training_site"
@@ -198,6 +201,13 @@ class SiteRuns:
                 )
             time.sleep(self.params.poll_s)
 
+    def relay_of(self, run: SiteRun) -> list[str]:
+        """The relay spec a generation site published (before its endpoints), or [] if none."""
+        from prefect.input import read_flow_run_input
+
+        value = read_flow_run_input(RELAY_KEY, flow_run_id=run.id)
+        return [str(value)] if value else []
+
     def stop_all(self) -> list[SiteObservation]:
         """Ask every active site run to stop; wait for all to reach a final state (bounded)."""
         from prefect.input import create_flow_run_input
@@ -249,14 +259,16 @@ def run_two_sites(
             for s in sites.generation_sites
         ]
         addresses: list[str] = []
+        relays: list[str] = []
         for run in gens:
             runs.wait_running(run)
             addresses += runs.wait_endpoints(run)
+            relays += runs.relay_of(run)
             logger.info("generation site %s (flow run %s) serves %s", run.site.name, run.name, addresses)
         train_site = sites.training_site
         train = runs.start(
             "training", TRAINING_FLOW, train_site,
-            {**site_parameters(run_dir, checkpoint, sites, train_site), "sgs": addresses},
+            {**site_parameters(run_dir, checkpoint, sites, train_site), "sgs": addresses, "relays": relays},
         )
         runs.wait_running(train)
         logger.info("training site %s (flow run %s) is running", train_site.name, train.name)

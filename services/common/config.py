@@ -209,6 +209,37 @@ class TrainerConfig(StrictModel):
         return self
 
 
+class WeightsConfig(StrictModel):
+    """The weight plane (``services.weights``, docs/weights.md): how new versions reach the SGS instances."""
+
+    transport: Literal["direct", "relay"] = Field(
+        "relay",
+        description="direct: the trainer streams every version to every SGS instance (UpdateWeights); "
+        "relay: it pushes each version once to the master relay, instances pull from their local relay.",
+    )
+    relays: int = Field(1, ge=1, le=64, description="Relay processes started on this machine (relay transport; the first is the master).")
+    chunk_bytes: int = Field(4 << 20, ge=4096, le=1 << 30, description="Chunk size of relay pushes, pulls and chain forwarding (bytes).")
+    keep_versions: int = Field(2, ge=1, le=64, description="Versions each relay keeps in memory (K); older ones are evicted.")
+    streams: int = Field(2, ge=1, le=32, description="Parallel gRPC streams of one push or pull over the network path.")
+    shm: bool = Field(True, description="Same-host fast path: versions live in /dev/shm; same-host pushes and pulls hand over the file.")
+    digest: Literal["xxh3_128", "sha256"] = Field("xxh3_128", description="Chunk digest (xxh3_128: fast corruption check; sha256: cryptographic).")
+    heartbeat_s: float = Field(0.2, gt=0.0, le=60.0, description="Chain controller heartbeat period (s).")
+    heartbeat_timeout_s: float = Field(1.0, gt=0.0, le=60.0, description="A relay not answering a heartbeat within this is cut out of the chain (s).")
+    pull_wait_s: float = Field(300.0, gt=0.0, le=3600.0, description="How long an instance's pull waits for a version to reach its relay (s).")
+    max_message_mb: int = Field(256, ge=1, le=2047, description="gRPC max message size of relay traffic (MiB); must exceed chunk_bytes.")
+    sgs_auto_pull_s: float = Field(
+        0.0, ge=0.0, le=3600.0,
+        description="Between requests: an idle SGS instance checks its relay this often and takes a newer version "
+        "(0 = only when the coordinator tells it; the trainer does so in every mode).",
+    )
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> WeightsConfig:
+        if self.chunk_bytes + 65536 > self.max_message_mb * 1024 * 1024:
+            raise ValueError(f"chunk_bytes ({self.chunk_bytes}) must fit in max_message_mb ({self.max_message_mb} MiB) with 64 KiB to spare")
+        return self
+
+
 class EvalConfig(StrictModel):
     """Held-out evaluation, before RL (warm start) and after."""
 
@@ -228,6 +259,7 @@ class RunConfig(StrictModel):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
 
 
 class ConfigError(ValueError):

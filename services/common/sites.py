@@ -30,6 +30,9 @@ class SiteConfig(StrictModel):
     work_pool: str = Field(min_length=1, description="Prefect work pool whose workers run this site's service flow.")
     sgs_port: int = Field(0, ge=0, le=65535, description="SGS port on this site (0 = any free port).")
     relay_port: int = Field(0, ge=0, le=65535, description="Weight relay port on this site (0 = any free port).")
+    relay_tls_port: int = Field(
+        0, ge=0, le=65535, description="Weight relay port for other sites (mutual TLS when tls.enabled; 0 = any free port)."
+    )
 
 
 class TlsConfig(StrictModel):
@@ -37,6 +40,11 @@ class TlsConfig(StrictModel):
 
     enabled: bool = Field(False, description="Use TLS with client certificates on cross-site links.")
     dir: str = Field(".cache/certs", description="Where `braid certs` writes the CA and per-site certificates.")
+
+    def paths(self, site: str) -> tuple[Path, Path, Path]:
+        """(CA certificate, the site's certificate, its key) as `braid certs` writes them."""
+        d = Path(self.dir)
+        return d / "ca.pem", d / f"{site}.pem", d / f"{site}.key"
 
 
 class SitesConfig(StrictModel):

@@ -1,19 +1,33 @@
 """Weight versions as chunk streams: split a state dict, reassemble and validate it.
 
 A version travels as a sequence of chunks, tensor after tensor, each chunk a slice of one
-tensor's bytes with its name, dtype, shape and byte offset. The last chunk carries a SHA-256
-digest over every data byte in stream order. The assembler checks each chunk against the
-receiver's parameter specs (unknown name, wrong shape or dtype, gaps, overlong data) and the
-digest at the end, and raises ``WeightError`` naming what is wrong. Pure: no I/O.
+tensor's bytes with its name, dtype, shape, byte offset, its index in the stream and a digest
+of its own bytes (``chunk_digest``). The last chunk carries the version digest: SHA-256 over
+the chunk digests in stream order (a two-level hash tree, so data bytes are hashed once, per
+chunk, in parallel if the caller likes, and a stream can resume from any chunk index). Chunk
+digests are ``algo:hex``; ``xxh3_128`` (default: ~10 GB/s, catches corruption in transit; TLS
+protects cross-site links against tampering) or ``sha256``.
+
+The chunk plan is a pure function of the tensor table and ``chunk_bytes`` (``Manifest``): the
+weight relays (``services.weights``) keep a version as one flat blob in that order, place
+chunks arriving on parallel streams by index, and hand same-host readers the blob itself.
+
+The assembler checks each chunk against the receiver's parameter specs (unknown name, wrong
+shape or dtype, gaps, overlong data, out-of-order or duplicated chunks, chunk digest) and the
+version digest at the end, and raises ``WeightError`` naming what is wrong. Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+import xxhash
 
 _DTYPES = {
     "float32": torch.float32,
@@ -23,6 +37,32 @@ _DTYPES = {
     "int64": torch.int64,
     "int32": torch.int32,
 }
+
+
+_HASHES = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+DIGEST_ALGOS = tuple(_HASHES)
+
+
+def chunk_digest(data, algo: str = "xxh3_128") -> str:
+    """Digest of one chunk's bytes as ``algo:hex``."""
+    return f"{algo}:{_HASHES[algo](data).hexdigest()}"
+
+
+def check_chunk_digest(data, digest: str) -> bool:
+    """True when ``digest`` (``algo:hex``, a known algo) matches ``data``."""
+    algo, sep, _ = digest.partition(":")
+    if not sep or algo not in _HASHES:
+        raise WeightError("argument", f"chunk digest {digest[:40]!r} is not algo:hex with algo in {list(DIGEST_ALGOS)}")
+    return chunk_digest(data, algo) == digest
+
+
+def version_digest(chunk_digests) -> str:
+    """The version digest: SHA-256 over the chunk digests in stream order."""
+    h = hashlib.sha256()
+    for d in chunk_digests:
+        h.update(d.encode())
+        h.update(b"\n")
+    return f"sha256:{h.hexdigest()}"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -52,7 +92,9 @@ class Chunk:
     data: bytes
     tensor_bytes: int
     last: bool = False
-    digest: str = ""
+    digest: str = ""  # on the last chunk: the version digest
+    index: int = 0  # position in the stream (0, 1, 2, ...)
+    chunk_digest: str = ""  # algo:hex over ``data``
 
 
 class WeightError(ValueError):
@@ -67,32 +109,160 @@ def specs_of(state: dict[str, torch.Tensor]) -> dict[str, TensorSpec]:
     return {k: TensorSpec(dtype_name(v.dtype), tuple(v.shape)) for k, v in state.items()}
 
 
-def iter_chunks(state: dict[str, torch.Tensor], version: int, chunk_bytes: int) -> Iterator[Chunk]:
-    """Split ``state`` into chunks of at most ``chunk_bytes`` data bytes; the last one carries
-    the digest. Tensors are made contiguous and copied to bytes one chunk at a time."""
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor of a version: where its bytes sit in the flat blob."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int  # byte offset in the blob
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """One chunk of the plan: a slice of one tensor, and where it sits in the blob."""
+
+    index: int
+    name: str
+    tensor_offset: int
+    blob_offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The tensor table of a version and its chunk plan (tensors back to back, stream order)."""
+
+    tensors: tuple[TensorEntry, ...]
+    chunk_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tensors[-1].offset + self.tensors[-1].nbytes if self.tensors else 0
+
+    @cached_property
+    def plan(self) -> tuple[ChunkRef, ...]:
+        refs: list[ChunkRef] = []
+        for t in self.tensors:
+            for off in range(0, t.nbytes, self.chunk_bytes) if t.nbytes else [0]:
+                refs.append(ChunkRef(len(refs), t.name, off, t.offset + off, min(self.chunk_bytes, t.nbytes - off)))
+        return tuple(refs)
+
+    @cached_property
+    def by_name(self) -> dict[str, TensorEntry]:
+        return {t.name: t for t in self.tensors}
+
+    def specs(self) -> dict[str, TensorSpec]:
+        return {t.name: TensorSpec(t.dtype, t.shape) for t in self.tensors}
+
+    def fingerprint(self) -> str:
+        """Identifies the model's parameter set (names, dtypes, shapes), not its values."""
+        h = hashlib.sha256()
+        for t in self.tensors:
+            h.update(f"{t.name}|{t.dtype}|{list(t.shape)}\n".encode())
+        return h.hexdigest()[:16]
+
+    def validate(self) -> None:
+        """Raise ``WeightError`` if the table is not a well-formed back-to-back layout."""
+        if not self.tensors:
+            raise WeightError("argument", "manifest has no tensors")
+        if self.chunk_bytes <= 0:
+            raise WeightError("argument", f"chunk_bytes must be positive, got {self.chunk_bytes}")
+        pos = 0
+        seen: set[str] = set()
+        for t in self.tensors:
+            if t.dtype not in _DTYPES:
+                raise WeightError("argument", f"tensor {t.name!r}: unsupported dtype {t.dtype!r}")
+            if t.name in seen or not t.name:
+                raise WeightError("argument", f"tensor name {t.name!r} is empty or repeated")
+            seen.add(t.name)
+            if any(d < 0 for d in t.shape) or TensorSpec(t.dtype, t.shape).nbytes != t.nbytes:
+                raise WeightError("argument", f"tensor {t.name!r}: {t.nbytes} bytes do not match {t.dtype} {list(t.shape)}")
+            if t.offset != pos:
+                raise WeightError("argument", f"tensor {t.name!r} at blob offset {t.offset}, expected {pos}")
+            pos += t.nbytes
+
+
+def manifest_of(state: dict[str, torch.Tensor], chunk_bytes: int) -> Manifest:
+    entries, pos = [], 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), nbytes, pos))
+        pos += nbytes
+    return Manifest(tuple(entries), chunk_bytes)
+
+
+def flatten_into(state: dict[str, torch.Tensor], manifest: Manifest, blob) -> None:
+    """Copy ``state``'s tensors into ``blob`` (a writable buffer of ``total_bytes``) in plan order.
+    Contiguous CPU tensors go by ``memmove`` (GIL released; ~10x faster here than ``Tensor.copy_``
+    into a byte view), others through torch."""
+    if not manifest.total_bytes:
+        return
+    base = ctypes.addressof(ctypes.c_char.from_buffer(blob))
+    out = None
+    for t in manifest.tensors:
+        src = state[t.name].detach()
+        if not t.nbytes:
+            continue
+        if src.device.type == "cpu" and src.is_contiguous():
+            ctypes.memmove(base + t.offset, src.data_ptr(), t.nbytes)
+        else:
+            out = torch.frombuffer(blob, dtype=torch.uint8) if out is None else out
+            out[t.offset : t.offset + t.nbytes].copy_(_flat_bytes(src.cpu()))
+
+
+def state_from_blob(manifest: Manifest, blob) -> dict[str, torch.Tensor]:
+    """Tensors viewing ``blob`` (no copy); the caller keeps the blob alive while they are used."""
+    mv = memoryview(blob)
+    state = {}
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")  # read-only maps: never written
+    for t in manifest.tensors:
+        dtype = _DTYPES[t.dtype]
+        if t.nbytes == 0:
+            state[t.name] = torch.empty(t.shape, dtype=dtype)
+        else:
+            state[t.name] = torch.frombuffer(mv[t.offset : t.offset + t.nbytes], dtype=dtype).view(t.shape)
+    return state
+
+
+def blob_chunk(manifest: Manifest, blob, ref: ChunkRef, version: int, digest: str, version_digest_: str = "") -> Chunk:
+    """The chunk for plan entry ``ref`` of a version held as a blob; ``data`` is a view (no copy)."""
+    t = manifest.by_name[ref.name]
+    last = ref.index == len(manifest.plan) - 1
+    return Chunk(
+        version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=ref.tensor_offset,
+        data=memoryview(blob)[ref.blob_offset : ref.blob_offset + ref.length], tensor_bytes=t.nbytes,
+        last=last, digest=version_digest_ if last else "", index=ref.index, chunk_digest=digest,
+    )
+
+
+def iter_chunks(
+    state: dict[str, torch.Tensor], version: int, chunk_bytes: int, algo: str = "xxh3_128"
+) -> Iterator[Chunk]:
+    """Split ``state`` into chunks of at most ``chunk_bytes`` data bytes, each with its digest; the
+    last one carries the version digest. Tensors are copied to bytes one chunk at a time."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    digest = hashlib.sha256()
-    items = list(state.items())
-    for i, (name, tensor) in enumerate(items):
-        flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
-        total = flat.numel()
-        offsets = range(0, total, chunk_bytes) if total else [0]
-        for offset in offsets:
-            data = flat[offset : offset + chunk_bytes].numpy().tobytes()
-            digest.update(data)
-            last = i == len(items) - 1 and offset + chunk_bytes >= total
-            yield Chunk(
-                version=version,
-                name=name,
-                dtype=dtype_name(tensor.dtype),
-                shape=tuple(tensor.shape),
-                offset=offset,
-                data=data,
-                tensor_bytes=total,
-                last=last,
-                digest=digest.hexdigest() if last else "",
-            )
+    manifest = manifest_of(state, chunk_bytes)
+    flats = {name: _flat_bytes(t) for name, t in state.items()}
+    digests: list[str] = []
+    plan = manifest.plan
+    for ref in plan:
+        t = manifest.by_name[ref.name]
+        data = flats[ref.name][ref.tensor_offset : ref.tensor_offset + ref.length].numpy().tobytes()
+        digests.append(chunk_digest(data, algo))
+        last = ref.index == len(plan) - 1
+        yield Chunk(
+            version=version, name=t.name, dtype=t.dtype, shape=t.shape, offset=ref.tensor_offset, data=data,
+            tensor_bytes=t.nbytes, last=last, digest=version_digest(digests) if last else "", index=ref.index,
+            chunk_digest=digests[-1],
+        )
 
 
 class WeightAssembler:
@@ -102,7 +272,7 @@ class WeightAssembler:
         self._specs = specs
         self._installed = installed_version
         self._buffers: dict[str, bytearray] = {}
-        self._digest = hashlib.sha256()
+        self._digests: list[str] = []
         self._version: int | None = None
         self._done = False
         self.bytes = 0
@@ -125,15 +295,23 @@ class WeightAssembler:
         buf = self._buffers.setdefault(chunk.name, bytearray())
         if chunk.offset != len(buf):
             raise WeightError("argument", f"parameter {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}")
+        if chunk.index != len(self._digests):
+            raise WeightError(
+                "argument", f"chunk index {chunk.index}, expected {len(self._digests)} (out of order or duplicated)"
+            )
         if len(buf) + len(chunk.data) > spec.nbytes:
             raise WeightError("argument", f"parameter {chunk.name!r}: more than {spec.nbytes} bytes")
+        if not check_chunk_digest(chunk.data, chunk.chunk_digest):
+            raise WeightError(
+                "integrity", f"chunk {chunk.index} ({chunk.name!r} at {chunk.offset}): digest mismatch, data corrupted in transit"
+            )
         buf.extend(chunk.data)
-        self._digest.update(chunk.data)
+        self._digests.append(chunk.chunk_digest)
         self.bytes += len(chunk.data)
         if chunk.last:
             self._done = True
-            if chunk.digest != self._digest.hexdigest():
-                raise WeightError("integrity", f"digest mismatch for version {chunk.version}: data corrupted in transit")
+            if chunk.digest != version_digest(self._digests):
+                raise WeightError("integrity", f"version digest mismatch for version {chunk.version}: data corrupted in transit")
 
     def _check_version(self, version: int) -> None:
         if self._version is None:

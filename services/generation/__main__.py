@@ -18,13 +18,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
     parser.add_argument("--port-file", help="write the bound port here once serving")
     parser.add_argument("--instance", type=int, default=0, help="instance index (selects generation.step_delay_ms)")
+    parser.add_argument("--relay", default="", help="this instance's local weight relay host:port (PullWeights)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
 
     from services.common.affinity import pin_cpus
     from services.common.config import load_config
 
-    cfg = load_config(ns.config).generation
+    run_cfg = load_config(ns.config)
+    cfg = run_cfg.generation
     pin_cpus(cfg.cpus, f"SGS instance {ns.instance}")  # before torch creates its threads
 
     from services.generation.core import GenerationCore
@@ -33,10 +35,20 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0)
     core = GenerationCore(engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens)
-    servicer = GenerationServicer(core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions)
+    relay = None
+    if ns.relay:
+        from services.weights.client import RelayClient
+
+        relay = RelayClient(ns.relay, max_message_mb=run_cfg.weights.max_message_mb)
+    servicer = GenerationServicer(
+        core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions, relay=relay,
+        relay_streams=run_cfg.weights.streams, pull_wait_s=run_cfg.weights.pull_wait_s,
+    )
     server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb)
     core.start()
     server.start()
+    if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:
+        servicer.start_auto_pull(run_cfg.weights.sgs_auto_pull_s)
     if ns.port_file:
         tmp = Path(ns.port_file + ".tmp")
         tmp.write_text(str(port))

@@ -82,6 +82,10 @@ class GenerationClient:
         """Start a Generate call; iterate it for samples, ``cancel()`` it from any thread."""
         return GenerateCall(self._stub.Generate(convert.request_to_pb(prompts, params), timeout=self.timeout_s))
 
+    def pull_weights(self, version: int = -1, *, wait_s: float = 0.0) -> pb.UpdateAck:
+        """Tell the instance to pull ``version`` (-1 = latest) from its relay and stage it."""
+        return self._stub.PullWeights(pb.PullWeightsRequest(version=version, wait_s=wait_s), timeout=wait_s + 600)
+
     def update_weights(self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20) -> pb.UpdateAck:
         chunks = (convert.chunk_to_pb(c) for c in iter_chunks(state, version, chunk_bytes))
         return self._stub.UpdateWeights(chunks, timeout=600)

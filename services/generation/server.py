@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from concurrent import futures
 
 import grpc
@@ -28,6 +29,7 @@ _WEIGHT_CODES = {
     "argument": grpc.StatusCode.INVALID_ARGUMENT,
     "precondition": grpc.StatusCode.FAILED_PRECONDITION,
     "integrity": grpc.StatusCode.DATA_LOSS,
+    "not_found": grpc.StatusCode.NOT_FOUND,
 }
 MAX_ID_CHARS = 256
 MAX_SAMPLES_PER_PROMPT = 1024
@@ -81,11 +83,18 @@ def validate_request(
 
 
 class GenerationServicer(pb_grpc.GenerationServicer):
-    def __init__(self, core: GenerationCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int) -> None:
+    def __init__(
+        self, core: GenerationCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int,
+        relay=None, relay_streams: int = 1, pull_wait_s: float = 300.0,
+    ) -> None:
         self.core = core
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.max_positions = max_positions
+        self.relay = relay  # services.weights.client.RelayClient of this instance's local relay, or None
+        self.relay_streams = relay_streams
+        self.pull_wait_s = pull_wait_s
+        self._pull_lock = threading.Lock()
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)
@@ -130,6 +139,59 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         log.info("staged weight version %d (%d bytes)", version, assembler.bytes)
         return pb.UpdateAck(version=version, staged=True, bytes=assembler.bytes, tensors=len(state))
+
+    def PullWeights(self, request: pb.PullWeightsRequest, context: grpc.ServicerContext) -> pb.UpdateAck:
+        """Pull a version from the local relay (shared memory on the same host) and stage it."""
+        if self.relay is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this SGS instance has no weight relay (start it with --relay)")
+        if request.version < -1 or request.wait_s < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version must be >= -1 and wait_s >= 0, got {request.version}, {request.wait_s}")
+        from services.weights.client import RelayError
+
+        try:
+            return self.pull_and_stage(request.version, min(request.wait_s or self.pull_wait_s, self.pull_wait_s))
+        except WeightError as err:
+            context.abort(_WEIGHT_CODES.get(err.kind, grpc.StatusCode.FAILED_PRECONDITION), str(err))
+        except RelayError as err:
+            context.abort(err.code, f"relay {self.relay.address}: {err}")
+
+    def pull_and_stage(self, version: int, wait_s: float) -> pb.UpdateAck:
+        """Take ``version`` (-1 = latest) from the relay unless it is not newer than what this
+        instance has; raises ``WeightError`` / ``RelayError``."""
+        with self._pull_lock:  # one pull at a time; a second asks for what the first may already have staged
+            newest = self.core.newest_version()
+            if 0 <= version <= newest:
+                return pb.UpdateAck(version=newest, staged=False)
+            pulled = self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=self.core.engine.param_specs())
+            if pulled.version <= self.core.newest_version():
+                return pb.UpdateAck(version=self.core.newest_version(), staged=False)
+            try:
+                self.core.stage_weights(pulled.version, pulled.state)
+            except ValueError as err:  # lost a race with a newer UpdateWeights
+                raise WeightError("precondition", str(err)) from None
+        log.info("pulled and staged weight version %d from relay %s (%s)", pulled.version, self.relay.address, pulled.path)
+        return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes, tensors=len(pulled.state))
+
+    def start_auto_pull(self, period_s: float) -> None:
+        """Between requests: every ``period_s``, an idle instance (nothing running or waiting)
+        takes its relay's newest version if it is newer than its own."""
+        threading.Thread(target=self._auto_pull, args=(period_s,), name="sgs-auto-pull", daemon=True).start()
+
+    def _auto_pull(self, period_s: float) -> None:
+        import time
+
+        from services.weights.client import RelayError
+
+        while self.core.alive():
+            time.sleep(period_s)
+            h = self.core.health()
+            if h.running or h.waiting:
+                continue
+            try:
+                if self.relay.versions(timeout_s=5).latest > self.core.newest_version():
+                    self.pull_and_stage(-1, 0.0)
+            except (WeightError, RelayError, grpc.RpcError) as err:  # the relay may be restarting: retry next period
+                log.warning("auto-pull from relay %s failed: %s", self.relay.address, err)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return convert.health_to_pb(self.core.health())

@@ -59,7 +59,7 @@ class Sample(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., sample_index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., weight_version: _Optional[int] = ..., finish_reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "tensor_bytes", "last", "digest")
+    __slots__ = ("version", "name", "dtype", "shape", "offset", "data", "tensor_bytes", "last", "digest", "index", "chunk_digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,8 @@ class WeightChunk(_message.Message):
     TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     name: str
     dtype: str
@@ -78,7 +80,9 @@ class WeightChunk(_message.Message):
     tensor_bytes: int
     last: bool
     digest: str
-    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., tensor_bytes: _Optional[int] = ..., last: _Optional[bool] = ..., digest: _Optional[str] = ...) -> None: ...
+    index: int
+    chunk_digest: str
+    def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., tensor_bytes: _Optional[int] = ..., last: _Optional[bool] = ..., digest: _Optional[str] = ..., index: _Optional[int] = ..., chunk_digest: _Optional[str] = ...) -> None: ...
 
 class UpdateAck(_message.Message):
     __slots__ = ("version", "staged", "bytes", "tensors")
@@ -117,3 +121,167 @@ class HealthReply(_message.Message):
     engine: str
     generated_tokens: int
     def __init__(self, status: _Optional[str] = ..., weight_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., engine: _Optional[str] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
+
+class PullWeightsRequest(_message.Message):
+    __slots__ = ("version", "wait_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    wait_s: float
+    def __init__(self, version: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class TensorEntry(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "nbytes", "offset")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nbytes: int
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class WeightManifest(_message.Message):
+    __slots__ = ("version", "tensors", "chunk_bytes", "version_digest", "chunk_digests", "shm_path", "host_id")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
+    chunk_bytes: int
+    version_digest: str
+    chunk_digests: _containers.RepeatedScalarFieldContainer[str]
+    shm_path: str
+    host_id: str
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., version_digest: _Optional[str] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., shm_path: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class PushMessage(_message.Message):
+    __slots__ = ("manifest", "chunk", "part", "parts", "version_digest", "sender")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    chunk: WeightChunk
+    part: int
+    parts: int
+    version_digest: str
+    sender: str
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., version_digest: _Optional[str] = ..., sender: _Optional[str] = ...) -> None: ...
+
+class PushAck(_message.Message):
+    __slots__ = ("version", "committed", "bytes", "chunks")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    committed: bool
+    bytes: int
+    chunks: int
+    def __init__(self, version: _Optional[int] = ..., committed: _Optional[bool] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("version", "from_chunk", "part", "parts", "allow_shm", "host_id", "wait_s", "to_chunk", "head_only")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SHM_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    TO_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    HEAD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    from_chunk: int
+    part: int
+    parts: int
+    allow_shm: bool
+    host_id: str
+    wait_s: float
+    to_chunk: int
+    head_only: bool
+    def __init__(self, version: _Optional[int] = ..., from_chunk: _Optional[int] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., allow_shm: _Optional[bool] = ..., host_id: _Optional[str] = ..., wait_s: _Optional[float] = ..., to_chunk: _Optional[int] = ..., head_only: _Optional[bool] = ...) -> None: ...
+
+class PullMessage(_message.Message):
+    __slots__ = ("manifest", "chunk")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    manifest: WeightManifest
+    chunk: WeightChunk
+    def __init__(self, manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., chunk: _Optional[_Union[WeightChunk, _Mapping]] = ...) -> None: ...
+
+class VersionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VersionInfo(_message.Message):
+    __slots__ = ("version", "bytes", "chunks", "digest", "complete", "received", "fingerprint", "committed_at")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    bytes: int
+    chunks: int
+    digest: str
+    complete: bool
+    received: int
+    fingerprint: str
+    committed_at: float
+    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., digest: _Optional[str] = ..., complete: _Optional[bool] = ..., received: _Optional[int] = ..., fingerprint: _Optional[str] = ..., committed_at: _Optional[float] = ...) -> None: ...
+
+class VersionsReply(_message.Message):
+    __slots__ = ("relay_id", "versions", "latest", "downstream", "host_id")
+    RELAY_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    DOWNSTREAM_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    relay_id: str
+    versions: _containers.RepeatedCompositeFieldContainer[VersionInfo]
+    latest: int
+    downstream: _containers.RepeatedScalarFieldContainer[str]
+    host_id: str
+    def __init__(self, relay_id: _Optional[str] = ..., versions: _Optional[_Iterable[_Union[VersionInfo, _Mapping]]] = ..., latest: _Optional[int] = ..., downstream: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("caller",)
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    caller: str
+    def __init__(self, caller: _Optional[str] = ...) -> None: ...
+
+class Branch(_message.Message):
+    __slots__ = ("relays",)
+    RELAYS_FIELD_NUMBER: _ClassVar[int]
+    relays: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, relays: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ChainRequest(_message.Message):
+    __slots__ = ("epoch", "branches", "upstream")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    branches: _containers.RepeatedCompositeFieldContainer[Branch]
+    upstream: str
+    def __init__(self, epoch: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[Branch, _Mapping]]] = ..., upstream: _Optional[str] = ...) -> None: ...
+
+class ChainReply(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...

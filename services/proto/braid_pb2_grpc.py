@@ -51,6 +51,11 @@ class GenerationStub:
                 request_serializer=services_dot_proto_dot_braid__pb2.HealthRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_braid__pb2.HealthReply.FromString,
                 _registered_method=True)
+        self.PullWeights = channel.unary_unary(
+                '/braid.v1.Generation/PullWeights',
+                request_serializer=services_dot_proto_dot_braid__pb2.PullWeightsRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.UpdateAck.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -80,6 +85,14 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullWeights(self, request, context):
+        """Pulls a version from the instance's weight relay (services/weights) and stages it like
+        UpdateWeights: the coordinator tells instance i to take version v (-1 = the relay's latest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +110,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=services_dot_proto_dot_braid__pb2.HealthRequest.FromString,
                     response_serializer=services_dot_proto_dot_braid__pb2.HealthReply.SerializeToString,
+            ),
+            'PullWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullWeights,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.PullWeightsRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.UpdateAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +200,299 @@ class Generation:
             '/braid.v1.Generation/Health',
             services_dot_proto_dot_braid__pb2.HealthRequest.SerializeToString,
             services_dot_proto_dot_braid__pb2.HealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Generation/PullWeights',
+            services_dot_proto_dot_braid__pb2.PullWeightsRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.UpdateAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class WeightRelayStub:
+    """---------------------------------------------------------------- Weight relay (services/weights)
+
+    A CPU process holding the latest K weight versions (Laminar §4 relays, StaleFlow's parameter
+    server). The trainer pushes each version once to the master relay; relays forward chunks down a
+    chain as they arrive (Laminar §4.2); instances pull from their local relay.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Push = channel.stream_unary(
+                '/braid.v1.WeightRelay/Push',
+                request_serializer=services_dot_proto_dot_braid__pb2.PushMessage.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.PushAck.FromString,
+                _registered_method=True)
+        self.Pull = channel.unary_stream(
+                '/braid.v1.WeightRelay/Pull',
+                request_serializer=services_dot_proto_dot_braid__pb2.PullRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.PullMessage.FromString,
+                _registered_method=True)
+        self.Versions = channel.unary_unary(
+                '/braid.v1.WeightRelay/Versions',
+                request_serializer=services_dot_proto_dot_braid__pb2.VersionsRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.VersionsReply.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/braid.v1.WeightRelay/Heartbeat',
+                request_serializer=services_dot_proto_dot_braid__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.VersionsReply.FromString,
+                _registered_method=True)
+        self.SetChain = channel.unary_unary(
+                '/braid.v1.WeightRelay/SetChain',
+                request_serializer=services_dot_proto_dot_braid__pb2.ChainRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.ChainReply.FromString,
+                _registered_method=True)
+
+
+class WeightRelayServicer:
+    """---------------------------------------------------------------- Weight relay (services/weights)
+
+    A CPU process holding the latest K weight versions (Laminar §4 relays, StaleFlow's parameter
+    server). The trainer pushes each version once to the master relay; relays forward chunks down a
+    chain as they arrive (Laminar §4.2); instances pull from their local relay.
+    """
+
+    def Push(self, request_iterator, context):
+        """One push stream (of `parts` parallel ones) of a version: the manifest first, then the
+        chunks of this part (index % parts == part), strictly increasing. The version becomes
+        visible only when every chunk and the version digest check out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pull(self, request, context):
+        """A version (or the latest) from chunk `from_chunk`: the manifest first, then chunks; with
+        allow_shm on the same host, the manifest names a shared-memory blob instead of chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Versions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Liveness and progress (the chain controller's heartbeat).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetChain(self, request, context):
+        """The chain below this relay: forward every version to the first live address, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WeightRelayServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Push': grpc.stream_unary_rpc_method_handler(
+                    servicer.Push,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.PushMessage.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.PushAck.SerializeToString,
+            ),
+            'Pull': grpc.unary_stream_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.PullRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.PullMessage.SerializeToString,
+            ),
+            'Versions': grpc.unary_unary_rpc_method_handler(
+                    servicer.Versions,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.VersionsRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.VersionsReply.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.HeartbeatRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.VersionsReply.SerializeToString,
+            ),
+            'SetChain': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetChain,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.ChainRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.ChainReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'braid.v1.WeightRelay', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('braid.v1.WeightRelay', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WeightRelay:
+    """---------------------------------------------------------------- Weight relay (services/weights)
+
+    A CPU process holding the latest K weight versions (Laminar §4 relays, StaleFlow's parameter
+    server). The trainer pushes each version once to the master relay; relays forward chunks down a
+    chain as they arrive (Laminar §4.2); instances pull from their local relay.
+    """
+
+    @staticmethod
+    def Push(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/braid.v1.WeightRelay/Push',
+            services_dot_proto_dot_braid__pb2.PushMessage.SerializeToString,
+            services_dot_proto_dot_braid__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/braid.v1.WeightRelay/Pull',
+            services_dot_proto_dot_braid__pb2.PullRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.PullMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Versions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.WeightRelay/Versions',
+            services_dot_proto_dot_braid__pb2.VersionsRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.VersionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.WeightRelay/Heartbeat',
+            services_dot_proto_dot_braid__pb2.HeartbeatRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.VersionsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetChain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.WeightRelay/SetChain',
+            services_dot_proto_dot_braid__pb2.ChainRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.ChainReply.FromString,
             options,
             channel_credentials,
             insecure,

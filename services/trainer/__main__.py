@@ -21,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="local checkpoint dir to start from")
     parser.add_argument("--sgs", required=True, help="SGS instance addresses host:port[,host:port...]")
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument(
+        "--relays", default="",
+        help="weight relays host:port[@site[@tls://host:port]][,...] (relay transport; the first is the master)",
+    )
+    parser.add_argument("--training-site", default="local", help="this process's site (the master relay's)")
+    parser.add_argument("--tls-dir", default="", help="`braid certs` directory: reach other sites' relays with mutual TLS")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
 
@@ -39,7 +45,22 @@ def main(argv: list[str] | None = None) -> int:
     clients = [GenerationClient(a, max_message_mb=cfg.generation.max_message_mb) for a in ns.sgs.split(",") if a]
     for client in clients:
         client.wait_ready(timeout_s=120)
-    trainer = RLTrainer(cfg, load_policy(ns.model), clients, run_dir)
+    from services.weights.transport import create_transport
+
+    relays = [a for a in ns.relays.split(",") if a]
+    if cfg.weights.transport == "relay" and not relays:
+        parser.error("weights.transport is 'relay': pass the relay addresses with --relays")
+    tls = None
+    if ns.tls_dir:
+        from services.weights.certs import TlsFiles
+
+        d = Path(ns.tls_dir)
+        tls = TlsFiles(d / "ca.pem", d / f"{ns.training_site}.pem", d / f"{ns.training_site}.key")
+    transport = create_transport(
+        cfg.weights.transport, cfg.weights, relays=relays, chunk_bytes=cfg.trainer.chunk_bytes,
+        training_site=ns.training_site, tls=tls,
+    )
+    trainer = RLTrainer(cfg, load_policy(ns.model), clients, run_dir, transport=transport)
 
     def progress(k: int, row: dict) -> None:
         logging.info(

@@ -50,7 +50,6 @@ from services.tasks.arith import Problem
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
 from services.trainer.loop import Accumulator, RLTrainer
-from services.trainer.streams import snapshot
 
 log = logging.getLogger("braid.bounded")
 
@@ -94,7 +93,7 @@ class BoundedRunner:
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.trained: set[str] = set()
-        self.latest: tuple[int, dict] = (trainer.version, {})
+        self.latest: tuple[int, object] = (trainer.version, None)  # (version, transport snapshot)
         self.counts: Counter[str] = Counter()
         self.gen_busy: list[tuple[float, float]] = []
 
@@ -304,7 +303,7 @@ class BoundedRunner:
         stats = self.t.learner.stats
         self.t.version += 1
         t0 = time.time()
-        self.latest = (self.t.version, snapshot(self.t.model))
+        self.latest = (self.t.version, self.t.publisher.snapshot(self.t.model, self.t.version))
         stall = time.time() - t0
         stats.busy.append((t0, time.time()))
         self.t.maybe_checkpoint()
@@ -358,6 +357,6 @@ class BoundedRunner:
         self.t.clients[:] = [self.t.clients[i] for i in live]
         self.t.publisher.pushers[:] = [self.pushers[i] for i in live]
         version, state = self.latest
-        if state:
+        if state is not None:
             for p in self.t.publisher.pushers:
                 p.offer(version, state)

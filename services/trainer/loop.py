@@ -12,8 +12,8 @@ Pipeline modes (``trainer.mode``):
   is at most one version stale (StreamRL's one-step asynchronous pipelining). The clipped
   importance ratio uses the behaviour log-probs the SGS reported.
 
-Weights leave through ``WeightPublisher`` (background push), so the trainer stalls only for a
-snapshot copy. Every iteration appends a line to ``metrics.jsonl``; the stage intervals go to
+Weights leave through ``WeightPublisher`` (background push through the configured weight
+transport: the relay plane or direct streams), so the trainer stalls only for a snapshot copy. Every iteration appends a line to ``metrics.jsonl``; the stage intervals go to
 ``timeline.json``; evaluation before and after RL goes to ``summary.json``.
 """
 
@@ -51,7 +51,9 @@ class Accumulator:
 
 
 class RLTrainer:
-    def __init__(self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path) -> None:
+    def __init__(
+        self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None
+    ) -> None:
         tc = cfg.trainer
         torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
@@ -68,7 +70,7 @@ class RLTrainer:
         self.sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)  # type: ignore[arg-type]
         self.problems: dict[str, Problem] = {}
         self._rewards: dict[tuple[str, int], float] = {}  # scored on arrival, used when the group completes
-        self.publisher = WeightPublisher(clients, tc.chunk_bytes)
+        self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport)
         self.gen_busy: list[tuple[float, float]] = []
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
         self.metrics_path = run_dir / "metrics.jsonl"

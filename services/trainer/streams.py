@@ -3,11 +3,13 @@
 ``SampleStream`` splits a request's prompts across the SGS instances (round robin by prompt,
 so a GRPO group stays on one instance), runs one Generate call per instance on a background
 thread and merges the samples into one queue in completion order, so two iterations' streams
-can be open at once (one-step asynchrony). ``WeightPusher`` pushes versions to one instance
-from a background thread (a newer version supersedes one not yet sent); ``WeightPublisher``
-snapshots the model once per version and offers it to every instance's pusher, so the
-trainer pays only for the snapshot copy. A failure on any thread is re-raised in the trainer
-at its next call.
+can be open at once (one-step asynchrony). ``WeightPusher`` brings one instance to the newest
+offered version from a background thread (a newer version supersedes one not yet sent);
+``WeightPublisher`` snapshots the model once per version through the configured weight
+transport (``services.weights.transport``: ``direct`` streams to every instance, ``relay``
+pushes once to the master relay and tells each instance to pull) and offers it to every
+instance's pusher, so the trainer pays only for the snapshot copy. A failure on any thread is
+re-raised in the trainer at its next call.
 """
 
 from __future__ import annotations
@@ -69,15 +71,30 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 class WeightPublisher:
     """Fan-out of weight versions to every SGS instance (one ``WeightPusher`` each)."""
 
-    def __init__(self, clients: list[GenerationClient], chunk_bytes: int) -> None:
-        self.pushers = [WeightPusher(c, chunk_bytes) for c in clients]
+    def __init__(self, clients: list[GenerationClient], chunk_bytes: int, transport=None) -> None:
+        if transport is None:
+            from services.common.config import WeightsConfig
+            from services.weights.transport import create_transport
+
+            transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
+        self.transport = transport
+        self.pushers = [WeightPusher(c, chunk_bytes, deliver=self._deliverer(c)) for c in clients]
+
+    def _deliverer(self, client: GenerationClient):
+        return lambda version, snap: self.transport.deliver(client, version, snap)
+
+    def snapshot(self, model: torch.nn.Module, version: int):
+        """Copy the weights out (the trainer's stall) and hand the version to the transport."""
+        self.raise_if_failed()
+        snap = self.transport.snapshot(model)
+        self.transport.publish(version, snap)
+        return snap
 
     def publish(self, model: torch.nn.Module, version: int) -> float:
         """Snapshot ``model``'s weights for ``version``, offer them to every instance, and
         return the trainer-side stall (s)."""
         t0 = time.perf_counter()
-        self.raise_if_failed()
-        state = snapshot(model)
+        state = self.snapshot(model, version)
         for p in self.pushers:
             p.offer(version, state)
         return time.perf_counter() - t0
@@ -91,6 +108,7 @@ class WeightPublisher:
         return {v: s for p in self.pushers for v, s in p.push_seconds.items()}
 
     def raise_if_failed(self) -> None:
+        self.transport.raise_if_failed()
         for p in self.pushers:
             p.raise_if_failed()
 
@@ -101,14 +119,17 @@ class WeightPublisher:
     def close(self) -> None:
         for p in self.pushers:
             p.close()
+        self.transport.close()
 
 
 class WeightPusher:
-    """Pushes the newest offered version to one SGS instance from a background thread."""
+    """Brings one SGS instance to the newest offered version from a background thread
+    (``deliver(version, snapshot)``; default: stream it with ``UpdateWeights``)."""
 
-    def __init__(self, client: GenerationClient, chunk_bytes: int) -> None:
+    def __init__(self, client: GenerationClient, chunk_bytes: int, deliver=None) -> None:
         self._client = client
         self._chunk_bytes = chunk_bytes
+        self._deliver = deliver or (lambda v, s: client.update_weights(s, v, chunk_bytes=chunk_bytes))
         self._cond = threading.Condition()
         self._next: tuple[int, dict[str, torch.Tensor]] | None = None
         self._error: BaseException | None = None
@@ -164,7 +185,7 @@ class WeightPusher:
                 self._next = None
             try:
                 t0 = time.perf_counter()
-                self._client.update_weights(state, version, chunk_bytes=self._chunk_bytes)
+                self._deliver(version, state)
                 self.push_seconds[version] = time.perf_counter() - t0
             except BaseException as exc:
                 self._error = exc

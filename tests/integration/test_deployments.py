@@ -75,7 +75,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
     sites = yaml.safe_load(SITES.read_text())
     for site in sites["sites"]:
-        site["sgs_port"] = site["relay_port"] = 0  # tests bind free ports
+        site["sgs_port"] = site["relay_port"] = site["relay_tls_port"] = 0  # tests bind free ports
     (tmp / "sites.yaml").write_text(yaml.safe_dump(sites))
     saved = os.environ.get("PREFECT_SERVER_API_AUTH_STRING")
     os.environ["PREFECT_SERVER_API_AUTH_STRING"] = AUTH
@@ -170,6 +170,17 @@ def test_two_site_run_ran_each_site_on_its_own_pool(server):
     assert pools == {"generation_site": "braid-generation", "training_site": "braid-training"}
     assert all(r["state"]["type"] == "COMPLETED" for r in by_flow.values())
     assert "sgs-endpoints" in _artifact_keys(state, by_flow["generation_site"]["id"])
+
+
+def test_two_site_weights_cross_once_through_each_sites_relay(server):
+    """Relay transport: the trainer pushed to its site's master relay, the master forwarded every
+    version to the generation site's relay, and the SGS pulled it from there."""
+    _, tmp = server
+    logs = {name: sorted((tmp / "runs").glob(f"*/{name}.log")) for name in ("relay-train-site", "relay-gen-site", "sgs-0")}
+    assert all(logs.values()), logs
+    committed = {name: logs[name][-1].read_text().count("committed") for name in ("relay-train-site", "relay-gen-site")}
+    assert committed["relay-train-site"] >= 1 and committed["relay-gen-site"] == committed["relay-train-site"], committed
+    assert "from relay" in logs["sgs-0"][-1].read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,337 @@
+"""Weight-plane benchmark: relay throughput, chained broadcast, trainer stall, cross-site run.
+
+Side by side in one run on this machine (noisy, shared: ratios, not absolute times):
+
+(a) one version of 100 MB / 500 MB / 1 GB through Push then Pull (relay process in between, a
+    puller process at the end) vs a raw TCP ``sendall`` of the same bytes between two processes
+    on loopback. Two paths: **same host** (shared-memory hand-over: Laminar's PCIe analogue) and
+    **network** (parallel gRPC streams). ``throughput_ratio_vs_raw`` is the same-host path,
+    ``throughput_ratio_vs_raw_network`` the network path.
+(b) broadcast to p = 1, 2, 4, 8 relays, each in its own network namespace behind a rate-limited
+    veth (tbf, ``--hop-rate``; every hop network-bound as between machines, not CPU-bound on two
+    shared cores): time from the push's start until the last relay committed the version. Then a
+    relay is killed mid-broadcast (p = 4): repair time and survivors' completion.
+(c) trainer stall per push (snapshot + hand-over) vs the push's full transfer time (until the
+    master relay holds it over the network path), per model size.
+(d) see ``bench/weights_xsite.py``: an RL run across two namespaces joined by a 1 Gbit/s veth with
+    20 ms RTT vs the same run on an unlimited link, and the bytes crossing the link per version.
+
+``python bench/weights.py [--quick]`` writes ``bench/results/weights.{json,md,png}``. Needs root
+for the namespaces (``--no-netns`` skips (b) and (d)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "bench" / "results"
+SHM = Path("/dev/shm")
+
+
+def _state(mb: int):
+    import torch
+
+    n = mb * 1024 * 1024 // 4
+    # a few big tensors and some small ones, like a model
+    return {"embed": torch.randn(n // 2), "layers": torch.randn(n - n // 2 - 4096), "norm": torch.randn(4096)}
+
+
+# ---------------------------------------------------------------- (a) throughput
+def raw_tcp(nbytes: int) -> float:
+    from bench.weights_lib import Child
+
+    payload = bytearray(nbytes)
+    payload[:: 4096] = b"x" * len(payload[:: 4096])  # touch every page before timing
+    child = Child("raw-recv", str(nbytes))
+    child.go()
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", int(child.info[0]))) as s:
+        s.sendall(payload)
+        s.recv(1)
+    seconds = time.perf_counter() - t0
+    child.result()
+    return seconds
+
+
+def relay_push_pull(client, address: str, state, version: int, *, shm: bool, streams: int, chunk: int) -> dict:
+    from bench.weights_lib import Child
+    from services.weights.client import snapshot_blob
+
+    puller = Child("pull", address, str(version), str(streams), "1" if shm else "0")
+    wb = snapshot_blob(state, chunk, SHM if shm else None)  # the bytes in one buffer, as raw sendall's
+    t0 = time.perf_counter()
+    client.push(wb, version, streams=streams, use_shm=shm)
+    push_s = time.perf_counter() - t0
+    wb.blob.release()
+    del wb
+    puller.go()
+    pulled = puller.result()
+    return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"], "path": pulled["path"]}
+
+
+def bench_throughput(sizes: list[int], reps: int, streams: int, chunk: int, work: Path, network_up_to: int) -> dict:
+    rows = {}
+    for mb in sizes:
+        rows[str(mb)] = r = _throughput_one(mb, reps, streams, chunk, work, network=mb <= network_up_to)
+        net = r.get("network")
+        print(f"(a) {mb} MB: raw {r['raw_gbps']:.2f} GB/s; same-host ratio {r['same_host']['ratio']:.2f} "
+              f"(push {r['same_host']['push_s']:.3f}s pull {r['same_host']['pull_s']:.3f}s)"
+              + (f", network ratio {net['ratio']:.2f} (push {net['push_s']:.2f}s pull {net['pull_s']:.2f}s)" if net else ""),
+              flush=True)
+    return rows
+
+
+def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path, network: bool) -> dict:
+    from bench.weights_lib import start_relay, stop
+    from services.weights.client import RelayClient
+
+    proc, ports = start_relay(work, f"tput-{mb}", "--keep", "1")  # one relay per model (it holds one model)
+    client = RelayClient(f"127.0.0.1:{ports[0]}")
+    client.wait_ready()
+    try:
+        state = _state(mb)
+        nbytes = sum(t.numel() * 4 for t in state.values())
+        raw, same, net, version = [], [], [], 0
+        for _ in range(reps):
+            raw.append(raw_tcp(nbytes))
+            version += 1
+            same.append(relay_push_pull(client, client.address, state, version, shm=True, streams=streams, chunk=chunk))
+            if network:
+                version += 1
+                net.append(relay_push_pull(client, client.address, state, version, shm=False, streams=streams, chunk=chunk))
+        raw_s = statistics.median(raw)
+        row = {"bytes": nbytes, "raw_s": raw_s, "raw_gbps": nbytes / raw_s / 1e9}
+        for name, runs in (("same_host", same), ("network", net)) if network else (("same_host", same),):
+            row[name] = {k: statistics.median(r[k] for r in runs) for k in ("push_s", "pull_s", "total_s")}
+            row[name]["path"] = runs[0]["path"]
+            row[name]["ratio"] = raw_s / row[name]["total_s"]
+        return row
+    finally:
+        client.close()
+        stop([proc])
+
+
+# ---------------------------------------------------------------- (c) trainer stall
+def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions: int = 5) -> dict:
+    """Stall = the trainer thread's time in ``publish`` (snapshot + hand-over); full transfer =
+    until the master relay holds the version, over the network path and the same-host path.
+    Between pushes the benchmark waits (as a training step would) until the transport has its next
+    snapshot buffer ready (``spare_prepare_s``: how long that took after the push; the first
+    version has none: ``first_stall_s``)."""
+    import torch
+
+    from bench.weights_lib import start_relay, stop
+    from services.common.config import WeightsConfig
+    from services.weights.client import RelayClient
+    from services.weights.transport import RelayTransport
+
+    rows = {}
+    for mb in sizes:
+        model = torch.nn.Module()
+        for k, v in _state(mb).items():
+            model.register_buffer(k, v)
+        row = {}
+        for path, shm in (("network", False), ("same_host", True)):
+            proc, ports = start_relay(work, f"stall-{mb}-{path}", "--keep", "1")
+            address = f"127.0.0.1:{ports[0]}"
+            cfg = WeightsConfig(chunk_bytes=chunk, streams=streams, shm=shm)
+            transport = RelayTransport(cfg, relays=[address])
+            watcher = RelayClient(address)
+            try:
+                stalls, fulls, prep = [], [], []
+                for v in range(1, versions + 1):
+                    t_prep = time.perf_counter()  # a training step: the transport prepares the next snapshot buffer
+                    while v > 1 and not transport.spare_ready and time.perf_counter() - t_prep < 30:
+                        time.sleep(0.005)
+                    prep.append(time.perf_counter() - t_prep)
+                    time.sleep(0.2)
+                    t0 = time.perf_counter()
+                    transport.publish(v, transport.snapshot(model))
+                    stalls.append(time.perf_counter() - t0)
+                    while transport.pushed < v:
+                        transport.raise_if_failed()
+                        time.sleep(0.002)
+                    fulls.append(time.perf_counter() - t0)
+                stall, full = statistics.median(stalls[1:]), statistics.median(fulls[1:])  # the first has no spare buffer
+                row[path] = {"stall_s": stall, "full_transfer_s": full, "fraction": stall / full,
+                             "first_stall_s": stalls[0], "spare_prepare_s": statistics.median(prep[1:])}
+            finally:
+                transport.close()
+                watcher.close()
+                stop([proc])
+        rows[str(mb)] = row
+        print(f"(c) {mb} MB: stall {row['network']['stall_s']:.3f}s; network transfer {row['network']['full_transfer_s']:.2f}s "
+              f"({row['network']['fraction']:.1%}); same-host {row['same_host']['full_transfer_s']:.3f}s "
+              f"({row['same_host']['fraction']:.1%})", flush=True)
+        del model
+    return rows
+
+
+# ---------------------------------------------------------------- report
+def write_report(result: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "weights.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# Weight plane benchmark", "", f"Machine: {result['machine']}. {result['note']}", ""]
+    tp = result.get("throughput", {})
+    if tp:
+        lines += ["## (a) Push then Pull vs raw TCP sendall (loopback), ratio of throughputs (>= 0.5 is the target)", "",
+                  "| size MB | raw GB/s | same-host (shm) push s | pull s | **ratio** | network (gRPC) push s | pull s | **ratio** |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for mb, r in tp.items():
+            s, n = r["same_host"], r.get("network")
+            net = f"{n['push_s']:.2f} | {n['pull_s']:.2f} | **{n['ratio']:.2f}**" if n else "- | - | - (skipped in --quick)"
+            lines.append(f"| {mb} | {r['raw_gbps']:.2f} | {s['push_s']:.3f} | {s['pull_s']:.3f} | **{s['ratio']:.2f}** | {net} |")
+        lines.append("")
+    bc = result.get("broadcast", {})
+    if bc:
+        lines += [f"## (b) Chained broadcast, {bc['model_mb']} MB, each hop limited to {bc['hop_rate']} (tbf), "
+                  f"chunks {bc['chunk_bytes'] // 1024} KiB", "",
+                  "| relays p | time s | vs p=1 |", "|---|---|---|"]
+        t1 = result["broadcast_time_s"]["1"]
+        for p, t in result["broadcast_time_s"].items():
+            lines.append(f"| {p} | {t:.2f} | {t / t1:.2f} |")
+        lines += ["", f"T(8)/T(1) = **{result['broadcast_ratio_8_vs_1']:.2f}** (target <= 1.5).", ""]
+        if "repair" in bc:
+            r = bc["repair"]
+            lines += [f"Relay killed mid-broadcast (p = {r['p']}, {r['received_at_kill']} when killed): the controller cut "
+                      f"it out and re-planned **{r['detect_s']:.2f} s** after the kill; the chain was re-linked by "
+                      f"{r['relinked_by']}; survivors complete and byte-exact: {r['survivors_ok']} "
+                      f"({r['complete_after_kill_s']:.2f} s after the kill).", ""]
+    st = result.get("stall", {})
+    if st:
+        lines += ["## (c) Trainer stall per push (snapshot + hand-over) vs the push's full transfer time", "",
+                  "The snapshot copies into a buffer the push thread allocated and faulted in after the previous push "
+                  "(ready after `spare s`; a training step is longer); the first push of a run has none (`first stall s`).", "",
+                  "| model MB | stall s | network transfer s | **stall fraction** | same-host transfer s | stall fraction | "
+                  "spare s | first stall s |", "|---|---|---|---|---|---|---|---|"]
+        for mb, r in st.items():
+            n, h = r["network"], r["same_host"]
+            lines.append(f"| {mb} | {n['stall_s']:.3f} | {n['full_transfer_s']:.2f} | **{n['fraction']:.1%}** | "
+                         f"{h['full_transfer_s']:.3f} | {h['fraction']:.1%} | {n.get('spare_prepare_s', 0):.2f} | "
+                         f"{n.get('first_stall_s', 0):.3f} |")
+        lines.append("")
+    xs = result.get("cross_site", {})
+    if xs:
+        lines += ["## (d) Cross-site RL run (one_step), weights crossing a 1 Gbit/s, 20 ms RTT link", "",
+                  xs.get("summary", ""), ""]
+    lines += ["## Result fields", "", "```json",
+              json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1",
+                                                     "trainer_stall_fraction", "cross_site_iteration_overhead",
+                                                     "cross_site_copies_per_version")}, indent=2), "```", ""]
+    (OUT / "weights.md").write_text("\n".join(lines))
+    _plot(result)
+
+
+def _plot(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    tp = result.get("throughput", {})
+    if tp:
+        sizes = list(tp)
+        axes[0].bar([i - 0.2 for i in range(len(sizes))], [tp[s]["same_host"]["ratio"] for s in sizes], 0.4, label="same host (shm)")
+        axes[0].bar([i + 0.2 for i in range(len(sizes))], [tp[s].get("network", {}).get("ratio", 0) for s in sizes], 0.4,
+                    label="network (gRPC)")
+        axes[0].axhline(0.5, color="k", ls="--", lw=1, label="target 0.5")
+        axes[0].set_xticks(range(len(sizes)), [f"{s} MB" for s in sizes])
+        axes[0].set_ylabel("throughput / raw TCP")
+        axes[0].set_title("(a) Push then Pull vs raw sendall")
+        axes[0].legend()
+    bt = result.get("broadcast_time_s") or {}
+    if bt:
+        ps = [int(p) for p in bt]
+        axes[1].plot(ps, [bt[str(p)] / bt["1"] for p in ps], "o-", label="T(p)/T(1)")
+        axes[1].axhline(1.5, color="k", ls="--", lw=1, label="target 1.5")
+        axes[1].set_xlabel("relays p")
+        axes[1].set_ylim(0, max(2.0, max(bt.values()) / bt["1"] + 0.2))
+        axes[1].set_title("(b) chained broadcast time")
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "weights.png", dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one repetition, smaller models in (b)-(d): under 5 minutes")
+    parser.add_argument("--no-netns", action="store_true", help="skip (b) and (d) (they need root and ip/tc)")
+    parser.add_argument("--parts", default="abcd", help="which parts to run (default abcd)")
+    parser.add_argument("--streams", type=int, default=2, help="parallel streams of the network path")
+    parser.add_argument("--chunk-mb", type=int, default=4)
+    parser.add_argument("--hop-rate", default="200mbit", help="(b) rate limit of every hop")
+    ns = parser.parse_args(argv)
+    import platform
+
+    from bench.weights_broadcast import bench_broadcast
+
+    result: dict = {
+        "machine": f"{platform.node()}, {__import__('os').cpu_count()} CPUs",
+        "note": "Shared, noisy machine: every ratio was measured side by side in one run.",
+        "quick": ns.quick,
+    }
+    previous = json.loads((OUT / "weights.json").read_text()) if (OUT / "weights.json").exists() else {}
+    chunk = ns.chunk_mb << 20
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="braid-wbench-") as tmp:
+        work = Path(tmp)
+        mark = time.time()
+
+        def part_done(name: str) -> None:
+            nonlocal mark
+            result.setdefault("part_seconds", {})[name] = round(time.time() - mark, 1)
+            mark = time.time()
+
+        if "a" in ns.parts:
+            rows = bench_throughput([100, 500, 1000], 1 if ns.quick else 3, ns.streams, chunk, work,
+                                    network_up_to=100 if ns.quick else 1000)
+            result["throughput"] = rows
+            result["throughput_ratio_vs_raw"] = {mb: r["same_host"]["ratio"] for mb, r in rows.items()}
+            result["throughput_ratio_vs_raw_network"] = {mb: r["network"]["ratio"] for mb, r in rows.items() if "network" in r}
+            result["throughput_ratio_path"] = "same_host (shared memory); network path in throughput_ratio_vs_raw_network"
+            part_done("a")
+        if "b" in ns.parts and not ns.no_netns:
+            bc = bench_broadcast(work, model_mb=50 if ns.quick else 200, hop_rate=ns.hop_rate, chunk=256 << 10)
+            result["broadcast"] = bc
+            result["broadcast_time_s"] = bc["times"]
+            result["broadcast_ratio_8_vs_1"] = bc["times"]["8"] / bc["times"]["1"]
+            part_done("b")
+        if "c" in ns.parts:
+            rows = bench_stall([10, 100] if ns.quick else [10, 100, 500], ns.streams, chunk, work, versions=3 if ns.quick else 5)
+            result["stall"] = rows
+            result["trainer_stall_fraction"] = max(r["network"]["fraction"] for r in rows.values())
+            part_done("c")
+        if "d" in ns.parts and not ns.no_netns:
+            from bench.weights_xsite import bench_cross_site
+
+            xs = bench_cross_site(work, quick=ns.quick)
+            result["cross_site"] = xs
+            result["cross_site_iteration_overhead"] = xs["iteration_overhead"]
+            result["cross_site_copies_per_version"] = xs["copies_per_version"]
+            part_done("d")
+    for key in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1", "trainer_stall_fraction",
+                "cross_site_iteration_overhead", "cross_site_copies_per_version"):
+        if key not in result and key in previous:  # a partial rerun keeps the other parts' results
+            result[key] = previous[key]
+    for part in ("throughput", "broadcast", "stall", "cross_site"):
+        if part not in result and part in previous:
+            result[part] = previous[part]
+    result["seconds"] = time.time() - t_start
+    write_report(result)
+    print(json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_ratio_8_vs_1", "trainer_stall_fraction",
+                                                 "cross_site_iteration_overhead", "cross_site_copies_per_version")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

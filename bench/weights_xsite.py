@@ -1,0 +1,186 @@
+"""(d) of ``bench/weights.py``: an RL run across two sites joined by a thin link.
+
+Two network namespaces stand in for the sites, joined by one veth pair:
+
+- ``train`` (10.98.0.1): the trainer and the master relay (the trainer hands each version over
+  through shared memory);
+- ``gen`` (10.98.0.2): two SGS instances and their local relay, which they pull from through
+  shared memory.
+
+The master relay forwards every version to the generation site's relay over mutual TLS
+(``braid certs``); the trainer's Generate streams cross the link too. *Limited*: ``tbf`` at
+1 Gbit/s on both veth ends plus 10 ms each way (this kernel has no ``sch_netem``, so the delay
+is a user-space delay line in front of every cross-site service: 20 ms RTT). *Unlimited*: the
+same namespaces and delay lines with no rate limit and no delay. Both runs use the same config
+(``one_step``); the iteration time is the mean of ``iteration_time_s`` after the first two
+iterations (connection set-up). Runs alternate the order; the full run repeats each condition
+three times and takes medians (``--quick``: one run each, indicative only). Bytes crossing the link are read from the train-side veth's ``tx_bytes``; copies per
+version = those bytes / (versions the generation relay committed x version size) (requests and
+heartbeats ride along: the excess over 1.0 is that overhead, not a second copy).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
+WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
+MODEL = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2",
+         "model.intermediate_size=1152"]
+
+
+def _config(work: Path, quick: bool, mode: str) -> Path:
+    from services.common.config import load_config, write_config
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "deploy/configs/smoke.yaml", MODEL + [
+        f"trainer.mode={mode}", f"trainer.iterations={8 if quick else 14}", "trainer.prompts_per_iteration=8",
+        "trainer.group_size=4", "trainer.micro_batch_groups=4", "generation.max_new_tokens=48", "generation.instances=2",
+        "eval.prompts=4", "weights.transport=relay", "weights.chunk_bytes=1048576", "weights.streams=1",
+        "trainer.cpus=[]", "generation.cpus=[]",
+    ])
+    path = work / f"xsite-{mode}.json"
+    write_config(cfg, path)
+    return path
+
+
+def _checkpoint(work: Path, config: Path) -> tuple[Path, int]:
+    from services.common.config import load_config
+    from services.policy.model import build_policy, save_policy
+
+    policy = build_policy(load_config(config).model)
+    path = work / "xsite-policy"
+    save_policy(policy, path)
+    nbytes = sum(t.numel() * t.element_size() for t in policy.model.state_dict().values())
+    return path, nbytes
+
+
+def _spawn(ns: str, args: list[str], log: Path) -> subprocess.Popen:
+    from bench.weights_lib import env, netns_prefix
+
+    return subprocess.Popen(netns_prefix(ns) + [sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env=env(), cwd=Path(__file__).resolve().parents[1])
+
+
+def _port(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{path.name} never appeared (process exit {proc.poll()})")
+        time.sleep(0.1)
+    return path.read_text().split()
+
+
+def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, checkpoint: Path, tls_dir: Path,
+         delay_s: float) -> dict:
+    from bench.weights_lib import Child, Netns, stop
+
+    run_dir = work / f"run-{tag}"
+    run_dir.mkdir()
+    procs = []
+    try:
+        g = _spawn(ns_gen, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "g.port"), "--tls-host", GEN_IP,
+                            "--tls-dir", str(tls_dir), "--site", "gen-site", "--id", "gen"], run_dir / "relay-gen.log")
+        procs.append(g)
+        g_port, g_tls = _port(run_dir / "g.port", g)
+        m = _spawn(ns_train, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "m.port"), "--tls-dir",
+                              str(tls_dir), "--site", "train-site", "--id", "master"], run_dir / "relay-master.log")
+        procs.append(m)
+        (m_port,) = _port(run_dir / "m.port", m)
+        proxies = []
+        g_proxy = Child("proxy", GEN_IP, f"{GEN_IP}:{g_tls}", str(delay_s), ns=ns_gen)
+        proxies.append(g_proxy)
+        sgs_addrs = []
+        for i in range(2):
+            s = _spawn(ns_gen, ["-m", "services.generation", "--config", str(config), "--model", str(checkpoint), "--host", GEN_IP,
+                                "--port", "0", "--port-file", str(run_dir / f"s{i}.port"), "--instance", str(i),
+                                "--relay", f"127.0.0.1:{g_port}"], run_dir / f"sgs-{i}.log")
+            procs.append(s)
+            (s_port,) = _port(run_dir / f"s{i}.port", s)
+            proxy = Child("proxy", GEN_IP, f"{GEN_IP}:{s_port}", str(delay_s), ns=ns_gen)
+            proxies.append(proxy)
+            sgs_addrs.append(f"{GEN_IP}:{proxy.info[0]}")
+        relays = f"127.0.0.1:{m_port}@train-site,127.0.0.1:{g_port}@gen-site@tls://{GEN_IP}:{g_proxy.info[0]}"
+        tx0 = Netns.tx_bytes(net.train_dev, ns_train)
+        t = _spawn(ns_train, ["-m", "services.trainer", "--config", str(config), "--model", str(checkpoint), "--sgs",
+                              ",".join(sgs_addrs), "--run-dir", str(run_dir), "--relays", relays, "--training-site",
+                              "train-site", "--tls-dir", str(tls_dir)], run_dir / "trainer.log")
+        if t.wait(timeout=900) != 0:
+            raise RuntimeError(f"trainer failed ({tag}):\n{(run_dir / 'trainer.log').read_text()[-3000:]}")
+        tx = Netns.tx_bytes(net.train_dev, ns_train) - tx0
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        committed = sum("committed" in line for line in (run_dir / "relay-gen.log").read_text().splitlines())
+        for p in proxies:
+            p.proc.terminate()
+        return {
+            "iteration_time_s": statistics.mean(r["iteration_time_s"] for r in rows[WARMUP:]),
+            "iteration_times_s": [round(r["iteration_time_s"], 3) for r in rows],
+            "gen_time_s": statistics.mean(r["gen_time_s"] for r in rows[WARMUP:]),
+            "train_time_s": statistics.mean(r["train_time_s"] for r in rows[WARMUP:]),
+            "iterations": len(rows), "tx_bytes": tx, "versions_at_gen_site": committed,
+            "push_stall_s": statistics.mean(r["push_stall_s"] for r in rows),
+        }
+    finally:
+        stop(procs)
+
+
+def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict:
+    from bench.weights_lib import Netns
+    from services.weights.certs import make_certs
+
+    sites = work / "xsite-sites.yaml"
+    sites.write_text(
+        "sites:\n"
+        f"  - {{name: gen-site, roles: [generation], host: {GEN_IP}, work_pool: gen}}\n"
+        f"  - {{name: train-site, roles: [training], host: {TRAIN_IP}, work_pool: train}}\n"
+        f"tls: {{enabled: true, dir: {work / 'certs'}}}\n"
+    )
+    make_certs(sites)
+    config = _config(work, quick, mode)
+    checkpoint, nbytes = _checkpoint(work, config)
+    net = Netns("bxs")
+    try:
+        ns_train, ns_gen = net.add("train"), net.add("gen")
+        net.train_dev, gen_dev = net.veth(ns_train, f"{TRAIN_IP}/24", ns_gen, f"{GEN_IP}/24", "bxs")
+        runs: dict[str, list[dict]] = {"unlimited": [], "limited": []}
+        for rep in range(1 if quick else 3):
+            for kind in ("unlimited", "limited") if rep % 2 == 0 else ("limited", "unlimited"):  # alternate the order
+                if kind == "limited":
+                    Netns.limit(net.train_dev, "1gbit", ns_train)
+                    Netns.limit(gen_dev, "1gbit", ns_gen)
+                else:
+                    for dev, ns in ((net.train_dev, ns_train), (gen_dev, ns_gen)):
+                        subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+                res = _run(work, f"{kind}-{rep}", net, ns_train, ns_gen, config, checkpoint, work / "certs",
+                           0.010 if kind == "limited" else 0.0)
+                runs[kind].append(res)
+                print(f"(d) {kind}: iteration {res['iteration_time_s']:.2f}s, {res['tx_bytes'] / 1e6:.1f} MB crossed for "
+                      f"{res['versions_at_gen_site']} versions of {nbytes / 1e6:.1f} MB", flush=True)
+    finally:
+        net.cleanup()
+    return summarize(runs, mode, nbytes)
+
+
+def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int) -> dict:
+    """Overhead = median over repetitions of limited / unlimited - 1, each pair run back to back
+    (the machine's load drifts over minutes: pairing keeps that out of the ratio)."""
+    it = {k: statistics.median(r["iteration_time_s"] for r in v) for k, v in runs.items()}
+    lim = runs["limited"]
+    copies = statistics.median(r["tx_bytes"] / max(1, r["versions_at_gen_site"]) / nbytes for r in lim)
+    pairs = [a["iteration_time_s"] / b["iteration_time_s"] - 1 for a, b in zip(runs["limited"], runs["unlimited"])]
+    overhead = statistics.median(pairs)
+    listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in zip(runs["limited"], runs["unlimited"]))
+    return {
+        "mode": mode, "version_bytes": nbytes, "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
+        "iteration_overhead": overhead, "copies_per_version": copies,
+        "summary": (f"{mode}, 2 SGS instances on the generation site, model {nbytes / 1e6:.1f} MB (a random policy: "
+                    f"rewards are 0, so an iteration is generation plus weight sync). Iteration time on the 1 Gbit/s "
+                    f"20 ms-RTT link vs unlimited, pairs run back to back: {listed}; median paired overhead "
+                    f"**{overhead:+.1%}** (target within 5%). Link bytes per version / version size = **{copies:.3f}** "
+                    f"(one copy crosses the link; the 2 instances fan out locally from their relay)."),
+    }

@@ -1,0 +1,85 @@
+"""``python -m services.weights`` (``braid relay``): run one weight relay process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+STALE_INCOMING_S = 60.0  # an arriving version with no progress this long is dropped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="braid relay", description="weight relay (parameter service) process")
+    parser.add_argument("--host", default="127.0.0.1", help="plaintext address for this site's processes")
+    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
+    parser.add_argument("--port-file", help="write 'port[ tls_port]' here once serving")
+    parser.add_argument("--id", default="", help="relay id in logs (default host:port)")
+    parser.add_argument("--keep", type=int, default=2, help="versions kept (K)")
+    parser.add_argument("--no-shm", action="store_true", help="keep versions in private memory (no same-host fast path)")
+    parser.add_argument("--max-message-mb", type=int, default=256)
+    parser.add_argument("--tls-host", help="serve other sites here (mutual TLS); needs --tls-dir and --site")
+    parser.add_argument("--tls-port", type=int, default=0)
+    parser.add_argument("--tls-dir", help="directory made by `braid certs` (with --site: this relay's certificate, also as a client)")
+    parser.add_argument("--site", default="", help="this relay's site (selects <tls-dir>/<site>.pem)")
+    parser.add_argument("--upstream", default="", help="catch up from this relay at start")
+    ns = parser.parse_args(argv)
+    if ns.keep < 1:
+        parser.error("--keep must be >= 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s relay %(levelname)s %(message)s")
+
+    from services.weights.certs import TlsFiles
+    from services.weights.server import RelayServicer, create_server
+    from services.weights.store import VersionStore, private_shm_dir
+
+    tls = None
+    if ns.tls_host and not (ns.tls_dir and ns.site):
+        parser.error("--tls-host needs --tls-dir and --site")
+    if ns.tls_dir and ns.site:
+        d = Path(ns.tls_dir)
+        tls = TlsFiles(d / "ca.pem", d / f"{ns.site}.pem", d / f"{ns.site}.key")
+        tls.read()  # fail now, naming the missing files
+    shm_dir = None if ns.no_shm else private_shm_dir("relay")
+    store = VersionStore(ns.keep, shm_dir)
+    servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb)
+    server, port, tls_port = create_server(
+        servicer, f"{ns.host}:{ns.port}", max_message_mb=ns.max_message_mb,
+        tls_address=f"{ns.tls_host}:{ns.tls_port}" if ns.tls_host else None, tls=tls,
+    )
+    servicer.relay_id = ns.id or f"{ns.host}:{port}"
+    server.start()
+    if ns.upstream:
+        servicer.SetChain(_chain_request(ns.upstream), None)
+    if ns.port_file:
+        tmp = Path(ns.port_file + ".tmp")
+        tmp.write_text(f"{port} {tls_port}" if tls_port else str(port))
+        tmp.rename(ns.port_file)
+    logging.info("relay %s serving on %s:%d%s (keep %d, shm %s)", servicer.relay_id, ns.host, port,
+                 f", TLS on {ns.tls_host}:{tls_port}" if tls_port else "", ns.keep, shm_dir is not None)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        for v in store.drop_stale(STALE_INCOMING_S):
+            logging.warning("dropped version %d: no progress for %.0fs", v, STALE_INCOMING_S)
+    server.stop(grace=2).wait()
+    servicer.close()
+    store.close()
+    if shm_dir is not None:
+        shutil.rmtree(shm_dir, ignore_errors=True)
+    return 0
+
+
+def _chain_request(upstream: str):
+    from services.proto import braid_pb2 as pb
+
+    return pb.ChainRequest(epoch=0, upstream=upstream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

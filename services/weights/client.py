@@ -1,0 +1,369 @@
+"""Client of a weight relay: push a version, pull one, read progress; speaks dataclasses.
+
+Transfer paths, fastest first:
+
+- **same host, shared memory** (Laminar's PCIe analogue): when the relay reports our host id
+  and the blob lives in ``/dev/shm``, a push hands over the file (``shm_path``: the relay
+  checks every chunk digest and adopts it, no copy) and a pull maps the relay's file
+  read-only and checks the digests; tensors view the mapping (no copy until the engine loads
+  them).
+- **network**: ``streams`` parallel gRPC streams over disjoint chunk sets (``index % parts``),
+  each chunk checked against its digest on arrival; a corrupted chunk is re-fetched alone
+  (``from_chunk``/``to_chunk``), and the version digest is checked over all chunk digests.
+
+Every call has a deadline; ``RelayError`` carries the status code and the relay's message.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from services.common.weights import (
+    Chunk,
+    Manifest,
+    WeightError,
+    blob_chunk,
+    check_chunk_digest,
+    chunk_digest,
+    flatten_into,
+    manifest_of,
+    state_from_blob,
+    version_digest,
+)
+from services.proto import braid_pb2 as pb
+from services.proto import braid_pb2_grpc as pb_grpc
+from services.weights.certs import TlsFiles, channel_credentials
+from services.weights.convert import manifest_from_pb, manifest_to_pb
+from services.weights.store import Blob, host_id
+from services.weights.wire import chunk_of, encode_chunk, pull_callable, push_callable
+
+REFETCH_TRIES = 3
+CONTROL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class VersionState:
+    version: int
+    complete: bool
+    received: int
+    chunks: int
+    bytes: int
+    digest: str
+    committed_at: float
+
+
+@dataclass(frozen=True)
+class RelayInfo:
+    relay_id: str
+    host_id: str
+    latest: int
+    versions: dict[int, VersionState]
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(v for v, s in self.versions.items() if s.complete)
+
+
+@dataclass
+class Pulled:
+    version: int
+    manifest: Manifest
+    blob: object  # keeps the bytes alive while ``state`` views them
+    state: dict
+    digest: str
+    path: str  # "shm" or "stream"
+    refetched: int = 0
+
+
+@dataclass(frozen=True)
+class WeightBlob:
+    """A version's bytes, flat, ready to push (``snapshot_blob``)."""
+
+    manifest: Manifest
+    blob: Blob
+
+
+def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
+    """Copy ``state`` into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
+    ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
+    manifest = manifest_of(state, chunk_bytes)
+    fits = spare is not None and spare.size == manifest.total_bytes and (spare.path is not None) == (shm_dir is not None)
+    blob = spare if fits else Blob(manifest.total_bytes, shm_dir)
+    flatten_into(state, manifest, blob.view)
+    return WeightBlob(manifest, blob)
+
+
+class RelayError(RuntimeError):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
+    options = [
+        ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+        # a restarted relay must be seen again within a heartbeat or two, not after gRPC's 1-120 s backoff
+        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return grpc.secure_channel(address, channel_credentials(tls), options=options)
+
+
+class RelayClient:
+    def __init__(
+        self, address: str, *, tls: TlsFiles | None = None, max_message_mb: int = 256, timeout_s: float = 600.0
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = _channel(address, tls, max_message_mb * 1024 * 1024)
+        self._stub = pb_grpc.WeightRelayStub(self._channel)
+        self._push = push_callable(self._channel)
+        self._pull = pull_callable(self._channel)
+        self._host = host_id()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    # ------------------------------------------------------------------ control
+    def versions(self, timeout_s: float = CONTROL_TIMEOUT_S) -> RelayInfo:
+        return _info(self._stub.Versions(pb.VersionsRequest(), timeout=timeout_s))
+
+    def heartbeat(self, caller: str, timeout_s: float) -> RelayInfo:
+        return _info(self._stub.Heartbeat(pb.HeartbeatRequest(caller=caller), timeout=timeout_s))
+
+    def set_chain(self, epoch: int, branches: list[list[str]], upstream: str = "") -> None:
+        req = pb.ChainRequest(epoch=epoch, branches=[pb.Branch(relays=b) for b in branches], upstream=upstream)
+        self._stub.SetChain(req, timeout=CONTROL_TIMEOUT_S)
+
+    def wait_ready(self, timeout_s: float = 60.0) -> RelayInfo:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.versions(timeout_s=2.0)
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    # ------------------------------------------------------------------ push
+    def push(
+        self, wb: WeightBlob, version: int, *, streams: int = 1, use_shm: bool = True, algo: str = "xxh3_128",
+        from_chunk: int = 0, sender: str = "trainer", digests: list[str] | None = None,
+    ) -> bool:
+        """Push one version; returns True when the relay reports it committed."""
+        m = wb.manifest
+        if digests is None:
+            digests = [chunk_digest(wb.blob.view[r.blob_offset : r.blob_offset + r.length], algo) for r in m.plan]
+        vdigest = version_digest(digests)
+        if use_shm and wb.blob.path is not None and from_chunk == 0 and self._same_host():
+            msg = pb.PushMessage(
+                manifest=manifest_to_pb(m, version, chunk_digests=digests, shm_path=str(wb.blob.path), host_id=self._host),
+                parts=1, version_digest=vdigest, sender=sender,
+            )
+            try:
+                return self._call_push(iter([msg])).committed
+            except RelayError as err:
+                if err.code != grpc.StatusCode.FAILED_PRECONDITION or "shared memory" not in str(err):
+                    raise  # the relay cannot adopt files (no shared memory there): stream instead
+        if from_chunk == 0:  # resume what this relay already holds of it (a re-push after a failover)
+            try:
+                held = self.versions().versions.get(version)
+            except grpc.RpcError as err:
+                raise RelayError(err.code(), err.details() or "") from err
+            if held is not None and held.complete:
+                return True
+            from_chunk = held.received if held is not None else 0
+        parts = max(1, min(streams, len(m.plan) - from_chunk))
+        acks: list[pb.PushAck | BaseException] = [None] * parts  # type: ignore[list-item]
+
+        def run(part: int) -> None:
+            try:
+                acks[part] = self._call_push(self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender))
+            except BaseException as exc:  # re-raised below
+                acks[part] = exc
+
+        threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
+        for t in threads:
+            t.start()
+        run(0)
+        for t in threads:
+            t.join()
+        for ack in acks:
+            if isinstance(ack, BaseException):
+                raise ack
+        return any(a.committed for a in acks) or self.versions().versions.get(version, _NONE).complete
+
+    def _push_messages(self, wb, version, digests, vdigest, part, parts, from_chunk, sender) -> Iterator[pb.PushMessage]:
+        yield pb.PushMessage(manifest=manifest_to_pb(wb.manifest, version), part=part, parts=parts, sender=sender)
+        for ref in wb.manifest.plan[from_chunk:]:
+            if ref.index % parts == part:
+                chunk = blob_chunk(wb.manifest, wb.blob.view, ref, version, digests[ref.index])
+                yield encode_chunk(chunk, chunk.data)
+        yield pb.PushMessage(version_digest=vdigest)
+
+    def push_stream(self, messages: Iterator[pb.PushMessage]) -> pb.PushAck:
+        """A raw push stream (relay forwarding: chunks as they arrive upstream)."""
+        return self._call_push(messages)
+
+    def _call_push(self, messages) -> pb.PushAck:
+        try:
+            return self._push(messages, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise RelayError(err.code(), err.details() or "") from err
+
+    def _same_host(self) -> bool:
+        try:
+            return self.versions().host_id == self._host
+        except grpc.RpcError:
+            return False
+
+    # ------------------------------------------------------------------ pull
+    def iter_pull(
+        self, version: int = -1, *, from_chunk: int = 0, to_chunk: int = 0, part: int = 0, parts: int = 1,
+        allow_shm: bool = False, wait_s: float = 0.0, head_only: bool = False,
+    ) -> tuple[pb.WeightManifest, Iterator[Chunk]]:
+        """Open a pull stream: (the manifest message, an iterator over the chunks)."""
+        req = pb.PullRequest(
+            version=version, from_chunk=from_chunk, to_chunk=to_chunk, part=part, parts=parts, allow_shm=allow_shm,
+            host_id=self._host, wait_s=wait_s, head_only=head_only,
+        )
+        call = self._pull(req, timeout=self.timeout_s + wait_s)
+        try:
+            first, _ = next(call)
+        except grpc.RpcError as err:
+            raise RelayError(err.code(), err.details() or "") from err
+        if not first.HasField("manifest"):
+            raise RelayError(grpc.StatusCode.INTERNAL, "pull stream did not start with the manifest")
+
+        def chunks() -> Iterator[Chunk]:
+            try:
+                for msg, data in call:
+                    yield chunk_of(msg.chunk, data)
+            except grpc.RpcError as err:
+                raise RelayError(err.code(), err.details() or "") from err
+
+        return first.manifest, chunks()
+
+    def pull(
+        self, version: int = -1, *, streams: int = 1, allow_shm: bool = True, wait_s: float = 0.0,
+        specs: dict | None = None,
+    ) -> Pulled:
+        """Fetch a whole version (``-1`` = latest), verified; ``specs`` (the receiver's parameter
+        specs) refuse a different model's parameters."""
+        head, _ = self.iter_pull(version, allow_shm=allow_shm, wait_s=wait_s, head_only=True)
+        m = manifest_from_pb(head)
+        m.validate()
+        if specs is not None and m.specs() != specs:
+            diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
+            raise WeightError("argument", f"version {head.version} is a different model's parameters (first differences: {diff})")
+        if head.shm_path:
+            pulled = self._pull_shm(head, m)
+            if pulled is not None:
+                return pulled
+        return self._pull_streams(head.version, m, head.version_digest, streams)
+
+    def _pull_shm(self, head: pb.WeightManifest, m: Manifest) -> Pulled | None:
+        try:
+            fd = os.open(head.shm_path, os.O_RDONLY)
+        except FileNotFoundError:  # evicted meanwhile: stream it (or fail naming the versions held)
+            return None
+        try:
+            mm = mmap.mmap(fd, max(m.total_bytes, 1), flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        view = memoryview(mm)[: m.total_bytes]
+        digests = list(head.chunk_digests)
+        if len(digests) != len(m.plan) or version_digest(digests) != head.version_digest:
+            raise WeightError("integrity", f"version {head.version}: chunk digests do not match the version digest")
+        bad = [r.index for r in m.plan if not check_chunk_digest(view[r.blob_offset : r.blob_offset + r.length], digests[r.index])]
+        if not bad:
+            return Pulled(head.version, m, mm, state_from_blob(m, view), head.version_digest, "shm")
+        copy = bytearray(view)  # a corrupted shared page: patch a private copy from the stream
+        self._refetch(head.version, m, copy, digests, bad)
+        return Pulled(head.version, m, copy, state_from_blob(m, copy), head.version_digest, "shm", len(bad))
+
+    def _pull_streams(self, version: int, m: Manifest, vdigest: str, streams: int) -> Pulled:
+        buf = mmap.mmap(-1, max(m.total_bytes, 1))
+        view = memoryview(buf)[: m.total_bytes]
+        digests: list[str] = [""] * len(m.plan)
+        bad: list[int] = []
+        parts = max(1, min(streams, len(m.plan)))
+        errors: list[BaseException] = []
+
+        def run(part: int) -> None:
+            try:
+                _, chunks = self.iter_pull(version, part=part, parts=parts)
+                for c in chunks:
+                    self._place(m, view, c, digests, bad)
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
+        for t in threads:
+            t.start()
+        run(0)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        refetched = len(bad)
+        if bad:
+            self._refetch(version, m, view, digests, bad)
+        missing = [i for i, d in enumerate(digests) if not d]
+        if missing:
+            raise WeightError("argument", f"version {version}: chunks {missing[:5]} never arrived")
+        if version_digest(digests) != vdigest:
+            raise WeightError("integrity", f"version digest mismatch for version {version}")
+        return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "stream", refetched)
+
+    @staticmethod
+    def _place(m: Manifest, view, c: Chunk, digests: list[str], bad: list[int]) -> None:
+        if not 0 <= c.index < len(m.plan):
+            raise WeightError("argument", f"relay sent chunk index {c.index} outside the plan")
+        ref = m.plan[c.index]
+        if c.name != ref.name or c.offset != ref.tensor_offset or len(c.data) != ref.length:
+            raise WeightError("argument", f"relay sent chunk {c.index} that does not match the manifest")
+        if not check_chunk_digest(c.data, c.chunk_digest):
+            bad.append(c.index)
+            return
+        view[ref.blob_offset : ref.blob_offset + ref.length] = c.data
+        digests[c.index] = c.chunk_digest
+
+    def _refetch(self, version: int, m: Manifest, view, digests: list[str], bad: list[int]) -> None:
+        """Fetch corrupted chunks again, one at a time (a chunk failing every try is DATA_LOSS)."""
+        for index in sorted(set(bad)):
+            for _ in range(REFETCH_TRIES):
+                still: list[int] = []
+                _, chunks = self.iter_pull(version, from_chunk=index, to_chunk=index + 1)
+                for c in chunks:
+                    self._place(m, view, c, digests, still)
+                if not still and digests[index]:
+                    break
+            else:
+                raise WeightError("integrity", f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries")
+
+
+_NONE = VersionState(-1, False, 0, 0, 0, "", 0.0)
+
+
+def _info(reply: pb.VersionsReply) -> RelayInfo:
+    versions = {
+        v.version: VersionState(v.version, v.complete, v.received, v.chunks, v.bytes, v.digest, v.committed_at)
+        for v in reply.versions
+    }
+    return RelayInfo(reply.relay_id, reply.host_id, reply.latest, versions)

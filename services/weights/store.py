@@ -1,0 +1,348 @@
+"""The relay's version store: the latest K versions in CPU memory, with read/write locking.
+
+A version lives in one flat ``Blob`` (tensors back to back in the manifest's order; see
+``services.common.weights.Manifest``). With ``shm_dir`` the blob is a file in shared memory
+(``/dev/shm``), so a reader on the same host maps it instead of streaming it (Laminar §6's
+pinned shared memory, our PCIe analogue); otherwise it is anonymous memory.
+
+Locking (a push never exposes a half-written version; concurrent pulls proceed):
+
+- An arriving version is an ``Incoming``: chunks from any number of parallel streams are
+  validated (index in range and of this stream's part, strictly increasing per stream, never
+  duplicated, name/offset/length as the plan says, chunk digest) and written into disjoint
+  ranges of its blob. Readers cannot see it; only the relay's own forwarders read its
+  contiguous prefix (pipelined broadcast).
+- ``commit`` checks that every chunk is in and that the version digest matches, then moves it
+  to the committed map under the store lock (the writer side) and evicts the oldest beyond K.
+- A reader ``pin``s a committed version for the duration of a pull; committed bytes are never
+  written again, and an evicted version's file is unlinked only when its last pin goes (its
+  memory lives until the last reference, e.g. a same-host reader's mapping, is dropped).
+
+Refusals are ``WeightError`` (kind argument / precondition / integrity / not_found), mapped to
+gRPC status codes at the edge. A refused push discards its ``Incoming``; committed versions are
+untouched.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.weights import Chunk, Manifest, WeightError, check_chunk_digest, version_digest
+
+SHM_PREFIX = "braid-"
+
+
+def private_shm_dir(kind: str, root: Path = Path("/dev/shm")) -> Path:
+    """``/dev/shm/braid-<kind>-<pid>/`` for this process's blobs, after removing the directories
+    of processes that no longer exist (a killed relay or trainer cannot clean up after itself)."""
+    import shutil
+
+    for d in root.glob(f"{SHM_PREFIX}*-*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        if d.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+    path = root / f"{SHM_PREFIX}{kind}-{os.getpid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def host_id() -> str:
+    """This host's identity for the shared-memory fast path: boot id + the /dev/shm mount."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    boot_id = boot.read_text().strip() if boot.exists() else "unknown"
+    shm = Path("/dev/shm")
+    dev = os.stat(shm).st_dev if shm.exists() else 0
+    return f"{boot_id}:{dev}"
+
+
+class Blob:
+    """A writable flat buffer of ``size`` bytes: a shared-memory file or anonymous memory."""
+
+    def __init__(self, size: int, shm_dir: Path | None = None, *, path: Path | None = None, populate: bool = False) -> None:
+        """``populate``: allocate and map every page now (a writer then copies at memory speed
+        instead of taking a page fault per 4 KiB: the trainer's spare snapshot buffer)."""
+        self.size = size
+        self.path: Path | None = None
+        if path is not None:  # adopt an existing file (push by reference)
+            fd = os.open(path, os.O_RDWR)
+            self.path = path
+        elif shm_dir is not None:
+            self.path = shm_dir / f"{SHM_PREFIX}{uuid.uuid4().hex}.blob"
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            os.ftruncate(fd, max(size, 1))
+            if populate:
+                os.posix_fallocate(fd, 0, max(size, 1))
+        else:
+            fd = -1
+        try:
+            if fd >= 0 and os.fstat(fd).st_size < size:
+                raise WeightError("argument", f"shared-memory blob {path} is smaller than {size} bytes")
+            populate = populate or path is not None  # an existing file is mapped in one go
+            extra = mmap.MAP_POPULATE if populate else 0
+            if fd >= 0:
+                self._mm = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | extra)
+            else:
+                self._mm = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | extra)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self.view = memoryview(self._mm)[:size]
+
+    def move_to(self, directory: Path) -> None:
+        """Rename the backing file into ``directory`` (the relay owns it from now on)."""
+        if self.path is not None:
+            target = directory / f"{SHM_PREFIX}{uuid.uuid4().hex}.blob"
+            os.rename(self.path, target)
+            self.path = target
+
+    def release(self) -> None:
+        """Unlink the backing file. The memory itself goes when the last reference to this blob
+        (a forwarder, a pull stream, tensors viewing it) is dropped: readers never see it vanish."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+@dataclass
+class Stored:
+    version: int
+    manifest: Manifest
+    blob: Blob
+    digests: tuple[str, ...]
+    digest: str
+    pins: int = 0
+    evicted: bool = False
+
+    @property
+    def prefix(self) -> int:  # every chunk is in (forwarders treat both kinds alike)
+        return len(self.digests)
+
+
+@dataclass
+class Incoming:
+    version: int
+    manifest: Manifest
+    blob: Blob
+    digests: list[str | None]
+    received: int = 0
+    prefix: int = 0  # chunks 0..prefix-1 are all in
+    digest: str | None = None
+    updated: float = field(default_factory=time.monotonic)
+    active: int = 0  # push streams writing it now
+
+
+class VersionStore:
+    def __init__(self, keep: int, shm_dir: Path | None) -> None:
+        self.keep = keep
+        self.shm_dir = shm_dir
+        self.cond = threading.Condition()
+        self.committed: dict[int, Stored] = {}
+        self.incoming: dict[int, Incoming] = {}
+        self.fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ queries
+    def held(self) -> list[int]:
+        with self.cond:
+            return sorted(self.committed)
+
+    def latest(self) -> int:
+        with self.cond:
+            return max(self.committed, default=-1)
+
+    # ------------------------------------------------------------------ writing
+    def begin(self, version: int, manifest: Manifest, *, blob: Blob | None = None) -> Incoming:
+        """Start (or join, for another parallel stream or a resumed one) an arriving version."""
+        manifest.validate()
+        with self.cond:
+            if self.fingerprint is not None and manifest.fingerprint() != self.fingerprint:
+                raise WeightError(
+                    "precondition",
+                    f"version {version} has a different model's parameters (fingerprint {manifest.fingerprint()}); "
+                    f"this relay holds fingerprint {self.fingerprint}",
+                )
+            if version in self.committed:
+                raise WeightError("exists", f"version {version} is already held")
+            newest = max(self.committed, default=-1)
+            if version < newest:
+                raise WeightError("precondition", f"version {version} is older than the newest held version {newest}")
+            inc = self.incoming.get(version)
+            if inc is not None:
+                if inc.manifest != manifest:
+                    raise WeightError("argument", f"version {version}: manifest differs from the one already arriving")
+                return inc
+            inc = Incoming(version, manifest, blob or Blob(manifest.total_bytes, self.shm_dir),
+                           [None] * len(manifest.plan))
+            self.incoming[version] = inc
+            return inc
+
+    def add(self, inc: Incoming, chunk: Chunk, part: int, parts: int, last_index: int) -> None:
+        """Validate ``chunk`` (the previous index of its stream was ``last_index``) and place it."""
+        plan = inc.manifest.plan
+        i = chunk.index
+        if chunk.version != inc.version:
+            raise WeightError("argument", f"chunk of version {chunk.version} in a push of version {inc.version}")
+        if not 0 <= i < len(plan):
+            raise WeightError("argument", f"chunk index {i} out of range (version {inc.version} has {len(plan)} chunks)")
+        if i <= last_index:
+            raise WeightError("argument", f"chunk {i} after chunk {last_index}: chunks out of order or duplicated")
+        if parts > 1 and i % parts != part:
+            raise WeightError("argument", f"chunk {i} does not belong to part {part} of {parts}")
+        ref = plan[i]
+        if chunk.name != ref.name or chunk.offset != ref.tensor_offset or len(chunk.data) != ref.length:
+            raise WeightError(
+                "argument",
+                f"chunk {i}: got {chunk.name!r} at {chunk.offset} ({len(chunk.data)} bytes), the manifest says "
+                f"{ref.name!r} at {ref.tensor_offset} ({ref.length} bytes)",
+            )
+        if not check_chunk_digest(chunk.data, chunk.chunk_digest):
+            raise WeightError("integrity", f"chunk {i} ({ref.name!r} at {ref.tensor_offset}): digest mismatch")
+        with self.cond:
+            if inc.digests[i] is not None:
+                raise WeightError("argument", f"chunk {i} of version {inc.version} duplicated")
+            inc.digests[i] = ""  # claimed: no other stream may write this range
+        inc.blob.view[ref.blob_offset : ref.blob_offset + ref.length] = chunk.data
+        with self.cond:
+            inc.digests[i] = chunk.chunk_digest
+            inc.received += 1
+            while inc.prefix < len(plan) and inc.digests[inc.prefix]:
+                inc.prefix += 1
+            inc.updated = time.monotonic()
+            self.cond.notify_all()
+
+    def add_digests(self, inc: Incoming, digests: list[str]) -> None:
+        """Push by reference: the blob is already in place; check every chunk against its digest."""
+        plan = inc.manifest.plan
+        if len(digests) != len(plan):
+            raise WeightError("argument", f"{len(digests)} chunk digests for {len(plan)} chunks")
+        for ref, d in zip(plan, digests):
+            if not check_chunk_digest(inc.blob.view[ref.blob_offset : ref.blob_offset + ref.length], d):
+                raise WeightError("integrity", f"chunk {ref.index} ({ref.name!r} at {ref.tensor_offset}): digest mismatch")
+        with self.cond:
+            inc.digests = list(digests)
+            inc.received = inc.prefix = len(plan)
+            self.cond.notify_all()
+
+    def set_digest(self, inc: Incoming, digest: str) -> None:
+        with self.cond:
+            if inc.digest is not None and inc.digest != digest:
+                raise WeightError("integrity", f"version {inc.version}: parallel streams disagree on the version digest")
+            inc.digest = digest
+            self.cond.notify_all()
+
+    def try_commit(self, inc: Incoming) -> bool:
+        """Commit ``inc`` if complete; raise on a version digest mismatch; False if incomplete."""
+        with self.cond:
+            if inc.version in self.committed:
+                return True
+            if inc.received < len(inc.digests) or inc.digest is None:
+                return False
+            if version_digest(inc.digests) != inc.digest:  # type: ignore[arg-type]
+                raise WeightError("integrity", f"version digest mismatch for version {inc.version}")
+            self.incoming.pop(inc.version, None)
+            self.committed[inc.version] = Stored(
+                inc.version, inc.manifest, inc.blob, tuple(inc.digests), inc.digest  # type: ignore[arg-type]
+            )
+            self.fingerprint = inc.manifest.fingerprint()
+            self._evict()
+            self.cond.notify_all()
+            return True
+
+    def attach(self, inc: Incoming) -> None:
+        with self.cond:
+            inc.active += 1
+
+    def detach(self, inc: Incoming, refused: bool) -> None:
+        """A push stream ended. After a refusal, an arriving version no other stream is writing
+        is dropped (a clean retry starts afresh); a stream that merely broke (its sender died)
+        leaves it for a resume from its received prefix."""
+        with self.cond:
+            inc.active -= 1
+            drop = refused and inc.active == 0
+        if drop:
+            self.discard(inc)
+
+    def discard(self, inc: Incoming) -> None:
+        """Drop an arriving version (committed versions are untouched)."""
+        with self.cond:
+            if self.incoming.get(inc.version) is inc:
+                del self.incoming[inc.version]
+                inc.blob.release()
+            self.cond.notify_all()
+
+    def drop_stale(self, idle_s: float) -> list[int]:
+        """Drop arriving versions that made no progress for ``idle_s`` (an upstream died and no
+        one resumed them); returns their versions."""
+        now = time.monotonic()
+        with self.cond:
+            stale = [v for v, inc in self.incoming.items() if now - inc.updated > idle_s]
+            for v in stale:
+                self.incoming.pop(v).blob.release()
+            return stale
+
+    def _evict(self) -> None:
+        while len(self.committed) > self.keep:
+            old = self.committed.pop(min(self.committed))
+            old.evicted = True
+            if old.pins == 0:
+                old.blob.release()
+
+    # ------------------------------------------------------------------ reading
+    @contextmanager
+    def pinned(self, version: int, wait_s: float = 0.0) -> Iterator[Stored]:
+        """Pin a committed version (``-1`` = latest) while the caller reads it, waiting up to
+        ``wait_s`` for it to arrive; ``WeightError('not_found')`` names the versions held."""
+        deadline = time.monotonic() + wait_s
+        with self.cond:
+            while True:
+                want = max(self.committed, default=-1) if version < 0 else version
+                if want in self.committed:
+                    break
+                newest = max(self.committed, default=-1)
+                gone = version >= 0 and version < newest and version not in self.incoming
+                remaining = deadline - time.monotonic()
+                if gone or remaining <= 0:
+                    what = "no version" if version < 0 else f"version {version}"
+                    why = "evicted or never pushed" if gone else "not here"
+                    raise WeightError("not_found", f"{what} is not held ({why}); versions held: {sorted(self.committed)}")
+                self.cond.wait(min(remaining, 0.5))
+            stored = self.committed[want]
+            stored.pins += 1
+        try:
+            yield stored
+        finally:
+            with self.cond:
+                stored.pins -= 1
+                if stored.evicted and stored.pins == 0:
+                    stored.blob.release()
+
+    def wait_prefix(self, inc: Incoming, index: int, timeout_s: float) -> bool:
+        """Wait until chunk ``index`` of an arriving version is in (forwarders); False on timeout
+        or when the version was discarded."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while inc.prefix <= index:
+                if inc.version in self.committed:
+                    return True
+                if self.incoming.get(inc.version) is not inc:
+                    return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.cond.wait(min(remaining, 0.5))
+            return True
+
+    def close(self) -> None:
+        with self.cond:
+            for s in self.committed.values():
+                s.blob.release()
+            for inc in self.incoming.values():
+                inc.blob.release()
+            self.committed.clear()
+            self.incoming.clear()

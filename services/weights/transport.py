@@ -1,0 +1,250 @@
+"""How the trainer's weight versions reach the SGS instances: transports behind one interface.
+
+DESIGN §3.3 (prime-rl's ``transports/base.py``): the trainer's ``WeightPublisher`` asks the
+configured transport (``weights.transport``, a registry key) for three things:
+
+- ``snapshot(model)`` — copy the weights out of the model: the trainer's only stall;
+- ``publish(version, snap)`` — hand the version over without waiting (the trainer goes on);
+- ``deliver(client, version, snap)`` — bring one SGS instance to ``version`` or newer; called
+  on that instance's pusher thread, so it may block.
+
+``direct`` streams each version to every instance (``UpdateWeights``: the skeleton's path,
+one copy per instance from the trainer). ``relay`` (Laminar §4, StaleFlow's parameter server)
+pushes each version once to the master relay on a background thread (superseded versions are
+skipped), and ``deliver`` tells the instance to pull it from its local relay
+(``PullWeights``): the relays broadcast it down the chain meanwhile. A chain controller
+heartbeats the relays and, if the master dies, tells this transport where to push instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from services.common.config import WeightsConfig
+from services.generation.client import GenerationClient
+
+log = logging.getLogger("braid.weights.transport")
+MASTER_RETRIES = 20
+
+
+class WeightTransport(ABC):
+    name: str
+
+    @abstractmethod
+    def snapshot(self, model: torch.nn.Module): ...
+
+    def publish(self, version: int, snap) -> None:
+        """Hand a version over (non-blocking). Default: nothing (``deliver`` sends it)."""
+
+    @abstractmethod
+    def deliver(self, client: GenerationClient, version: int, snap) -> None: ...
+
+    def raise_if_failed(self) -> None:
+        """Raise in the trainer if a background hand-over failed."""
+
+    def close(self) -> None:
+        """Stop background work."""
+
+
+_TRANSPORTS: dict[str, Callable[..., WeightTransport]] = {}
+
+
+def register_transport(key: str):
+    def deco(factory):
+        if key in _TRANSPORTS:
+            raise ValueError(f"weight transport {key!r} registered twice")
+        _TRANSPORTS[key] = factory
+        return factory
+
+    return deco
+
+
+def create_transport(key: str, cfg: WeightsConfig, **kwargs) -> WeightTransport:
+    if key not in _TRANSPORTS:
+        raise ValueError(f"unknown weight transport {key!r}; registered: {sorted(_TRANSPORTS)}")
+    return _TRANSPORTS[key](cfg, **kwargs)
+
+
+@register_transport("direct")
+class DirectTransport(WeightTransport):
+    """Stream every version to every instance (``UpdateWeights``)."""
+
+    name = "direct"
+
+    def __init__(self, cfg: WeightsConfig, *, chunk_bytes: int | None = None, **_) -> None:
+        self.chunk_bytes = chunk_bytes or cfg.chunk_bytes
+
+    def snapshot(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def deliver(self, client: GenerationClient, version: int, snap) -> None:
+        client.update_weights(snap, version, chunk_bytes=self.chunk_bytes)
+
+
+@register_transport("relay")
+class RelayTransport(WeightTransport):
+    """Push once to the master relay; instances pull from their local relay."""
+
+    name = "relay"
+
+    def __init__(self, cfg: WeightsConfig, *, relays: list[str], training_site: str = "local", tls=None, **_) -> None:
+        """``relays``: ``host:port[@site[@tls://host:port]]``, the master first: its address on this
+        site, its site (default: the training site) and, for another site, the address this
+        site reaches it at (mutual TLS with ``tls``, this site's ``TlsFiles``)."""
+        from services.weights.chain import RelayNode
+        from services.weights.client import RelayClient
+        from services.weights.controller import ChainController
+
+        if not relays:
+            raise ValueError("the relay transport needs at least one relay address")
+        self.cfg = cfg
+        self._client_cls = RelayClient
+        self._cond = threading.Condition()
+        self._next: tuple[int, object] | None = None
+        self.pushed = 0  # newest version the master holds
+        self.push_seconds: dict[int, float] = {}
+        self._error: BaseException | None = None
+        self._closed = False
+        self._master_client: RelayClient | None = None
+        self._spare = None  # a pre-populated blob for the next snapshot (made after each push)
+        self._shm = None
+        if cfg.shm:
+            from services.weights.store import private_shm_dir
+
+            self._shm = private_shm_dir("trainer")
+        nodes = []
+        for spec in relays:
+            address, _, rest = spec.partition("@")
+            site, _, remote = rest.partition("@")
+            nodes.append(RelayNode(address, site or training_site, True, remote))
+        self.controller = ChainController(
+            nodes, training_site, heartbeat_s=cfg.heartbeat_s, timeout_s=cfg.heartbeat_timeout_s,
+            on_master=self._set_master, tls=tls,
+        )
+        self.controller.start()
+        self._thread = threading.Thread(target=self._run, name="relay-push", daemon=True)
+        self._thread.start()
+
+    def _set_master(self, address: str) -> None:
+        with self._cond:
+            old, self._master_client = self._master_client, self._client_cls(address)
+            self._cond.notify_all()
+        if old is not None:
+            old.close()
+
+    def snapshot(self, model: torch.nn.Module):
+        from services.weights.client import snapshot_blob
+
+        with self._cond:
+            spare, self._spare = self._spare, None
+        return snapshot_blob(model.state_dict(), self.cfg.chunk_bytes, self._shm_dir, spare)
+
+    @property
+    def _shm_dir(self) -> Path | None:
+        return self._shm
+
+    @property
+    def spare_ready(self) -> bool:
+        """True when the next snapshot has a pre-populated buffer (it copies at memory speed)."""
+        return self._spare is not None
+
+    def _prepare_spare(self, size: int) -> None:
+        """Allocate and fault in the next snapshot's buffer off the trainer's thread."""
+        from services.weights.store import Blob
+
+        with self._cond:
+            if self._spare is not None and self._spare.size == size:
+                return
+        spare = Blob(size, self._shm_dir, populate=True)
+        with self._cond:
+            old, self._spare = self._spare, spare
+        if old is not None:
+            old.release()
+
+    def publish(self, version: int, snap) -> None:
+        self.raise_if_failed()
+        with self._cond:
+            if self._next is None or self._next[0] < version:
+                if self._next is not None:
+                    self._next[1].blob.release()  # superseded before it was sent
+                self._next = (version, snap)
+            self._cond.notify_all()
+
+    def deliver(self, client: GenerationClient, version: int, snap) -> None:
+        with self._cond:
+            while self.pushed < version:
+                self.raise_if_failed()
+                self._cond.wait(0.5)
+            target = self.pushed
+        client.pull_weights(target, wait_s=self.cfg.pull_wait_s)
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"weight push to the master relay failed: {self._error}") from self._error
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+        self.controller.stop()
+        if self._spare is not None:
+            self._spare.release()
+        if self._shm is not None:
+            import shutil
+
+            shutil.rmtree(self._shm, ignore_errors=True)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._next is None and not self._closed:
+                    self._cond.wait()
+                if self._next is None:
+                    return
+                version, wb = self._next
+                self._next = None
+            try:
+                t0 = time.perf_counter()
+                self._push_with_failover(version, wb)
+                self.push_seconds[version] = time.perf_counter() - t0
+            except BaseException as exc:
+                self._error = exc
+                with self._cond:
+                    self._cond.notify_all()
+                return
+            finally:
+                wb.blob.release()
+            with self._cond:
+                self.pushed = max(self.pushed, version)
+                self._cond.notify_all()
+            self._prepare_spare(wb.manifest.total_bytes)
+
+    def _push_with_failover(self, version: int, wb) -> None:
+        """Push to the master; if it is unreachable, wait for the controller to name another."""
+        import grpc
+
+        from services.weights.client import RelayError
+
+        for attempt in range(MASTER_RETRIES):
+            with self._cond:
+                master = self._master_client
+            try:
+                master.push(wb, version, streams=self.cfg.streams, use_shm=self.cfg.shm, algo=self.cfg.digest)
+                return
+            except RelayError as err:
+                if err.code == grpc.StatusCode.ALREADY_EXISTS:
+                    return
+                if err.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                log.warning("master relay %s unreachable (%s); waiting for a new master", master.address, err)
+                self.controller.tick()
+                time.sleep(min(1.0, 0.1 * (attempt + 1)))
+        raise RuntimeError(f"no master relay accepted version {version} after {MASTER_RETRIES} tries")

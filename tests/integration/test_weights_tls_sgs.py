@@ -1,0 +1,106 @@
+"""TLS on a relay's cross-site port, and an SGS instance pulling weights from its relay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.policy.model import load_policy
+from services.weights.certs import TlsFiles, make_certs
+from services.weights.client import RelayClient, RelayError, snapshot_blob
+from tests.conftest import ROOT, stop_sgs
+from tests.integration.relays import model_state, start_relay, wait_for
+
+CHUNK = 16 * 1024
+
+
+def _sites(tmp_path: Path) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "sites.yaml"
+    path.write_text(
+        (ROOT / "deploy/sites/local-two-site.yaml").read_text().replace("dir: .cache/certs", f"dir: {tmp_path / 'certs'}")
+    )
+    return path
+
+
+def test_tls_link_refuses_unauthenticated_clients(tmp_path: Path):
+    files = make_certs(_sites(tmp_path))
+    assert set(files) == {"gen-site", "train-site"}
+    relay = start_relay(tmp_path, "gen", "--tls-host", "127.0.0.1", "--tls-dir", str(tmp_path / "certs"), "--site", "gen-site")
+    try:
+        trainer_side = RelayClient(relay.tls_address, tls=files["train-site"])  # mutual TLS, same CA
+        assert trainer_side.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)
+        assert trainer_side.versions().held == [1]
+        trainer_side.close()
+        anonymous = RelayClient(relay.tls_address)  # plaintext to the TLS port: no handshake
+        with pytest.raises(grpc.RpcError) as err:
+            anonymous.versions(timeout_s=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        other = make_certs(_sites(tmp_path / "other"), tmp_path / "other-certs")  # a certificate from another CA
+        stranger = RelayClient(relay.tls_address, tls=TlsFiles(files["train-site"].ca, other["train-site"].cert,
+                                                                other["train-site"].key))
+        with pytest.raises(grpc.RpcError) as err:
+            stranger.versions(timeout_s=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(RelayError):  # and pushes are refused too; what is held stays
+            stranger.push(snapshot_blob(model_state(2.0), CHUNK, None), 2, use_shm=False)
+        local = RelayClient(relay.address)  # the site's own loopback port stays plaintext
+        assert local.versions().held == [1]
+    finally:
+        relay.stop()
+
+
+def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
+    from services.common.types import GenerateParams, PromptSpec
+    from services.generation.client import GenerationClient
+
+    relay = start_relay(tmp_path, "local")
+    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address)
+    client = GenerationClient(sgs.address)
+    try:
+        client.wait_ready()
+        state = {k: v.clone().mul_(0) for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
+        RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 1)
+        ack = client.pull_weights(1, wait_s=10)  # told to (the instance may also have taken it on its own)
+        assert ack.version == 1
+        assert client.pull_weights(1).staged is False  # already has it: idempotent
+        with pytest.raises(grpc.RpcError) as err:
+            client.pull_weights(5, wait_s=0.5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "versions held: [1]" in err.value.details()
+        out = list(client.generate([PromptSpec("p", (1, 5, 6))], GenerateParams(2, 4, min_weight_version=1)))
+        assert len(out) == 2 and all(s.weight_version == 1 for s in out)
+        RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 2)  # not told: between requests
+        wait_for(lambda: client.health().weight_version == 2, 60, "the idle instance takes version 2 on its own")
+    finally:
+        client.close()
+        stop_sgs(sgs)
+        relay.stop()
+
+
+def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from services.common.config import load_config, write_config
+    from tests.conftest import SGSProcess
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["weights.sgs_auto_pull_s=0.5"])
+    write_config(cfg, workdir / "config.json")
+    port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"), "--model", str(checkpoint),
+             "--port", "0", "--port-file", str(port_file), "--relay", relay],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)

@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     trainer.set_defaults(func=lambda ns: _delegate("services.trainer.__main__", ns.rest))
     for p in (sgs, trainer):
         p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    from flows.ranker_cli import add_parser as add_ranker_parser  # argparse only; models load lazily
+
+    add_ranker_parser(sub)
     return parser
 
 

@@ -56,7 +56,7 @@ def read_log(log_path: str, n_recent: int, holdout_fraction: float, min_samples:
     if len(examples) < min_samples:
         raise ValueError(f"{log_path}: generation log has {len(examples)} finished samples, "
                          f"retraining needs at least min_samples={min_samples}")
-    n_hold = max(1, int(round(holdout_fraction * len(examples))))
+    n_hold = max(1, round(holdout_fraction * len(examples)))
     held = {e.prompt for e in examples[-n_hold:]}  # the newest samples' prompts, every sample of them
     train = [e for e in examples if e.prompt not in held]
     hold = [e for e in examples if e.prompt in held]

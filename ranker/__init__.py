@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ranker.base import Ranker
 
-__all__ = ["load_ranker", "Ranker", "RankerFormatError", "RankerStore", "RankerWatcher", "kinds"]
+__all__ = ["Ranker", "RankerFormatError", "RankerStore", "RankerWatcher", "kinds", "load_ranker"]
 
 
 def load_ranker(path: Any) -> Ranker:
@@ -31,11 +31,11 @@ def load_ranker(path: Any) -> Ranker:
 
 def __getattr__(name: str) -> Any:
     if name in ("Ranker", "RankerFormatError", "kinds"):
-        import ranker.base as base
+        from ranker import base
 
         return getattr(base, name)
     if name in ("RankerStore", "RankerWatcher"):
-        import ranker.store as store
+        from ranker import store
 
         return getattr(store, name)
     raise AttributeError(f"module 'ranker' has no attribute {name!r}")

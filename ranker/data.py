@@ -178,8 +178,8 @@ def split_indices(n: int, fractions: tuple[float, float, float] = (0.7, 0.2, 0.1
     """Shuffle ``range(n)`` with ``seed`` and cut it by ``fractions`` (train, val, test)."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    a = int(round(fractions[0] * n))
-    b = a + int(round(fractions[1] * n))
+    a = round(fractions[0] * n)
+    b = a + round(fractions[1] * n)
     return order[:a], order[a:b], order[b:]
 
 

@@ -35,7 +35,7 @@ def recall_at(pred: Sequence[float] | np.ndarray, true: Sequence[float] | np.nda
     n = len(true)
     if n == 0:
         raise ValueError("recall of an empty set is undefined")
-    k = max(1, int(round(q * n)))
+    k = max(1, round(q * n))
     return len(_top(pred, k) & _top(true, k)) / k
 
 

@@ -131,7 +131,7 @@ class RankerWatcher:
             if path is None or path.name == self._name:
                 return
             ranker = load_ranker(path)
-        except Exception as err:  # recover: keep serving the previous ranker
+        except Exception as err:  # noqa: BLE001  (recover: keep serving the previous ranker)
             self.failures += 1
             log.error("ranker store %s: new ranker not loaded, keeping %s: %s", self.store.root, self._name, err)
             return

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ def default_base_path() -> str:
 
 @register("transformer")
 class TransformerRanker(Ranker):
-    def __init__(self, max_tokens: int = 128, trainable_layers: int = 1, epochs: int = 2, batch_size: int = 32,
+    def __init__(self, max_tokens: int = 128, trainable_layers: int = 1, epochs: int = 1, batch_size: int = 32,
                  lr: float = 1e-4, head_lr: float = 1e-3, seed: int = 0, threads: int = 0,
                  base_path: str | None = None) -> None:
         if not 8 <= max_tokens <= 512:
@@ -57,6 +58,7 @@ class TransformerRanker(Ranker):
         self.template = TemplateStripper()
         self.mu, self.sd = 0.0, 1.0
         self._net = None
+        self._lock = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
 
     # --- the network ----------------------------------------------------------------------
     def _build(self):
@@ -156,7 +158,7 @@ class TransformerRanker(Ranker):
         import torch
 
         out = np.zeros(len(prompts), dtype=np.float64)
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
             ids, batches = self._batches(prompts)
             for idx in batches:
                 h, mask, ext = self._frozen(ids, idx)

@@ -67,7 +67,7 @@ def test_watcher_is_thread_safe_under_concurrent_publishes(tmp_path):
             while not stop.is_set():
                 r = watcher.get()
                 assert r is not None and r.predict(["a b c"])[0] > 0
-        except BaseException as err:  # surfaced below
+        except BaseException as err:  # noqa: BLE001  (surfaced below)
             errors.append(err)
 
     threads = [threading.Thread(target=reader) for _ in range(4)]

@@ -9,6 +9,9 @@ Input per prompt (all computed from the raw text, nothing dataset-specific):
    prediction time;
 3. ``svd_dims`` latent components of the TF-IDF matrix (truncated SVD: topic/style directions).
 
+Small data (a short generation log): fewer than 200 rows train a fixed 200-round forest with
+leaves of at least max(3, n/20) rows instead of early stopping.
+
 Objective: ``regression`` (L2 on the log length, the default) or ``lambdarank`` (the training set
 cut into random queries of ``query_size`` prompts, relevance = length decile; scores are mapped
 back to a log length by a least-squares line on the training set). Early stopping on a 10%
@@ -61,11 +64,12 @@ class LightGBMRanker(Ranker):
             parts.append(np.asarray(x @ self.svd.T))
         return np.hstack(parts)
 
-    def _lgb_params(self) -> dict:
+    def _lgb_params(self, n: int) -> dict:
         p = self.params
         out = {
             "objective": p["objective"], "learning_rate": p["learning_rate"], "num_leaves": p["num_leaves"],
-            "min_data_in_leaf": p["min_data_in_leaf"], "feature_fraction": 0.7, "bagging_fraction": 0.8,
+            # small data sets (a short generation log) still need leaves that can split
+            "min_data_in_leaf": min(p["min_data_in_leaf"], max(3, n // 20)), "feature_fraction": 0.7, "bagging_fraction": 0.8,
             "bagging_freq": 1, "lambda_l2": 1.0, "verbose": -1, "seed": p["seed"], "deterministic": True,
             "num_threads": p["threads"],
         }
@@ -104,15 +108,16 @@ class LightGBMRanker(Ranker):
         self.svd = TruncatedSVD(dims, random_state=self.params["seed"]).fit(x_text).components_ if dims >= 2 else np.zeros((0, 0))
         x = self._design(prompts, stacked=oof)
 
-        rounds = self.params["max_rounds"]
+        rounds = min(self.params["max_rounds"], 200)  # no holdout to stop on: a short, safe forest
         if n >= 200:  # early stopping on a holdout picks the number of trees
             hold = rng.permutation(n) < max(20, n // 10)
             train_set = self._dataset(x[~hold], log_lengths[~hold], rng)
             valid_set = self._dataset(x[hold], log_lengths[hold], rng, reference=train_set)
-            probe = lgb.train(self._lgb_params(), train_set, num_boost_round=rounds, valid_sets=[valid_set],
+            probe = lgb.train(self._lgb_params(n), train_set, num_boost_round=self.params["max_rounds"],
+                              valid_sets=[valid_set],
                               callbacks=[lgb.early_stopping(100, verbose=False)])
-            rounds = max(20, int(1.1 * (probe.best_iteration or rounds)))
-        self.booster = lgb.train(self._lgb_params(), self._dataset(x, log_lengths, rng), num_boost_round=rounds)
+            rounds = max(20, int(1.1 * (probe.best_iteration or self.params["max_rounds"])))
+        self.booster = lgb.train(self._lgb_params(n), self._dataset(x, log_lengths, rng), num_boost_round=rounds)
         if self.params["objective"] == "lambdarank":
             raw = self.booster.predict(x)
             slope, icpt = np.polyfit(raw, log_lengths, 1) if np.std(raw) > 0 else (0.0, float(np.mean(log_lengths)))

@@ -4,7 +4,7 @@ Layout of a store root::
 
     root/
       CURRENT                      # one line: the name of the live ranker directory
-      r-20250101T120000-3f2a/      # a complete ranker directory (ranker.json + model files)
+      r-20250101T120000.123456789-lightgbm-3f2a/   # a complete ranker directory (ranker.json + files)
       r-...
 
 ``RankerStore.publish(trained_dir)`` copies a trained ranker into ``root/<name>/`` (checked by
@@ -61,7 +61,9 @@ class RankerStore:
         trained_dir = Path(trained_dir)
         manifest = read_manifest(trained_dir)  # refuse anything that is not a loadable ranker
         self.root.mkdir(parents=True, exist_ok=True)
-        name = f"r-{time.strftime('%Y%m%dT%H%M%S')}-{manifest['kind']}-{secrets.token_hex(3)}"
+        ns = time.time_ns()  # names sort chronologically (UTC, nanoseconds)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(ns // 10**9)) + f".{ns % 10**9:09d}"
+        name = f"r-{stamp}-{manifest['kind']}-{secrets.token_hex(2)}"
         staging = self.root / f".{name}.partial"
         if move:
             shutil.move(str(trained_dir), staging)
@@ -78,8 +80,7 @@ class RankerStore:
         """Published ranker directories, oldest first."""
         if not self.root.is_dir():
             return []
-        return sorted((p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("r-")),
-                      key=lambda p: p.stat().st_mtime)
+        return sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("r-"))
 
     def _prune(self, keep_name: str) -> None:
         old = [p for p in self.versions() if p.name != keep_name]

@@ -79,13 +79,21 @@ def train_step(train_path: str, out_dir: str, kind: str, model_params: dict[str,
 
 
 @task(name="evaluate")
-def evaluate_step(ranker_dir: str | None, holdout_path: str) -> dict[str, Any] | None:
+def evaluate_step(ranker_dir: str | None, holdout_path: str, tolerate_broken: bool = False) -> dict[str, Any] | None:
+    """Metrics of a ranker on the held-out file; None without a ranker (or an unreadable current one)."""
     if ranker_dir is None:
         return None
-    from ranker.base import load_ranker
+    from ranker.base import RankerFormatError, load_ranker
     from ranker.train import evaluate_ranker
 
-    return evaluate_ranker(load_ranker(ranker_dir), holdout_path)
+    try:
+        model = load_ranker(ranker_dir)
+    except RankerFormatError as err:
+        if not tolerate_broken:
+            raise
+        get_run_logger().warning("current ranker unreadable, replacing it: %s", err)  # recover: publish a good one
+        return None
+    return evaluate_ranker(model, holdout_path)
 
 
 @task(name="publish")
@@ -114,7 +122,7 @@ def retrain_ranker(params: RetrainParams) -> dict[str, Any]:
     split = read_log(params.log_path, params.n_recent, params.holdout_fraction, params.min_samples, str(work))
     current = RankerStore(params.store_root).current()
     new_dir = train_step(split["train"], str(work / "ranker"), params.kind, params.model_params)
-    before = evaluate_step(str(current) if current else None, split["holdout"])
+    before = evaluate_step(str(current) if current else None, split["holdout"], tolerate_broken=True)
     after = evaluate_step(new_dir, split["holdout"])
     better = before is None or after["recall_at_20"] >= before["recall_at_20"]
     published = publish_step(params.store_root, new_dir) if better or not params.require_improvement else None

@@ -113,3 +113,17 @@ def test_convert_mmlu_on_the_shared_data(tmp_path):
     test = load_dataset(tmp_path / "test.jsonl")
     assert test.examples[0].prompt.startswith("The following are multiple choice questions (with answers) about ")
     assert test.examples[0].prompt.endswith("Answer: Let's think step by step.")
+
+
+def test_retrain_flow_replaces_an_unreadable_current_ranker(prefect_api, tmp_path):
+    from flows.retrain_ranker import RetrainParams, retrain_ranker
+
+    rows = [json.loads(x) for x in FIXTURE.read_text().splitlines()]
+    _fill_log(tmp_path / "gen.sqlite", rows, version=1)
+    store = RankerStore(tmp_path / "store")
+    broken = store.publish(create("prompt_length").fit(["a", "bb"], [5, 9]).save(tmp_path / "initial"))
+    (tmp_path / "store" / broken / "ranker.json").write_text("{}")
+    result = retrain_ranker(RetrainParams(log_path=str(tmp_path / "gen.sqlite"), store_root=str(tmp_path / "store"),
+                                          kind="prompt_length", min_samples=40))
+    assert result["before"] is None and result["previous"] == broken
+    assert store.current().name == result["published"] != broken

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("action", choices=["start", "stop", "status"], help="`braid server start --help` lists the options")
     server.add_argument("rest", nargs=argparse.REMAINDER)
     server.set_defaults(func=lambda ns: _delegate("flows.server", [ns.action, *ns.rest]))
+
+    from flows.ranker_cli import add_parser as add_ranker_parser  # argparse only; models load lazily
+
+    add_ranker_parser(sub)
     return parser
 
 

@@ -48,11 +48,30 @@ def _two_sites(tmp: Path, **extra) -> dict:
     return {"sites_file": str(tmp / "sites.yaml"), "start_timeout_s": 60, "poll_s": 0.5, **extra}
 
 
+def _generation_log(tmp: Path) -> Path:
+    """A generation log holding the ranker fixture's prompts as finished samples (lengths as tokens)."""
+    import json
+
+    from ranker.genlog import GenerationLog, GenRecord
+
+    path = tmp / "generations.sqlite"
+    if not path.exists():
+        rows = [json.loads(line) for line in (ROOT / "tests/fixtures/ranker_small.jsonl").read_text().splitlines()]
+        with GenerationLog(path) as log:
+            log.append(GenRecord(r["id"], r["prompt"], r["response_length"], i // 40, 0, 1e9 + i) for i, r in enumerate(rows))
+    return path
+
+
 # deployment name in deploy/prefect.yaml -> its short run (None: started by another flow, not by people)
 SHORT_RUNS: dict[str, ShortRun | None] = {
     "rl-training": ShortRun(
         parameters=lambda tmp: {"config": _smoke_config(tmp), "sites": _two_sites(tmp)},
         artifacts=("rl-training-progress", "rl-training-metrics", "rl-training-report"),
+    ),
+    "retrain-ranker": ShortRun(
+        parameters=lambda tmp: {"params": {"log_path": str(_generation_log(tmp)), "store_root": str(tmp / "rankers"),
+                                           "kind": "tfidf_linear", "min_samples": 50}},
+        artifacts=("ranker-retrain",),
     ),
     "gen-site": None,
     "train-site": None,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/proto/braid.proto\x12\x08\x62raid.v1\"@\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\"\xb0\x01\n\x0fGenerateRequest\x12!\n\x07prompts\x18\x01 \x03(\x0b\x32\x10.braid.v1.Prompt\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x1a\n\x12min_weight_version\x18\x04 \x01(\x03\x12\x13\n\x0brequest_tag\x18\x05 \x01(\t\x12\x15\n\rinterruptible\x18\x06 \x01(\x08\"\xf0\x01\n\x06Sample\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x16\n\x0eweight_version\x18\x07 \x01(\x03\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12\x14\n\x0csubmitted_at\x18\t \x01(\x01\x12\x12\n\nstarted_at\x18\n \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0b \x01(\x01\"\x9c\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0ctensor_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04last\x18\x08 \x01(\x08\x12\x0e\n\x06\x64igest\x18\t \x01(\t\"L\n\tUpdateAck\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06staged\x18\x02 \x01(\x08\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07tensors\x18\x04 \x01(\r\"\x0f\n\rHealthRequest\"\xbe\x01\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0fpending_version\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x10\n\x08\x66inished\x18\x06 \x01(\x04\x12\x10\n\x08kv_usage\x18\x07 \x01(\x01\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\x12\x18\n\x10generated_tokens\x18\t \x01(\x04\x32\xc0\x01\n\nGeneration\x12\x39\n\x08Generate\x12\x19.braid.v1.GenerateRequest\x1a\x10.braid.v1.Sample0\x01\x12=\n\rUpdateWeights\x12\x15.braid.v1.WeightChunk\x1a\x13.braid.v1.UpdateAck(\x01\x12\x38\n\x06Health\x12\x17.braid.v1.HealthRequest\x1a\x15.braid.v1.HealthReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/proto/braid.proto\x12\x08\x62raid.v1\"q\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x18\n\x10\x65stimated_length\x18\x04 \x01(\x01\x12\x15\n\rforced_length\x18\x05 \x01(\r\"\xb0\x01\n\x0fGenerateRequest\x12!\n\x07prompts\x18\x01 \x03(\x0b\x32\x10.braid.v1.Prompt\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x1a\n\x12min_weight_version\x18\x04 \x01(\x03\x12\x13\n\x0brequest_tag\x18\x05 \x01(\t\x12\x15\n\rinterruptible\x18\x06 \x01(\x08\"\xf0\x01\n\x06Sample\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x16\n\x0eweight_version\x18\x07 \x01(\x03\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12\x14\n\x0csubmitted_at\x18\t \x01(\x01\x12\x12\n\nstarted_at\x18\n \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0b \x01(\x01\"\x9c\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0ctensor_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04last\x18\x08 \x01(\x08\x12\x0e\n\x06\x64igest\x18\t \x01(\t\"L\n\tUpdateAck\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06staged\x18\x02 \x01(\x08\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07tensors\x18\x04 \x01(\r\"\x0f\n\rHealthRequest\"\xbe\x01\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0fpending_version\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x10\n\x08\x66inished\x18\x06 \x01(\x04\x12\x10\n\x08kv_usage\x18\x07 \x01(\x01\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\x12\x18\n\x10generated_tokens\x18\t \x01(\x04\x32\xc0\x01\n\nGeneration\x12\x39\n\x08Generate\x12\x19.braid.v1.GenerateRequest\x1a\x10.braid.v1.Sample0\x01\x12=\n\rUpdateWeights\x12\x15.braid.v1.WeightChunk\x1a\x13.braid.v1.UpdateAck(\x01\x12\x38\n\x06Health\x12\x17.braid.v1.HealthRequest\x1a\x15.braid.v1.HealthReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.proto.braid_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROMPT']._serialized_start=40
-  _globals['_PROMPT']._serialized_end=104
-  _globals['_GENERATEREQUEST']._serialized_start=107
-  _globals['_GENERATEREQUEST']._serialized_end=283
-  _globals['_SAMPLE']._serialized_start=286
-  _globals['_SAMPLE']._serialized_end=526
-  _globals['_WEIGHTCHUNK']._serialized_start=529
-  _globals['_WEIGHTCHUNK']._serialized_end=685
-  _globals['_UPDATEACK']._serialized_start=687
-  _globals['_UPDATEACK']._serialized_end=763
-  _globals['_HEALTHREQUEST']._serialized_start=765
-  _globals['_HEALTHREQUEST']._serialized_end=780
-  _globals['_HEALTHREPLY']._serialized_start=783
-  _globals['_HEALTHREPLY']._serialized_end=973
-  _globals['_GENERATION']._serialized_start=976
-  _globals['_GENERATION']._serialized_end=1168
+  _globals['_PROMPT']._serialized_end=153
+  _globals['_GENERATEREQUEST']._serialized_start=156
+  _globals['_GENERATEREQUEST']._serialized_end=332
+  _globals['_SAMPLE']._serialized_start=335
+  _globals['_SAMPLE']._serialized_end=575
+  _globals['_WEIGHTCHUNK']._serialized_start=578
+  _globals['_WEIGHTCHUNK']._serialized_end=734
+  _globals['_UPDATEACK']._serialized_start=736
+  _globals['_UPDATEACK']._serialized_end=812
+  _globals['_HEALTHREQUEST']._serialized_start=814
+  _globals['_HEALTHREQUEST']._serialized_end=829
+  _globals['_HEALTHREPLY']._serialized_start=832
+  _globals['_HEALTHREPLY']._serialized_end=1022
+  _globals['_GENERATION']._serialized_start=1025
+  _globals['_GENERATION']._serialized_end=1217
 # @@protoc_insertion_point(module_scope)

@@ -75,7 +75,10 @@ def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
             best = (err, coef, bp)
     assert best is not None
     err, c, bp = best
-    return {"k1b": c[0], "k2": c[1] * bp, "k3": c[1], "k4": c[2], "k5": c[3], "prefill_per_token": c[4]}, err
+    names = ("k1b", "k3", "k4", "k5", "prefill_per_token")
+    coef = {k: float(v) for k, v in zip(names, c)}
+    coef["k2"] = coef["k3"] * bp
+    return coef, err
 
 
 def kv_bytes(engine, capacity_tokens: int) -> float:

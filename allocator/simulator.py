@@ -48,6 +48,7 @@ class SimSample:
     prompt_tokens: int
     length: int
     estimate: float | None = None
+    group: str = ""  # the prompt it samples (GRPO group); "" = on its own
 
 
 @dataclass
@@ -89,7 +90,7 @@ def simulate(
     if not samples:
         raise ValueError("simulate needs at least one sample")
     est = {s.seq_id: (float(s.length) if oracle else s.estimate) for s in samples}
-    seqs = [SeqRequest(s.seq_id, s.prompt_tokens, est[s.seq_id]) for s in samples]
+    seqs = [SeqRequest(s.seq_id, s.prompt_tokens, est[s.seq_id], group=s.group) for s in samples]
     ctx = DispatchContext(
         instances=tuple(InstanceLoad(i) for i in range(n_instances)), spec=spec, lengths=lengths,
         alpha=alpha, admission=admission, errors=errors, scenarios=scenarios, seed=seed,

@@ -114,6 +114,11 @@ class DispatchConfig(StrictModel):
     )
     scenarios: int = Field(3, ge=1, le=64, description="True-length draws per candidate plan in streamrl (with an error model).")
     seed: int = Field(0, ge=0, description="Seed of the random policy and of the scenario draws.")
+    forward_estimates: bool = Field(
+        True,
+        description="Send each sequence's estimate to its instance (its LPT admission uses it); false = instances "
+        "see no estimates and admit FCFS.",
+    )
 
     @model_validator(mode="after")
     def _known_policy(self) -> DispatchConfig:

@@ -178,7 +178,7 @@ class RouterCore:
         ctx = self.context()
         t0 = time.perf_counter()
         plan = dispatch(
-            self.dcfg.policy, [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate) for s in seqs], ctx
+            self.dcfg.policy, [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate, group=s.prompt.prompt_id) for s in seqs], ctx
         )
         dispatch_s = time.perf_counter() - t0
         call = RouterCall(ctx.seed, len(seqs), plan, source)
@@ -202,8 +202,10 @@ class RouterCore:
         for i, share in enumerate(shares):
             if not share:
                 continue
+            forward = self.dcfg.forward_estimates
             wire = [
-                PromptSpec(s.wire_id, s.prompt.token_ids, s.prompt.group, s.estimate or 0.0, s.prompt.forced_length)
+                PromptSpec(s.wire_id, s.prompt.token_ids, s.prompt.group, (s.estimate or 0.0) if forward else 0.0,
+                           s.prompt.forced_length)
                 for s in share
             ]
             handle = self.clients[i].start(wire, wire_params)

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from services.common.types import GenerateParams, PromptSpec
-from tests.conftest import ROOT, start_sgs, stop_sgs
+from tests.conftest import ROOT, SGSProcess, stop_sgs
 
 OVERRIDES = [
     "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
@@ -23,11 +23,38 @@ OVERRIDES = [
 ]
 
 
+def start_instance(workdir: Path, checkpoint: Path, overrides: list[str], index: int) -> SGSProcess:
+    from services.common.config import load_config, write_config
+
+    write_config(load_config(ROOT / "deploy/configs/smoke.yaml", overrides), workdir / "config.json")
+    port_file, log = workdir / "sgs.port", workdir / "sgs.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"), "--model",
+             str(checkpoint), "--port", "0", "--port-file", str(port_file), "--instance", str(index)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_checkpoint):
+def genlog_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("genlog") / "gen.sqlite"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_checkpoint, genlog_path):
     from services.generation.client import GenerationClient
 
-    instances = [start_sgs(tmp_path_factory.mktemp(f"inst{i}"), tiny_checkpoint, OVERRIDES) for i in range(2)]
+    overrides = [*OVERRIDES, f"generation.genlog={genlog_path}"]
+    instances = [start_instance(tmp_path_factory.mktemp(f"inst{i}"), tiny_checkpoint, overrides, i) for i in range(2)]
     workdir = tmp_path_factory.mktemp("router")
     port_file, log, timeline = workdir / "router.port", workdir / "router.log", workdir / "timeline.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -76,6 +103,24 @@ def test_streams_are_merged_every_sample_once_with_forced_lengths(stack):
     assert all(n > 0 for n in dispatched["per_instance"]) and sum(dispatched["per_instance"]) == 18
     seen = [e for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
     assert sorted(e["instance"] for e in seen) == sorted(sum(([i] * n for i, n in enumerate(dispatched["per_instance"])), []))
+
+
+def test_instances_append_finished_samples_to_the_generation_log(stack, genlog_path):
+    from ranker.genlog import GenerationLog
+
+    client, _, _ = stack
+    lengths = [7, 11, 13]
+    list(client.generate([PromptSpec(f"g{i}", (1, 5, 6, 7), "", 0.0, n) for i, n in enumerate(lengths)], GenerateParams(samples_per_prompt=2)))
+    with GenerationLog(genlog_path) as log:
+        deadline = time.monotonic() + 30
+        rows = []
+        while time.monotonic() < deadline:
+            rows = [r for r in log.recent(10_000) if r.prompt_id.startswith("g")]
+            if len(rows) >= 6:
+                break
+            time.sleep(0.2)
+    assert sorted(r.response_length for r in rows) == sorted(lengths * 2)
+    assert {r.instance for r in rows} == {0, 1} and all(r.prompt == "123" and r.weight_version == 0 for r in rows)
 
 
 def test_request_without_estimates_is_served_round_robin(stack):
@@ -180,3 +225,31 @@ def test_lost_instance_is_reported_as_unavailable(stack):
     with pytest.raises(grpc.RpcError) as err:
         list(client.generate(_prompts([3] * 4), GenerateParams(samples_per_prompt=2)))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "instance" in err.value.details()
+
+
+@pytest.mark.parametrize("mode, policy", [("one_step", "streamrl")])
+def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy):
+    """The launcher puts the router in front of 2 instances; the trainer sees one SGS."""
+    from allocator.models import spec_from_hf_config
+    from allocator.profiles import ProfileModel, load_profile, save_profile, shipped_profile
+    from flows.launcher import run_processes
+    from services.common.config import load_config, write_config
+
+    # the shipped CPU profile is for the default tiny model; the smoke model is smaller: re-label a copy
+    smoke = spec_from_hf_config("smoke", json.loads((tiny_checkpoint / "config.json").read_text()), dtype_bytes=4)
+    profile = load_profile(shipped_profile("cpu-local-braid-tiny"))
+    profile = profile.model_copy(update={"model": ProfileModel(name="smoke", fingerprint=smoke.fingerprint())})
+    save_profile(profile, tmp_path / "profile.json")
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+        f"trainer.mode={mode}", "generation.instances=2", f"generation.dispatch.policy={policy}", "eval.prompts=8",
+        f"generation.dispatch.profile={tmp_path / 'profile.json'}",
+    ])
+    write_config(cfg, tmp_path / "config.json")
+    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint)).read_text())
+    assert summary["final_weight_version"] == cfg.trainer.iterations
+    events = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
+    dispatched = [e for e in events if e["event"] == "dispatch"]
+    assert len(dispatched) >= cfg.trainer.iterations and all(e["policy"] == policy for e in dispatched)
+    assert {e["instance"] for e in events if e["event"] == "sample"} == {0, 1}
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in rows] == [cfg.trainer.prompts_per_iteration * cfg.trainer.group_size] * cfg.trainer.iterations

@@ -221,9 +221,16 @@ def _scenarios(seqs: Sequence[SeqRequest], est: list[float], ctx: DispatchContex
     calibrated estimates themselves when there is none."""
     if ctx.errors is None:
         return [est]
-    known = [s.estimate for s in seqs]
-    draws = ctx.errors.scenarios([e if e is not None else 0.0 for e in known], ctx.scenarios, ctx.seed)
-    return [[d if e is not None else est[i] for i, (d, e) in enumerate(zip(draw, known))] for draw in draws]
+    # one draw per group: the samples of one prompt are long or short together
+    first: dict[str, int] = {}
+    rep = [first.setdefault(s.group or s.seq_id, i) for i, s in enumerate(seqs)]
+    heads = sorted(set(rep))
+    draws = ctx.errors.scenarios([seqs[i].estimate or 0.0 for i in heads], ctx.scenarios, ctx.seed)
+    out = []
+    for draw in draws:
+        value = dict(zip(heads, draw))
+        out.append([value[rep[i]] if s.estimate is not None else est[i] for i, s in enumerate(seqs)])
+    return out
 
 
 def _candidate(

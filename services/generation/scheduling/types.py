@@ -20,6 +20,7 @@ class SeqRequest:
     prompt_tokens: int
     estimate: float | None = None
     max_new_tokens: int = 0  # 0 = unknown cap
+    group: str = ""  # sequences of one prompt (a GRPO group): their lengths are correlated ("" = on its own)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ the last completion is measured; PTL(bs) = T / L at a mean context of P + L/2 to
 The per-step cost (``scheduling.cost.StepCost``) is then fitted to all measurements: the
 total time of a measurement is the sum over its L steps of
 ``k1 b kv_j + max(k2, k3 bs) + k4 + k5 bs kv_j`` with ``kv_j = bs (P + j)``, plus
-``prefill x bs x P``. The ``max`` is handled by scanning the breakpoint n* = k2/k3 over a grid
+``prefill x bs x P + per_sequence x bs``. The ``max`` is handled by scanning the breakpoint n* = k2/k3 over a grid
 and solving a non-negative least-squares problem (relative error) for each; the best fit wins.
 
 KV bytes per token is read from the engine's allocated cache (bytes / (blocks x page size))
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_LENGTHS = (32, 128)
-DEFAULT_PROMPTS = (8, 96)
+DEFAULT_LENGTHS = (4, 32, 128)
+DEFAULT_PROMPTS = (8, 40)
 QUICK_BATCHES = (1, 4, 16, 32)
 
 
@@ -54,10 +54,10 @@ def measure(engine, batch_size: int, prompt_tokens: int, length: int, tag: str) 
 
 
 def _design_row(m: Measurement, breakpoint: float) -> list[float]:
-    """Coefficients of [k1*b, k3, k4, k5, prefill] in the total time of ``m``."""
+    """Coefficients of [k1*b, k3, k4, k5, prefill, per_sequence] in the total time of ``m``."""
     bs, p, n = m.batch_size, m.prompt_tokens, m.length
     kv_sum = bs * (n * p + n * (n - 1) / 2.0)
-    return [kv_sum, n * max(breakpoint, bs), n, bs * kv_sum, bs * p]
+    return [kv_sum, n * max(breakpoint, bs), n, bs * kv_sum, bs * p, bs]
 
 
 def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
@@ -75,7 +75,7 @@ def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
             best = (err, coef, bp)
     assert best is not None
     err, c, bp = best
-    names = ("k1b", "k3", "k4", "k5", "prefill_per_token")
+    names = ("k1b", "k3", "k4", "k5", "prefill_per_token", "per_sequence")
     coef = {k: float(v) for k, v in zip(names, c)}
     coef["k2"] = coef["k3"] * bp
     return coef, err
@@ -111,7 +111,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
         measure(engine, 4, 8, 16, "warmup")
         batches = QUICK_BATCHES if quick else DEFAULT_BATCHES
         grid = [(bs, p, n) for n in DEFAULT_LENGTHS for bs in batches for p in DEFAULT_PROMPTS[:1]]
-        grid += [(bs, DEFAULT_PROMPTS[1], DEFAULT_LENGTHS[0]) for bs in batches[::2]]
+        grid += [(bs, DEFAULT_PROMPTS[1], DEFAULT_LENGTHS[1]) for bs in batches[::2]]
         ms = []
         for k, (bs, p, n) in enumerate(grid):
             ms.append(measure(engine, bs, p, n, f"m{k}"))
@@ -131,7 +131,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
         watermark=0.15,  # transformers' FIFO scheduler safety margin
         step_cost=StepCostFields(
             k1=coef["k1b"] / kvb, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
-            prefill_per_token=coef["prefill_per_token"],
+            prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
         ),
         ptl=[PTLPoint(batch_size=m.batch_size, context_tokens=m.prompt_tokens + m.length / 2, seconds_per_token=m.seconds / m.length) for m in ms],
         fit_rel_rmse=err, created=date.today().isoformat(),

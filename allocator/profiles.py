@@ -63,6 +63,7 @@ class StepCostFields(StrictModel):
     k4: float = Field(ge=0, description="Seconds: constant per step.")
     k5: float = Field(0.0, ge=0, description="Seconds per (running sequence x cached token): dense-mask attention.")
     prefill_per_token: float = Field(0.0, ge=0, description="Seconds per prompt token prefilled.")
+    per_sequence: float = Field(0.0, ge=0, description="Seconds per admitted sequence (set-up and completion overhead).")
 
 
 class PTLPoint(StrictModel):

@@ -117,6 +117,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer seeds and a shorter real-engine run (< 5 min)")
     parser.add_argument("--skip-real", action="store_true", help="simulation only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--label", default="the ranker's", help="how the estimates were made (printed in the report)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ns = parser.parse_args()
     if not ns.estimates:
@@ -145,6 +146,7 @@ def main() -> int:
         **targets(makespan),
         "ranker_quality": ranker_quality(rows),
         "estimates_file": str(ns.estimates),
+        "estimates_label": ns.label,
         "lengths_unit": "tokens" + (f" (file lengths in characters / {ns.chars_per_token:g})" if ns.length_unit == "chars" else ""),
         "makespan_unit": "seconds (simulated unless under 'real')",
         "instances": N_INSTANCES,

@@ -4,12 +4,13 @@ SGS router, forced-length replay of the estimates file's lengths, one router per
 First the step cost is profiled **in situ**: uniform forced-length batches sent to both
 instances at once through gRPC (so the profile sees the same CPU sharing, polling and RPC
 overheads as the runs; this host is shared and its speed drifts by 2-3x over minutes) and
-fitted as ``braid profile`` does. Then per policy: start a router process configured with
-that dispatch policy (instances stay up; "+fcfs" configurations tell the router not to
-forward estimates, so the instances' LPT queue degenerates to FCFS), send a warm-up request
-drawn from the rows outside the batch (it warms the engines and gives the router its recent
-length distribution and the ranker's error model), then time ``repeats`` Generate calls of
-the batch from the client and keep the fastest (the least disturbed by other load). The
+fitted as ``braid profile`` does (each point ``repeats`` times, fastest kept). Then one router
+process per configuration, all up at once (the instances are shared; "+fcfs" configurations
+tell the router not to forward estimates, so the instances' LPT queue degenerates to FCFS),
+each warmed with a request drawn from the rows outside the batch (it warms the engines and
+gives the router its recent length distribution and the ranker's error model). The timed
+Generate calls of the batch are interleaved over the configurations ``repeats`` times and
+each configuration keeps its fastest (the least disturbed by other load on this host). The
 simulator replays the *same* assignment (read from the router's timeline) with the in-situ
 profile: ``sim_error`` is the mean relative error of the simulated vs the measured makespan,
 so it measures the engine model (mixed lengths, continuous batching, admission order), not
@@ -78,11 +79,12 @@ def _measured_per_instance(timeline: Path, call: int) -> list[float]:
 
 
 IN_SITU_GRID = [(1, 8, 32), (4, 8, 32), (16, 8, 32), (32, 8, 32), (1, 8, 128), (8, 8, 128), (32, 8, 128),
-                (4, 40, 32), (32, 40, 32)]
+                (4, 40, 32), (32, 40, 32), (32, 8, 2), (32, 40, 2), (64, 8, 2)]
 
 
-def profile_in_situ(instances: list[str], kv_bytes_per_token: float):
-    """Fit the step cost on uniform forced-length batches sent to every instance at once."""
+def profile_in_situ(instances: list[str], kv_bytes_per_token: float, repeats: int):
+    """Fit the step cost on uniform forced-length batches sent to every instance at once
+    (each point ``repeats`` times, the fastest kept: the least disturbed by other load)."""
     import threading
 
     from allocator.profiler import Measurement, fit_step_cost
@@ -92,26 +94,30 @@ def profile_in_situ(instances: list[str], kv_bytes_per_token: float):
 
     clients = [GenerationClient(a) for a in instances]
     ms: list[Measurement] = []
-    for k, (bs, p, n) in enumerate(IN_SITU_GRID):
-        times = [0.0] * len(clients)
+    best = [float("inf")] * len(IN_SITU_GRID)
+    for r in range(repeats):
+        for k, (bs, p, n) in enumerate(IN_SITU_GRID):
+            times = [0.0] * len(clients)
 
-        def run(i: int) -> None:
-            prompts = [PromptSpec(f"prof{k}-{j}", tuple([1] + [5] * (p - 1)), "", 0.0, n) for j in range(bs)]
-            t0 = time.perf_counter()
-            list(clients[i].generate(prompts, GenerateParams()))
-            times[i] = time.perf_counter() - t0
+            def run(i: int) -> None:
+                prompts = [PromptSpec(f"prof{r}-{k}-{j}", tuple([1] + [5] * (p - 1)), "", 0.0, n) for j in range(bs)]
+                t0 = time.perf_counter()
+                list(clients[i].generate(prompts, GenerateParams()))
+                times[i] = time.perf_counter() - t0
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        ms.append(Measurement(bs, p, n, statistics.fmean(times)))
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            best[k] = min(best[k], statistics.fmean(times))
+    ms = [Measurement(bs, p, n, t) for (bs, p, n), t in zip(IN_SITU_GRID, best)]
     for c in clients:
         c.close()
     coef, err = fit_step_cost(ms)
     cost = StepCost(k1=coef["k1b"] / kv_bytes_per_token, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
-                    prefill_per_token=coef["prefill_per_token"], kv_bytes_per_token=kv_bytes_per_token)
+                    prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
+                    kv_bytes_per_token=kv_bytes_per_token)
     return cost, err, [m.__dict__ for m in ms]
 
 
@@ -147,13 +153,12 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
         try:
             instances = start_instances(sup, work, checkpoint, INSTANCES, 1)
             t0 = time.time()
-            cost, fit_err, points = profile_in_situ(instances, profile.kv_bytes_per_token)
+            cost, fit_err, points = profile_in_situ(instances, profile.kv_bytes_per_token, repeats)
             print(f"in-situ profile: fit error {fit_err:.3f} ({time.time() - t0:.0f}s)", flush=True)
             in_situ = dc_replace(shipped, cost=cost)
             ctx = _Ctx(rows, batch, warm, scale, cpt, base, work, checkpoint, instances, sup, repeats)
-            for name in QUICK if quick else FULL:
-                results[name] = _one_policy(name, ctx, {"in_situ": in_situ, "shipped": shipped})
-                r = results[name]
+            results = _run_policies(QUICK if quick else FULL, ctx, {"in_situ": in_situ, "shipped": shipped})
+            for name, r in results.items():
                 print(f"real {name}: measured {r['measured_s']:.2f}s, simulated {r['simulated_s']:.2f}s "
                       f"(shipped profile {r['simulated_shipped_s']:.2f}s)", flush=True)
         finally:
@@ -169,6 +174,8 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
         "runs": results,
         "speedup_vs_random_measured": {k: rnd["measured_s"] / r["measured_s"] for k, r in results.items()},
         "speedup_vs_random_simulated": {k: rnd["simulated_s"] / r["simulated_s"] for k, r in results.items()},
+        "measurement_spread": statistics.fmean((max(r["measured_all_s"]) - min(r["measured_all_s"])) / min(r["measured_all_s"])
+                                               for r in results.values()),
         "sim_error": statistics.fmean(err("simulated_s")),
         "sim_error_max": max(err("simulated_s")),
         "sim_error_shipped_profile": statistics.fmean(err("simulated_shipped_s")),
@@ -182,46 +189,47 @@ class _Ctx:
             base, work, checkpoint, instances, sup, repeats)
 
 
-def _one_policy(name: str, c: _Ctx, specs: dict) -> dict:
+def _run_policies(names, c: _Ctx, specs: dict) -> dict[str, dict]:
+    """One router per configuration, all up at once; the timed calls are interleaved over the
+    configurations ``repeats`` times (so slow phases of the shared host hit all alike) and
+    each keeps its fastest."""
     from flows.launcher import start_router
     from services.common.config import load_config, write_config
     from services.common.types import GenerateParams
     from services.generation.client import GenerationClient
 
-    policy, rest = name.split("+")
-    inside, _, oracle = rest.partition("/")
-    forward = inside == "lpt"
-    run_dir = c.work / name.replace("+", "_").replace("/", "_")
-    run_dir.mkdir()
-    cfg = load_config(None, c.base + [f"generation.dispatch.policy={policy}", f"generation.dispatch.forward_estimates={forward}"])
-    write_config(cfg, run_dir / "config.json")
-    c.sup.run_dir = run_dir
-    address = start_router(c.sup, run_dir, c.checkpoint, c.instances)
-    router = c.sup.services[-1]
-    prompts = _specs(c.rows, c.batch, c.scale, c.cpt, bool(oracle), "b")
-    runs = []
-    try:
-        with GenerationClient(address) as client:
-            client.wait_ready()
-            list(client.generate(_specs(c.rows, c.warm, c.scale, c.cpt, bool(oracle), "w"), GenerateParams()))
-            for _ in range(c.repeats):
-                t0 = time.time()
-                samples = list(client.generate(prompts, GenerateParams()))
-                runs.append(time.time() - t0)
-                want = {p.prompt_id: p.forced_length for p in prompts}
-                assert sorted(s.prompt_id for s in samples) == sorted(want)
-                assert all(len(s.token_ids) == want[s.prompt_id] for s in samples)
-    finally:
-        router.proc.terminate()
-        router.proc.wait(timeout=30)
-        c.sup.services.remove(router)
-    timeline = run_dir / "router-timeline.jsonl"
-    calls = [json.loads(x)["call"] for x in timeline.read_text().splitlines() if '"event": "dispatch"' in x][1:]
-    best = min(range(len(runs)), key=runs.__getitem__)
-    simulated, per_sim = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["in_situ"])
-    shipped, _ = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["shipped"])
-    return {
-        "measured_s": runs[best], "measured_all_s": runs, "simulated_s": simulated, "simulated_shipped_s": shipped,
-        "measured_per_instance_s": _measured_per_instance(timeline, calls[best]),
-        "simulated_per_instance_s": per_sim,
-    }
+    routers = {}
+    for name in names:
+        policy, rest = name.split("+")
+        inside, _, oracle = rest.partition("/")
+        forward = inside == "lpt"
+        run_dir = c.work / name.replace("+", "_").replace("/", "_")
+        run_dir.mkdir()
+        overrides = [f"generation.dispatch.policy={policy}", f"generation.dispatch.forward_estimates={forward}"]
+        write_config(load_config(None, c.base + overrides), run_dir / "config.json")
+        c.sup.run_dir = run_dir
+        client = GenerationClient(start_router(c.sup, run_dir, c.checkpoint, c.instances))
+        client.wait_ready()
+        list(client.generate(_specs(c.rows, c.warm, c.scale, c.cpt, bool(oracle), "w"), GenerateParams()))
+        routers[name] = (client, run_dir, forward, _specs(c.rows, c.batch, c.scale, c.cpt, bool(oracle), "b"), [])
+    for _ in range(c.repeats):
+        for name, (client, _, _, prompts, times) in routers.items():
+            t0 = time.time()
+            samples = list(client.generate(prompts, GenerateParams()))
+            times.append(time.time() - t0)
+            want = {p.prompt_id: p.forced_length for p in prompts}
+            assert sorted(s.prompt_id for s in samples) == sorted(want)
+            assert all(len(s.token_ids) == want[s.prompt_id] for s in samples)
+    out = {}
+    for name, (client, run_dir, forward, prompts, times) in routers.items():
+        client.close()
+        timeline = run_dir / "router-timeline.jsonl"
+        calls = [json.loads(x)["call"] for x in timeline.read_text().splitlines() if '"event": "dispatch"' in x][1:]
+        best = min(range(len(times)), key=times.__getitem__)
+        simulated, per_sim = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["in_situ"])
+        shipped, _ = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["shipped"])
+        out[name] = {
+            "measured_s": times[best], "measured_all_s": times, "simulated_s": simulated, "simulated_shipped_s": shipped,
+            "measured_per_instance_s": _measured_per_instance(timeline, calls[best]), "simulated_per_instance_s": per_sim,
+        }
+    return out

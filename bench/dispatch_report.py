@@ -20,7 +20,7 @@ def markdown(r: dict) -> str:
         "",
         f"{r['instances']} instances, discrete-event simulation calling the SGS's own policy code; lengths in "
         f"{r['lengths_unit']}; makespan in seconds (speedup vs random dispatch with FCFS admission in brackets). "
-        f"Ranker estimates from `{r['estimates_file']}` (recall@20 {q['recall_at_20']:.2f}, @10 {q['recall_at_10']:.2f}, "
+        f"Ranker estimates: {r['estimates_label']} (`{r['estimates_file']}`; recall@20 {q['recall_at_20']:.2f}, @10 {q['recall_at_10']:.2f}, "
         f"@5 {q['recall_at_5']:.2f}, Spearman {q['spearman']:.2f}, n={q['n']}). `cpu` = measured CPU profile "
         "(tiny model, this host); `h20` = H20 x Qwen2.5-7B, **derived** from the spec sheet (not measured on a GPU). "
         f"Host: {r['host']}{'; --quick' if r['quick'] else ''}.",
@@ -54,8 +54,10 @@ def markdown(r: dict) -> str:
             f"## Real engines ({real['instances']} instance processes + router, tiny model, forced lengths, "
             f"{real['samples']} samples, lengths capped at {real['length_cap_tokens']} tokens, max_inflight {real['max_inflight']})",
             "",
-            f"Simulator error (same assignment replayed on the measured CPU profile): mean **{real['sim_error']:.3f}**, "
-            f"max {real['sim_error_max']:.3f}.",
+            f"Simulator error (the router's actual assignment replayed on the step cost profiled in situ): mean "
+            f"**{real['sim_error']:.3f}**, max {real['sim_error_max']:.3f}; with the shipped `braid profile` file "
+            f"{real['sim_error_shipped_profile']:.3f}. Noise floor: repeats of one configuration differed by "
+            f"{real['measurement_spread']:.3f} on average (fastest of {real['repeats']} kept).",
             "",
             "| configuration | measured s | simulated s | error | speedup vs random (measured) | (simulated) |",
             "|---|---|---|---|---|---|",

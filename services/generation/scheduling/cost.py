@@ -15,7 +15,9 @@ tokens takes
   cost grows with n x kv. It is 0 for GPU profiles (paged attention reads each sequence's own
   KV only) and fitted for the measured CPU profile.
 
-Prefill of ``p`` prompt tokens adds ``prefill_per_token * p`` (compute-bound).
+Admitting a sequence adds ``per_sequence`` (request set-up, the scheduler's bookkeeping,
+returning the result: ~3 ms per sequence for the CPU engine behind the SGS core, which
+dominates for outputs of a few tokens) and ``prefill_per_token`` per prompt token.
 
 StreamRL's per-token latency PTL(BS) (Eq. 1) is this step time at batch size BS with a
 typical context per sequence: ``ptl(bs, context) = T(bs, bs * context)``.
@@ -35,9 +37,10 @@ class StepCost:
     kv_bytes_per_token: float
     k5: float = 0.0  # s per (running sequence x cached token): dense-mask attention (CPU engine)
     prefill_per_token: float = 0.0  # s per prompt token prefilled
+    per_sequence: float = 0.0  # s per admitted sequence (set-up and completion overhead)
 
     def __post_init__(self) -> None:
-        for name in ("k1", "k2", "k3", "k4", "k5", "prefill_per_token"):
+        for name in ("k1", "k2", "k3", "k4", "k5", "prefill_per_token", "per_sequence"):
             if getattr(self, name) < 0:
                 raise ValueError(f"step cost {name} must be >= 0, got {getattr(self, name)}")
         if self.kv_bytes_per_token <= 0:
@@ -66,8 +69,9 @@ class StepCost:
             + self.k5 * n * kv_sum
         )
 
-    def prefill(self, tokens: float) -> float:
-        return self.prefill_per_token * tokens
+    def prefill(self, tokens: float, sequences: int = 0) -> float:
+        """Seconds to admit ``sequences`` sequences holding ``tokens`` prompt tokens in total."""
+        return self.prefill_per_token * tokens + self.per_sequence * sequences
 
     def ptl(self, batch_size: int, context: float) -> float:
         """StreamRL's PTL(BS): seconds per generated token of each sequence in a batch of

@@ -10,7 +10,7 @@ Mechanics (continuous batching as in vLLM and transformers' CB, decode-dominated
 - Admission: waiting sequences enter in ``AdmissionQueue`` order (FCFS or LPT — the object
   the live SGS core uses) while fewer than ``max_batch`` run and the KV cache holds their
   tokens below ``(1 - watermark) x capacity``; an idle instance always admits one.
-  Admitting ``p`` tokens costs ``prefill_per_token x p``.
+  Admitting sequences costs ``StepCost.prefill`` (per prompt token and per sequence).
 - Every step, each running sequence produces one token and its KV grows by one token; a step
   costs ``StepCost.step(n, kv)``. Between events (a completion, a KV overflow) n is constant
   and KV grows linearly, so the model jumps from event to event with the closed-form sum
@@ -88,7 +88,7 @@ def run_instance(
     blocked = False  # after a preemption, admit nothing until a sequence finishes
     out = InstanceRun(0.0, {}, {}, 0, 0, 0, 0)
     while True:
-        prefill = 0
+        prefill = admitted = 0
         while queue and n < spec.max_batch and not blocked:
             job, gen0 = queue.peek()  # type: ignore[misc]
             need = job.prompt_tokens + gen0
@@ -102,9 +102,10 @@ def run_instance(
             n += 1
             held += need
             prefill += need
+            admitted += 1
             out.start_s.setdefault(job.seq_id, t)
-        if prefill:
-            t += cost.prefill(prefill)
+        if admitted:
+            t += cost.prefill(prefill, admitted)
         max_running = max(max_running, n)
         if trace:
             out.trace.append((t, n, held))

@@ -114,6 +114,10 @@ class DispatchConfig(StrictModel):
     )
     scenarios: int = Field(3, ge=1, le=64, description="True-length draws per candidate plan in streamrl (with an error model).")
     seed: int = Field(0, ge=0, description="Seed of the random policy and of the scenario draws.")
+    unit: Literal["sample", "prompt"] = Field(
+        "sample",
+        description="Dispatch each sample on its own, or each prompt's samples (GRPO group) to one instance.",
+    )
     forward_estimates: bool = Field(
         True,
         description="Send each sequence's estimate to its instance (its LPT admission uses it); false = instances "

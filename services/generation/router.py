@@ -165,7 +165,7 @@ class RouterCore:
         return DispatchContext(
             instances=loads, spec=self.spec, lengths=dist, alpha=self.dcfg.alpha, admission=self.cfg.admission,
             errors=errors, scenarios=self.dcfg.scenarios, seed=self.dcfg.seed + next(self._calls),
-            rotation=min(range(len(loads)), key=lambda i: (loads[i].outstanding, i)),
+            rotation=min(range(len(loads)), key=lambda i: (loads[i].outstanding, i)), unit=self.dcfg.unit,
         )
 
     def start(self, prompts: list[PromptSpec], params: GenerateParams) -> RouterCall:

@@ -42,7 +42,7 @@ def test_workloads_and_headline(tmp_path):
     one = build_workload(loaded, "short", "one", chars_per_token=4.0, seed=0)
     assert len(set(one.groups)) == len(one.lengths) == 700 - 700 // 8
     m = {"random+fcfs": 120.0, "round_robin+fcfs": 110.0, "least_loaded+fcfs": 115.0, "lpt+fcfs": 105.0,
-         "lpt+fcfs/oracle": 100.0, "random+lpt": 119.0, "random+lpt/oracle": 118.0}
+         "lpt+fcfs/oracle": 100.0, "random+lpt": 119.0, "random+lpt/oracle": 118.0, "random@prompt+fcfs": 126.0}
     t = targets({"h20/long-multi": m})
     assert t["best_ranker_policy"] == "lpt+fcfs" and t["speedup_vs_random"] == pytest.approx(120 / 105)
     assert t["speedup_vs_best_baseline"] == pytest.approx(110 / 105) and t["ranker_vs_oracle"] == pytest.approx(1.05)

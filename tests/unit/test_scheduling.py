@@ -125,6 +125,21 @@ def test_estimate_driven_policies_fall_back_to_round_robin_without_estimates():
         dispatch("fastest", seqs, ctx(2))
 
 
+def test_prompt_unit_keeps_groups_whole_and_balances_their_work():
+    sizes = {"g0": (4, 10.0), "g1": (4, 9.0), "g2": (2, 20.0), "g3": (8, 1.0)}  # group -> (samples, estimate)
+    seqs = [SeqRequest(f"{g}/{k}", 4, e, group=g) for g, (n, e) in sizes.items() for k in range(n)]
+    for policy in ("random", "round_robin", "lpt"):
+        plan = dispatch(policy, seqs, ctx(2, unit="prompt"))
+        for g in sizes:
+            assert len({plan.assignment[s.seq_id] for s in seqs if s.group == g}) == 1, (policy, g)
+    plan = dispatch("lpt", seqs, ctx(2, unit="prompt"))
+    work = [0.0, 0.0]
+    for s in seqs:
+        work[plan.assignment[s.seq_id]] += s.estimate or 0
+    assert sorted(work) == [48.0, 76.0]  # group work 40, 40, 36, 8 -> {40, 36} | {40, 8}: the optimum
+    assert plan.notes["unit"] == "prompt"
+
+
 def batched_spec(max_batch: int = 64) -> InstanceSpec:
     """A step of n sequences costs max(0.1, 0.01 n) seconds (memory-bound below 10, compute-bound above)."""
     return InstanceSpec(StepCost(0.0, 0.1, 0.01, 0.0, 1.0), kv_capacity_tokens=10**9, max_batch=max_batch)

@@ -1,7 +1,11 @@
 """Dispatch: which instance generates each sequence of a batch (StreamRL §5.3, Algorithm 2).
 
 Every policy is a pure function ``(seqs, DispatchContext) -> DispatchPlan`` registered by name
-(``register_dispatch``); the live router and the simulator call the same objects.
+(``register_dispatch``); the live router and the simulator call the same objects. The unit of
+dispatch is one sample (``ctx.unit = "sample"``, the default: a GRPO group may span instances)
+or one prompt's whole group (``"prompt"``: what engines with parallel sampling do, keeping the
+shared prompt in one KV cache, and what the SGS did before the router); policies see a group
+as one ``SeqRequest`` with ``count`` samples.
 
 Baselines (need no length estimates):
 
@@ -42,7 +46,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from services.generation.scheduling.admission import Order
 from services.generation.scheduling.cost import InstanceSpec
@@ -68,6 +73,7 @@ class DispatchContext:
     scenarios: int = 3  # true-length draws per candidate in the refined policy (with ``errors``)
     seed: int = 0  # for ``random`` and the scenario draws
     rotation: int = 0  # first instance of ``round_robin``
+    unit: Literal["sample", "prompt"] = "sample"  # dispatch each sample, or each prompt's group whole
 
     def __post_init__(self) -> None:
         if not self.instances:
@@ -115,10 +121,32 @@ def dispatch(name: str, seqs: Sequence[SeqRequest], ctx: DispatchContext) -> Dis
         raise ValueError(f"dispatch policy {name!r} needs an instance cost model (a PTL profile)")
     if not seqs:
         return DispatchPlan({}, name)
+    if ctx.unit == "prompt":
+        return _by_prompt(name, seqs, ctx)
     if name in NEEDS_ESTIMATES and all(s.estimate is None for s in seqs):
         plan = _POLICIES["round_robin"](seqs, ctx)
         return DispatchPlan(plan.assignment, name, notes={"fallback": "round_robin (no estimates)"})
     return _POLICIES[name](seqs, ctx)
+
+
+def _by_prompt(name: str, seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchPlan:
+    """Dispatch each group (the samples of one prompt) whole: what engines with parallel
+    sampling (vLLM's ``n``, prefix shared in the KV cache) and the pre-router SGS did."""
+    members: dict[str, list[SeqRequest]] = {}
+    for s in seqs:
+        members.setdefault(s.group or s.seq_id, []).append(s)
+    units = []
+    for key, group in members.items():
+        known = [s.estimate for s in group if s.estimate is not None]
+        units.append(SeqRequest(key, group[0].prompt_tokens, sum(known) / len(known) if known else None,
+                                group=key, count=sum(s.count for s in group)))
+    plan = dispatch(name, units, replace(ctx, unit="sample"))
+    return replace(
+        plan,
+        assignment={s.seq_id: plan.assignment[key] for key, group in members.items() for s in group},
+        long_tail=frozenset(s.seq_id for key in plan.long_tail for s in members[key]),
+        notes={**plan.notes, "unit": "prompt"},
+    )
 
 
 # ---------------------------------------------------------------------------- baselines
@@ -141,14 +169,28 @@ def _least_loaded(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchP
     for s in seqs:
         i = min(range(ctx.n), key=lambda j: (count[j], prompt[j], j))
         out[s.seq_id] = i
-        count[i] += 1
-        prompt[i] += s.prompt_tokens
+        count[i] += s.count
+        prompt[i] += s.prompt_tokens * s.count
     return DispatchPlan(out, "least_loaded")
 
 
 # ---------------------------------------------------------------------------- estimate-driven
 def _calibrated(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> list[float]:
     return calibrate([s.estimate for s in seqs], ctx.lengths, ctx.errors)
+
+
+def _work(seqs: Sequence[SeqRequest], est: list[float]) -> list[float]:
+    return [e * s.count for s, e in zip(seqs, est)]
+
+
+def _top_units(order: list[int], seqs: Sequence[SeqRequest], n_seqs: int) -> int:
+    """How many units (longest first) make up the first ``n_seqs`` sequences."""
+    total = 0
+    for k, i in enumerate(order):
+        if total >= n_seqs:
+            return k
+        total += seqs[i].count
+    return len(order)
 
 
 def _lpt_balance(order: list[int], work: list[float], bins: list[int], load: dict[int, float]) -> dict[int, int]:
@@ -169,9 +211,9 @@ def _by_estimate(est: list[float]) -> list[int]:
 
 @register_dispatch("lpt", estimates=True)
 def _global_lpt(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchPlan:
-    est = _calibrated(seqs, ctx)
+    work = _work(seqs, _calibrated(seqs, ctx))
     load = {inst.index: inst.outstanding_work for inst in ctx.instances}
-    placed = _lpt_balance(_by_estimate(est), est, [inst.index for inst in ctx.instances], load)
+    placed = _lpt_balance(_by_estimate(work), work, [inst.index for inst in ctx.instances], load)
     return DispatchPlan({seqs[i].seq_id: b for i, b in placed.items()}, "lpt")
 
 
@@ -189,17 +231,19 @@ def _streamrl_naive(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> Dispatc
     est = _calibrated(seqs, ctx)
     dist = ctx.lengths or LengthDistribution(est)
     order = _by_estimate(est)
-    n_long = int(ctx.alpha * len(seqs))
+    total = sum(s.count for s in seqs)
+    n_long = _top_units(order, seqs, int(ctx.alpha * total))
     long_idx, reg_idx = order[:n_long], order[n_long:]
-    prompt = sum(s.prompt_tokens for s in seqs) / len(seqs)
+    m_long, m_reg = sum(seqs[i].count for i in long_idx), sum(seqs[i].count for i in reg_idx)
+    prompt = sum(s.prompt_tokens * s.count for s in seqs) / total
     best: tuple[float, int] | None = None
     for nl in range(1 if long_idx else 0, ctx.n if reg_idx else ctx.n + 1):
         nr = ctx.n - nl
         lat = 0.0
         if long_idx:
-            lat += _eq2_latency(ctx.spec, math.ceil(len(long_idx) / nl), dist.p90, prompt)
+            lat += _eq2_latency(ctx.spec, math.ceil(m_long / nl), dist.p90, prompt)
         if reg_idx:
-            lat += _eq2_latency(ctx.spec, math.ceil(len(reg_idx) / nr), dist.p50, prompt)
+            lat += _eq2_latency(ctx.spec, math.ceil(m_reg / nr), dist.p50, prompt)
         if best is None or lat < best[0]:
             best = (lat, nl)
     assert best is not None
@@ -244,8 +288,10 @@ def _candidate(
     indices = [inst.index for inst in ctx.instances]
     load = {inst.index: inst.outstanding_work for inst in ctx.instances}
     long_bins, reg_bins = (indices[:nl], indices[nl:]) if nl else (indices, indices)
-    placed = _lpt_balance(order[:n_long_seqs], est, long_bins, load)
-    placed.update(_lpt_balance(order[n_long_seqs:], est, reg_bins, load))
+    work = _work(seqs, est)
+    n_units = _top_units(order, seqs, n_long_seqs)
+    placed = _lpt_balance(order[:n_units], work, long_bins, load)
+    placed.update(_lpt_balance(order[n_units:], work, reg_bins, load))
     members: dict[int, list[int]] = {b: [] for b in indices}
     for i, b in placed.items():
         members[b].append(i)
@@ -253,7 +299,10 @@ def _candidate(
     for lengths in scenarios:
         total += max(
             run_instance(
-                [Job(seqs[i].seq_id, seqs[i].prompt_tokens, max(1, round(lengths[i])), seqs[i].estimate) for i in idx],
+                [
+                    Job(f"{seqs[i].seq_id}#{k}", seqs[i].prompt_tokens, max(1, round(lengths[i])), seqs[i].estimate)
+                    for i in idx for k in range(seqs[i].count)
+                ],
                 ctx.spec, ctx.admission,
             ).makespan_s
             for idx in members.values() if idx
@@ -267,7 +316,8 @@ def _streamrl(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchPlan:
     order = _by_estimate(est)
     scenarios = _scenarios(seqs, est, ctx)
     fractions = sorted({ctx.alpha, *REFINED_FRACTIONS})
-    sizes = sorted({max(1, round(f * len(seqs))) for f in fractions if round(f * len(seqs)) < len(seqs)})
+    total = sum(s.count for s in seqs)
+    sizes = sorted({max(1, round(f * total)) for f in fractions if round(f * total) < total})
     best_t, best_placed = _candidate(seqs, est, order, 0, 0, ctx, scenarios)
     best_cfg = (0, 0)
     for size in sizes if ctx.n > 1 else ():
@@ -278,7 +328,7 @@ def _streamrl(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchPlan:
     size, nl = best_cfg
     return DispatchPlan(
         {seqs[i].seq_id: b for i, b in best_placed.items()}, "streamrl",
-        long_tail=frozenset(seqs[i].seq_id for i in order[:size]) if nl else frozenset(),
+        long_tail=frozenset(seqs[i].seq_id for i in order[:_top_units(order, seqs, size)]) if nl else frozenset(),
         long_instances=tuple(inst.index for inst in ctx.instances[:nl]),
         predicted_makespan_s=best_t, notes={"n_long": nl, "long_seqs": size, "scenarios": len(scenarios)},
     )

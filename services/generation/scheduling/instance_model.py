@@ -68,6 +68,84 @@ class _Run:
         return self.generated0 + (step - self.step0)
 
 
+class _Instance:
+    """Mutable state of one simulated instance; ``run_instance`` drives it event by event."""
+
+    def __init__(self, jobs: Sequence[Job], spec: InstanceSpec, order: Order, start_s: float, trace: bool) -> None:
+        self.spec, self.cost = spec, spec.cost
+        self.queue: AdmissionQueue[tuple[Job, int]] = AdmissionQueue(order, lambda item: item[0].estimate)
+        for j in jobs:
+            self.queue.push((j, 0))
+        self.admit_limit = spec.kv_capacity_tokens * (1.0 - spec.watermark)
+        self.t, self.step, self.held = start_s, 0, 0  # clock, step counter, KV tokens held by running sequences
+        self.finishing: list[tuple[int, int, _Run]] = []  # (finish step, admission index, run)
+        self.stack: list[_Run] = []  # running, in admission order (preemption takes the newest)
+        self.n = self.admissions = 0
+        self.blocked = False  # after a preemption, admit nothing until a sequence finishes
+        self.trace = trace
+        self.out = InstanceRun(0.0, {}, {}, 0, 0, 0, 0)
+
+    def admit(self) -> None:
+        prefill = admitted = 0
+        while self.queue and self.n < self.spec.max_batch and not self.blocked:
+            job, gen0 = self.queue.peek()  # type: ignore[misc]
+            need = job.prompt_tokens + gen0
+            if self.n > 0 and self.held + need > self.admit_limit:
+                break
+            self.queue.pop()
+            run = _Run(job, gen0, self.step)
+            heapq.heappush(self.finishing, (run.finish_step(), self.admissions, run))
+            self.stack.append(run)
+            self.admissions += 1
+            self.n += 1
+            self.held += need
+            prefill += need
+            admitted += 1
+            self.out.start_s.setdefault(job.seq_id, self.t)
+        if admitted:
+            self.t += self.cost.prefill(prefill, admitted)
+        self.out.max_running = max(self.out.max_running, self.n)
+        if self.trace:
+            self.out.trace.append((self.t, self.n, self.held))
+
+    def advance(self, k: int) -> None:
+        """Run ``k`` decode steps of the current batch."""
+        self.t += self.cost.steps(self.n, self.held, k)
+        self.step += k
+        self.held += self.n * k
+        self.out.tokens += self.n * k
+
+    def preempt_newest(self) -> None:
+        victim = self.stack.pop()
+        while not victim.alive:
+            victim = self.stack.pop()
+        victim.alive = False
+        gen = victim.generated(self.step)
+        self.held -= victim.job.prompt_tokens + gen
+        self.n -= 1
+        self.out.preemptions += 1
+        self.queue.push((victim.job, gen), resumed=True)
+        self.blocked = True
+
+    def retire_finished(self) -> None:
+        while self.finishing and self.finishing[0][0] <= self.step:
+            _, _, run = heapq.heappop(self.finishing)
+            if not run.alive:
+                continue
+            run.alive = False
+            self.held -= run.job.prompt_tokens + run.job.length
+            self.n -= 1
+            self.blocked = False
+            self.out.finish_s[run.job.seq_id] = self.t
+        while self.stack and not self.stack[-1].alive:
+            self.stack.pop()
+
+    def steps_to_next_finish(self) -> int:
+        while not self.finishing[0][2].alive:
+            heapq.heappop(self.finishing)
+        return self.finishing[0][0] - self.step
+
+
 def run_instance(
     jobs: Sequence[Job], spec: InstanceSpec, order: Order, *, start_s: float = 0.0, trace: bool = False
 ) -> InstanceRun:
@@ -75,78 +153,19 @@ def run_instance(
     for j in jobs:
         if j.length < 1 or j.prompt_tokens < 0:
             raise ValueError(f"job {j.seq_id!r}: length must be >= 1 and prompt_tokens >= 0 (got {j.length}, {j.prompt_tokens})")
-    cost = spec.cost
-    queue: AdmissionQueue[tuple[Job, int]] = AdmissionQueue(order, lambda item: item[0].estimate)
-    for j in jobs:
-        queue.push((j, 0))
-    admit_limit = spec.kv_capacity_tokens * (1.0 - spec.watermark)
-    t, step = start_s, 0
-    held = 0  # KV tokens held by running sequences at the current step
-    finishing: list[tuple[int, int, _Run]] = []  # (finish step, admission index, run)
-    stack: list[_Run] = []  # running, in admission order (preemption takes the newest)
-    n = admissions = preemptions = tokens = max_running = 0
-    blocked = False  # after a preemption, admit nothing until a sequence finishes
-    out = InstanceRun(0.0, {}, {}, 0, 0, 0, 0)
+    inst = _Instance(jobs, spec, order, start_s, trace)
     while True:
-        prefill = admitted = 0
-        while queue and n < spec.max_batch and not blocked:
-            job, gen0 = queue.peek()  # type: ignore[misc]
-            need = job.prompt_tokens + gen0
-            if n > 0 and held + need > admit_limit:
-                break
-            queue.pop()
-            run = _Run(job, gen0, step)
-            heapq.heappush(finishing, (run.finish_step(), admissions, run))
-            stack.append(run)
-            admissions += 1
-            n += 1
-            held += need
-            prefill += need
-            admitted += 1
-            out.start_s.setdefault(job.seq_id, t)
-        if admitted:
-            t += cost.prefill(prefill, admitted)
-        max_running = max(max_running, n)
-        if trace:
-            out.trace.append((t, n, held))
-        if n == 0:
+        inst.admit()
+        if inst.n == 0:
             break
-        while not finishing[0][2].alive:
-            heapq.heappop(finishing)
-        k = finishing[0][0] - step
-        room = spec.kv_capacity_tokens - held  # tokens the cache can still take
-        if n > 1 and n * k > room:  # the running sequences outgrow the cache within k steps
-            k_safe = max(0, room // n)
-            t += cost.steps(n, held, k_safe)
-            step += k_safe
-            held += n * k_safe
-            tokens += n * k_safe
-            victim = stack.pop()
-            while not victim.alive:
-                victim = stack.pop()
-            victim.alive = False
-            gen = victim.generated(step)
-            held -= victim.job.prompt_tokens + gen
-            n -= 1
-            preemptions += 1
-            queue.push((victim.job, gen), resumed=True)
-            blocked = True
+        k = inst.steps_to_next_finish()
+        room = spec.kv_capacity_tokens - inst.held  # tokens the cache can still take
+        if inst.n > 1 and inst.n * k > room:  # the running sequences outgrow the cache within k steps
+            inst.advance(max(0, room // inst.n))
+            inst.preempt_newest()
             continue
-        t += cost.steps(n, held, k)
-        step += k
-        held += n * k
-        tokens += n * k
-        while finishing and finishing[0][0] <= step:
-            _, _, run = heapq.heappop(finishing)
-            if not run.alive:
-                continue
-            run.alive = False
-            held -= run.job.prompt_tokens + run.job.length
-            n -= 1
-            blocked = False
-            out.finish_s[run.job.seq_id] = t
-        while stack and not stack[-1].alive:
-            stack.pop()
-    out.makespan_s = t - start_s
-    out.steps, out.tokens, out.preemptions, out.max_running = step, tokens, preemptions, max_running
+        inst.advance(k)
+        inst.retire_finished()
+    out = inst.out
+    out.makespan_s, out.steps = inst.t - start_s, inst.step
     return out

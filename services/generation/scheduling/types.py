@@ -21,6 +21,7 @@ class SeqRequest:
     estimate: float | None = None
     max_new_tokens: int = 0  # 0 = unknown cap
     group: str = ""  # sequences of one prompt (a GRPO group): their lengths are correlated ("" = on its own)
+    count: int = 1  # a unit of ``count`` such sequences that must share an instance (a group dispatched whole)
 
 
 @dataclass(frozen=True)

@@ -270,7 +270,9 @@ class RouterCore:
                 continue
             if isinstance(item, BaseException):
                 call.cancel()
-                raise item
+                if isinstance(item, (InstanceFailed, RuntimeError)):
+                    raise item
+                raise RuntimeError(f"routing failed: {item!r}") from item
             delivered += 1
             yield item
         if delivered != call.expected:

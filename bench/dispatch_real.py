@@ -1,16 +1,16 @@
 """Real-engine part of ``bench/dispatch.py``: 2 instance processes of the tiny model behind the real
 SGS router, forced-length replay of the estimates file's lengths, one router per policy.
 
-First the step cost is profiled **in situ**: uniform forced-length batches sent to both
-instances at once through gRPC (so the profile sees the same CPU sharing, polling and RPC
-overheads as the runs; this host is shared and its speed drifts by 2-3x over minutes) and
-fitted as ``braid profile`` does (each point ``repeats`` times, fastest kept). Then one router
-process per configuration, all up at once (the instances are shared; "+fcfs" configurations
-tell the router not to forward estimates, so the instances' LPT queue degenerates to FCFS),
-each warmed with a request drawn from the rows outside the batch (it warms the engines and
-gives the router its recent length distribution and the ranker's error model). The timed
-Generate calls of the batch are interleaved over the configurations ``repeats`` times and
-each configuration keeps its fastest (the least disturbed by other load on this host). The
+The step cost is profiled **in situ**: uniform forced-length batches sent to both instances
+at once through gRPC (so the profile sees the same CPU sharing, polling and RPC overheads as
+the runs) and fitted as ``braid profile`` does. One router process per configuration is up
+at once (the instances are shared; "+fcfs" configurations tell the router not to forward
+estimates, so the instances' LPT queue degenerates to FCFS), each warmed with a request drawn
+from the rows outside the batch (it warms the engines and gives the router its recent length
+distribution and the ranker's error model). Then ``repeats`` rounds, each one pass over the
+profile grid followed by one timed Generate call of the batch per configuration: this host is
+shared and its speed drifts 2-3x within minutes, so profile points and timed calls are
+interleaved and each keeps its fastest round (the least disturbed by other load). The
 simulator replays the *same* assignment (read from the router's timeline) with the in-situ
 profile: ``sim_error`` is the mean relative error of the simulated vs the measured makespan,
 so it measures the engine model (mixed lengths, continuous batching, admission order), not
@@ -82,43 +82,52 @@ IN_SITU_GRID = [(1, 8, 32), (4, 8, 32), (16, 8, 32), (32, 8, 32), (1, 8, 128), (
                 (4, 40, 32), (32, 40, 32), (32, 8, 2), (32, 40, 2), (64, 8, 2)]
 
 
-def profile_in_situ(instances: list[str], kv_bytes_per_token: float, repeats: int):
-    """Fit the step cost on uniform forced-length batches sent to every instance at once
-    (each point ``repeats`` times, the fastest kept: the least disturbed by other load)."""
-    import threading
+class InSituProfile:
+    """Uniform forced-length batches sent to every instance at once through gRPC; each grid
+    point keeps its fastest round (the least disturbed by other load on the host)."""
 
-    from allocator.profiler import Measurement, fit_step_cost
-    from services.common.types import GenerateParams, PromptSpec
-    from services.generation.client import GenerationClient
-    from services.generation.scheduling import StepCost
+    def __init__(self, instances: list[str]) -> None:
+        from services.generation.client import GenerationClient
 
-    clients = [GenerationClient(a) for a in instances]
-    ms: list[Measurement] = []
-    best = [float("inf")] * len(IN_SITU_GRID)
-    for r in range(repeats):
+        self.clients = [GenerationClient(a) for a in instances]
+        self.best = [float("inf")] * len(IN_SITU_GRID)
+        self.rounds = 0
+
+    def measure_round(self) -> None:
+        import threading
+
+        from services.common.types import GenerateParams, PromptSpec
+
+        r = self.rounds
         for k, (bs, p, n) in enumerate(IN_SITU_GRID):
-            times = [0.0] * len(clients)
+            times = [0.0] * len(self.clients)
 
             def run(i: int) -> None:
                 prompts = [PromptSpec(f"prof{r}-{k}-{j}", tuple([1] + [5] * (p - 1)), "", 0.0, n) for j in range(bs)]
                 t0 = time.perf_counter()
-                list(clients[i].generate(prompts, GenerateParams()))
+                list(self.clients[i].generate(prompts, GenerateParams()))
                 times[i] = time.perf_counter() - t0
 
-            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(len(self.clients))]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            best[k] = min(best[k], statistics.fmean(times))
-    ms = [Measurement(bs, p, n, t) for (bs, p, n), t in zip(IN_SITU_GRID, best)]
-    for c in clients:
-        c.close()
-    coef, err = fit_step_cost(ms)
-    cost = StepCost(k1=coef["k1b"] / kv_bytes_per_token, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
-                    prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
-                    kv_bytes_per_token=kv_bytes_per_token)
-    return cost, err, [m.__dict__ for m in ms]
+            self.best[k] = min(self.best[k], statistics.fmean(times))
+        self.rounds += 1
+
+    def fit(self, kv_bytes_per_token: float):
+        from allocator.profiler import Measurement, fit_step_cost
+        from services.generation.scheduling import StepCost
+
+        for c in self.clients:
+            c.close()
+        ms = [Measurement(bs, p, n, t) for (bs, p, n), t in zip(IN_SITU_GRID, self.best)]
+        coef, err = fit_step_cost(ms)
+        cost = StepCost(k1=coef["k1b"] / kv_bytes_per_token, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
+                        prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
+                        kv_bytes_per_token=kv_bytes_per_token)
+        return cost, err, [m.__dict__ for m in ms]
 
 
 def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
@@ -129,7 +138,7 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     from services.common.config import load_config, write_config
     from services.policy.model import build_policy, save_policy
 
-    n, repeats = (512, 2) if quick else (1024, 3)
+    n, repeats = (512, 3) if quick else (1024, 4)
     rng = random.Random(seed + 1)
     order = list(range(len(rows)))
     rng.shuffle(order)
@@ -152,12 +161,16 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
         sup = Supervisor(work)
         try:
             instances = start_instances(sup, work, checkpoint, INSTANCES, 1)
-            t0 = time.time()
-            cost, fit_err, points = profile_in_situ(instances, profile.kv_bytes_per_token, repeats)
-            print(f"in-situ profile: fit error {fit_err:.3f} ({time.time() - t0:.0f}s)", flush=True)
-            in_situ = dc_replace(shipped, cost=cost)
             ctx = _Ctx(rows, batch, warm, scale, cpt, base, work, checkpoint, instances, sup, repeats)
-            results = _run_policies(QUICK if quick else FULL, ctx, {"in_situ": in_situ, "shipped": shipped})
+            prof = InSituProfile(instances)
+            routers = _start_routers(QUICK if quick else FULL, ctx)
+            for r in range(repeats):  # profile and timed calls interleaved: both see the host's slow phases
+                prof.measure_round()
+                _timed_round(routers)
+                print(f"real round {r + 1}/{repeats} done", flush=True)
+            cost, fit_err, points = prof.fit(profile.kv_bytes_per_token)
+            in_situ = dc_replace(shipped, cost=cost)
+            results = _summarize(routers, {"in_situ": in_situ, "shipped": shipped})
             for name, r in results.items():
                 print(f"real {name}: measured {r['measured_s']:.2f}s, simulated {r['simulated_s']:.2f}s "
                       f"(shipped profile {r['simulated_shipped_s']:.2f}s)", flush=True)
@@ -189,10 +202,9 @@ class _Ctx:
             base, work, checkpoint, instances, sup, repeats)
 
 
-def _run_policies(names, c: _Ctx, specs: dict) -> dict[str, dict]:
-    """One router per configuration, all up at once; the timed calls are interleaved over the
-    configurations ``repeats`` times (so slow phases of the shared host hit all alike) and
-    each keeps its fastest."""
+def _start_routers(names, c: _Ctx) -> dict:
+    """One router process per configuration, all up at once (the instances are shared), each
+    warmed with a request drawn from the rows outside the batch."""
     from flows.launcher import start_router
     from services.common.config import load_config, write_config
     from services.common.types import GenerateParams
@@ -212,14 +224,24 @@ def _run_policies(names, c: _Ctx, specs: dict) -> dict[str, dict]:
         client.wait_ready()
         list(client.generate(_specs(c.rows, c.warm, c.scale, c.cpt, bool(oracle), "w"), GenerateParams()))
         routers[name] = (client, run_dir, forward, _specs(c.rows, c.batch, c.scale, c.cpt, bool(oracle), "b"), [])
-    for _ in range(c.repeats):
-        for name, (client, _, _, prompts, times) in routers.items():
-            t0 = time.time()
-            samples = list(client.generate(prompts, GenerateParams()))
-            times.append(time.time() - t0)
-            want = {p.prompt_id: p.forced_length for p in prompts}
-            assert sorted(s.prompt_id for s in samples) == sorted(want)
-            assert all(len(s.token_ids) == want[s.prompt_id] for s in samples)
+    return routers
+
+
+def _timed_round(routers: dict) -> None:
+    """One timed Generate call of the batch per configuration."""
+    from services.common.types import GenerateParams
+
+    for client, _, _, prompts, times in routers.values():
+        t0 = time.time()
+        samples = list(client.generate(prompts, GenerateParams()))
+        times.append(time.time() - t0)
+        want = {p.prompt_id: p.forced_length for p in prompts}
+        assert sorted(s.prompt_id for s in samples) == sorted(want)
+        assert all(len(s.token_ids) == want[s.prompt_id] for s in samples)
+
+
+def _summarize(routers: dict, specs: dict) -> dict[str, dict]:
+    """Per configuration: its fastest call, and the simulator's replay of that call's assignment."""
     out = {}
     for name, (client, run_dir, forward, prompts, times) in routers.items():
         client.close()

@@ -54,6 +54,35 @@ def _config(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(ns: argparse.Namespace) -> int:
+    """Measure a PTL profile on the engine, or write a roofline-derived one (``--derive``)."""
+    from allocator.profiles import ProfileError
+
+    if ns.derive:
+        from allocator.profiles import derive_profile, save_profile
+
+        hardware, _, model = ns.derive.partition(":")
+        try:
+            profile = derive_profile(hardware, model)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        print(json.dumps({"out": str(save_profile(profile, ns.out)), "tensor_parallel": profile.tensor_parallel,
+                          "kv_capacity_tokens": profile.kv_capacity_tokens}, indent=2))
+        return 0
+    from services.common.config import ConfigError
+
+    try:
+        from allocator.profiler import run_profile
+
+        result = run_profile(ns.config, ns.model, ns.out, hardware=ns.hardware, quick=ns.quick)
+    except (ConfigError, ProfileError, FileNotFoundError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid", description="Asynchronous, disaggregated RL post-training")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--config", default="deploy/configs/default.yaml")
     cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
     cfg.set_defaults(func=_config)
+
+    prof = sub.add_parser("profile", help="measure PTL(batch size) and KV bytes/token on the engine; write a profile JSON")
+    prof.add_argument("--config", default="deploy/configs/default.yaml", help="config whose model and generation settings are profiled")
+    prof.add_argument("--model", help="local HF checkpoint dir (default: the config's built tiny model)")
+    prof.add_argument("--out", required=True, help="profile JSON to write")
+    prof.add_argument("--hardware", default="cpu-local", help="hardware kind recorded in the profile")
+    prof.add_argument("--quick", action="store_true", help="fewer batch sizes")
+    prof.add_argument("--derive", metavar="GPU:MODEL", help="write a roofline-derived profile instead, e.g. H20:qwen2.5-7b")
+    prof.set_defaults(func=_profile)
+
+    router = sub.add_parser("router", help="run the SGS router over N instances", add_help=False)
+    router.set_defaults(func=lambda ns: _delegate("services.generation.router_main", ns.rest))
+    router.add_argument("rest", nargs=argparse.REMAINDER)
 
     sgs = sub.add_parser("sgs", help="run a Stream Generation Service process", add_help=False)
     sgs.set_defaults(func=lambda ns: _delegate("services.generation.__main__", ns.rest))

@@ -176,6 +176,25 @@ def start_instances(
     return [f"{host}:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
 
 
+def router_enabled(cfg) -> bool:
+    """Whether the run puts the SGS router in front of its instances (``generation.dispatch.router``)."""
+    mode = cfg.generation.dispatch.router
+    return mode == "on" or (mode == "auto" and cfg.generation.instances > 1 and cfg.trainer.mode != "bounded")
+
+
+def start_router(sup: Supervisor, run_dir: Path, checkpoint: str, instances: list[str]) -> str:
+    """Start the SGS router (``router``) over ``instances``; return its loopback address."""
+    port_file = run_dir / "router.port"
+    port_file.unlink(missing_ok=True)
+    sup.start(
+        "router", "services.generation.router_main",
+        ["--config", str(run_dir / "config.json"), "--model", checkpoint, "--instances", ",".join(instances),
+         "--port", "0", "--port-file", str(port_file), "--timeline", str(run_dir / "router-timeline.jsonl")],
+        threads=1,
+    )
+    return f"127.0.0.1:{sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
+
+
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
     """Start the SGS instances and the trainer for the run in ``run_dir``, supervise them until the
     trainer exits, stop everything, and return the path of ``summary.json``.
@@ -197,6 +216,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate,
             relays=relays,
         )
+        if router_enabled(cfg):  # the trainer talks to the router only; it dispatches and merges
+            addresses = [start_router(sup, run_dir, checkpoint, addresses)]
         trainer = sup.start(
             "trainer", "services.trainer",
             ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)]

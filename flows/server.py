@@ -105,8 +105,28 @@ def client_env(api_url: str, prefect_home: Path) -> dict[str, str]:
     return env
 
 
-def api_request(api_url: str, method: str, path: str, body: dict | None = None, auth: str | None = None) -> tuple[int, dict | list | None]:
-    """One JSON request to the Prefect REST API: (status, decoded body or None)."""
+RETRY_STATUSES = (429, 503)  # the server is busy (e.g. its SQLite database is locked): try again
+RETRIES = 6
+
+
+def api_request(
+    api_url: str, method: str, path: str, body: dict | None = None, auth: str | None = None, *, retries: int = RETRIES
+) -> tuple[int, dict | list | None]:
+    """One JSON request to the Prefect REST API: (status, decoded body or None).
+
+    A 429 or 503 answer (a busy server; nothing was done) is retried with exponential backoff,
+    honouring Retry-After, as Prefect's own client does; the last answer is returned."""
+    for attempt in range(retries + 1):
+        status, decoded, retry_after = _request_once(api_url, method, path, body, auth)
+        if status not in RETRY_STATUSES or attempt == retries:
+            return status, decoded
+        time.sleep(retry_after if retry_after is not None else min(8.0, 0.5 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def _request_once(
+    api_url: str, method: str, path: str, body: dict | None, auth: str | None
+) -> tuple[int, dict | list | None, float | None]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(f"{api_url}{path}", data=data, method=method)
     req.add_header("Content-Type", "application/json")
@@ -115,13 +135,15 @@ def api_request(api_url: str, method: str, path: str, body: dict | None = None, 
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             raw = resp.read()
-            return resp.status, json.loads(raw) if raw else None
+            return resp.status, json.loads(raw) if raw else None, None
     except urllib.error.HTTPError as err:
         raw = err.read()
+        after = err.headers.get("Retry-After")
+        retry_after = float(after) if after and after.replace(".", "", 1).isdigit() else None
         try:
-            return err.code, json.loads(raw) if raw else None
+            return err.code, json.loads(raw) if raw else None, retry_after
         except json.JSONDecodeError:
-            return err.code, {"detail": raw.decode(errors="replace")}
+            return err.code, {"detail": raw.decode(errors="replace")}, retry_after
 
 
 def _spawn(cmd: list[str], env: dict[str, str], log: Path, cwd: str) -> int:

@@ -86,6 +86,53 @@ class WarmstartConfig(StrictModel):
     seed: int = Field(1, ge=0, description="Seed of the demonstration stream.")
 
 
+class DispatchConfig(StrictModel):
+    """The SGS router: skewness-aware dispatch over the engine instances (``docs/scheduling.md``)."""
+
+    router: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Put a router process in front of the instances: auto = when generation.instances > 1 "
+        "and trainer.mode is not bounded (bounded mode routes groups to instances itself).",
+    )
+    policy: str = Field(
+        "lpt",
+        description="Dispatch policy: random, round_robin, least_loaded, lpt (global LPT by estimate), "
+        "streamrl (Algorithm 2, refined), streamrl_naive (as written). Estimate-driven policies fall back "
+        "to round_robin for a request without any estimate.",
+    )
+    alpha: float = Field(0.2, gt=0.0, lt=1.0, description="Long-tail fraction of Algorithm 2 (StreamRL: 20%).")
+    profile: str | None = Field(
+        None,
+        description="PTL profile (JSON) of one instance, for streamrl*; None = the shipped measured CPU profile "
+        "allocator/profiles/cpu-local-braid-tiny.json (refused if it is for another model).",
+    )
+    length_window: int = Field(
+        4096, ge=16, le=10_000_000, description="Recent finished lengths (and estimate/actual pairs) the router keeps."
+    )
+    min_history: int = Field(
+        64, ge=2, le=10_000_000, description="Finished samples needed before the recent distribution and the estimator's error model are used."
+    )
+    scenarios: int = Field(3, ge=1, le=64, description="True-length draws per candidate plan in streamrl (with an error model).")
+    seed: int = Field(0, ge=0, description="Seed of the random policy and of the scenario draws.")
+    unit: Literal["sample", "prompt"] = Field(
+        "sample",
+        description="Dispatch each sample on its own, or each prompt's samples (GRPO group) to one instance.",
+    )
+    forward_estimates: bool = Field(
+        True,
+        description="Send each sequence's estimate to its instance (its LPT admission uses it); false = instances "
+        "see no estimates and admit FCFS.",
+    )
+
+    @model_validator(mode="after")
+    def _known_policy(self) -> DispatchConfig:
+        from services.generation.scheduling import policy_names
+
+        if self.policy not in policy_names():
+            raise ValueError(f"dispatch.policy {self.policy!r} is not one of {policy_names()}")
+        return self
+
+
 class GenerationConfig(StrictModel):
     """The Stream Generation Service (SGS) and its engine."""
 
@@ -110,6 +157,23 @@ class GenerationConfig(StrictModel):
         default_factory=list,
         description="Injected delay per engine poll, per instance (straggler emulation; empty = none).",
     )
+    admission: Literal["fcfs", "lpt"] = Field(
+        "lpt",
+        description="Order waiting sequences enter the engine: lpt = longest estimated_length first (Graham's LPT; "
+        "sequences without an estimate go first, so requests without estimates are served FCFS), fcfs = arrival order.",
+    )
+    forced_lengths: bool = Field(
+        False, description="Accept Prompt.forced_length (forced-length replay: generate exactly N tokens, ignoring EOS)."
+    )
+    genlog: str | None = Field(
+        None, description="Generation log (SQLite, ranker/genlog.py): every finished sample is appended (None = off)."
+    )
+    ranker_dir: str | None = Field(
+        None,
+        description="Output-length ranker the router uses for prompts without estimated_length "
+        "(ranker.store.RankerWatcher over this directory; None = no estimator).",
+    )
+    dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
 
     @model_validator(mode="after")
     def _delays_fit(self) -> GenerationConfig:
@@ -260,6 +324,15 @@ class RunConfig(StrictModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+
+    @model_validator(mode="after")
+    def _router_mode(self) -> RunConfig:
+        if self.generation.dispatch.router == "on" and self.trainer.mode == "bounded":
+            raise ValueError(
+                "generation.dispatch.router 'on' does not apply to trainer.mode 'bounded' "
+                "(bounded mode routes GRPO groups to instances by weight version itself)"
+            )
+        return self
 
 
 class ConfigError(ValueError):

@@ -10,6 +10,8 @@ class PromptSpec:
     prompt_id: str
     token_ids: tuple[int, ...]
     group_id: str = ""
+    estimated_length: float = 0.0  # estimated output tokens (0 = unknown); LPT admission and dispatch
+    forced_length: int = 0  # forced-length replay: exactly this many tokens, EOS ignored (0 = off)
 
     @property
     def group(self) -> str:

@@ -34,7 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     from services.generation.server import GenerationServicer, create_server
 
     engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0)
-    core = GenerationCore(engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens)
+    genlog = None
+    if cfg.genlog:
+        from services.generation.genlog_writer import GenLogWriter
+
+        genlog = GenLogWriter(cfg.genlog, ns.model, ns.instance)
+    core = GenerationCore(
+        engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens, admission=cfg.admission,
+        on_finished=genlog.record if genlog else None,
+    )
     relay = None
     if ns.relay:
         from services.weights.client import RelayClient
@@ -63,9 +71,16 @@ def main(argv: list[str] | None = None) -> int:
             logging.error("generation core died: %r", core.error)
             server.stop(grace=1).wait()
             return 1
+        if genlog is not None and genlog.error is not None:
+            logging.error("generation log failed: %r", genlog.error)
+            server.stop(grace=1).wait()
+            return 1
     server.stop(grace=2).wait()
     core.stop()
     engine.close()
+    if genlog is not None:
+        genlog.close()
+        genlog.check()
     return 0
 
 

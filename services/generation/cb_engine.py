@@ -9,6 +9,11 @@ Interrupt (partial rollout) pauses the generation loop, reads each request's tok
 log-probs so far from the scheduler's request state, and cancels the requests; the KV cache
 they held is freed, so resuming means re-prefilling prompt + partial output with new weights.
 ``step_delay_s`` sleeps before every forward pass (straggler emulation in tests).
+
+Forced-length replay (``submit(..., ignore_eos=True)``): the request's stop test is disabled
+(``eos_token_id=-1`` for that request only), so it generates exactly ``max_new_tokens`` tokens
+whatever it samples; its finish reason is "length". This replays a recorded length
+distribution on the tiny model (StreamRL §7's evaluation method).
 """
 
 from __future__ import annotations
@@ -61,9 +66,15 @@ class ContinuousBatchingEngine(Engine):
         )
         self._manager = self._model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         self._manager.start()
+        self._forced: set[str] = set()  # request ids submitted with ignore_eos
+        self._capacity_tokens = cfg.num_blocks * cfg.page_size
 
-    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int) -> None:
-        rid = self._manager.add_request(prompt, request_id=request_id, max_new_tokens=max_new_tokens)
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False) -> None:
+        # eos_token_id=-1 disables the stop test for this request only (forced-length replay)
+        eos = -1 if ignore_eos else None
+        rid = self._manager.add_request(prompt, request_id=request_id, max_new_tokens=max_new_tokens, eos_token_id=eos)
+        if ignore_eos:
+            self._forced.add(request_id)
         if rid is None:
             raise RuntimeError("continuous batching manager refused the request (stopped or failed)")
 
@@ -79,7 +90,9 @@ class ContinuousBatchingEngine(Engine):
 
     def _convert(self, result) -> EngineOutput:  # result: transformers GenerationOutput
         tokens = [int(t) for t in result.generated_tokens]
-        reason = "stop" if tokens and tokens[-1] == self.eos_id else "length"
+        forced = result.request_id in self._forced
+        self._forced.discard(result.request_id)
+        reason = "stop" if tokens and tokens[-1] == self.eos_id and not forced else "length"
         return EngineOutput(
             request_id=result.request_id,
             token_ids=tokens,
@@ -89,6 +102,7 @@ class ContinuousBatchingEngine(Engine):
         )
 
     def cancel(self, request_id: str) -> None:
+        self._forced.discard(request_id)
         self._manager.cancel_request(request_id)
 
     def interrupt(self, request_ids: list[str]) -> dict[str, EngineOutput]:
@@ -105,6 +119,7 @@ class ContinuousBatchingEngine(Engine):
                     tokens = [int(t) for t in out.generated_tokens[:n]]
                     logprobs = [float(x) for x in out.logprobs[:n]]
                 outputs[rid] = EngineOutput(rid, tokens, logprobs, "interrupted")
+                self._forced.discard(rid)
                 self._manager.cancel_request(rid)
         return outputs
 
@@ -120,6 +135,9 @@ class ContinuousBatchingEngine(Engine):
         if processor is None:
             return 0.0
         return float(1.0 - processor.cache.compute_free_capacity(relative=True))
+
+    def kv_capacity_tokens(self) -> int:
+        return self._capacity_tokens
 
     def close(self) -> None:
         self._manager.stop(block=True)

@@ -89,3 +89,8 @@ class GenerationClient:
     def update_weights(self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20) -> pb.UpdateAck:
         chunks = (convert.chunk_to_pb(c) for c in iter_chunks(state, version, chunk_bytes))
         return self._stub.UpdateWeights(chunks, timeout=600)
+
+
+def push_chunks(client: GenerationClient, chunks: Iterator[pb.WeightChunk], timeout_s: float = 600) -> pb.UpdateAck:
+    """Forward an already-encoded weight stream (the router's fan-out) to ``client``'s service."""
+    return client._stub.UpdateWeights(chunks, timeout=timeout_s)

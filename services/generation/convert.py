@@ -12,7 +12,13 @@ from services.proto import braid_pb2 as pb
 
 def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.GenerateRequest:
     return pb.GenerateRequest(
-        prompts=[pb.Prompt(prompt_id=p.prompt_id, group_id=p.group_id, token_ids=list(p.token_ids)) for p in prompts],
+        prompts=[
+            pb.Prompt(
+                prompt_id=p.prompt_id, group_id=p.group_id, token_ids=list(p.token_ids),
+                estimated_length=p.estimated_length, forced_length=p.forced_length,
+            )
+            for p in prompts
+        ],
         samples_per_prompt=params.samples_per_prompt,
         max_new_tokens=params.max_new_tokens,
         min_weight_version=params.min_weight_version,
@@ -22,7 +28,9 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
 
 
 def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], GenerateParams]:
-    prompts = [PromptSpec(p.prompt_id, tuple(p.token_ids), p.group_id) for p in req.prompts]
+    prompts = [
+        PromptSpec(p.prompt_id, tuple(p.token_ids), p.group_id, p.estimated_length, p.forced_length) for p in req.prompts
+    ]
     params = GenerateParams(
         samples_per_prompt=req.samples_per_prompt,
         max_new_tokens=req.max_new_tokens,

@@ -10,8 +10,11 @@ pass of the loop:
    *interruptible* (partial rollout), they are interrupted instead: each comes back at once
    with its tokens so far and finish_reason "interrupted", and the version installs without
    a drain; the caller resumes them (prompt + partial output) on the new weights;
-3. admits waiting sequences, oldest first, whose ``min_weight_version`` is installed, up to
-   ``max_inflight``;
+3. admits waiting sequences whose ``min_weight_version`` is installed, up to
+   ``max_inflight``, in the configured order (``scheduling.admission.AdmissionQueue``: LPT =
+   longest ``estimated_length`` first, Graham's rule as in StreamRL §5.3; or FCFS). The engine
+   admits what it is given in that order as its KV cache allows; a forced-length sequence
+   (``forced_length``) is submitted with EOS ignored;
 4. polls the engine and routes each finished output to its call's queue at once, so the RPC
    layer streams it while the rest of the batch is still running.
 
@@ -26,13 +29,14 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
 from services.generation.engine import Engine
+from services.generation.scheduling.admission import AdmissionQueue
 
 log = logging.getLogger("braid.sgs")
 
@@ -64,9 +68,16 @@ class _Seq:
     started_at: float = 0.0
     version: int = -1
 
+    @property
+    def estimate(self) -> float | None:
+        return self.prompt.estimated_length or None
+
 
 class GenerationCore:
-    def __init__(self, engine: Engine, *, max_inflight: int, default_max_new_tokens: int, version: int = 0) -> None:
+    def __init__(
+        self, engine: Engine, *, max_inflight: int, default_max_new_tokens: int, version: int = 0,
+        admission: str = "fcfs", on_finished: Callable[[SampleRecord], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.max_inflight = max_inflight
         self.default_max_new_tokens = default_max_new_tokens
@@ -77,7 +88,8 @@ class GenerationCore:
         self.generated_tokens = 0
         self._pending_state: dict[str, torch.Tensor] | None = None
         self._inbox: queue.Queue = queue.Queue()
-        self._waiting: deque[_Seq] = deque()
+        self._waiting: AdmissionQueue[_Seq] = AdmissionQueue(admission, lambda s: s.estimate)  # type: ignore[arg-type]
+        self._on_finished = on_finished  # e.g. the generation log; called on the core thread
         self._running: dict[str, _Seq] = {}
         self._calls = itertools.count()
         self._stage_lock = threading.Lock()
@@ -171,7 +183,7 @@ class GenerationCore:
                 return
 
     def _cancel(self, call: Call) -> None:
-        self._waiting = deque(s for s in self._waiting if s.call is not call)
+        self._waiting.remove_if(lambda s: s.call is call)
         for rid, seq in list(self._running.items()):
             if seq.call is call:
                 self.engine.cancel(rid)
@@ -198,18 +210,17 @@ class GenerationCore:
     def _admit(self) -> None:
         if self._pending_state is not None:
             return
-        kept: deque[_Seq] = deque()
-        while self._waiting and len(self._running) < self.max_inflight:
-            seq = self._waiting.popleft()
-            if seq.min_version > self.version:
-                kept.append(seq)
-                continue
+        room = self.max_inflight - len(self._running)
+        if room <= 0 or not self._waiting:
+            return
+        for seq in self._waiting.pop(room, eligible=lambda s: s.min_version <= self.version):
             seq.started_at = time.time()
             seq.version = self.version
-            self.engine.submit(seq.request_id, list(seq.prompt.token_ids), seq.max_new_tokens)
+            forced = seq.prompt.forced_length
+            self.engine.submit(
+                seq.request_id, list(seq.prompt.token_ids), forced or seq.max_new_tokens, ignore_eos=forced > 0
+            )
             self._running[seq.request_id] = seq
-        kept.extend(self._waiting)
-        self._waiting = kept
 
     def _deliver(self, out) -> None:
         seq = self._running.pop(out.request_id, None)
@@ -221,21 +232,22 @@ class GenerationCore:
         if out.finish_reason != "interrupted":
             self.finished += 1
         self.generated_tokens += len(out.token_ids)
-        seq.call.out.put(
-            SampleRecord(
-                prompt_id=seq.prompt.prompt_id,
-                group_id=seq.prompt.group,
-                sample_index=seq.sample_index,
-                prompt_token_ids=seq.prompt.token_ids,
-                token_ids=tuple(out.token_ids),
-                logprobs=tuple(out.logprobs),
-                weight_version=seq.version,
-                finish_reason=out.finish_reason,
-                submitted_at=seq.submitted_at,
-                started_at=seq.started_at,
-                finished_at=time.time(),
-            )
+        record = SampleRecord(
+            prompt_id=seq.prompt.prompt_id,
+            group_id=seq.prompt.group,
+            sample_index=seq.sample_index,
+            prompt_token_ids=seq.prompt.token_ids,
+            token_ids=tuple(out.token_ids),
+            logprobs=tuple(out.logprobs),
+            weight_version=seq.version,
+            finish_reason=out.finish_reason,
+            submitted_at=seq.submitted_at,
+            started_at=seq.started_at,
+            finished_at=time.time(),
         )
+        seq.call.out.put(record)
+        if self._on_finished is not None and out.finish_reason != "interrupted":
+            self._on_finished(record)
 
     def _close_all(self) -> None:
         reason = CallClosed(f"generation core stopped: {self.error!r}" if self.error else "generation core stopped")

@@ -36,8 +36,9 @@ class Engine(ABC):
     max_positions: int  # prompt + generated tokens must fit
 
     @abstractmethod
-    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int) -> None:
-        """Queue one sequence for generation."""
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False) -> None:
+        """Queue one sequence for generation. ``ignore_eos`` (forced-length replay): generate exactly
+        ``max_new_tokens`` tokens, not stopping at EOS."""
 
     @abstractmethod
     def poll(self, timeout: float) -> list[EngineOutput]:
@@ -67,6 +68,10 @@ class Engine(ABC):
     @abstractmethod
     def kv_usage(self) -> float:
         """Fraction of KV-cache capacity in use."""
+
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds when full (0 = unknown: admission is then bounded by count only)."""
+        return 0
 
     @abstractmethod
     def close(self) -> None: ...

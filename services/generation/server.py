@@ -9,6 +9,7 @@ streams each finished sample back as soon as the core delivers it.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 from concurrent import futures
@@ -73,9 +74,22 @@ def validate_request(
             raise RequestError(f"prompt {p.prompt_id!r} has no tokens")
         if len(p.token_ids) > cfg.max_prompt_tokens:
             raise RequestError(f"prompt {p.prompt_id!r} has {len(p.token_ids)} tokens; the limit is {cfg.max_prompt_tokens}")
-        if len(p.token_ids) + max_new > max_positions:
+        if not math.isfinite(p.estimated_length) or p.estimated_length < 0:
+            raise RequestError(f"prompt {p.prompt_id!r}: estimated_length must be finite and >= 0, got {p.estimated_length}")
+        if p.forced_length:
+            if not cfg.forced_lengths:
+                raise RequestError(
+                    f"prompt {p.prompt_id!r} sets forced_length, but this service does not accept forced lengths "
+                    "(generation.forced_lengths is false)"
+                )
+            if p.forced_length > cfg.max_new_tokens:
+                raise RequestError(
+                    f"prompt {p.prompt_id!r}: forced_length {p.forced_length} exceeds the service limit {cfg.max_new_tokens}"
+                )
+        new = p.forced_length or max_new
+        if len(p.token_ids) + new > max_positions:
             raise RequestError(
-                f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {max_new} new exceed the model's {max_positions} positions"
+                f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {new} new exceed the model's {max_positions} positions"
             )
         bad = [t for t in p.token_ids if not 0 <= t < vocab_size]
         if bad:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/proto/braid.proto\x12\x08\x62raid.v1\"@\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\"\xb0\x01\n\x0fGenerateRequest\x12!\n\x07prompts\x18\x01 \x03(\x0b\x32\x10.braid.v1.Prompt\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x1a\n\x12min_weight_version\x18\x04 \x01(\x03\x12\x13\n\x0brequest_tag\x18\x05 \x01(\t\x12\x15\n\rinterruptible\x18\x06 \x01(\x08\"\xf0\x01\n\x06Sample\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x16\n\x0eweight_version\x18\x07 \x01(\x03\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12\x14\n\x0csubmitted_at\x18\t \x01(\x01\x12\x12\n\nstarted_at\x18\n \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0b \x01(\x01\"\xc1\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0ctensor_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04last\x18\x08 \x01(\x08\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\r\n\x05index\x18\n \x01(\r\x12\x14\n\x0c\x63hunk_digest\x18\x0b \x01(\t\"L\n\tUpdateAck\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06staged\x18\x02 \x01(\x08\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07tensors\x18\x04 \x01(\r\"\x0f\n\rHealthRequest\"\xbe\x01\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0fpending_version\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x10\n\x08\x66inished\x18\x06 \x01(\x04\x12\x10\n\x08kv_usage\x18\x07 \x01(\x01\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\x12\x18\n\x10generated_tokens\x18\t \x01(\x04\"5\n\x12PullWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"Y\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\x0e\n\x06offset\x18\x05 \x01(\x04\"\xb0\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.braid.v1.TensorEntry\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x04\x12\x16\n\x0eversion_digest\x18\x04 \x01(\t\x12\x15\n\rchunk_digests\x18\x05 \x03(\t\x12\x10\n\x08shm_path\x18\x06 \x01(\t\x12\x0f\n\x07host_id\x18\x07 \x01(\t\"\xa4\x01\n\x0bPushMessage\x12*\n\x08manifest\x18\x01 \x01(\x0b\x32\x18.braid.v1.WeightManifest\x12$\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.braid.v1.WeightChunk\x12\x0c\n\x04part\x18\x03 \x01(\r\x12\r\n\x05parts\x18\x04 \x01(\r\x12\x16\n\x0eversion_digest\x18\x05 \x01(\t\x12\x0e\n\x06sender\x18\x06 \x01(\t\"L\n\x07PushAck\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\tcommitted\x18\x02 \x01(\x08\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\r\"\xa8\x01\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nfrom_chunk\x18\x02 \x01(\r\x12\x0c\n\x04part\x18\x03 \x01(\r\x12\r\n\x05parts\x18\x04 \x01(\r\x12\x11\n\tallow_shm\x18\x05 \x01(\x08\x12\x0f\n\x07host_id\x18\x06 \x01(\t\x12\x0e\n\x06wait_s\x18\x07 \x01(\x01\x12\x10\n\x08to_chunk\x18\x08 \x01(\r\x12\x11\n\thead_only\x18\t \x01(\x08\"_\n\x0bPullMessage\x12*\n\x08manifest\x18\x01 \x01(\x0b\x32\x18.braid.v1.WeightManifest\x12$\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.braid.v1.WeightChunk\"\x11\n\x0fVersionsRequest\"\x9c\x01\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\r\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\x12\x10\n\x08received\x18\x06 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x07 \x01(\t\x12\x14\n\x0c\x63ommitted_at\x18\x08 \x01(\x01\"\x7f\n\rVersionsReply\x12\x10\n\x08relay_id\x18\x01 \x01(\t\x12\'\n\x08versions\x18\x02 \x03(\x0b\x32\x15.braid.v1.VersionInfo\x12\x0e\n\x06latest\x18\x03 \x01(\x03\x12\x12\n\ndownstream\x18\x04 \x03(\t\x12\x0f\n\x07host_id\x18\x05 \x01(\t\"\"\n\x10HeartbeatRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\"\x18\n\x06\x42ranch\x12\x0e\n\x06relays\x18\x01 \x03(\t\"S\n\x0c\x43hainRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\"\n\x08\x62ranches\x18\x02 \x03(\x0b\x32\x10.braid.v1.Branch\x12\x10\n\x08upstream\x18\x03 \x01(\t\"\x1b\n\nChainReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x32\x82\x02\n\nGeneration\x12\x39\n\x08Generate\x12\x19.braid.v1.GenerateRequest\x1a\x10.braid.v1.Sample0\x01\x12=\n\rUpdateWeights\x12\x15.braid.v1.WeightChunk\x1a\x13.braid.v1.UpdateAck(\x01\x12\x38\n\x06Health\x12\x17.braid.v1.HealthRequest\x1a\x15.braid.v1.HealthReply\x12@\n\x0bPullWeights\x12\x1c.braid.v1.PullWeightsRequest\x1a\x13.braid.v1.UpdateAck2\xb5\x02\n\x0bWeightRelay\x12\x32\n\x04Push\x12\x15.braid.v1.PushMessage\x1a\x11.braid.v1.PushAck(\x01\x12\x36\n\x04Pull\x12\x15.braid.v1.PullRequest\x1a\x15.braid.v1.PullMessage0\x01\x12>\n\x08Versions\x12\x19.braid.v1.VersionsRequest\x1a\x17.braid.v1.VersionsReply\x12@\n\tHeartbeat\x12\x1a.braid.v1.HeartbeatRequest\x1a\x17.braid.v1.VersionsReply\x12\x38\n\x08SetChain\x12\x16.braid.v1.ChainRequest\x1a\x14.braid.v1.ChainReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aservices/proto/braid.proto\x12\x08\x62raid.v1\"q\n\x06Prompt\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x18\n\x10\x65stimated_length\x18\x04 \x01(\x01\x12\x15\n\rforced_length\x18\x05 \x01(\r\"\xb0\x01\n\x0fGenerateRequest\x12!\n\x07prompts\x18\x01 \x03(\x0b\x32\x10.braid.v1.Prompt\x12\x1a\n\x12samples_per_prompt\x18\x02 \x01(\r\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12\x1a\n\x12min_weight_version\x18\x04 \x01(\x03\x12\x13\n\x0brequest_tag\x18\x05 \x01(\t\x12\x15\n\rinterruptible\x18\x06 \x01(\x08\"\xf0\x01\n\x06Sample\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x14\n\x0csample_index\x18\x03 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x16\n\x0eweight_version\x18\x07 \x01(\x03\x12\x15\n\rfinish_reason\x18\x08 \x01(\t\x12\x14\n\x0csubmitted_at\x18\t \x01(\x01\x12\x12\n\nstarted_at\x18\n \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\x0b \x01(\x01\"\xc1\x01\n\x0bWeightChunk\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x14\n\x0ctensor_bytes\x18\x07 \x01(\x04\x12\x0c\n\x04last\x18\x08 \x01(\x08\x12\x0e\n\x06\x64igest\x18\t \x01(\t\x12\r\n\x05index\x18\n \x01(\r\x12\x14\n\x0c\x63hunk_digest\x18\x0b \x01(\t\"L\n\tUpdateAck\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06staged\x18\x02 \x01(\x08\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07tensors\x18\x04 \x01(\r\"\x0f\n\rHealthRequest\"\xbe\x01\n\x0bHealthReply\x12\x0e\n\x06status\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x17\n\x0fpending_version\x18\x03 \x01(\x03\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07waiting\x18\x05 \x01(\r\x12\x10\n\x08\x66inished\x18\x06 \x01(\x04\x12\x10\n\x08kv_usage\x18\x07 \x01(\x01\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\x12\x18\n\x10generated_tokens\x18\t \x01(\x04\"5\n\x12PullWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"Y\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\x12\x0e\n\x06offset\x18\x05 \x01(\x04\"\xb0\x01\n\x0eWeightManifest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.braid.v1.TensorEntry\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x04\x12\x16\n\x0eversion_digest\x18\x04 \x01(\t\x12\x15\n\rchunk_digests\x18\x05 \x03(\t\x12\x10\n\x08shm_path\x18\x06 \x01(\t\x12\x0f\n\x07host_id\x18\x07 \x01(\t\"\xa4\x01\n\x0bPushMessage\x12*\n\x08manifest\x18\x01 \x01(\x0b\x32\x18.braid.v1.WeightManifest\x12$\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.braid.v1.WeightChunk\x12\x0c\n\x04part\x18\x03 \x01(\r\x12\r\n\x05parts\x18\x04 \x01(\r\x12\x16\n\x0eversion_digest\x18\x05 \x01(\t\x12\x0e\n\x06sender\x18\x06 \x01(\t\"L\n\x07PushAck\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x11\n\tcommitted\x18\x02 \x01(\x08\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\r\"\xa8\x01\n\x0bPullRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x12\n\nfrom_chunk\x18\x02 \x01(\r\x12\x0c\n\x04part\x18\x03 \x01(\r\x12\r\n\x05parts\x18\x04 \x01(\r\x12\x11\n\tallow_shm\x18\x05 \x01(\x08\x12\x0f\n\x07host_id\x18\x06 \x01(\t\x12\x0e\n\x06wait_s\x18\x07 \x01(\x01\x12\x10\n\x08to_chunk\x18\x08 \x01(\r\x12\x11\n\thead_only\x18\t \x01(\x08\"_\n\x0bPullMessage\x12*\n\x08manifest\x18\x01 \x01(\x0b\x32\x18.braid.v1.WeightManifest\x12$\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.braid.v1.WeightChunk\"\x11\n\x0fVersionsRequest\"\x9c\x01\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\r\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\x12\x10\n\x08received\x18\x06 \x01(\r\x12\x13\n\x0b\x66ingerprint\x18\x07 \x01(\t\x12\x14\n\x0c\x63ommitted_at\x18\x08 \x01(\x01\"\x7f\n\rVersionsReply\x12\x10\n\x08relay_id\x18\x01 \x01(\t\x12\'\n\x08versions\x18\x02 \x03(\x0b\x32\x15.braid.v1.VersionInfo\x12\x0e\n\x06latest\x18\x03 \x01(\x03\x12\x12\n\ndownstream\x18\x04 \x03(\t\x12\x0f\n\x07host_id\x18\x05 \x01(\t\"\"\n\x10HeartbeatRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\"\x18\n\x06\x42ranch\x12\x0e\n\x06relays\x18\x01 \x03(\t\"S\n\x0c\x43hainRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\"\n\x08\x62ranches\x18\x02 \x03(\x0b\x32\x10.braid.v1.Branch\x12\x10\n\x08upstream\x18\x03 \x01(\t\"\x1b\n\nChainReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x32\x82\x02\n\nGeneration\x12\x39\n\x08Generate\x12\x19.braid.v1.GenerateRequest\x1a\x10.braid.v1.Sample0\x01\x12=\n\rUpdateWeights\x12\x15.braid.v1.WeightChunk\x1a\x13.braid.v1.UpdateAck(\x01\x12\x38\n\x06Health\x12\x17.braid.v1.HealthRequest\x1a\x15.braid.v1.HealthReply\x12@\n\x0bPullWeights\x12\x1c.braid.v1.PullWeightsRequest\x1a\x13.braid.v1.UpdateAck2\xb5\x02\n\x0bWeightRelay\x12\x32\n\x04Push\x12\x15.braid.v1.PushMessage\x1a\x11.braid.v1.PushAck(\x01\x12\x36\n\x04Pull\x12\x15.braid.v1.PullRequest\x1a\x15.braid.v1.PullMessage0\x01\x12>\n\x08Versions\x12\x19.braid.v1.VersionsRequest\x1a\x17.braid.v1.VersionsReply\x12@\n\tHeartbeat\x12\x1a.braid.v1.HeartbeatRequest\x1a\x17.braid.v1.VersionsReply\x12\x38\n\x08SetChain\x12\x16.braid.v1.ChainRequest\x1a\x14.braid.v1.ChainReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,49 +32,49 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services.proto.braid_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROMPT']._serialized_start=40
-  _globals['_PROMPT']._serialized_end=104
-  _globals['_GENERATEREQUEST']._serialized_start=107
-  _globals['_GENERATEREQUEST']._serialized_end=283
-  _globals['_SAMPLE']._serialized_start=286
-  _globals['_SAMPLE']._serialized_end=526
-  _globals['_WEIGHTCHUNK']._serialized_start=529
-  _globals['_WEIGHTCHUNK']._serialized_end=722
-  _globals['_UPDATEACK']._serialized_start=724
-  _globals['_UPDATEACK']._serialized_end=800
-  _globals['_HEALTHREQUEST']._serialized_start=802
-  _globals['_HEALTHREQUEST']._serialized_end=817
-  _globals['_HEALTHREPLY']._serialized_start=820
-  _globals['_HEALTHREPLY']._serialized_end=1010
-  _globals['_PULLWEIGHTSREQUEST']._serialized_start=1012
-  _globals['_PULLWEIGHTSREQUEST']._serialized_end=1065
-  _globals['_TENSORENTRY']._serialized_start=1067
-  _globals['_TENSORENTRY']._serialized_end=1156
-  _globals['_WEIGHTMANIFEST']._serialized_start=1159
-  _globals['_WEIGHTMANIFEST']._serialized_end=1335
-  _globals['_PUSHMESSAGE']._serialized_start=1338
-  _globals['_PUSHMESSAGE']._serialized_end=1502
-  _globals['_PUSHACK']._serialized_start=1504
-  _globals['_PUSHACK']._serialized_end=1580
-  _globals['_PULLREQUEST']._serialized_start=1583
-  _globals['_PULLREQUEST']._serialized_end=1751
-  _globals['_PULLMESSAGE']._serialized_start=1753
-  _globals['_PULLMESSAGE']._serialized_end=1848
-  _globals['_VERSIONSREQUEST']._serialized_start=1850
-  _globals['_VERSIONSREQUEST']._serialized_end=1867
-  _globals['_VERSIONINFO']._serialized_start=1870
-  _globals['_VERSIONINFO']._serialized_end=2026
-  _globals['_VERSIONSREPLY']._serialized_start=2028
-  _globals['_VERSIONSREPLY']._serialized_end=2155
-  _globals['_HEARTBEATREQUEST']._serialized_start=2157
-  _globals['_HEARTBEATREQUEST']._serialized_end=2191
-  _globals['_BRANCH']._serialized_start=2193
-  _globals['_BRANCH']._serialized_end=2217
-  _globals['_CHAINREQUEST']._serialized_start=2219
-  _globals['_CHAINREQUEST']._serialized_end=2302
-  _globals['_CHAINREPLY']._serialized_start=2304
-  _globals['_CHAINREPLY']._serialized_end=2331
-  _globals['_GENERATION']._serialized_start=2334
-  _globals['_GENERATION']._serialized_end=2592
-  _globals['_WEIGHTRELAY']._serialized_start=2595
-  _globals['_WEIGHTRELAY']._serialized_end=2904
+  _globals['_PROMPT']._serialized_end=153
+  _globals['_GENERATEREQUEST']._serialized_start=156
+  _globals['_GENERATEREQUEST']._serialized_end=332
+  _globals['_SAMPLE']._serialized_start=335
+  _globals['_SAMPLE']._serialized_end=575
+  _globals['_WEIGHTCHUNK']._serialized_start=578
+  _globals['_WEIGHTCHUNK']._serialized_end=771
+  _globals['_UPDATEACK']._serialized_start=773
+  _globals['_UPDATEACK']._serialized_end=849
+  _globals['_HEALTHREQUEST']._serialized_start=851
+  _globals['_HEALTHREQUEST']._serialized_end=866
+  _globals['_HEALTHREPLY']._serialized_start=869
+  _globals['_HEALTHREPLY']._serialized_end=1059
+  _globals['_PULLWEIGHTSREQUEST']._serialized_start=1061
+  _globals['_PULLWEIGHTSREQUEST']._serialized_end=1114
+  _globals['_TENSORENTRY']._serialized_start=1116
+  _globals['_TENSORENTRY']._serialized_end=1205
+  _globals['_WEIGHTMANIFEST']._serialized_start=1208
+  _globals['_WEIGHTMANIFEST']._serialized_end=1384
+  _globals['_PUSHMESSAGE']._serialized_start=1387
+  _globals['_PUSHMESSAGE']._serialized_end=1551
+  _globals['_PUSHACK']._serialized_start=1553
+  _globals['_PUSHACK']._serialized_end=1629
+  _globals['_PULLREQUEST']._serialized_start=1632
+  _globals['_PULLREQUEST']._serialized_end=1800
+  _globals['_PULLMESSAGE']._serialized_start=1802
+  _globals['_PULLMESSAGE']._serialized_end=1897
+  _globals['_VERSIONSREQUEST']._serialized_start=1899
+  _globals['_VERSIONSREQUEST']._serialized_end=1916
+  _globals['_VERSIONINFO']._serialized_start=1919
+  _globals['_VERSIONINFO']._serialized_end=2075
+  _globals['_VERSIONSREPLY']._serialized_start=2077
+  _globals['_VERSIONSREPLY']._serialized_end=2204
+  _globals['_HEARTBEATREQUEST']._serialized_start=2206
+  _globals['_HEARTBEATREQUEST']._serialized_end=2240
+  _globals['_BRANCH']._serialized_start=2242
+  _globals['_BRANCH']._serialized_end=2266
+  _globals['_CHAINREQUEST']._serialized_start=2268
+  _globals['_CHAINREQUEST']._serialized_end=2351
+  _globals['_CHAINREPLY']._serialized_start=2353
+  _globals['_CHAINREPLY']._serialized_end=2380
+  _globals['_GENERATION']._serialized_start=2383
+  _globals['_GENERATION']._serialized_end=2641
+  _globals['_WEIGHTRELAY']._serialized_start=2644
+  _globals['_WEIGHTRELAY']._serialized_end=2953
 # @@protoc_insertion_point(module_scope)

@@ -127,3 +127,51 @@ def test_retrain_flow_replaces_an_unreadable_current_ranker(prefect_api, tmp_pat
                                           kind="prompt_length", min_samples=40))
     assert result["before"] is None and result["previous"] == broken
     assert store.current().name == result["published"] != broken
+
+
+def test_sgs_logs_generations_retrain_swaps_the_ranker_the_router_uses(prefect_api, tmp_path, tiny_checkpoint):
+    """Online adaptation, closed loop on real processes: two SGS instances log every finished
+    sample; the router estimates lengths with the store's ranker; retrain_ranker learns from the
+    log and publishes a new ranker; the router's next request uses it, with no restart."""
+    from flows.launcher import Supervisor, start_instances, start_router
+    from flows.retrain_ranker import RetrainParams, retrain_ranker
+    from services.common.config import load_config, write_config
+    from services.common.types import GenerateParams, PromptSpec
+    from services.generation.client import GenerationClient
+    from services.tasks.arith import eval_problems
+    from transformers import AutoTokenizer
+
+    log_path, store_root = tmp_path / "gen.sqlite", tmp_path / "store"
+    first = RankerStore(store_root).publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+        "generation.instances=2", f"generation.genlog={log_path}", f"generation.ranker_dir={store_root}",
+        "generation.dispatch.policy=lpt", "weights.transport=direct",
+    ])
+    write_config(cfg, tmp_path / "config.json")
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint, local_files_only=True)
+    problems = eval_problems(7, 24, **cfg.task.distribution())
+    prompts = [PromptSpec(f"q{i}", tuple(tok.encode(p.prompt))) for i, p in enumerate(problems)]
+
+    def dispatches() -> list[dict]:
+        rows = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
+        return [r for r in rows if r["event"] == "dispatch"]
+
+    sup = Supervisor(tmp_path)
+    try:
+        instances = start_instances(sup, tmp_path, str(tiny_checkpoint), 2, 1)
+        with GenerationClient(start_router(sup, tmp_path, str(tiny_checkpoint), instances)) as router:
+            router.wait_ready()
+            for k in range(3):
+                assert len(list(router.generate(prompts[8 * k: 8 * k + 8], GenerateParams(samples_per_prompt=4)))) == 32
+            assert [d["ranker"] for d in dispatches()] == [first] * 3 and dispatches()[0]["estimates"] == "estimator"
+            assert GenerationLog(log_path).count() == 96  # every finished sample, from both instances
+
+            result = retrain_ranker(RetrainParams(
+                log_path=str(log_path), store_root=str(store_root), kind="tfidf_linear", min_samples=40,
+                holdout_fraction=0.25, work_dir=str(tmp_path / "work"),
+            ))
+            assert result["published"] not in (None, first)
+            assert len(list(router.generate(prompts[:8], GenerateParams(samples_per_prompt=4)))) == 32
+            assert dispatches()[-1]["ranker"] == result["published"]
+    finally:
+        sup.stop_all()

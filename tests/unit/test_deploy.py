@@ -133,3 +133,39 @@ def test_deploy_step_output_is_json():
     from flows.deploy_steps import run_config
 
     json.dumps(run_config(str(ROOT / "deploy/configs/smoke.yaml")))
+
+
+def test_api_request_retries_a_busy_server_then_returns_its_answer():
+    import http.server
+    import threading
+
+    from flows.server import api_request
+
+    answers = [503, 503, 201]
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            seen.append(self.rfile.read(int(self.headers["Content-Length"])))
+            code = answers.pop(0)
+            body = b'{"id": "run"}' if code == 201 else b'{"exception_message": "Service Unavailable"}'
+            self.send_response(code)
+            if code == 503:
+                self.send_header("Retry-After", "0.01")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+        assert api_request(url, "POST", "/x", {"a": 1}) == (201, {"id": "run"})
+        assert seen == [b'{"a": 1}'] * 3
+        answers.extend([503, 503])
+        assert api_request(url, "POST", "/x", {"a": 1}, retries=1)[0] == 503  # gives up with the last answer
+    finally:
+        server.shutdown()

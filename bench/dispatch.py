@@ -1,0 +1,190 @@
+"""Dispatch benchmark: generation makespan under each dispatch x admission policy.
+
+Side by side in one run, on N = 8 instances in the discrete-event simulator (``allocator.simulator``,
+which calls the SGS's own policy objects), on the measured CPU profile and the derived H20
+profile, for four regimes (short/long outputs x one round/several rounds):
+
+- dispatch: random, round_robin, least_loaded (no prediction); lpt (global LPT by estimate),
+  streamrl (Algorithm 2, refined), streamrl_naive (Algorithm 2 as written);
+- admission inside each instance: fcfs or lpt;
+- estimates: the ranker's (``--estimates FILE``) or the true lengths (oracle, suffix ``/oracle``).
+
+Then the same comparison on real engine processes here (2 instances of the tiny model behind
+the real router, forced-length replay) to measure the simulator's error (``sim_error``).
+
+    python bench/dispatch.py --estimates bench/results/ranker_test_estimates.jsonl [--quick]
+
+Writes ``bench/results/dispatch.json``, ``dispatch.md`` and ``dispatch.png``. Lengths are in
+tokens (estimates files in characters are converted with ``--chars-per-token``); makespans in
+seconds (simulated, except the ``real`` section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+N_INSTANCES = 8
+BASELINES = ("random", "round_robin", "least_loaded")
+PREDICTIVE = ("lpt", "streamrl", "streamrl_naive")
+INSIDE = ("fcfs", "lpt")
+PROMPT_UNIT = ("random", "round_robin", "lpt", "streamrl")  # also dispatched by prompt (whole GRPO groups)
+TARGET_REGIME = "h20/long-multi"
+CPU_SIM_MAX_BATCH = 32  # the real-engine configuration below (max_inflight)
+CPU_SIM_KV_TOKENS = 4_000_000  # room for 20K-token outputs (the shipped CPU profile's cache is a 16K-token test setting)
+HOW_TO_ESTIMATE = (
+    "bench/dispatch.py needs the ranker's estimates: --estimates FILE, JSONL rows "
+    '{"prompt", "response_length", "estimated_length"} as written by '
+    "`braid ranker annotate --ranker DIR --prompts FILE --out FILE` (for the MMLU-Pro test split the ranker "
+    "benchmark writes bench/results/ranker_test_estimates.jsonl: run `python bench/ranker.py` first)."
+)
+
+
+def instance_specs():
+    from allocator.profiles import load_profile, shipped_profile
+
+    cpu = load_profile(shipped_profile("cpu-local-braid-tiny"))
+    h20 = load_profile(shipped_profile("H20-qwen2.5-7b"))
+    return {
+        "cpu": (cpu.instance_spec(max_batch=CPU_SIM_MAX_BATCH, kv_capacity_tokens=CPU_SIM_KV_TOKENS), cpu),
+        "h20": (h20.instance_spec(), h20),
+    }
+
+
+def run_regime(workload, spec, *, seeds: int, scenarios: int) -> dict[str, float]:
+    """Makespan (s) of every configuration on one workload and instance spec."""
+    from allocator.simulator import SimSample, simulate
+    from services.generation.scheduling import EstimateErrorModel, LengthDistribution
+
+    ranker = [
+        SimSample(f"s{i}", p, n, e, g)
+        for i, (p, n, e, g) in enumerate(zip(workload.prompt_tokens, workload.lengths, workload.estimates, workload.groups))
+    ]
+    dist = LengthDistribution([a for _, a in workload.history])
+    errors = EstimateErrorModel(workload.history)
+    out: dict[str, float] = {}
+    for policy in BASELINES + PREDICTIVE:
+        for inside in INSIDE:
+            for oracle in (False, True):
+                if policy in BASELINES and inside == "fcfs" and oracle:
+                    continue  # uses no estimate: same as the ranker run
+                runs = seeds if policy == "random" else 1
+                times = [
+                    simulate(
+                        ranker, spec, N_INSTANCES, policy=policy, admission=inside, oracle=oracle, seed=s,
+                        lengths=None if oracle else dist, errors=None if oracle else errors, scenarios=scenarios,
+                    ).makespan_s
+                    for s in range(runs)
+                ]
+                out[f"{policy}+{inside}" + ("/oracle" if oracle else "")] = statistics.fmean(times)
+    for policy in PROMPT_UNIT:  # each prompt's group dispatched whole (the SGS before the router)
+        for oracle in (False, True) if policy in PREDICTIVE else (False,):
+            times = [
+                simulate(
+                    ranker, spec, N_INSTANCES, policy=policy, admission="fcfs", oracle=oracle, seed=s, unit="prompt",
+                    lengths=None if oracle else dist, errors=None if oracle else errors, scenarios=scenarios,
+                ).makespan_s
+                for s in range(seeds if policy == "random" else 1)
+            ]
+            out[f"{policy}@prompt+fcfs" + ("/oracle" if oracle else "")] = statistics.fmean(times)
+    return out
+
+
+def targets(makespan: dict[str, dict[str, float]]) -> dict:
+    """Headline numbers of the long multi-round regime on the H20 profile."""
+    m = makespan[TARGET_REGIME]
+    def predictive(key: str) -> bool:
+        return key.split("+")[0].split("@")[0] in PREDICTIVE or key.endswith("+lpt")
+
+    ranker_driven = {k: v for k, v in m.items() if "/oracle" not in k and predictive(k)}
+    baselines = {k: v for k, v in m.items() if "/oracle" not in k and not predictive(k)}
+    best = min(ranker_driven, key=ranker_driven.get)
+    return {
+        "best_ranker_policy": best,
+        "best_ranker_makespan_s": m[best],
+        "speedup_vs_random": m["random+fcfs"] / m[best],
+        "speedup_vs_random_by_prompt": m["random@prompt+fcfs"] / m[best],
+        "speedup_vs_best_baseline": min(baselines.values()) / m[best],
+        "best_baseline": min(baselines, key=baselines.get),
+        "ranker_vs_oracle": m[best] / m[best + "/oracle"],
+        "targets": {
+            "speedup_vs_random>=1.10": m["random+fcfs"] / m[best] >= 1.10,
+            "at_least_as_fast_as_every_baseline": m[best] <= min(baselines.values()) * (1 + 1e-9),
+            "within_10pct_of_oracle": m[best] / m[best + "/oracle"] <= 1.10,
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--estimates", help="JSONL: prompt, response_length, estimated_length (braid ranker annotate)")
+    parser.add_argument("--length-unit", choices=("chars", "tokens"), default="chars", help="unit of the file's lengths")
+    parser.add_argument("--chars-per-token", type=float, default=4.0)
+    parser.add_argument("--quick", action="store_true", help="fewer seeds and a shorter real-engine run (< 5 min)")
+    parser.add_argument("--skip-real", action="store_true", help="simulation only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--label", default="the ranker's", help="how the estimates were made (printed in the report)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ns = parser.parse_args()
+    if not ns.estimates:
+        print(HOW_TO_ESTIMATE, file=sys.stderr)
+        return 2
+    from bench.dispatch_data import EstimatesError, build_workload, load_estimates, ranker_quality
+
+    try:
+        rows = load_estimates(ns.estimates)
+    except EstimatesError as err:
+        print(f"{err}\n{HOW_TO_ESTIMATE}", file=sys.stderr)
+        return 2
+    cpt = ns.chars_per_token if ns.length_unit == "chars" else 1.0
+    t_start = time.time()
+    seeds, scenarios = (2, 2) if ns.quick else (5, 3)
+    makespan: dict[str, dict[str, float]] = {}
+    for prof_name, (spec, _) in instance_specs().items():
+        for lengths in ("short", "long"):
+            for rounds in ("one", "multi"):
+                w = build_workload(rows, lengths, rounds, chars_per_token=cpt, seed=ns.seed)
+                t0 = time.time()
+                makespan[f"{prof_name}/{w.name}"] = run_regime(w, spec, seeds=seeds, scenarios=scenarios)
+                print(f"simulated {prof_name}/{w.name}: {len(w.lengths)} samples ({time.time() - t0:.1f}s)", flush=True)
+    result = {
+        "makespan_s": makespan,
+        **targets(makespan),
+        "ranker_quality": ranker_quality(rows),
+        "estimates_file": str(ns.estimates),
+        "estimates_label": ns.label,
+        "lengths_unit": "tokens" + (f" (file lengths in characters / {ns.chars_per_token:g})" if ns.length_unit == "chars" else ""),
+        "makespan_unit": "seconds (simulated unless under 'real')",
+        "instances": N_INSTANCES,
+        "quick": ns.quick,
+        "random_seeds": seeds,
+        "host": f"{platform.machine()}, {os.cpu_count()} cores, CPU only (shared, noisy)",
+    }
+    if not ns.skip_real:
+        from bench.dispatch_real import run_real
+
+        result["real"] = run_real(rows, cpt, quick=ns.quick, seed=ns.seed)
+        result["sim_error"] = result["real"]["sim_error"]
+    result["bench_seconds"] = time.time() - t_start
+    from bench.dispatch_report import markdown, plot
+
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dispatch.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "dispatch.md").write_text(markdown(result))
+    plot(result, out / "dispatch.png")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""``python -m services.generation.router_main`` (``braid router``): run the SGS router process.
+
+Waits for the instances, loads what the configured policy needs (the PTL profile for
+``streamrl*``, checked against the served model; the length estimator when
+``generation.ranker_dir`` is set), then serves ``Generation`` on one port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+CPU_PROFILE = "cpu-local-braid-tiny"
+
+
+def load_spec(cfg, model_dir: str):
+    """The instance cost model for cost-aware policies: the configured (or shipped CPU) profile,
+    refused if fitted to another model; limits are those of the live instances."""
+    from allocator.models import spec_from_hf_config
+    from allocator.profiles import load_profile, shipped_profile
+
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    path = cfg.dispatch.profile or shipped_profile(CPU_PROFILE)
+    profile = load_profile(path, model=spec_from_hf_config(Path(model_dir).name, config))
+    return profile.instance_spec(max_batch=cfg.max_inflight, kv_capacity_tokens=cfg.num_blocks * cfg.page_size)
+
+
+def load_estimator(ranker_dir: str):
+    """``generation.ranker_dir`` (a ranker store) -> its watcher: ``get()`` returns the current
+    ranker, reloaded when the store's CURRENT changes (hot swap, no restart)."""
+    from ranker.store import RankerWatcher
+
+    return RankerWatcher(ranker_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="braid-router", description="SGS router over N engine instances (gRPC)")
+    parser.add_argument("--config", required=True, help="resolved run config (config.json)")
+    parser.add_argument("--model", required=True, help="the checkpoint the instances serve (config, tokenizer)")
+    parser.add_argument("--instances", required=True, help="instance addresses host:port[,host:port...]")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
+    parser.add_argument("--port-file", help="write the bound port here once serving")
+    parser.add_argument("--timeline", help="append per-instance timeline events (JSONL) here")
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
+
+    from services.common.config import load_config
+    from services.generation.client import GenerationClient
+    from services.generation.router import RouterCore
+    from services.generation.router_server import RouterServicer
+    from services.generation.scheduling import NEEDS_COST
+    from services.generation.server import create_server
+
+    cfg = load_config(ns.config).generation
+    model_config = json.loads((Path(ns.model) / "config.json").read_text())
+    clients = [GenerationClient(a, max_message_mb=cfg.max_message_mb) for a in ns.instances.split(",") if a]
+    for client in clients:
+        client.wait_ready(timeout_s=180)
+    spec = load_spec(cfg, ns.model) if cfg.dispatch.policy in NEEDS_COST else None
+    watcher = load_estimator(cfg.ranker_dir) if cfg.ranker_dir else None
+    decode = None
+    if watcher is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(ns.model, local_files_only=True)
+        decode = lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)  # noqa: E731
+    core = RouterCore(
+        clients, cfg, spec=spec, estimator=watcher.get if watcher else None, decode=decode, timeline_path=ns.timeline,
+        estimator_name=(lambda: watcher.name) if watcher else None,
+    )
+    servicer = RouterServicer(
+        core, cfg, vocab_size=int(model_config["vocab_size"]), max_positions=int(model_config["max_position_embeddings"])
+    )
+    server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=32)
+    server.start()
+    if ns.port_file:
+        tmp = Path(ns.port_file + ".tmp")
+        tmp.write_text(str(port))
+        tmp.rename(ns.port_file)
+    logging.info("routing on %s:%d over %d instances, policy %s", ns.host, port, len(clients), cfg.dispatch.policy)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    server.stop(grace=2).wait()
+    core.close()
+    for client in clients:
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

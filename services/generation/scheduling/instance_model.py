@@ -1,0 +1,171 @@
+"""Event-driven model of one continuous-batching instance (pure; the simulator's core).
+
+Given the sequences dispatched to an instance, its cost model and limits, compute when each
+finishes. The same function serves two callers: the discrete-event simulator
+(``allocator.simulator``: true lengths, to predict a makespan) and the refined StreamRL
+dispatch policy (estimated lengths, to compare candidate assignments).
+
+Mechanics (continuous batching as in vLLM and transformers' CB, decode-dominated):
+
+- Admission: waiting sequences enter in ``AdmissionQueue`` order (FCFS or LPT — the object
+  the live SGS core uses) while fewer than ``max_batch`` run and the KV cache holds their
+  tokens below ``(1 - watermark) x capacity``; an idle instance always admits one.
+  Admitting sequences costs ``StepCost.prefill`` (per prompt token and per sequence).
+- Every step, each running sequence produces one token and its KV grows by one token; a step
+  costs ``StepCost.step(n, kv)``. Between events (a completion, a KV overflow) n is constant
+  and KV grows linearly, so the model jumps from event to event with the closed-form sum
+  (``StepCost.steps``): O(events log n), fast enough for thousands of sequences.
+- KV overflow (the running sequences outgrow the cache): the most recently admitted sequence
+  is preempted (vLLM's recompute / transformers' offload): it leaves with its progress, goes
+  to the head of the queue, pays the prefill of prompt + generated tokens again when
+  readmitted, and nothing new is admitted until a sequence finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.generation.scheduling.admission import AdmissionQueue, Order
+from services.generation.scheduling.cost import InstanceSpec
+
+
+@dataclass(frozen=True)
+class Job:
+    """A sequence as the instance model sees it: ``length`` tokens to generate (true lengths
+    when simulating, estimates when planning), ``estimate`` = its admission key."""
+
+    seq_id: str
+    prompt_tokens: int
+    length: int
+    estimate: float | None = None
+
+
+@dataclass
+class InstanceRun:
+    makespan_s: float
+    start_s: dict[str, float]
+    finish_s: dict[str, float]
+    steps: int
+    tokens: int
+    preemptions: int
+    max_running: int
+    trace: list[tuple[float, int, int]] = field(default_factory=list)  # (t, running, kv tokens) at events
+
+
+@dataclass
+class _Run:
+    job: Job
+    generated0: int  # tokens generated before this admission (a resumed sequence)
+    step0: int  # instance step counter at admission
+    alive: bool = True
+
+    def finish_step(self) -> int:
+        return self.step0 + self.job.length - self.generated0
+
+    def generated(self, step: int) -> int:
+        return self.generated0 + (step - self.step0)
+
+
+class _Instance:
+    """Mutable state of one simulated instance; ``run_instance`` drives it event by event."""
+
+    def __init__(self, jobs: Sequence[Job], spec: InstanceSpec, order: Order, start_s: float, trace: bool) -> None:
+        self.spec, self.cost = spec, spec.cost
+        self.queue: AdmissionQueue[tuple[Job, int]] = AdmissionQueue(order, lambda item: item[0].estimate)
+        for j in jobs:
+            self.queue.push((j, 0))
+        self.admit_limit = spec.kv_capacity_tokens * (1.0 - spec.watermark)
+        self.t, self.step, self.held = start_s, 0, 0  # clock, step counter, KV tokens held by running sequences
+        self.finishing: list[tuple[int, int, _Run]] = []  # (finish step, admission index, run)
+        self.stack: list[_Run] = []  # running, in admission order (preemption takes the newest)
+        self.n = self.admissions = 0
+        self.blocked = False  # after a preemption, admit nothing until a sequence finishes
+        self.trace = trace
+        self.out = InstanceRun(0.0, {}, {}, 0, 0, 0, 0)
+
+    def admit(self) -> None:
+        prefill = admitted = 0
+        while self.queue and self.n < self.spec.max_batch and not self.blocked:
+            job, gen0 = self.queue.peek()  # type: ignore[misc]
+            need = job.prompt_tokens + gen0
+            if self.n > 0 and self.held + need > self.admit_limit:
+                break
+            self.queue.pop()
+            run = _Run(job, gen0, self.step)
+            heapq.heappush(self.finishing, (run.finish_step(), self.admissions, run))
+            self.stack.append(run)
+            self.admissions += 1
+            self.n += 1
+            self.held += need
+            prefill += need
+            admitted += 1
+            self.out.start_s.setdefault(job.seq_id, self.t)
+        if admitted:
+            self.t += self.cost.prefill(prefill, admitted)
+        self.out.max_running = max(self.out.max_running, self.n)
+        if self.trace:
+            self.out.trace.append((self.t, self.n, self.held))
+
+    def advance(self, k: int) -> None:
+        """Run ``k`` decode steps of the current batch."""
+        self.t += self.cost.steps(self.n, self.held, k)
+        self.step += k
+        self.held += self.n * k
+        self.out.tokens += self.n * k
+
+    def preempt_newest(self) -> None:
+        victim = self.stack.pop()
+        while not victim.alive:
+            victim = self.stack.pop()
+        victim.alive = False
+        gen = victim.generated(self.step)
+        self.held -= victim.job.prompt_tokens + gen
+        self.n -= 1
+        self.out.preemptions += 1
+        self.queue.push((victim.job, gen), resumed=True)
+        self.blocked = True
+
+    def retire_finished(self) -> None:
+        while self.finishing and self.finishing[0][0] <= self.step:
+            _, _, run = heapq.heappop(self.finishing)
+            if not run.alive:
+                continue
+            run.alive = False
+            self.held -= run.job.prompt_tokens + run.job.length
+            self.n -= 1
+            self.blocked = False
+            self.out.finish_s[run.job.seq_id] = self.t
+        while self.stack and not self.stack[-1].alive:
+            self.stack.pop()
+
+    def steps_to_next_finish(self) -> int:
+        while not self.finishing[0][2].alive:
+            heapq.heappop(self.finishing)
+        return self.finishing[0][0] - self.step
+
+
+def run_instance(
+    jobs: Sequence[Job], spec: InstanceSpec, order: Order, *, start_s: float = 0.0, trace: bool = False
+) -> InstanceRun:
+    """Run ``jobs`` (all queued at ``start_s``) to completion on one instance."""
+    for j in jobs:
+        if j.length < 1 or j.prompt_tokens < 0:
+            raise ValueError(f"job {j.seq_id!r}: length must be >= 1 and prompt_tokens >= 0 (got {j.length}, {j.prompt_tokens})")
+    inst = _Instance(jobs, spec, order, start_s, trace)
+    while True:
+        inst.admit()
+        if inst.n == 0:
+            break
+        k = inst.steps_to_next_finish()
+        room = spec.kv_capacity_tokens - inst.held  # tokens the cache can still take
+        if inst.n > 1 and inst.n * k > room:  # the running sequences outgrow the cache within k steps
+            inst.advance(max(0, room // inst.n))
+            inst.preempt_newest()
+            continue
+        inst.advance(k)
+        inst.retire_finished()
+    out = inst.out
+    out.makespan_s, out.steps = inst.t - start_s, inst.step
+    return out

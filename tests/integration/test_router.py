@@ -1,0 +1,259 @@
+"""The SGS router as a real process in front of two real instance processes (loopback, port 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services.common.types import GenerateParams, PromptSpec
+from tests.conftest import ROOT, SGSProcess, stop_sgs
+
+OVERRIDES = [
+    "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
+    "generation.admission=lpt", "generation.instances=2", "generation.dispatch.policy=lpt",
+    "generation.dispatch.min_history=4",
+]
+
+
+def start_instance(workdir: Path, checkpoint: Path, overrides: list[str], index: int) -> SGSProcess:
+    from services.common.config import load_config, write_config
+
+    write_config(load_config(ROOT / "deploy/configs/smoke.yaml", overrides), workdir / "config.json")
+    port_file, log = workdir / "sgs.port", workdir / "sgs.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"), "--model",
+             str(checkpoint), "--port", "0", "--port-file", str(port_file), "--instance", str(index)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)
+
+
+@pytest.fixture(scope="module")
+def genlog_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("genlog") / "gen.sqlite"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_checkpoint, genlog_path):
+    from services.generation.client import GenerationClient
+
+    overrides = [*OVERRIDES, f"generation.genlog={genlog_path}"]
+    instances = [start_instance(tmp_path_factory.mktemp(f"inst{i}"), tiny_checkpoint, overrides, i) for i in range(2)]
+    workdir = tmp_path_factory.mktemp("router")
+    port_file, log, timeline = workdir / "router.port", workdir / "router.log", workdir / "timeline.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.generation.router_main", "--config", str(instances[0].log.parent / "config.json"),
+             "--model", str(tiny_checkpoint), "--instances", ",".join(i.address for i in instances),
+             "--port", "0", "--port-file", str(port_file), "--timeline", str(timeline)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"router did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+    client = GenerationClient(f"127.0.0.1:{port_file.read_text().strip()}", max_message_mb=8)
+    client.wait_ready()
+    yield client, instances, timeline
+    client.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+    for inst in instances:
+        if inst.proc.poll() is None:
+            stop_sgs(inst)
+
+
+def _prompts(lengths: list[int], estimates: list[float] | None = None) -> list[PromptSpec]:
+    est = estimates or [0.0] * len(lengths)
+    return [PromptSpec(f"p{i}", (1, 5, 6, 7), "", est[i], n) for i, n in enumerate(lengths)]
+
+
+def test_streams_are_merged_every_sample_once_with_forced_lengths(stack):
+    client, _, timeline = stack
+    lengths = [3, 40, 9, 25, 60, 5]
+    samples = list(client.generate(_prompts(lengths, [float(n) for n in lengths]), GenerateParams(samples_per_prompt=3)))
+    keys = sorted((s.prompt_id, s.sample_index) for s in samples)
+    assert keys == sorted((f"p{i}", k) for i in range(len(lengths)) for k in range(3))  # each exactly once
+    for s in samples:
+        assert len(s.token_ids) == lengths[int(s.prompt_id[1:])] and s.finish_reason == "length"
+        assert s.group_id == s.prompt_id
+    assert samples[0].finished_at < samples[-1].finished_at  # completion order: a short one first
+    events = [json.loads(line) for line in timeline.read_text().splitlines()]
+    dispatched = [e for e in events if e["event"] == "dispatch"][-1]
+    assert dispatched["policy"] == "lpt" and dispatched["estimates"] == "request"
+    assert all(n > 0 for n in dispatched["per_instance"]) and sum(dispatched["per_instance"]) == 18
+    seen = [e for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
+    assert sorted(e["instance"] for e in seen) == sorted(sum(([i] * n for i, n in enumerate(dispatched["per_instance"])), []))
+
+
+def test_instances_append_finished_samples_to_the_generation_log(stack, genlog_path):
+    from ranker.genlog import GenerationLog
+
+    client, _, _ = stack
+    lengths = [7, 11, 13]
+    list(client.generate([PromptSpec(f"g{i}", (1, 5, 6, 7), "", 0.0, n) for i, n in enumerate(lengths)], GenerateParams(samples_per_prompt=2)))
+    with GenerationLog(genlog_path) as log:
+        deadline = time.monotonic() + 30
+        rows = []
+        while time.monotonic() < deadline:
+            rows = [r for r in log.recent(10_000) if r.prompt_id.startswith("g")]
+            if len(rows) >= 6:
+                break
+            time.sleep(0.2)
+    assert sorted(r.response_length for r in rows) == sorted(lengths * 2)
+    assert {r.instance for r in rows} == {0, 1} and all(r.prompt == "123" and r.weight_version == 0 for r in rows)
+
+
+def test_request_without_estimates_is_served_round_robin(stack):
+    client, _, timeline = stack
+    samples = list(client.generate(_prompts([4, 4, 4, 4]), GenerateParams(samples_per_prompt=2)))
+    assert len(samples) == 8
+    dispatched = [json.loads(x) for x in timeline.read_text().splitlines() if '"dispatch"' in x][-1]
+    assert dispatched["estimates"] == "none" and dispatched["notes"]["fallback"].startswith("round_robin")
+    assert dispatched["per_instance"] == [4, 4]
+
+
+def test_instance_admits_longest_estimate_first(stack, tiny_checkpoint):
+    from services.generation.client import GenerationClient
+
+    _, instances, _ = stack
+    est = [10.0, 80.0, 40.0, 60.0, 20.0]
+    with GenerationClient(instances[1].address) as direct:  # max_inflight = 2: LPT decides who waits
+        samples = list(direct.generate(_prompts([int(e) for e in est], est), GenerateParams()))
+    by_start = [int(s.prompt_id[1:]) for s in sorted(samples, key=lambda s: s.started_at)]
+    assert set(by_start[:2]) == {1, 3}  # 80 and 60 start first (FCFS would start 10 and 80)
+    assert by_start[2] == 2  # then 40 when a slot frees
+
+
+@pytest.mark.parametrize(
+    "prompts, params, match",
+    [
+        ([], GenerateParams(), "no prompts"),
+        ([PromptSpec("a", (1, 5)), PromptSpec("a", (1, 6))], GenerateParams(), "duplicate prompt_id"),
+        ([PromptSpec("a", (1, 5), "", 0.0, 500)], GenerateParams(), "forced_length 500 exceeds"),
+        ([PromptSpec("a", (1, 5), "", -3.0)], GenerateParams(), "estimated_length must be finite"),
+        ([PromptSpec("a", (1, 99))], GenerateParams(), "outside [0,"),
+    ],
+)
+def test_bad_requests_are_refused_with_clear_status(stack, prompts, params, match):
+    client, _, _ = stack
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.generate(prompts, params))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and match in err.value.details()
+    assert len(list(client.generate(_prompts([2]), GenerateParams()))) == 1  # still serving
+
+
+def test_weights_fan_out_to_every_instance(stack, tiny_checkpoint):
+    from services.generation.client import GenerationClient
+    from services.policy.model import load_policy
+
+    client, instances, _ = stack
+    state = load_policy(tiny_checkpoint).model.state_dict()
+    ack = client.update_weights(state, version=1, chunk_bytes=4096)
+    assert ack.staged and ack.version == 1
+    for inst in instances:
+        with GenerationClient(inst.address) as direct:
+            deadline = time.monotonic() + 30
+            while direct.health().weight_version != 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert direct.health().weight_version == 1
+    samples = list(client.generate(_prompts([3, 3]), GenerateParams(min_weight_version=1)))
+    assert {s.weight_version for s in samples} == {1}
+    with pytest.raises(grpc.RpcError) as err:
+        client.update_weights(state, version=1, chunk_bytes=4096)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "instance" in err.value.details()
+
+
+def test_estimator_is_injected_for_prompts_without_estimates(stack, tiny_checkpoint):
+    """RouterCore in-process over the real instances, with a fake estimator (the ranker's slot)."""
+    from services.common.config import load_config
+    from services.generation.client import GenerationClient
+    from services.generation.router import RouterCore
+    from services.policy.model import load_policy
+
+    _, instances, _ = stack
+    tok = load_policy(tiny_checkpoint).tokenizer
+    seen: list[list[str]] = []
+
+    class LengthOfText:
+        def predict(self, prompts: list[str]) -> list[float]:
+            seen.append(prompts)
+            return [float(len(p)) for p in prompts]
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", OVERRIDES).generation
+    clients = [GenerationClient(i.address) for i in instances]
+    core = RouterCore(clients, cfg, estimator=lambda: LengthOfText(), decode=lambda ids: tok.decode(list(ids)))
+    texts = ["12-3>10=", "250-9>200="]
+    prompts = [PromptSpec("x", tuple(tok.encode(texts[0])), "", 0.0, 4), PromptSpec("y", tuple(tok.encode(texts[1])), "", 7.0, 4)]
+    call = core.start(prompts, GenerateParams(samples_per_prompt=2))
+    assert len(list(core.results(call))) == 4
+    assert call.estimate_source == "mixed" and seen == [[texts[0]]]  # only the prompt without an estimate
+
+    class Broken:
+        def predict(self, prompts: list[str]) -> list[float]:
+            raise RuntimeError("ranker exploded")
+
+    core.estimator = lambda: Broken()
+    call = core.start(prompts[:1], GenerateParams(samples_per_prompt=2))
+    assert len(list(core.results(call))) == 2 and call.estimate_source == "none" and core.estimator_failures == 1
+    for c in clients:
+        c.close()
+
+
+def test_lost_instance_is_reported_as_unavailable(stack):
+    client, instances, _ = stack
+    stop_sgs(instances[0])
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.generate(_prompts([3] * 4), GenerateParams(samples_per_prompt=2)))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "instance" in err.value.details()
+
+
+@pytest.mark.parametrize("mode, policy, transport", [("one_step", "streamrl", "relay"), ("sync", "lpt", "direct")])
+def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy, transport):
+    """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights
+    reach the instances through the router either way: each pulls from its relay (relay), or
+    the router forwards the trainer's stream (direct)."""
+    from allocator.models import spec_from_hf_config
+    from allocator.profiles import ProfileModel, load_profile, save_profile, shipped_profile
+    from flows.launcher import run_processes
+    from services.common.config import load_config, write_config
+
+    # the shipped CPU profile is for the default tiny model; the smoke model is smaller: re-label a copy
+    smoke = spec_from_hf_config("smoke", json.loads((tiny_checkpoint / "config.json").read_text()), dtype_bytes=4)
+    profile = load_profile(shipped_profile("cpu-local-braid-tiny"))
+    profile = profile.model_copy(update={"model": ProfileModel(name="smoke", fingerprint=smoke.fingerprint())})
+    save_profile(profile, tmp_path / "profile.json")
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+        f"trainer.mode={mode}", "generation.instances=2", f"generation.dispatch.policy={policy}", "eval.prompts=8",
+        f"generation.dispatch.profile={tmp_path / 'profile.json'}", f"weights.transport={transport}",
+    ])
+    write_config(cfg, tmp_path / "config.json")
+    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint)).read_text())
+    assert summary["final_weight_version"] == cfg.trainer.iterations
+    events = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
+    dispatched = [e for e in events if e["event"] == "dispatch"]
+    assert len(dispatched) >= cfg.trainer.iterations and all(e["policy"] == policy for e in dispatched)
+    assert {e["instance"] for e in events if e["event"] == "sample"} == {0, 1}
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in rows] == [cfg.trainer.prompts_per_iteration * cfg.trainer.group_size] * cfg.trainer.iterations
+    pulled = sum((tmp_path / f"sgs-{i}.log").read_text().count("from relay") for i in range(2))
+    assert pulled >= (2 * cfg.trainer.iterations if transport == "relay" else 0) and (transport == "relay") == (pulled > 0)

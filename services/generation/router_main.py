@@ -50,14 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
 
+    from services.common.affinity import pin_cpus
     from services.common.config import load_config
+
+    cfg = load_config(ns.config).generation
+    pin_cpus(cfg.cpus, "SGS router")  # a generation-site process
+
     from services.generation.client import GenerationClient
     from services.generation.router import RouterCore
     from services.generation.router_server import RouterServicer
     from services.generation.scheduling import NEEDS_COST
     from services.generation.server import create_server
 
-    cfg = load_config(ns.config).generation
     model_config = json.loads((Path(ns.model) / "config.json").read_text())
     clients = [GenerationClient(a, max_message_mb=cfg.max_message_mb) for a in ns.instances.split(",") if a]
     for client in clients:

@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.ranker_cli import add_parser as add_ranker_parser  # argparse only; models load lazily
 
     add_ranker_parser(sub)
+    from flows.allocate_cli import add_parser as add_allocate_parser  # argparse only; the planner loads lazily
+
+    add_allocate_parser(sub)
     return parser
 
 

@@ -137,6 +137,11 @@ class CostModel:
         best = self.train_search(y).best
         return best.total_s if best is not None else math.inf
 
+    def train_parallel(self, y: int) -> str:
+        best = self.train_search(y).best
+        assert best is not None, "a plan's training side always fits"
+        return best.cfg.label()
+
     def cost(self, x: int, y: int) -> float:
         return x * self.gen.cost_per_gpu + y * self.train.cost_per_gpu
 
@@ -166,11 +171,9 @@ def make_plan(cm: CostModel, x: int, y: int, *, mode: str, objective: Objective,
     tg, tt = cm.t_gen(x), cm.t_train(y)
     it = max(tg, tt)
     sps = cm.batch_size / it
-    best = cm.train_search(y).best
-    assert best is not None, "a plan's training side always fits"
     surplus = (budget[0] - x - y, 0) if mode == "single-site" else (budget[0] - x, budget[1] - y)
     return Plan(
-        gen_gpus=x, train_gpus=y, gen_parallel=f"DP{x // cm.gen_choice(x)[1]}xTP{cm.gen_choice(x)[1]}", train_parallel=best.cfg.label(),
+        gen_gpus=x, train_gpus=y, gen_parallel=f"DP{x // cm.gen_choice(x)[1]}xTP{cm.gen_choice(x)[1]}", train_parallel=cm.train_parallel(y),
         t_gen_s=tg, t_train_s=tt, iteration_s=it, samples_per_s=sps, samples_per_s_per_cost=sps / cm.cost(x, y),
         cost=cm.cost(x, y), gen_kind=cm.gen.kind, train_kind=cm.train.kind, surplus_gen_gpus=surplus[0],
         surplus_train_gpus=surplus[1], mode=mode, objective=objective, gen_evals=cm.gen_evals,  # type: ignore[arg-type]
@@ -226,10 +229,9 @@ def _time_single(cm: CostModel, n: int) -> tuple[int, int]:
     window = xs[max(0, i - WINDOW): i + WINDOW + 1]
     x = min(window, key=lambda v: (max(cm.t_gen(v), cm.t_train(y_of(v))), v + y_of(v)))
     y = y_of(x)
-    if cm.t_gen(x) < cm.t_train(y):  # return the faster stage's surplus, as across sites
-        x = _shrink([v for v in xs if v <= x], cm.t_gen, cm.t_train(y))
-    elif cm.t_train(y) < cm.t_gen(x):
-        y = _shrink([v for v in _units(cm.train.unit, y) if cm.t_train(v) < math.inf], cm.t_train, cm.t_gen(x))
+    it = max(cm.t_gen(x), cm.t_train(y))  # return the surplus: fewest GPUs per stage within the iteration time
+    x = _shrink([v for v in xs if v <= x], cm.t_gen, it)
+    y = _shrink([v for v in _units(cm.train.unit, y) if cm.t_train(v) < math.inf], cm.t_train, it)
     return x, y
 
 
@@ -278,6 +280,9 @@ def plan_single_site(cm: CostModel, n: int, objective: Objective = "time", max_i
     """Algorithm 1, single datacenter: x + y <= n GPUs of one kind."""
     if n < 1:
         raise ValueError(f"GPU budget must be >= 1, got {n}")
+    if n < cm.gen.unit + cm.train.unit:
+        raise ValueError(f"{n} GPUs cannot hold one generation instance ({cm.gen.unit} GPUs: weights + KV cache) "
+                         f"and one training unit ({cm.train.unit} GPUs)")
     _feasible_train(cm, n - cm.gen.unit, cm.train.kind)
     if objective == "time":
         x, y = _time_single(cm, n)
@@ -291,6 +296,8 @@ def plan_two_sites(cm: CostModel, m: int, n: int, objective: Objective = "time",
     """Algorithm 1, cross datacenter: x <= m generation GPUs, y <= n training GPUs."""
     if m < 1 or n < 1:
         raise ValueError(f"GPU budgets must be >= 1, got m={m}, n={n}")
+    if m < cm.gen.unit:
+        raise ValueError(f"{m} generation GPUs cannot hold one generation instance ({cm.gen.unit} GPUs: weights + KV cache)")
     _feasible_train(cm, n, cm.train.kind)
     if objective == "time":
         x, y = _time_two(cm, m, n)

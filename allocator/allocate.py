@@ -140,7 +140,7 @@ def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | P
     except ValueError as err:
         raise AllocationInputError(f"{cluster_path}: {model.name}: {err}") from None
     elapsed = time.perf_counter() - t0
-    out = {**plan.__dict__, "planning_time_s": elapsed, "model": model.name, "cluster": cluster.name,
+    out = {**plan.__dict__, "planning_time_s": elapsed, "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name, "cluster": cluster.name,
            "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm}
     best = cm.train_search(plan.train_gpus).best
     assert best is not None

@@ -193,3 +193,16 @@ def test_cli_bad_input_exits_2_with_the_message(tmp_path, capsys):
     path = _write(tmp_path, "c.yaml", CLUSTER.replace("GPU", "V100").replace("COUNT", "8"))
     assert cli_main(["allocate", "--cluster", path, "--model", "qwen2.5-7b", "--workload", TINY]) == 2
     assert "unknown GPU kind 'V100'" in capsys.readouterr().err
+
+
+def test_rl_training_takes_a_plan_for_the_local_cluster(tmp_path):
+    from flows.rl_training import load_plan, plan_overrides
+    from services.common.config import ConfigError
+
+    plan = plan_files(ROOT / "deploy/clusters/local-cpu.yaml", "braid-tiny", TINY)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    assert load_plan(str(tmp_path / "plan.json")) == plan
+    assert plan_overrides(plan) == [f"generation.instances={plan['gen_instances']}"]
+    assert plan_overrides({**plan, "model": "qwen2.5-7b"}) == []  # a GPU plan is only recorded
+    with pytest.raises(ConfigError, match="missing fields"):
+        load_plan({"model": "braid-tiny"})

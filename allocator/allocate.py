@@ -122,7 +122,8 @@ def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: Wo
 
 def _step(site: SiteSpec, smallest: int) -> int:
     """Allocation step of a site: whole nodes on a multi-node site, else the smallest unit."""
-    return site.gpus_per_node if site.count >= 2 * site.gpus_per_node else smallest
+    step = site.allocation_step or ("node" if site.count >= 2 * site.gpus_per_node else "instance")
+    return site.gpus_per_node if step == "node" else smallest
 
 
 def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | Path, *,

@@ -58,6 +58,9 @@ class SiteSpec(StrictModel):
     memory_gb: float | None = Field(None, gt=0, le=1e5, description="Custom kind: memory per GPU (device), GB.")
     memory_tb_s: float | None = Field(None, gt=0, le=1e3, description="Custom kind: memory bandwidth, TB/s.")
     profile: str | None = Field(None, description="PTL profile JSON of this kind x model (default: shipped, else derived).")
+    allocation_step: Literal["node", "instance"] | None = Field(
+        None, description="GPUs move between the stages by whole nodes or by single instances "
+        "(default: node on multi-node sites, instance otherwise).")
 
 
 class LinkSpec(StrictModel):

@@ -12,8 +12,10 @@ Single site (budget n, x + y <= n), objective ``time``: minimise max(T_gen(x), T
 Algorithm 1 enumerates every (x, y); since T_train is cheap (analytic) the planner takes, for
 each x, the best y <= n - x (a prefix minimum: R(x), non-decreasing in x), and T_gen, the
 expensive one, is non-increasing in x up to simulation noise. The optimum sits where T_gen
-crosses R: a binary search finds the first x with T_gen(x) <= R(x), then the ``WINDOW`` DP
-units on either side are evaluated exactly (to absorb non-monotonicity) and the best wins.
+crosses R: a binary search over the multiples of every instance size (where each x can use
+any TP degree, so T_gen is smooth) finds the first x with T_gen(x) <= R(x), then every
+allocation step within ``WINDOW`` coarse steps of it is evaluated exactly (absorbing the
+non-monotonicity of odd counts and of configs that need divisible GPU counts); the best wins.
 Ties go to fewer GPUs (the surplus is returned). ``brute_force_single`` evaluates every x: the
 reference for tests and the bench's gap measurement.
 
@@ -225,8 +227,13 @@ def _time_single(cm: CostModel, n: int) -> tuple[int, int]:
         return prefix[(n - x) // cm.train.unit * cm.train.unit]
 
     enough = (1.0 + FLOOR_TOLERANCE) * cm.gen_floor()
-    i = _first_true(xs, lambda x: cm.t_gen(x) <= max(cm.t_train(y_of(x)), enough))
-    window = xs[max(0, i - WINDOW): i + WINDOW + 1]
+    # coarse pass over multiples of every instance size (there T_gen is smooth: each x can use
+    # any TP degree), then every allocation step around the crossing is evaluated exactly
+    coarse = math.lcm(cm.gen.unit, *cm.gen.specs)
+    grid = [x for x in xs if x % coarse == 0] or xs
+    i = _first_true(grid, lambda x: cm.t_gen(x) <= max(cm.t_train(y_of(x)), enough))
+    lo, hi = grid[max(0, i - WINDOW)], grid[min(len(grid) - 1, i + WINDOW)]
+    window = [x for x in xs if lo - coarse < x <= hi]
     x = min(window, key=lambda v: (max(cm.t_gen(v), cm.t_train(y_of(v))), v + y_of(v)))
     y = y_of(x)
     it = max(cm.t_gen(x), cm.t_train(y))  # return the surplus: fewest GPUs per stage within the iteration time

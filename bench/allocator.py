@@ -55,9 +55,9 @@ def cost_model(cluster: str | ClusterSpec, model: str, regime: str) -> CostModel
     return build_cost_model(spec, spec.name, find_model(model), load_workload(WORKLOADS / f"codemath-{regime}.yaml"))
 
 
-def single_site(gpus: int) -> ClusterSpec:
+def single_site(gpus: int, step: str = "node") -> ClusterSpec:
     return ClusterSpec.model_validate({"name": f"single-site-{gpus}xH800", "sites": [
-        {"name": "h800", "gpu": "H800", "count": gpus, "roles": ["generation", "training"]}]})
+        {"name": "h800", "gpu": "H800", "count": gpus, "roles": ["generation", "training"], "allocation_step": step}]})
 
 
 def even_split(cm: CostModel, n: int):
@@ -83,28 +83,36 @@ def cross_site(regime: str) -> dict:
 
 
 def gaps(quick: bool) -> list[dict]:
+    """Node-step grid (models x regimes x budgets, single site, and two sites) plus an
+    instance-step grid (GPUs move one instance at a time: many more candidates)."""
     models = ["qwen2.5-7b", "qwen2.5-72b"] if quick else list(MODELS.values())
     regimes = ["20k"] if quick else ["5k", "10k", "20k"]
     budgets = [64] if quick else [32, 64, 128]
+    fine = [("qwen2.5-7b", "20k", 24)] if quick else [
+        ("qwen2.5-7b", r, n) for r in ("5k", "20k") for n in (24, 48)] + [("qwen2.5-32b", "20k", 48)]
     rows = []
+    for model, regime, n in fine:
+        rows.append(_gap_single(cost_model(single_site(n, "instance"), model, regime), n, f"{model} {regime} single {n} per-instance"))
     for model in models:
         for regime in regimes:
             for n in budgets:
-                cm = cost_model(single_site(n), model, regime)
-                try:
-                    plan = plan_single_site(cm, n)
-                except ValueError as err:  # e.g. 72B cannot fit its trainer in 32 GPUs
-                    rows.append({"case": f"{model} {regime} single {n}", "skipped": str(err)})
-                    continue
-                _, _, best = brute_force_single(cm, n)
-                rows.append({"case": f"{model} {regime} single {n}", "plan_s": plan.iteration_s, "bruteforce_s": best,
-                             "gap": plan.iteration_s / best - 1.0})
+                rows.append(_gap_single(cost_model(single_site(n), model, regime), n, f"{model} {regime} single {n}"))
             cm = cost_model("cross-site-32xH20-128xH800", model, regime)
             plan = plan_two_sites(cm, 32, 128)
             _, _, best = brute_force_two(cm, 32, 128)
             rows.append({"case": f"{model} {regime} two-site 32xH20+128xH800", "plan_s": plan.iteration_s,
                          "bruteforce_s": best, "gap": plan.iteration_s / best - 1.0})
     return rows
+
+
+def _gap_single(cm: CostModel, n: int, case: str) -> dict:
+    try:
+        plan = plan_single_site(cm, n)
+    except ValueError as err:  # e.g. 72B cannot fit its trainer in 32 GPUs
+        return {"case": case, "skipped": str(err)}
+    _, _, best = brute_force_single(cm, n)
+    return {"case": case, "plan_s": plan.iteration_s, "bruteforce_s": best, "gap": plan.iteration_s / best - 1.0,
+            "plan_gpus": [plan.gen_gpus, plan.train_gpus]}
 
 
 def planning_time_1024(repeats: int = 3) -> tuple[float, dict]:

@@ -97,21 +97,23 @@ def test_cost_objective_prefers_the_cheaper_kind_for_the_same_speed():
         plan_two_sites(cm, 8, 8, objective="cost", max_iteration_s=1.0)
 
 
-def _small_problem(model: str, gpus: int) -> CostModel:
+def _small_problem(model: str, gpus: int, step: str = "node") -> CostModel:
     cluster = ClusterSpec.model_validate({"name": "t", "sites": [
-        {"name": "s", "gpu": "H800", "count": gpus, "roles": ["generation", "training"]}]})
+        {"name": "s", "gpu": "H800", "count": gpus, "roles": ["generation", "training"], "allocation_step": step}]})
     wl = WorkloadSpec.model_validate({"name": "w", "batch_size": 64, "algorithm": "grpo",
                                       "prompt_tokens": {"samples": [200, 400]},
                                       "response_tokens": {"lognormal": {"median": 800, "sigma": 1.0, "max": 8000}}})
     return build_cost_model(cluster, "t.yaml", get_model(model), wl)
 
 
-def test_planner_is_within_5_percent_of_brute_force_on_real_cost_models():
-    cm = _small_problem("qwen2.5-7b", 32)
-    plan = plan_single_site(cm, 32)
-    _, _, best = brute_force_single(cm, 32)
+@pytest.mark.parametrize("gpus,step", [(32, "node"), (24, "instance")])
+def test_planner_is_within_5_percent_of_brute_force_on_real_cost_models(gpus, step):
+    cm = _small_problem("qwen2.5-7b", gpus, step)
+    plan = plan_single_site(cm, gpus)
+    _, _, best = brute_force_single(cm, gpus)
     assert plan.iteration_s <= 1.05 * best
-    assert plan.gen_gpus + plan.train_gpus <= 32 and plan.gen_gpus % cm.gen.unit == 0
+    assert plan.gen_gpus + plan.train_gpus <= gpus and plan.gen_gpus % cm.gen.unit == 0
+    assert plan.iteration_s == pytest.approx(max(plan.t_gen_s, plan.t_train_s))
 
 
 def test_memory_model_rejects_what_does_not_fit_and_says_by_how_much():

@@ -36,7 +36,6 @@ to reach a given speed).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -335,8 +334,3 @@ def brute_force_two(cm: CostModel, m: int, n: int) -> tuple[int, int, float]:
                 best = (x, y, t)
     return best
 
-
-def timed(fn: Callable[..., Plan], *args, **kwargs) -> tuple[Plan, float]:
-    t0 = time.perf_counter()
-    plan = fn(*args, **kwargs)
-    return plan, time.perf_counter() - t0

@@ -36,7 +36,7 @@ def _run(ns: argparse.Namespace) -> int:
     prefect_env(cfg.cache_dir)
     from flows.rl_training import rl_training
 
-    result = rl_training(config_path=ns.config, overrides=overrides)
+    result = rl_training(config_path=ns.config, overrides=overrides, plan=ns.plan)
     print(json.dumps({k: result[k] for k in ("run_dir", "mode", "warmstart_accuracy", "final_accuracy",
                                             "accuracy_stderr", "eval_prompts", "samples_per_second")}, indent=2))
     return 0
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. trainer.mode=sync")
     run.add_argument("--model", help="local HF checkpoint dir instead of the built tiny model")
     run.add_argument("--run-id", help="run directory name under runs/")
+    run.add_argument("--plan", help="allocation plan JSON (`braid allocate --json`): braid-tiny plans set the SGS instances")
     run.set_defaults(func=_run)
 
     cfg = sub.add_parser("config", help="print the resolved config (validates it)")
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.ranker_cli import add_parser as add_ranker_parser  # argparse only; models load lazily
 
     add_ranker_parser(sub)
+    from flows.allocate_cli import add_parser as add_allocate_parser  # argparse only; the planner loads lazily
+
+    add_allocate_parser(sub)
     return parser
 
 

@@ -130,12 +130,44 @@ def run_sites(run_dir: str, checkpoint: str, sites: TwoSiteConfig) -> str:
     return str(summary)
 
 
+def load_plan(plan: dict | str) -> dict:
+    """An allocation plan (``plan_allocation`` / ``braid allocate --json``): the dict, or its JSON file."""
+    if isinstance(plan, dict):
+        data = plan
+    else:
+        try:
+            data = json.loads(Path(plan).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"allocation plan {plan}: cannot read it as JSON: {err}") from None
+    missing = [k for k in ("model", "gen_gpus", "train_gpus", "gen_instances") if k not in data]
+    if missing:
+        raise ConfigError(f"allocation plan {'(dict)' if isinstance(plan, dict) else plan}: missing fields {missing}")
+    return data
+
+
+def plan_overrides(plan: dict) -> list[str]:
+    """A plan for the local CPU cluster (braid-tiny) sets the number of SGS instances; a plan for
+    GPUs only goes into the run report (this flow runs the local services)."""
+    return [f"generation.instances={plan['gen_instances']}"] if plan["model"] == "braid-tiny" else []
+
+
+def _plan_section(rd: Path) -> str:
+    path = rd / "allocation_plan.json"
+    if not path.exists():
+        return ""
+    plan = json.loads(path.read_text())
+    return (f"\n\n## Allocation plan\n\n{plan['model']} on {plan['cluster']} ({plan['workload']}): "
+            f"{plan['gen_gpus']} x {plan['gen_kind']} generation ({plan['gen_parallel']}, {plan['t_gen_s']:.1f} s), "
+            f"{plan['train_gpus']} x {plan['train_kind']} training ({plan['train_parallel']}, {plan['t_train_s']:.1f} s); "
+            f"predicted iteration {plan['iteration_s']:.1f} s, {plan['samples_per_s']:.2f} samples/s.\n")
+
+
 @task(name="report")
 def report(run_dir: str) -> str:
     rd = Path(run_dir)
     path = write_report(rd)
     create_markdown_artifact(
-        embed_images(path.read_text(), rd), key="rl-training-report", description=f"Braid run {rd.name}"
+        embed_images(path.read_text(), rd) + _plan_section(rd), key="rl-training-report", description=f"Braid run {rd.name}"
     )
     create_table_artifact(
         metrics_table(_read_metrics(rd / "metrics.jsonl")), key="rl-training-metrics",
@@ -150,6 +182,7 @@ def rl_training(
     sites: TwoSiteConfig | None = None,
     config_path: str | None = "deploy/configs/default.yaml",
     overrides: list[str] | None = None,
+    plan: dict | str | None = None,
 ) -> dict:
     """Run asynchronous GRPO end to end; returns the run summary.
 
@@ -159,9 +192,15 @@ def rl_training(
             as local processes of this flow run (what `braid run` does).
         config_path: YAML run config, used only when config is empty (the CLI's --config).
         overrides: key.sub=value overrides applied on top of the config (the CLI's --set).
+        plan: An allocation plan (plan_allocation's result, or its JSON file). For braid-tiny it sets the number of
+            SGS instances; otherwise it is recorded in the run report.
     """
     logger = get_run_logger()
-    run_dir = prepare_run(config, config_path, list(overrides or []))
+    allocation = load_plan(plan) if plan is not None else None
+    extra = plan_overrides(allocation) if allocation is not None else []
+    run_dir = prepare_run(config, config_path, list(overrides or []) + extra)
+    if allocation is not None:
+        (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
     logger.info("run directory: %s", run_dir)
     checkpoint = warm_start(run_dir)
     if sites is None:

@@ -73,6 +73,12 @@ SHORT_RUNS: dict[str, ShortRun | None] = {
                                            "kind": "tfidf_linear", "min_samples": 50}},
         artifacts=("ranker-retrain",),
     ),
+    "plan-allocation": ShortRun(
+        parameters=lambda tmp: {"params": {"cluster_file": str(ROOT / "deploy/clusters/local-cpu.yaml"), "model": "braid-tiny",
+                                           "workload_file": str(ROOT / "deploy/workloads/tiny.yaml"),
+                                           "out": str(tmp / "plan.json")}},
+        artifacts=("allocation-plan", "allocation-plan-stages"),
+    ),
     "gen-site": None,
     "train-site": None,
 }

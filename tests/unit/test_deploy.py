@@ -65,7 +65,7 @@ def test_parameter_schema_carries_bounds_and_help_for_the_ui_form():
     from flows.rl_training import rl_training
 
     schema = parameter_schema(rl_training).model_dump()
-    assert list(schema["properties"]) == ["config", "sites", "config_path", "overrides"]
+    assert list(schema["properties"]) == ["config", "sites", "config_path", "overrides", "plan"]
     assert all(p.get("description") for p in schema["properties"].values())
     iterations = schema["definitions"]["TrainerConfig"]["properties"]["iterations"]
     assert iterations["minimum"] == 1 and iterations["description"]

@@ -1,0 +1,178 @@
+"""``braid allocate`` and the ``plan_allocation`` flow: files in, a plan (JSON-able dict) out.
+
+The edge around the pure planner (``allocator.planner``): reads the cluster and workload files
+(``allocator.cluster``), resolves each site's GPU kind (``allocator.hardware`` or the file's
+custom numbers) and the generation PTL profile of kind x model (the site's ``profile`` file,
+else the shipped one in ``allocator/profiles/``, else derived from the spec sheet), builds the
+memoised cost model, plans, and formats the result as JSON or a table.
+
+Every input problem raises ``AllocationInputError`` saying what is missing: the file and field,
+the known GPU kinds or models, or the memory needed vs available per GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from allocator.cluster import (
+    AllocationInputError,
+    ClusterSpec,
+    SiteSpec,
+    WorkloadSpec,
+    load_cluster,
+    load_workload,
+    workload_lengths,
+)
+from allocator.hardware import HARDWARE, Hardware
+from allocator.models import MODELS, ModelSpec
+from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
+from allocator.training import TrainSite, TrainWorkload
+
+PLAN_FIELDS = ("gen_gpus", "train_gpus", "gen_parallel", "train_parallel", "t_gen_s", "t_train_s", "iteration_s",
+               "samples_per_s", "samples_per_s_per_cost", "planning_time_s")
+
+
+def find_model(name: str) -> ModelSpec:
+    for key, spec in MODELS.items():
+        if key.lower() == name.lower():
+            return spec
+    raise AllocationInputError(f"unknown model {name!r}; known: {sorted(MODELS)}")
+
+
+def site_hardware(site: SiteSpec, where: str) -> tuple[Hardware, float]:
+    """(hardware, cost per GPU) of a site; custom kinds need tflops, memory_gb and a cost."""
+    if site.gpu in HARDWARE:
+        hw = HARDWARE[site.gpu]
+        cost = site.cost_per_gpu if site.cost_per_gpu is not None else hw.cost
+        if cost is None:
+            raise AllocationInputError(f"{where}.cost_per_gpu: {site.gpu} has no cost in StreamRL Table 1; set cost_per_gpu")
+        return hw, cost
+    missing = [f for f in ("tflops", "memory_gb", "cost_per_gpu") if getattr(site, f) is None]
+    if missing:
+        raise AllocationInputError(
+            f"{where}.gpu: unknown GPU kind {site.gpu!r}; known: {sorted(HARDWARE)} "
+            f"(a custom kind needs {', '.join(missing)})")
+    assert site.tflops is not None and site.memory_gb is not None and site.cost_per_gpu is not None
+    intra = site.inter_node_gbps / 8.0
+    hw = Hardware(site.gpu, site.tflops, site.memory_gb, site.memory_tb_s or 0.1, intra, site.cost_per_gpu, "cluster file")
+    return hw, site.cost_per_gpu
+
+
+def gen_specs(site: SiteSpec, model: ModelSpec, where: str) -> dict:
+    """TP degree -> instance spec: the site's or the shipped profile, and for derived profiles
+    of a spec-sheet kind also the larger TP degrees within a node (the planner picks)."""
+    from allocator.profiles import derive_profile
+
+    base = gen_profile(site, model, where)
+    specs = {base.tensor_parallel: base.instance_spec()}
+    if base.source == "derived" and site.profile is None and site.gpu in HARDWARE:
+        tp = base.tensor_parallel * 2
+        while tp <= min(site.gpus_per_node, site.count) and model.q_heads % tp == 0 and model.kv_heads % tp == 0:
+            specs[tp] = derive_profile(site.gpu, model.name, tp).instance_spec()
+            tp *= 2
+    return specs
+
+
+def gen_profile(site: SiteSpec, model: ModelSpec, where: str):
+    """The generation profile of site kind x model: the file's, shipped, or derived."""
+    from allocator.profiles import PROFILE_DIR, ProfileError, derive_profile, load_profile
+
+    try:
+        if site.profile is not None:
+            return load_profile(site.profile, model=model)
+        shipped = PROFILE_DIR / f"{site.gpu}-{model.name}.json"
+        if shipped.is_file():
+            return load_profile(shipped, model=model)
+        if site.gpu not in HARDWARE:
+            raise AllocationInputError(f"{where}.profile: no PTL profile of {model.name} on custom kind {site.gpu!r}; "
+                                       f"measure one with `braid profile` and name it here")
+        return derive_profile(site.gpu, model.name)
+    except ProfileError as err:
+        raise AllocationInputError(f"{where}.profile: {err}") from None
+    except ValueError as err:
+        if isinstance(err, AllocationInputError):
+            raise
+        raise AllocationInputError(f"{where}: generation cannot run: {err}") from None
+
+
+def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: WorkloadSpec) -> CostModel:
+    from services.generation.scheduling.dispatch import policy_names
+
+    if wl.dispatch not in policy_names():
+        raise AllocationInputError(f"workload {wl.name!r}: dispatch: unknown policy {wl.dispatch!r}; known: {policy_names()}")
+    idx = {s.name: i for i, s in enumerate(cluster.sites)}
+    gsite, tsite = cluster.site("generation"), cluster.site("training")
+    gwhere, twhere = f"{source}: sites[{idx[gsite.name]}]", f"{source}: sites[{idx[tsite.name]}]"
+    ghw, gcost = site_hardware(gsite, gwhere)
+    thw, tcost = site_hardware(tsite, twhere)
+    specs = gen_specs(gsite, model, gwhere)
+    prompts, outputs = workload_lengths(wl)
+    seq = [p + o for p, o in zip(prompts, outputs)]
+    train_wl = TrainWorkload(tokens=sum(seq), attn_sq=float(sum(s * s for s in seq)), mb_tokens=max(seq), algorithm=wl.algorithm)
+    site = TrainSite(thw, tsite.gpus_per_node, tsite.inter_node_gbps / 8.0, tflops=tsite.tflops)
+    return CostModel(
+        model=model,
+        gen=GenPool(gsite.gpu, gsite.count, gcost, specs, _step(gsite, min(specs))),
+        train=TrainPool(tsite.gpu, tsite.count, _step(tsite, 1), tcost, site),
+        gen_wl=GenWorkload(tuple(prompts), tuple(outputs), wl.dispatch, wl.admission),
+        train_wl=train_wl,
+    )
+
+
+def _step(site: SiteSpec, smallest: int) -> int:
+    """Allocation step of a site: whole nodes on a multi-node site, else the smallest unit."""
+    step = site.allocation_step or ("node" if site.count >= 2 * site.gpus_per_node else "instance")
+    return site.gpus_per_node if step == "node" else smallest
+
+
+def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | Path, *,
+               objective: Objective = "time", max_iteration_s: float | None = None) -> dict:
+    """Plan from files; returns the plan as a JSON-able dict (``PLAN_FIELDS`` and more)."""
+    cluster, wl = load_cluster(cluster_path), load_workload(workload_path)
+    model = find_model(model_name)
+    t0 = time.perf_counter()
+    cm = build_cost_model(cluster, str(cluster_path), model, wl)
+    try:
+        if len(cluster.sites) == 1:
+            plan = plan_single_site(cm, cluster.sites[0].count, objective, max_iteration_s)
+        else:
+            plan = plan_two_sites(cm, cm.gen.gpus, cm.train.gpus, objective, max_iteration_s)
+    except ValueError as err:
+        raise AllocationInputError(f"{cluster_path}: {model.name}: {err}") from None
+    elapsed = time.perf_counter() - t0
+    out = {**plan.__dict__, "planning_time_s": elapsed, "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name, "cluster": cluster.name,
+           "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm}
+    best = cm.train_search(plan.train_gpus).best
+    assert best is not None
+    out["train_memory_gb_per_gpu"] = round(best.memory.needed / 1e9, 2)
+    out["train_memory_available_gb"] = round(best.memory.available / 1e9, 2)
+    if cluster.links:
+        gbps = min(link.gbps for link in cluster.links)
+        out["cross_site_weight_transfer_s"] = model.weight_bytes() * 8 / (gbps * 1e9)
+    return out
+
+
+def format_table(plan: dict) -> str:
+    """The plan as a readable table (what ``braid allocate`` prints without --json)."""
+    rows = [
+        ("stage", "GPUs", "kind", "parallel", "predicted s"),
+        ("generation (SGS)", str(plan["gen_gpus"]), plan["gen_kind"], plan["gen_parallel"], f"{plan['t_gen_s']:.1f}"),
+        ("training", str(plan["train_gpus"]), plan["train_kind"], plan["train_parallel"], f"{plan['t_train_s']:.1f}"),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"{plan['model']} on {plan['cluster']} ({plan['mode']}, objective {plan['objective']}), "
+             f"workload {plan['workload']} ({plan['batch_size']} samples/iteration, {plan['algorithm']})", ""]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines += [
+        "",
+        f"iteration time     {plan['iteration_s']:.1f} s  (max of the two stages: one-step asynchronous pipeline)",
+        f"samples/s          {plan['samples_per_s']:.2f}",
+        f"samples/s per cost {plan['samples_per_s_per_cost']:.4f}  (cost {plan['cost']:.1f}: H20 = 1.00, H800 = 2.85 per GPU)",
+        f"trainer memory     {plan['train_memory_gb_per_gpu']:.1f} of {plan['train_memory_available_gb']:.1f} GB per GPU",
+        f"surplus GPUs       generation site {plan['surplus_gen_gpus']}, training site {plan['surplus_train_gpus']}",
+        f"planning time      {plan['planning_time_s']:.3f} s ({plan['gen_evals']} generation simulations)",
+    ]
+    if "cross_site_weight_transfer_s" in plan:
+        lines.append(f"weights over link  {plan['cross_site_weight_transfer_s']:.1f} s per version (overlapped with training)")
+    return "\n".join(lines)

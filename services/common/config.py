@@ -391,6 +391,8 @@ class RunConfig(StrictModel):
                     f"[scaleout.min_instances, scaleout.max_instances] = [{so.min_instances}, {so.max_instances}]"
                 )
         ramp = self.forced_length_ramp
+        if ramp.per_iteration and not ramp.start:
+            raise ValueError("forced_length_ramp.per_iteration needs forced_length_ramp.start > 0 (start 0 turns the ramp off)")
         if ramp.start:
             if not self.generation.forced_lengths:
                 raise ValueError("forced_length_ramp needs generation.forced_lengths: true")

@@ -98,11 +98,14 @@ class RouterServicer(pb_grpc.GenerationServicer):
         wait_s = _checked(request, context, default_wait_s=60.0)
         client = GenerationClient(request.address, max_message_mb=self.cfg.max_message_mb)
         try:
-            client.wait_ready(timeout_s=wait_s)
+            snapshot = client.wait_ready(timeout_s=wait_s)
         except grpc.RpcError as err:
             client.close()
             context.abort(grpc.StatusCode.UNAVAILABLE, f"instance {request.address} did not answer Health within "
                           f"{wait_s:.0f}s: {err.details()}")
+        if snapshot.engine.startswith("router["):  # a router (this one or another) is not an engine instance
+            client.close()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.address} is an SGS router, not an instance")
         try:
             version = self.core.add_instance(client, lambda c, join: self.fanout.bring_up(c, wait_s, join))
         except (MembershipError, FanoutError) as err:

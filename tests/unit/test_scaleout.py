@@ -79,3 +79,33 @@ def test_bad_limits_and_counts_are_refused():
         ScaleoutLimits(window=0)
     with pytest.raises(ValueError, match="current instance count"):
         decide([], 0, LIMITS)
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["scaleout.min_instances=3", "scaleout.max_instances=2"], "min_instances (3) must be <= max_instances (2)"),
+        (["scaleout.enabled=true", "trainer.mode=bounded"], "does not apply to trainer.mode 'bounded'"),
+        (["scaleout.enabled=true", "generation.dispatch.router='off'"], "needs the SGS router"),
+        (["scaleout.enabled=true", "generation.instances=5"], "must lie in [scaleout.min_instances"),
+        (["scaleout.window=0"], "scaleout.window"),
+        (["forced_length_ramp.start=8"], "needs generation.forced_lengths"),
+        (["forced_length_ramp.per_iteration=4"], "needs forced_length_ramp.start > 0"),
+        (["forced_length_ramp.start=8", "forced_length_ramp.per_iteration=100", "generation.forced_lengths=true"],
+         "above generation.max_new_tokens"),
+    ],
+)
+def test_bad_scaleout_configs_name_the_field(overrides, match):
+    from services.common.config import ConfigError, load_config
+    from tests.conftest import ROOT
+
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "deploy/configs/smoke.yaml", overrides)
+    assert match in str(err.value)
+
+
+def test_forced_length_ramp_grows_linearly():
+    from services.common.config import ForcedLengthRamp
+
+    ramp = ForcedLengthRamp(start=16, per_iteration=2.5)
+    assert [ramp.length(k) for k in range(3)] == [16, 18, 21] and ForcedLengthRamp().length(7) == 0

@@ -6,6 +6,13 @@ trainer cannot be resized without restarting its 3D-parallel runtime, but SGS in
 decoupled data-parallel (DP) units: one more can join at run time. Each iteration the run
 reports its stage times and this policy answers ``out`` / ``in`` / ``hold``.
 
+T_gen of an iteration is its generation time net of overlap with the previous iteration
+(``generation_time``): from its first sample's start, or the previous iteration's last finish
+if later, to its last finish. With pipelined iterations (``one_step``) and spare instance
+capacity, iteration k+1's samples start while k's still run, and the plain first-start to
+last-finish span would count the overlap twice; the net time is the generation stage's period
+per iteration, the quantity that sets the pipeline's pace against T_train.
+
 Quantities (over a smoothing window of the last ``window`` iterations, see below):
 
 - ``delta = T_gen - T_train``: how far generation lags training (StreamRL's delta);
@@ -82,6 +89,12 @@ class ScaleDecision:
     delta_s: float | None  # mean delta over the window (None: too few iterations yet)
     delta_prime_s: float | None  # the saving of one more unit (out) or the cost of one fewer (in)
     reason: str
+
+
+def generation_time(first_start: float, last_finish: float, previous_last_finish: float | None) -> float:
+    """T_gen of one iteration net of overlap with the previous one (absolute times in seconds)."""
+    start = first_start if previous_last_finish is None else max(first_start, previous_last_finish)
+    return max(0.0, last_finish - start)
 
 
 def saved_by_one_more(t_gen_s: float, n: int) -> float:

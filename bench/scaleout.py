@@ -68,12 +68,17 @@ def _jsonl(path: Path) -> list[dict]:
 
 def per_iteration(run_dir: Path) -> list[dict]:
     decisions = {e["iteration"]: e for e in _jsonl(run_dir / "scaleout.jsonl") if e["event"] == "decision"}
+    from allocator.scaleout import generation_time
+
     rows = []
+    prev: float | None = None
     for r in _jsonl(run_dir / "metrics.jsonl"):
         d = decisions.get(r["iteration"], {})
+        t_gen = generation_time(r["gen_first_start"], r["gen_last_finish"], prev) if "gen_first_start" in r else r["gen_time_s"]
+        prev = r.get("gen_last_finish")
         rows.append({
-            "iteration": r["iteration"], "forced_length": r["response_len_max"], "t_gen_s": r["gen_time_s"],
-            "t_train_s": r["train_time_s"], "delta_s": r["gen_time_s"] - r["train_time_s"],
+            "iteration": r["iteration"], "forced_length": r["response_len_max"], "t_gen_s": t_gen,
+            "gen_span_s": r["gen_time_s"], "t_train_s": r["train_time_s"], "delta_s": t_gen - r["train_time_s"],
             "iteration_time_s": r["iteration_time_s"], "instances": d.get("instances"),
             "delta_prime_s": d.get("delta_prime_s"), "action": d.get("action"),
         })
@@ -95,7 +100,10 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
         "scaleout_events": [e["iteration"] for e in outs],
         "delta_before_s": None, "delta_after_s": None,
         "definitions": {
-            "delta_s": "T_gen - T_train of one iteration (metrics.jsonl gen_time_s - train_time_s)",
+            "delta_s": "T_gen - T_train of one iteration: T_gen = its generation time net of overlap with the previous "
+                       "iteration (allocator.scaleout.generation_time: last sample finish - max(first sample start, "
+                       "previous iteration's last finish)), T_train = the trainer's busy time (train_time_s); "
+                       "gen_span_s = the plain first-start to last-finish span",
             "delta_prime_s": "the policy's estimate of the generation time one more instance saves: "
                              "mean T_gen over its window / (n + 1)",
             "scaleout_events": "iterations after which the controller decided to add an SGS instance",

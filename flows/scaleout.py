@@ -5,8 +5,9 @@ half second while the trainer runs), the thinnest place that already supervises 
 the trainer keeps training and is never paused or told anything.
 
 Each poll reads the iterations the trainer appended to ``metrics.jsonl`` since the last poll
-(``gen_time_s`` = T_gen, first sample start to last sample finish of the iteration;
-``train_time_s`` = T_train, the trainer's busy time), and for each asks the pure policy
+(T_gen = ``allocator.scaleout.generation_time`` of the row's first sample start and last sample
+finish, net of overlap with the previous iteration; T_train = ``train_time_s``, the trainer's
+busy time), and for each asks the pure policy
 (``allocator.scaleout.decide``). The action runs on one background thread (supervised: its
 failure is raised by the next ``poll``), so the watcher keeps checking the other processes:
 
@@ -33,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from allocator.scaleout import IterationTiming, ScaleoutLimits, decide
+from allocator.scaleout import IterationTiming, ScaleoutLimits, decide, generation_time
 
 log = logging.getLogger("braid.scaleout")
 
@@ -56,6 +57,7 @@ class ScaleoutController:
         self.last_change: int | None = None
         self.next_index = len(instances)
         self.rows_seen = 0
+        self._prev_finish: float | None = None  # last sample finish of the previous iteration
         self.events_path = run_dir / "scaleout.jsonl"
         self.metrics_path = run_dir / "metrics.jsonl"
         self._busy: threading.Thread | None = None
@@ -67,7 +69,9 @@ class ScaleoutController:
         if self._error is not None:
             raise RuntimeError(f"scale-out action failed: {self._error}") from self._error
         for row in self._new_rows():
-            timing = IterationTiming(int(row["iteration"]), float(row["gen_time_s"]), float(row["train_time_s"]), len(self.instances))
+            t_gen = generation_time(row["gen_first_start"], row["gen_last_finish"], self._prev_finish)
+            self._prev_finish = row["gen_last_finish"]
+            timing = IterationTiming(int(row["iteration"]), t_gen, float(row["train_time_s"]), len(self.instances))
             self.history.append(timing)
             busy = self._busy is not None and self._busy.is_alive()
             decision = decide(self.history, len(self.instances), self.limits, self.last_change)

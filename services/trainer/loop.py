@@ -200,6 +200,8 @@ class RLTrainer:
             "filtered_groups": st.filtered_groups,
             "grad_norm": grad_norm,
             "gen_time_s": acc.gen_last_finish - acc.gen_first_start,
+            "gen_first_start": acc.gen_first_start,  # absolute (epoch s): the scale-out controller's T_gen
+            "gen_last_finish": acc.gen_last_finish,
             "train_time_s": sum(e - s for s, e in st.busy),
             "iteration_time_s": wall,
             "idle_gen_s": idle(self.gen_busy, window),

@@ -109,3 +109,12 @@ def test_forced_length_ramp_grows_linearly():
 
     ramp = ForcedLengthRamp(start=16, per_iteration=2.5)
     assert [ramp.length(k) for k in range(3)] == [16, 18, 21] and ForcedLengthRamp().length(7) == 0
+
+
+def test_generation_time_is_net_of_overlap_with_the_previous_iteration():
+    from allocator.scaleout import generation_time
+
+    assert generation_time(10.0, 14.0, None) == pytest.approx(4.0)
+    assert generation_time(10.0, 14.0, 12.5) == pytest.approx(1.5)  # started while the previous one ran
+    assert generation_time(10.0, 14.0, 9.0) == pytest.approx(4.0)  # generation idle in between: not counted
+    assert generation_time(10.0, 14.0, 15.0) == 0.0

@@ -13,7 +13,7 @@ def test_growing_lengths_force_a_scale_out(tmp_path, tiny_checkpoint):
     from services.common.config import load_config, write_config
 
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
-        "trainer.mode=one_step", "trainer.iterations=10", "eval.prompts=4", "generation.max_new_tokens=128",
+        "trainer.mode=one_step", "trainer.iterations=12", "eval.prompts=4", "generation.max_new_tokens=128",
         "generation.forced_lengths=true", "generation.max_inflight=2", "forced_length_ramp.start=24",
         "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded", "weights.transport=direct",
         "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1",

@@ -179,6 +179,8 @@ def start_instances(
 def router_enabled(cfg) -> bool:
     """Whether the run puts the SGS router in front of its instances (``generation.dispatch.router``)."""
     mode = cfg.generation.dispatch.router
+    if mode == "auto" and cfg.scaleout.enabled:  # instances join and leave through the router
+        return True
     return mode == "on" or (mode == "auto" and cfg.generation.instances > 1 and cfg.trainer.mode != "bounded")
 
 
@@ -205,6 +207,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     cfg = load_config(run_dir / "config.json")
     sup = Supervisor(run_dir)
     config = str(run_dir / "config.json")
+    controller = None
     try:
         tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1  # it resumes lost trajectories
         w = cfg.weights
@@ -217,7 +220,12 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             relays=relays,
         )
         if router_enabled(cfg):  # the trainer talks to the router only; it dispatches and merges
-            addresses = [start_router(sup, run_dir, checkpoint, addresses)]
+            router = start_router(sup, run_dir, checkpoint, addresses)
+            if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
+                from flows.scaleout import ScaleoutController
+
+                controller = ScaleoutController(sup, run_dir, cfg, checkpoint, router, addresses, relays)
+            addresses = [router]
         trainer = sup.start(
             "trainer", "services.trainer",
             ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)]
@@ -226,10 +234,16 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         )
         while trainer.proc.poll() is None:
             sup.check()
+            if controller is not None:
+                controller.poll()
             if on_poll is not None:
                 on_poll()
             time.sleep(poll_s)
         sup.check()  # a non-zero trainer exit raises with its log tail
+        if controller is not None:
+            controller.poll()  # the last iterations' decisions, for the record
     finally:
+        if controller is not None:
+            controller.close()
         sup.stop_all()
     return run_dir / "summary.json"

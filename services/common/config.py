@@ -304,6 +304,47 @@ class WeightsConfig(StrictModel):
         return self
 
 
+class ScaleoutConfig(StrictModel):
+    """Dynamic DP scale-out of the SGS (StreamRL §4.2; ``allocator/scaleout.py``, docs/scaleout.md)."""
+
+    enabled: bool = Field(False, description="Run the scale-out controller: add/remove SGS instances as delta = T_gen - T_train moves.")
+    min_instances: int = Field(1, ge=1, le=64, description="Never scale in below this many SGS instances.")
+    max_instances: int = Field(4, ge=1, le=64, description="Never scale out beyond this many SGS instances.")
+    window: int = Field(2, ge=1, le=1000, description="Iterations averaged (at the current instance count) before a decision.")
+    cooldown: int = Field(
+        2, ge=0, le=1000,
+        description="Iterations ignored after a change (one_step mode: the next iteration was dispatched before it).",
+    )
+    scale_in: bool = Field(True, description="Also remove an instance when generation is far ahead of training.")
+    scale_in_margin: float = Field(
+        0.25, ge=0.0, le=100.0,
+        description="Scale in only when T_train - T_gen >= (1 + margin) x the time one fewer instance adds.",
+    )
+    cpus: list[NonNegativeInt] = Field(
+        default_factory=list,
+        description="CPU ids an added SGS instance pins itself to (on one host: the trainer's core idles while "
+        "generation is behind); empty = generation.cpus.",
+    )
+    drain_timeout_s: float = Field(600.0, gt=0.0, le=86400.0, description="How long a removed instance may take to finish its in-flight work (s).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScaleoutConfig:
+        if self.min_instances > self.max_instances:
+            raise ValueError(f"min_instances ({self.min_instances}) must be <= max_instances ({self.max_instances})")
+        return self
+
+
+class ForcedLengthRamp(StrictModel):
+    """Forced-length replay driven by the trainer: iteration k's samples are exactly
+    ``start + k * per_iteration`` tokens long (StreamRL Figure 11: output length grows linearly)."""
+
+    start: int = Field(0, ge=0, le=65536, description="Forced length of iteration 0 (0 = off: the policy decides lengths).")
+    per_iteration: float = Field(0.0, ge=0.0, le=65536.0, description="Tokens added per iteration.")
+
+    def length(self, iteration: int) -> int:
+        return int(round(self.start + iteration * self.per_iteration)) if self.start else 0
+
+
 class EvalConfig(StrictModel):
     """Held-out evaluation, before RL (warm start) and after."""
 
@@ -324,6 +365,8 @@ class RunConfig(StrictModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    scaleout: ScaleoutConfig = Field(default_factory=ScaleoutConfig)
+    forced_length_ramp: ForcedLengthRamp = Field(default_factory=ForcedLengthRamp)
 
     @model_validator(mode="after")
     def _router_mode(self) -> RunConfig:
@@ -332,6 +375,35 @@ class RunConfig(StrictModel):
                 "generation.dispatch.router 'on' does not apply to trainer.mode 'bounded' "
                 "(bounded mode routes GRPO groups to instances by weight version itself)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _scaleout_fits(self) -> RunConfig:
+        so = self.scaleout
+        if so.enabled:
+            if self.trainer.mode == "bounded":
+                raise ValueError("scaleout.enabled does not apply to trainer.mode 'bounded' (it needs the SGS router)")
+            if self.generation.dispatch.router == "off":
+                raise ValueError("scaleout.enabled needs the SGS router (generation.dispatch.router 'on' or 'auto')")
+            if not so.min_instances <= self.generation.instances <= so.max_instances:
+                raise ValueError(
+                    f"generation.instances ({self.generation.instances}) must lie in "
+                    f"[scaleout.min_instances, scaleout.max_instances] = [{so.min_instances}, {so.max_instances}]"
+                )
+        ramp = self.forced_length_ramp
+        if ramp.per_iteration and not ramp.start:
+            raise ValueError("forced_length_ramp.per_iteration needs forced_length_ramp.start > 0 (start 0 turns the ramp off)")
+        if ramp.start:
+            if not self.generation.forced_lengths:
+                raise ValueError("forced_length_ramp needs generation.forced_lengths: true")
+            if self.trainer.mode == "bounded":
+                raise ValueError("forced_length_ramp applies to trainer.mode sequential, sync or one_step")
+            last = ramp.length(self.trainer.iterations - 1)
+            if last > self.generation.max_new_tokens:
+                raise ValueError(
+                    f"forced_length_ramp reaches {last} tokens at the last iteration, above generation.max_new_tokens "
+                    f"({self.generation.max_new_tokens})"
+                )
         return self
 
 

@@ -10,6 +10,16 @@ import threading
 from pathlib import Path
 
 
+def _cpu_list(text: str) -> list[int]:
+    try:
+        cpus = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cpus must be comma-separated CPU ids, got {text!r}") from None
+    if any(c < 0 for c in cpus):
+        raise argparse.ArgumentTypeError(f"--cpus must be >= 0, got {text!r}")
+    return cpus
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-sgs", description="Stream Generation Service (gRPC)")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
@@ -19,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", help="write the bound port here once serving")
     parser.add_argument("--instance", type=int, default=0, help="instance index (selects generation.step_delay_ms)")
     parser.add_argument("--relay", default="", help="this instance's local weight relay host:port (PullWeights)")
+    parser.add_argument(
+        "--cpus", default=None, type=_cpu_list, help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)"
+    )
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
 
@@ -27,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_cfg = load_config(ns.config)
     cfg = run_cfg.generation
-    pin_cpus(cfg.cpus, f"SGS instance {ns.instance}")  # before torch creates its threads
+    cpus = cfg.cpus if ns.cpus is None else ns.cpus
+    pin_cpus(cpus, f"SGS instance {ns.instance}")  # before torch creates its threads
 
     from services.generation.core import GenerationCore
     from services.generation.engine import create_engine

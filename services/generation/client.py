@@ -86,6 +86,18 @@ class GenerationClient:
         """Tell the instance to pull ``version`` (-1 = latest) from its relay and stage it."""
         return self._stub.PullWeights(pb.PullWeightsRequest(version=version, wait_s=wait_s), timeout=wait_s + 600)
 
+    def add_instance(self, address: str, *, wait_s: float = 60.0) -> tuple[list[str], int]:
+        """Router only: route to the instance at ``address`` from now on (after it took the current
+        weights); return (the router's instances, the weight version the new one reported)."""
+        reply = self._stub.AddInstance(pb.InstanceRequest(address=address, wait_s=wait_s), timeout=2 * wait_s + 60)
+        return list(reply.instances), int(reply.weight_version)
+
+    def remove_instance(self, address: str, *, wait_s: float = 600.0) -> tuple[list[str], int]:
+        """Router only: stop routing to ``address`` once it finished its in-flight work; return
+        (the router's instances, the sequences it finished meanwhile)."""
+        reply = self._stub.RemoveInstance(pb.InstanceRequest(address=address, wait_s=wait_s), timeout=wait_s + 60)
+        return list(reply.instances), int(reply.drained)
+
     def update_weights(self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20) -> pb.UpdateAck:
         chunks = (convert.chunk_to_pb(c) for c in iter_chunks(state, version, chunk_bytes))
         return self._stub.UpdateWeights(chunks, timeout=600)

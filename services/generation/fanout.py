@@ -10,13 +10,19 @@ Two paths, matching the weight transports (``services/weights/transport.py``):
 
 The version counts as staged when **every** instance acked; the first instance failure is
 reported with its gRPC status and the instance named.
+
+Dynamic membership (scale-out, docs/scaleout.md): the instances are read from ``members()`` at
+every version, and ``bring_up(client)`` gives a joining instance the newest version the router
+has forwarded (the ``pull`` version from its relay, or a replay of the last ``push`` stream,
+which the router then keeps in memory: ``keep_last``) under the same lock as ``push``/``pull``,
+so no version slips between its bring-up and its first fan-out.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -37,12 +43,56 @@ class FanoutError(RuntimeError):
 
 
 class WeightFanout:
-    def __init__(self, clients: list[GenerationClient], timeout_s: float = 600) -> None:
-        self.clients = clients
+    def __init__(
+        self, clients: list[GenerationClient] | Callable[[], list[GenerationClient]], timeout_s: float = 600,
+        *, keep_last: bool = False,
+    ) -> None:
+        self.members = clients if callable(clients) else (lambda: clients)
         self.timeout_s = timeout_s
+        self.keep_last = keep_last
+        self.lock = threading.Lock()  # one version at a time; bring-ups wait for it
+        self.last_push: list[pb.WeightChunk] | None = None  # direct transport, keep_last only
+        self.last_pull: int | None = None  # relay transport: the version every instance pulled
+        self.pushed = False  # a version was pushed (direct transport)
+        self.clients: list[GenerationClient] = self.members()
 
     def push(self, chunks: Iterable[pb.WeightChunk]) -> list[pb.UpdateAck]:
         """Forward the stream to every instance; return their acks (raises ``FanoutError``)."""
+        with self.lock:
+            self.clients = self.members()
+            kept: list[pb.WeightChunk] | None = [] if self.keep_last else None
+            acks = self._push(_recording(chunks, kept))
+            if kept is not None:
+                self.last_push, self.last_pull = kept, None
+            return acks
+
+    def bring_up(self, client: GenerationClient, wait_s: float, join: Callable[[], None]) -> int:
+        """Give a joining instance the newest version forwarded so far, then ``join()`` it (still
+        under the lock: the next version includes it); return that version (0: none was forwarded
+        yet, it serves the checkpoint it started from). Raises ``FanoutError``."""
+        with self.lock:
+            version = self._catch_up(client, wait_s)
+            join()
+            return version
+
+    def _catch_up(self, client: GenerationClient, wait_s: float) -> int:
+        try:
+            if self.last_pull is not None:  # the relay's latest (older ones may be evicted), at least last_pull
+                version = int(client.pull_weights(-1, wait_s=wait_s).version)
+                if version < self.last_pull:
+                    version = int(client.pull_weights(self.last_pull, wait_s=wait_s).version)
+                return version
+            if self.last_push:
+                return int(push_chunks(client, iter(self.last_push), self.timeout_s).version)
+        except grpc.RpcError as err:
+            raise FanoutError(-1, client.address, err.code(), err.details() or str(err)) from None
+        if self.pushed:
+            raise FanoutError(-1, client.address, grpc.StatusCode.FAILED_PRECONDITION,
+                              "the router did not keep the last pushed version (generation.scaleout needs keep_last)")
+        return 0
+
+    def _push(self, chunks: Iterable[pb.WeightChunk]) -> list[pb.UpdateAck]:
+        self.pushed = True
         queues = [queue.Queue(maxsize=_QUEUE_CHUNKS) for _ in self.clients]
         acks: list[pb.UpdateAck | None] = [None] * len(self.clients)
         errors: list[FanoutError | None] = [None] * len(self.clients)
@@ -71,6 +121,13 @@ class WeightFanout:
 
     def pull(self, version: int, wait_s: float) -> list[pb.UpdateAck]:
         """Tell every instance to pull ``version`` (-1 = latest) from its relay; return their acks."""
+        with self.lock:
+            self.clients = self.members()
+            acks = self._pull(version, wait_s)
+            self.last_pull, self.last_push = min(a.version for a in acks), None
+            return acks
+
+    def _pull(self, version: int, wait_s: float) -> list[pb.UpdateAck]:
 
         def one(i: int) -> pb.UpdateAck:
             client = self.clients[i]
@@ -104,3 +161,10 @@ class WeightFanout:
             acks[i] = push_chunks(client, stream(), self.timeout_s)
         except grpc.RpcError as err:
             errors[i] = FanoutError(i, client.address, err.code(), err.details() or str(err))
+
+
+def _recording(chunks: Iterable[pb.WeightChunk], kept: list[pb.WeightChunk] | None) -> Iterator[pb.WeightChunk]:
+    for chunk in chunks:
+        if kept is not None:
+            kept.append(chunk)
+        yield chunk

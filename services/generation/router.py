@@ -23,6 +23,13 @@ For each Generate call the router
 
 ``UpdateWeights`` is forwarded to every instance (``fanout.WeightFanout``); ``Health``
 aggregates the instances'. Mechanism only: every decision is the policy's.
+
+Membership changes at run time (dynamic DP scale-out, docs/scaleout.md): instances live in
+slots that are never reused, so in-flight calls keep their slot index. ``add_instance`` brings
+a new instance to the current weights (the caller's ``bring_up``) before its slot opens for
+dispatch; ``remove_instance`` closes a slot to new work and waits until the instance has
+returned every sequence it holds (nothing is lost or re-run). Dispatch policies see only the
+open slots, numbered densely, and the plan is mapped back to slots.
 """
 
 from __future__ import annotations
@@ -65,6 +72,14 @@ class LengthEstimator(Protocol):
 
 
 EstimatorProvider = Callable[[], "LengthEstimator | None"]  # called per request: hot-swapped rankers
+
+
+class MembershipError(ValueError):
+    """A refused membership change; ``code`` names the gRPC status the edge answers with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class InstanceFailed(RuntimeError):
@@ -127,11 +142,15 @@ class RouterCore:
         self.decode = decode
         self.estimator_name = estimator_name  # which ranker answered (the store name), for the timeline
         self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
+        self._active = [True] * len(clients)
         self._outstanding = [0] * len(clients)
         self._work = [0.0] * len(clients)
         self._lengths = LengthWindow(self.dcfg.length_window)
         self._pairs: deque[tuple[float, float]] = deque(maxlen=self.dcfg.length_window)
         self._calls = itertools.count()
+        self._membership = threading.RLock()  # dispatch vs add/remove
+        self._joining: set[str] = set()
         self._timeline = Path(timeline_path).open("a", buffering=1) if timeline_path else None
         self._timeline_lock = threading.Lock()
         self.estimator_failures = 0
@@ -158,9 +177,22 @@ class RouterCore:
         return est, source
 
     # ------------------------------------------------------------------ dispatch
-    def context(self) -> DispatchContext:
+    def slots(self) -> list[int]:
+        """The open slots (instances that receive new work), in slot order."""
         with self._lock:
-            loads = tuple(InstanceLoad(i, self._outstanding[i], self._work[i]) for i in range(len(self.clients)))
+            return [i for i, on in enumerate(self._active) if on]
+
+    def addresses(self) -> list[str]:
+        return [self.clients[i].address for i in self.slots()]
+
+    def active_clients(self) -> list[GenerationClient]:
+        return [self.clients[i] for i in self.slots()]
+
+    def context(self) -> DispatchContext:
+        """The dispatch view: open slots numbered 0..n-1 (``slots()[k]`` is instance ``k``)."""
+        with self._lock:
+            open_slots = [i for i, on in enumerate(self._active) if on]
+            loads = tuple(InstanceLoad(k, self._outstanding[i], self._work[i]) for k, i in enumerate(open_slots))
             dist = self._lengths.distribution(self.dcfg.min_history)
             pairs = list(self._pairs)
         errors = EstimateErrorModel(pairs) if len(pairs) >= self.dcfg.min_history else None
@@ -177,22 +209,24 @@ class RouterCore:
         for p, e in zip(prompts, est):
             for k in range(params.samples_per_prompt):
                 seqs.append(_Seq(f"{p.prompt_id}/{k}", p, k, e))
-        ctx = self.context()
-        t0 = time.perf_counter()
-        plan = dispatch(
-            self.dcfg.policy, [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate, group=s.prompt.prompt_id) for s in seqs], ctx
-        )
-        dispatch_s = time.perf_counter() - t0
-        call = RouterCall(ctx.seed, len(seqs), plan, source)
-        shares: list[list[_Seq]] = [[] for _ in self.clients]
-        for s in seqs:
-            s.instance = plan.assignment[s.wire_id]
-            shares[s.instance].append(s)
-        work = [sum(s.estimate or 0.0 for s in share) for share in shares]
-        with self._lock:
-            for i, share in enumerate(shares):
-                self._outstanding[i] += len(share)
-                self._work[i] += work[i]
+        with self._membership:  # no slot closes between the view and the booking of its share
+            slots = self.slots()
+            ctx = self.context()
+            t0 = time.perf_counter()
+            plan = dispatch(
+                self.dcfg.policy, [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate, group=s.prompt.prompt_id) for s in seqs], ctx
+            )
+            dispatch_s = time.perf_counter() - t0
+            call = RouterCall(ctx.seed, len(seqs), plan, source)
+            shares: list[list[_Seq]] = [[] for _ in self.clients]
+            for s in seqs:
+                s.instance = slots[plan.assignment[s.wire_id]]
+                shares[s.instance].append(s)
+            work = [sum(s.estimate or 0.0 for s in share) for share in shares]
+            with self._lock:
+                for i, share in enumerate(shares):
+                    self._outstanding[i] += len(share)
+                    self._work[i] += work[i]
         self._log_event({
             "event": "dispatch", "call": call.call_id, "tag": params.tag, "t": time.time(), "policy": plan.policy,
             "sequences": len(seqs), "per_instance": [len(s) for s in shares], "estimates": source,
@@ -246,6 +280,61 @@ class RouterCore:
         with self._lock:
             self._outstanding[i] -= 1
             self._work[i] = max(0.0, self._work[i] - (seq.estimate or 0.0))
+            if self._outstanding[i] == 0:
+                self._drained.notify_all()
+
+    # ------------------------------------------------------------------ membership
+    def add_instance(self, client: GenerationClient, bring_up: Callable[[GenerationClient, Callable[[], None]], int]) -> int:
+        """Route to ``client`` from now on. ``bring_up(client, join)`` gives it the current weights and
+        calls ``join()`` (which opens its slot) while no newer version can be fanned out; returns the
+        version it reported. Raises ``MembershipError`` for an address already routed to or joining."""
+        with self._membership:
+            if client.address in self.addresses() or client.address in self._joining:
+                raise MembershipError(grpc.StatusCode.ALREADY_EXISTS, f"instance {client.address} is already routed to")
+            self._joining.add(client.address)
+        slot: list[int] = []
+
+        def join() -> None:
+            with self._membership, self._lock:
+                self.clients.append(client)
+                self._active.append(True)
+                self._outstanding.append(0)
+                self._work.append(0.0)
+                slot.append(len(self.clients) - 1)
+
+        try:
+            version = bring_up(client, join)
+        finally:
+            with self._membership:
+                self._joining.discard(client.address)
+        if not slot:
+            raise RuntimeError(f"bring-up of {client.address} returned without joining it")
+        self._log_event({"event": "add_instance", "t": time.time(), "slot": slot[0], "address": client.address,
+                         "weight_version": version, "instances": self.addresses()})
+        return version
+
+    def remove_instance(self, address: str, timeout_s: float) -> int:
+        """Close ``address``'s slot to new work and wait until it returned its in-flight sequences;
+        return how many it finished meanwhile. Raises ``MembershipError`` (unknown, last instance,
+        or still busy after ``timeout_s``: the slot stays closed and its work still completes)."""
+        with self._membership, self._lock:
+            open_slots = [i for i, on in enumerate(self._active) if on]
+            match = [i for i in open_slots if self.clients[i].address == address]
+            if not match:
+                raise MembershipError(grpc.StatusCode.NOT_FOUND, f"no routed instance at {address} (instances: "
+                                      f"{[self.clients[i].address for i in open_slots]})")
+            if len(open_slots) == 1:
+                raise MembershipError(grpc.StatusCode.FAILED_PRECONDITION, f"{address} is the last instance; add another first")
+            slot = match[0]
+            self._active[slot] = False
+            held = self._outstanding[slot]
+        self._log_event({"event": "remove_instance", "t": time.time(), "slot": slot, "address": address, "in_flight": held})
+        with self._lock:
+            if not self._drained.wait_for(lambda: self._outstanding[slot] == 0, timeout=timeout_s):
+                raise MembershipError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                      f"{address} still holds {self._outstanding[slot]} sequences after {timeout_s:.0f}s; "
+                                      "it receives no new work and its in-flight work still completes")
+        return held
 
     def _observe(self, seq: _Seq, sample: SampleRecord) -> None:
         if sample.finish_reason == "interrupted" or not sample.token_ids:
@@ -284,7 +373,7 @@ class RouterCore:
 
     # ------------------------------------------------------------------ health, timeline
     def health(self) -> HealthSnapshot:
-        snaps = [c.health() for c in self.clients]
+        snaps = [c.health() for c in self.active_clients()]
         return HealthSnapshot(
             status="draining" if any(s.status == "draining" for s in snaps) else "serving",
             weight_version=min(s.weight_version for s in snaps),

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.common.affinity import pin_cpus
     from services.common.config import load_config
 
-    cfg = load_config(ns.config).generation
+    run_cfg = load_config(ns.config)
+    cfg = run_cfg.generation
     pin_cpus(cfg.cpus, "SGS router")  # a generation-site process
 
     from services.generation.client import GenerationClient
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         estimator_name=(lambda: watcher.name) if watcher else None,
     )
     servicer = RouterServicer(
-        core, cfg, vocab_size=int(model_config["vocab_size"]), max_positions=int(model_config["max_position_embeddings"])
+        core, cfg, vocab_size=int(model_config["vocab_size"]), max_positions=int(model_config["max_position_embeddings"]),
+        keep_weights=run_cfg.scaleout.enabled, drain_timeout_s=run_cfg.scaleout.drain_timeout_s,
     )
     server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=32)
     server.start()
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     server.stop(grace=2).wait()
     core.close()
-    for client in clients:
+    for client in core.clients:  # including instances added at run time
         client.close()
     return 0
 

@@ -7,18 +7,26 @@ UNAVAILABLE when an instance is down, FAILED_PRECONDITION / DATA_LOSS for a refu
 version), with the instance named in the message. Weight versions reach the instances through
 ``fanout.WeightFanout``: ``UpdateWeights`` streams them through the router (direct transport),
 ``PullWeights`` tells each instance to pull from its own relay (relay transport).
+
+``AddInstance`` / ``RemoveInstance`` change the instance set at run time (dynamic DP
+scale-out, docs/scaleout.md): INVALID_ARGUMENT for a malformed address or wait, ALREADY_EXISTS
+for an instance already routed to, UNAVAILABLE when the new instance does not answer,
+NOT_FOUND for an unknown one, FAILED_PRECONDITION for removing the last instance,
+DEADLINE_EXCEEDED when a removed instance's in-flight work outlasts the wait.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import grpc
 
 from services.common.config import GenerationConfig
 from services.generation import convert
 from services.generation.fanout import FanoutError, WeightFanout
-from services.generation.router import InstanceFailed, RouterCore
+from services.generation.client import GenerationClient
+from services.generation.router import InstanceFailed, MembershipError, RouterCore
 from services.generation.server import RequestError, validate_request
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
@@ -27,12 +35,17 @@ log = logging.getLogger("braid.router")
 
 
 class RouterServicer(pb_grpc.GenerationServicer):
-    def __init__(self, core: RouterCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int) -> None:
+    def __init__(
+        self, core: RouterCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int, keep_weights: bool = False,
+        drain_timeout_s: float = 600.0,
+    ) -> None:
         self.core = core
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.max_positions = max_positions
-        self.fanout = WeightFanout(core.clients)
+        self.drain_timeout_s = drain_timeout_s
+        # keep_weights: the last pushed version stays in memory for instances that join later
+        self.fanout = WeightFanout(core.active_clients, keep_last=keep_weights)
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)
@@ -80,3 +93,57 @@ class RouterServicer(pb_grpc.GenerationServicer):
             return convert.health_to_pb(self.core.health())
         except grpc.RpcError as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"an instance did not answer Health: {err.details()}")
+
+    def AddInstance(self, request: pb.InstanceRequest, context: grpc.ServicerContext) -> pb.InstanceReply:
+        wait_s = _checked(request, context, default_wait_s=60.0)
+        client = GenerationClient(request.address, max_message_mb=self.cfg.max_message_mb)
+        try:
+            snapshot = client.wait_ready(timeout_s=wait_s)
+        except grpc.RpcError as err:
+            client.close()
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"instance {request.address} did not answer Health within "
+                          f"{wait_s:.0f}s: {err.details()}")
+        if snapshot.engine.startswith("router["):  # a router (this one or another) is not an engine instance
+            client.close()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.address} is an SGS router, not an instance")
+        try:
+            version = self.core.add_instance(client, lambda c, join: self.fanout.bring_up(c, wait_s, join))
+        except (MembershipError, FanoutError) as err:
+            client.close()
+            context.abort(err.code, f"cannot add {request.address}: {err}")
+        log.info("instance %s added at weight version %d; %d instances", request.address, version, len(self.core.slots()))
+        return pb.InstanceReply(instances=self.core.addresses(), weight_version=version)
+
+    def RemoveInstance(self, request: pb.InstanceRequest, context: grpc.ServicerContext) -> pb.InstanceReply:
+        wait_s = _checked(request, context, default_wait_s=self.drain_timeout_s)
+        try:
+            drained = self.core.remove_instance(request.address, wait_s)
+        except MembershipError as err:
+            context.abort(err.code, f"cannot remove {request.address}: {err}")
+        log.info("instance %s removed after finishing %d sequences; %d instances", request.address, drained,
+                 len(self.core.slots()))
+        return pb.InstanceReply(instances=self.core.addresses(), drained=drained)
+
+
+MAX_WAIT_S = 86400.0
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); ``ValueError`` naming what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or len(address) > 256 or any(c.isspace() for c in address):
+        raise ValueError(f"address must be host:port, got {address!r}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"port of {address!r} must be an integer in [1, 65535]")
+    return host, int(port)
+
+
+def _checked(request: pb.InstanceRequest, context: grpc.ServicerContext, *, default_wait_s: float) -> float:
+    """Validate an ``InstanceRequest``; return its wait (``default_wait_s`` when 0)."""
+    try:
+        parse_address(request.address)
+    except ValueError as err:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    if not math.isfinite(request.wait_s) or not 0 <= request.wait_s <= MAX_WAIT_S:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"wait_s must be in [0, {MAX_WAIT_S:.0f}], got {request.wait_s}")
+    return request.wait_s or default_wait_s

@@ -126,6 +126,24 @@ class HealthReply(_message.Message):
     generated_tokens: int
     def __init__(self, status: _Optional[str] = ..., weight_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., finished: _Optional[int] = ..., kv_usage: _Optional[float] = ..., engine: _Optional[str] = ..., generated_tokens: _Optional[int] = ...) -> None: ...
 
+class InstanceRequest(_message.Message):
+    __slots__ = ("address", "wait_s")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    wait_s: float
+    def __init__(self, address: _Optional[str] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class InstanceReply(_message.Message):
+    __slots__ = ("instances", "weight_version", "drained")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedScalarFieldContainer[str]
+    weight_version: int
+    drained: int
+    def __init__(self, instances: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., drained: _Optional[int] = ...) -> None: ...
+
 class PullWeightsRequest(_message.Message):
     __slots__ = ("version", "wait_s")
     VERSION_FIELD_NUMBER: _ClassVar[int]

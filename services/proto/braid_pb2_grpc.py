@@ -56,6 +56,16 @@ class GenerationStub:
                 request_serializer=services_dot_proto_dot_braid__pb2.PullWeightsRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_braid__pb2.UpdateAck.FromString,
                 _registered_method=True)
+        self.AddInstance = channel.unary_unary(
+                '/braid.v1.Generation/AddInstance',
+                request_serializer=services_dot_proto_dot_braid__pb2.InstanceRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.InstanceReply.FromString,
+                _registered_method=True)
+        self.RemoveInstance = channel.unary_unary(
+                '/braid.v1.Generation/RemoveInstance',
+                request_serializer=services_dot_proto_dot_braid__pb2.InstanceRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.InstanceReply.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -93,6 +103,21 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddInstance(self, request, context):
+        """Router only (dynamic DP scale-out, docs/scaleout.md): add a running instance at run time.
+        The router brings it to the current weight version before it receives prompts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveInstance(self, request, context):
+        """Router only: stop dispatching to an instance; it finishes its in-flight work, then leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -115,6 +140,16 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.PullWeights,
                     request_deserializer=services_dot_proto_dot_braid__pb2.PullWeightsRequest.FromString,
                     response_serializer=services_dot_proto_dot_braid__pb2.UpdateAck.SerializeToString,
+            ),
+            'AddInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddInstance,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.InstanceRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.InstanceReply.SerializeToString,
+            ),
+            'RemoveInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveInstance,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.InstanceRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.InstanceReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -227,6 +262,60 @@ class Generation:
             '/braid.v1.Generation/PullWeights',
             services_dot_proto_dot_braid__pb2.PullWeightsRequest.SerializeToString,
             services_dot_proto_dot_braid__pb2.UpdateAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Generation/AddInstance',
+            services_dot_proto_dot_braid__pb2.InstanceRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.InstanceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Generation/RemoveInstance',
+            services_dot_proto_dot_braid__pb2.InstanceRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.InstanceReply.FromString,
             options,
             channel_credentials,
             insecure,

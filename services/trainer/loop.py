@@ -76,15 +76,19 @@ class RLTrainer:
         self.metrics_path = run_dir / "metrics.jsonl"
 
     # ------------------------------------------------------------------ requests
-    def prompt_specs(self, problems: list[Problem]) -> list[PromptSpec]:
+    def prompt_specs(self, problems: list[Problem], forced_length: int = 0) -> list[PromptSpec]:
         for p in problems:
             self.problems[p.prompt_id] = p
-        return [PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt))) for p in problems]
+        return [
+            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt)), forced_length=forced_length)
+            for p in problems
+        ]
 
     def request(self, iteration: int, min_version: int) -> SampleStream:
         problems = self.sampler.batch(self.cfg.trainer.prompts_per_iteration)
         params = GenerateParams(self.cfg.trainer.group_size, 0, min_version, tag=f"iter-{iteration}")
-        return SampleStream(self.clients, self.prompt_specs(problems), params)
+        forced = self.cfg.forced_length_ramp.length(iteration)  # 0 unless a length ramp is configured (bench/scaleout.py)
+        return SampleStream(self.clients, self.prompt_specs(problems, forced), params)
 
     def evaluate(self, tag: str) -> EvalResult:
         t0 = time.time()
@@ -196,6 +200,8 @@ class RLTrainer:
             "filtered_groups": st.filtered_groups,
             "grad_norm": grad_norm,
             "gen_time_s": acc.gen_last_finish - acc.gen_first_start,
+            "gen_first_start": acc.gen_first_start,  # absolute (epoch s): the scale-out controller's T_gen
+            "gen_last_finish": acc.gen_last_finish,
             "train_time_s": sum(e - s for s, e in st.busy),
             "iteration_time_s": wall,
             "idle_gen_s": idle(self.gen_busy, window),

@@ -1,0 +1,158 @@
+"""The scale-out controller of a local run: StreamRL §4.2 "Dynamic adjustment" wired to processes.
+
+Lives in the launcher's watcher loop (``flows.launcher.run_processes`` calls ``poll()`` every
+half second while the trainer runs), the thinnest place that already supervises the processes:
+the trainer keeps training and is never paused or told anything.
+
+Each poll reads the iterations the trainer appended to ``metrics.jsonl`` since the last poll
+(T_gen = ``allocator.scaleout.generation_time`` of the row's first sample start and last sample
+finish, net of overlap with the previous iteration; T_train = ``train_time_s``, the trainer's
+busy time), and for each asks the pure policy
+(``allocator.scaleout.decide``). The action runs on one background thread (supervised: its
+failure is raised by the next ``poll``), so the watcher keeps checking the other processes:
+
+- ``out``: start one more SGS instance process through the launcher's ``Supervisor``, pinned to
+  ``scaleout.cpus`` (on one host: the trainer's core, which idles while generation is behind;
+  default ``generation.cpus``), with the next relay when the run uses the relay transport, then
+  ``AddInstance`` on the router, which brings it to the current weights before it gets prompts;
+- ``in``: ``RemoveInstance`` for the most recently added instance (the router stops giving it
+  work and waits until it returned its in-flight sequences), then stop its process.
+
+Every decision and event is appended to ``scaleout.jsonl`` in the run directory (the bench and
+the report read it). An iteration is attributed to the instance count at the time its metrics
+row is read, and the policy's cooldown counts from the last iteration read when the change took
+effect (the new instance joined the router), so iterations generated partly before it are not
+mistaken for the new configuration (in ``one_step`` mode the next iteration was dispatched
+before the change).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from allocator.scaleout import IterationTiming, ScaleoutLimits, decide, generation_time
+
+log = logging.getLogger("braid.scaleout")
+
+
+class ScaleoutController:
+    def __init__(
+        self, sup, run_dir: Path, cfg, checkpoint: str, router: str, instances: list[str], relays: list[str],
+    ) -> None:
+        from services.generation.client import GenerationClient
+
+        so = cfg.scaleout
+        self.sup, self.run_dir, self.cfg, self.checkpoint, self.relays = sup, run_dir, cfg, checkpoint, relays
+        self.limits = ScaleoutLimits(so.min_instances, so.max_instances, so.window, so.cooldown, so.scale_in, so.scale_in_margin)
+        self.router = GenerationClient(router, max_message_mb=cfg.generation.max_message_mb)
+        self.instances = list(instances)  # routed addresses, oldest first
+        # (address, Service), oldest first: the run's own instances (sgs-i serves instances[i]), then added ones
+        by_name = {svc.name: svc for svc in sup.services}
+        self.members: list[tuple[str, object]] = [(a, by_name[f"sgs-{i}"]) for i, a in enumerate(instances)]
+        self.history: list[IterationTiming] = []
+        self.last_change: int | None = None
+        self.next_index = len(instances)
+        self.rows_seen = 0
+        self._prev_finish: float | None = None  # last sample finish of the previous iteration
+        self.events_path = run_dir / "scaleout.jsonl"
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self._busy: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------------ watcher side
+    def poll(self) -> None:
+        """Read new iterations, decide, start the action in the background. Raises a failed action."""
+        if self._error is not None:
+            raise RuntimeError(f"scale-out action failed: {self._error}") from self._error
+        for row in self._new_rows():
+            t_gen = generation_time(row["gen_first_start"], row["gen_last_finish"], self._prev_finish)
+            self._prev_finish = row["gen_last_finish"]
+            timing = IterationTiming(int(row["iteration"]), t_gen, float(row["train_time_s"]), len(self.instances))
+            self.history.append(timing)
+            busy = self._busy is not None and self._busy.is_alive()
+            decision = decide(self.history, len(self.instances), self.limits, self.last_change)
+            self._log({"event": "decision", "iteration": timing.iteration, "t_gen_s": timing.t_gen_s,
+                       "t_train_s": timing.t_train_s, "delta_s": timing.delta_s, "instances": timing.instances,
+                       "window_delta_s": decision.delta_s, "delta_prime_s": decision.delta_prime_s,
+                       "action": "hold" if busy else decision.action, "reason": "a change is in progress" if busy else decision.reason})
+            if decision.action != "hold" and not busy:
+                self.last_change = timing.iteration
+                self._busy = threading.Thread(target=self._act, args=(decision.action, timing.iteration), name="scaleout", daemon=True)
+                self._busy.start()
+
+    def wait(self, timeout_s: float = 300.0) -> None:
+        """Let an action in progress finish (the run is ending); raise if it failed."""
+        if self._busy is not None:
+            self._busy.join(timeout_s)
+        if self._error is not None:
+            raise RuntimeError(f"scale-out action failed: {self._error}") from self._error
+
+    def close(self) -> None:
+        self.router.close()
+
+    def _new_rows(self) -> list[dict]:
+        if not self.metrics_path.exists():
+            return []
+        text = self.metrics_path.read_text()
+        lines = [x for x in text[: text.rfind("\n") + 1].splitlines() if x.strip()]  # a row being written waits
+        rows = [json.loads(x) for x in lines[self.rows_seen :]]
+        self.rows_seen += len(rows)
+        return rows
+
+    # ------------------------------------------------------------------ action thread
+    def _act(self, action: str, iteration: int) -> None:
+        try:
+            if action == "out":
+                self._scale_out(iteration)
+            else:
+                self._scale_in(iteration)
+        except BaseException as exc:  # surfaced by the next poll()
+            self._error = exc
+            return
+        # the cooldown counts from the iteration during which the change took effect, not from the decision
+        self.last_change = max(iteration, self.history[-1].iteration)
+
+    def _scale_out(self, iteration: int) -> None:
+        from flows.launcher import SGS_READY_TIMEOUT_S
+
+        t0 = time.time()
+        i = self.next_index
+        self.next_index += 1
+        port_file = self.run_dir / f"sgs-{i}.port"
+        port_file.unlink(missing_ok=True)
+        cpus = self.cfg.scaleout.cpus or self.cfg.generation.cpus
+        args = ["--config", str(self.run_dir / "config.json"), "--model", self.checkpoint, "--host", "127.0.0.1",
+                "--port", "0", "--port-file", str(port_file), "--instance", str(i)]
+        args += ["--cpus", ",".join(map(str, cpus))] if cpus else []
+        args += ["--relay", self.relays[i % len(self.relays)]] if self.relays else []
+        svc = self.sup.start(f"sgs-{i}", "services.generation", args, threads=self.cfg.generation.threads)
+        address = f"127.0.0.1:{self.sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
+        started = time.time()
+        instances, version = self.router.add_instance(address, wait_s=SGS_READY_TIMEOUT_S)
+        self.members.append((address, svc))
+        self.instances = instances
+        self._log({"event": "scale_out", "iteration": iteration, "address": address, "cpus": cpus,
+                   "weight_version": version, "instances": len(instances), "start_s": started - t0,
+                   "join_s": time.time() - started})
+        log.info("scale-out after iteration %d: %s joined at weight version %d (%d instances)", iteration, address,
+                 version, len(instances))
+
+    def _scale_in(self, iteration: int) -> None:
+        t0 = time.time()
+        address, svc = self.members.pop()  # the newest instance leaves first
+        instances, drained = self.router.remove_instance(address, wait_s=self.cfg.scaleout.drain_timeout_s)
+        self.instances = instances
+        svc.expect_exit = True  # a clean exit is no longer a failure
+        svc.proc.terminate()
+        self._log({"event": "scale_in", "iteration": iteration, "address": address, "drained": drained,
+                   "instances": len(instances), "drain_s": time.time() - t0})
+        log.info("scale-in after iteration %d: %s left after %d in-flight sequences (%d instances)", iteration,
+                 address, drained, len(instances))
+
+    def _log(self, row: dict) -> None:
+        with self.events_path.open("a") as f:
+            f.write(json.dumps({"t": time.time(), **row}) + "\n")

@@ -1,0 +1,44 @@
+"""A real run whose growing forced lengths force a scale-out: the controller starts one more SGS
+instance process, the router takes it in, no sample is lost or duplicated, the run finishes."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import ROOT
+
+
+def test_growing_lengths_force_a_scale_out(tmp_path, tiny_checkpoint):
+    from flows.launcher import run_processes
+    from services.common.config import load_config, write_config
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+        "trainer.mode=one_step", "trainer.iterations=12", "eval.prompts=4", "generation.max_new_tokens=128",
+        "generation.forced_lengths=true", "generation.max_inflight=2", "forced_length_ramp.start=24",
+        "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded", "weights.transport=direct",
+        "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1",
+        "scaleout.scale_in=false",
+    ])
+    write_config(cfg, tmp_path / "config.json")
+    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint)).read_text())
+    assert summary["final_weight_version"] == cfg.trainer.iterations  # the run finished, every step taken
+
+    events = [json.loads(x) for x in (tmp_path / "scaleout.jsonl").read_text().splitlines()]
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert [d["iteration"] for d in decisions] == list(range(cfg.trainer.iterations))
+    outs = [e for e in events if e["event"] == "scale_out"]
+    assert len(outs) == 1 and outs[0]["instances"] == 2  # one more instance, then held at max_instances
+    assert decisions[outs[0]["iteration"]]["action"] == "out"
+
+    router = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
+    added = [e for e in router if e["event"] == "add_instance"]
+    assert len(added) == 1 and len(added[0]["instances"]) == 2 and added[0]["address"] == outs[0]["address"]
+    assert not [e for e in router if e["event"] == "remove_instance"]
+    assert any(e["event"] == "sample" and e["instance"] == added[0]["slot"] for e in router)  # it served prompts
+
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    per_iteration = cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    assert [r["samples"] for r in rows] == [per_iteration] * cfg.trainer.iterations  # none lost or duplicated
+    assert [r["response_len_max"] for r in rows] == [cfg.forced_length_ramp.length(k) for k in range(cfg.trainer.iterations)]
+    sample_keys = [(e["call"], e["seq"]) for e in router if e["event"] == "sample"]
+    assert len(sample_keys) == len(set(sample_keys))

@@ -20,8 +20,9 @@ Primitives:
 - **Consume** (training): only a Ready head buffer can be consumed; the head advances.
 - **Abort** (redundancy surplus, filtering such as DAPO's all-equal-reward groups, RollArt's
   async bound, a trajectory given up): the slot is freed and refilled: occupied entries from
-  later buffers move forward, reserved entries from earlier buffers move back, until nothing
-  can move (each move lowers ``sum(occupied buffer) - sum(reserved buffer)``, so it ends).
+  later buffers move forward (and past reservations that may take their place, as in Occupy),
+  reserved entries from earlier buffers move back, until nothing can move (each move lowers
+  ``sum(occupied buffer) - sum(reserved buffer)``, so it ends).
 
 Buffer states: **Waiting** (an empty slot remains, Reserve may continue), **Ready**
 (``batch`` entries occupied: consumable), **Stuck** (full, but a reserved entry blocks it).
@@ -308,9 +309,24 @@ class StalenessManager:
             if self.state(hole[0]) == "ready":
                 return  # a Ready buffer needs nothing more
             src = self._earliest(hole[0] + 1, self.head + self.eta, "occupied", fits=None)
-            if src is None:
+            if src is not None:
+                self._move(src, hole)
+                self._advance(hole)
+            else:
                 src = self._earliest(self.head, hole[0] - 1, "reserved", fits=hole[0])
-            if src is None:
-                return
-            self._move(src, hole)
+                if src is None:
+                    return
+                self._move(src, hole)
             hole = src
+
+    def _advance(self, slot: Slot) -> None:
+        """An occupied entry just moved forward into ``slot``: place it as Occupy would (reserved
+        entries from earlier buffers that may sit in ``slot`` take it, repeatedly; the entry then
+        takes the earliest empty slot), so finished entries never wait behind reservations."""
+        entry = self._buffers[slot[0]][slot[1]]
+        assert entry is not None and entry.state == "occupied"
+        self._remove(entry.key)
+        self._refill_with_reserved(slot)
+        dst = self._first_empty(self.head, slot[0], prefer_unready=True)
+        assert dst is not None, "the refilled hole is an empty slot no later than the entry's own"
+        self._put(entry, dst)

@@ -58,6 +58,21 @@ def test_abort_pulls_finished_entries_forward():
     assert m.location("slow") == 0 and m.ready()  # the finished entry moved forward
 
 
+def test_abort_moves_a_finished_entry_past_reservations_that_may_take_its_place():
+    # found by the property test: after an abort, an occupied entry pulled forward must not stop
+    # behind a reservation that could legally sit where it landed (the head would wait for nothing)
+    m = StalenessManager(eta=3, batch_size=1)
+    for k in ("t0", "t1", "t2", "t3"):
+        m.reserve(k, 0)  # buffers 3, 2, 1, 0
+    m.occupy("t0")
+    m.consume()  # head 1: t2 (buffer 1), t1 (2), t3 (3), all reserved on version 0
+    assert m.reserve("t4", 1) == 4
+    m.occupy("t4")  # buffers 1-3 hold reservations of version 0 that cannot move to 4: t4 stays
+    assert m.location("t4") == 4 and not m.ready()
+    m.abort("t1", "given up")  # t4 fills buffer 2, then t2 (V=0, may sit in 2) lets it pass to the head
+    assert m.location("t4") == 1 and m.location("t2") == 2 and m.ready()
+
+
 def test_batch_level_redundancy_aborts_the_surplus():
     m = StalenessManager(eta=0, batch_size=2, redundancy=1)
     for k in ("a", "b", "c"):

@@ -176,7 +176,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             newest = self.core.newest_version()
             if 0 <= version <= newest:
                 return pb.UpdateAck(version=newest, staged=False)
-            pulled = self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=self.core.engine.param_specs())
+            pulled = self._pull_at_least(version, wait_s)
             if pulled.version <= self.core.newest_version():
                 return pb.UpdateAck(version=self.core.newest_version(), staged=False)
             try:
@@ -185,6 +185,24 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 raise WeightError("precondition", str(err)) from None
         log.info("pulled and staged weight version %d from relay %s (%s)", pulled.version, self.relay.address, pulled.path)
         return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes, tensors=len(pulled.state))
+
+    def _pull_at_least(self, version: int, wait_s: float):
+        """Pull ``version`` from the relay, or its newest when ``version`` was already evicted
+        (a relay keeps the newest K; a caller asking for v wants v or newer: a trainer that
+        pushed several versions while this instance was busy must not wedge it)."""
+        from services.weights.client import RelayError
+
+        specs = self.core.engine.param_specs()
+        try:
+            return self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=specs)
+        except RelayError as err:
+            if version < 0 or err.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            pulled = self.relay.pull(-1, streams=self.relay_streams, wait_s=0.0, specs=specs)
+            if pulled.version < version:
+                raise err from None
+            log.info("version %d is no longer held by relay %s: took its newest, %d", version, self.relay.address, pulled.version)
+            return pulled
 
     def start_auto_pull(self, period_s: float) -> None:
         """Between requests: every ``period_s``, an idle instance (nothing running or waiting)

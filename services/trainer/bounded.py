@@ -121,11 +121,11 @@ class BoundedRunner:
         ]
 
     def _sync(self) -> None:
+        for i, pusher in enumerate(self.pushers):  # an instance whose weights can no longer arrive
+            if self.alive[i] and pusher.error is not None:  # would wait forever for its offered version
+                self._lose_instance(i, f"weight push failed: {pusher.error}")
         version, state = self.latest
         for i in instances_to_sync(self._views(), version, self.mgr.can_reserve):
-            if self.pushers[i].error is not None:
-                self._lose_instance(i, f"weight push failed: {self.pushers[i].error}")
-                continue
             self.pushers[i].offer(version, state)
             self.counts["syncs"] += 1
 

@@ -73,6 +73,17 @@ def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
         assert len(out) == 2 and all(s.weight_version == 1 for s in out)
         RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 2)  # not told: between requests
         wait_for(lambda: client.health().weight_version == 2, 60, "the idle instance takes version 2 on its own")
+        # told to pull a version the relay already evicted (the trainer pushed several while the
+        # instance was busy): it takes the relay's newest instead of failing (and wedging its pusher)
+        busy = client.start([PromptSpec("w", (1, 5, 6))], GenerateParams(1, 4, min_weight_version=99))
+        wait_for(lambda: client.health().waiting == 1, 30, "a waiting request keeps the instance from pulling on its own")
+        pusher = RelayClient(relay.address)
+        for v in (3, 4, 5, 6):
+            pusher.push(snapshot_blob(state, CHUNK, Path("/dev/shm")), v)
+        assert 3 not in pusher.versions().held
+        ack = client.pull_weights(3)
+        assert ack.version == 6 and ack.staged
+        busy.cancel()
     finally:
         client.close()
         stop_sgs(sgs)

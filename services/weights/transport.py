@@ -134,7 +134,7 @@ class RelayTransport(WeightTransport):
 
     def _set_master(self, address: str) -> None:
         with self._cond:
-            old, self._master_client = self._master_client, self._client_cls(address)
+            old, self._master_client = self._master_client, self._client_cls(address, data_path=self.cfg.data_path)
             self._cond.notify_all()
         if old is not None:
             old.close()

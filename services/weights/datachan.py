@@ -147,22 +147,6 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-@dataclass(frozen=True)
-class FileSlice:
-    """Chunk bytes that live in a file (a shared-memory blob): sent with ``os.sendfile``, so the
-    kernel takes the pages themselves instead of a copy (zero-copy send)."""
-
-    fd: int
-    offset: int
-    length: int
-
-    def __len__(self) -> int:
-        return self.length
-
-    def view(self) -> bytes:
-        return os.pread(self.fd, self.length, self.offset)
-
-
 def send_frame(sock: socket.socket, index: int, digest: str, data=b"") -> None:
     """Header and bytes in one ``sendmsg`` (no small segment of its own: Nagle and delayed ACKs
     would hold it), looping over partial sends; TLS sockets send the two parts in turn.

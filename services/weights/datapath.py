@@ -73,12 +73,15 @@ def send_version(sock: socket.socket, frames: Frames) -> dict:
     """Send every frame (the last is ``END`` with the version digest); return the relay's answer."""
     try:
         with sock:
+            index = None
             try:
                 for index, digest, data in frames:
                     _refused_early(sock)
                     dc.send_frame(sock, index, digest, data)
             except (BrokenPipeError, ConnectionResetError):
-                pass  # the relay refused and closed: its status says why
+                index = dc.END  # the relay refused and closed: its status says why
+            if index != dc.END:
+                raise _relay_error(grpc.StatusCode.INTERNAL.value[0], "push frames ended without the end frame")
             code, message = dc.read_status(sock)
     except OSError as err:
         raise _broken(err, "a push") from err

@@ -19,8 +19,8 @@ digests go back in the grant. Then a one-time token (``datachan.TokenBook``) is 
 - pull: the version is pinned (eviction cannot pull it away), an OK status, then a frame per
   chunk ``sendall`` from the blob itself, then the end frame with the version digest.
 
-Fault hook: ``corrupt`` (the servicer's ``BRAID_RELAY_FAULTS`` corrupt_chunk set) flips one byte
-of a chunk the first time it is served, as on the gRPC path.
+Fault hooks (the servicer's ``BRAID_RELAY_FAULTS``): ``corrupt`` flips one byte of a chunk the
+first time it is served, as on the gRPC path; ``truncate`` cuts the next pull after N chunks.
 """
 
 from __future__ import annotations
@@ -58,12 +58,13 @@ def code_value(code: grpc.StatusCode) -> int:
 class RelayDataPlane:
     def __init__(
         self, store: VersionStore, host: str, *, on_begin: Callable[[Incoming], None], on_commit: Callable[[Incoming], bool],
-        corrupt: set[int], tls: TlsFiles | None = None, tls_host: str | None = None, ttl_s: float = 30.0,
+        corrupt: set[int], truncate: list[int] | None = None, tls: TlsFiles | None = None, tls_host: str | None = None, ttl_s: float = 30.0,
     ) -> None:
         self.store = store
         self.on_begin = on_begin
         self.on_commit = on_commit
         self.corrupt = corrupt
+        self.truncate = truncate if truncate is not None else []  # test hook: cut the next pull after N chunks
         self.book = dc.TokenBook(ttl_s)
         self.server = dc.DataServer(self.book, self.serve, host, tls=tls, tls_host=tls_host)
 
@@ -103,7 +104,7 @@ class RelayDataPlane:
 
     def _serve_push(self, inc: Incoming, sock: socket.socket) -> None:
         self.store.attach(inc)
-        refused, chunks, nbytes, last = True, 0, 0, -1
+        attached, refused, chunks, nbytes, last = True, True, 0, 0, -1
         try:
             while True:
                 index, digest = dc.read_frame_head(sock)
@@ -119,18 +120,22 @@ class RelayDataPlane:
                     nbytes += inc.manifest.plan[index].length
                 last = index
             committed = self.on_commit(inc)
-            refused = False
+            refused = attached = False
+            self.store.detach(inc, False)
             dc.send_status(sock, 0, json.dumps({"committed": committed, "chunks": chunks, "bytes": nbytes}))
         except WeightError as err:
             if err.kind == "integrity" and "version digest" in str(err):
                 self.store.discard(inc)  # an inconsistent set of chunks: nothing of it is kept
+            self.store.detach(inc, True)  # before answering: the sender may look right after
+            attached = False
             log.warning("data push of version %d refused: %s", inc.version, err)
             self._answer_refusal(sock, CODES[err.kind], str(err))
         except OSError as err:  # the sender went away: keep what arrived for a resume
             refused = False
             log.warning("data push of version %d broke after %d chunks: %s", inc.version, chunks, err)
         finally:
-            self.store.detach(inc, refused)
+            if attached:
+                self.store.detach(inc, refused)
 
     @staticmethod
     def _answer_refusal(sock: socket.socket, code: grpc.StatusCode, message: str) -> None:
@@ -152,7 +157,11 @@ class RelayDataPlane:
         try:
             with self.store.pinned(version) as s:
                 dc.send_status(sock, 0)
-                for ref in s.manifest.plan[start:stop]:
+                cut = self.truncate.pop() if self.truncate else None
+                for k, ref in enumerate(s.manifest.plan[start:stop]):
+                    if k == cut:
+                        log.warning("test hook: cutting the pull of version %d after %d chunks", version, k)
+                        return
                     data = s.blob.view[ref.blob_offset : ref.blob_offset + ref.length]
                     if ref.index in self.corrupt:
                         self.corrupt.discard(ref.index)

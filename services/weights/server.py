@@ -19,7 +19,8 @@ refused push.
 Test hooks (``BRAID_RELAY_FAULTS``, semicolon-separated): ``corrupt_chunk=I[,I...]`` flips
 one byte of chunk I the first time this relay serves it in a pull (transit corruption; the
 chunk digest is left as it was); ``forward_delay_ms=N`` sleeps N ms before forwarding each
-chunk (a slow hop, so a test can kill a relay mid-broadcast).
+chunk (a slow hop, so a test can kill a relay mid-broadcast); ``truncate_pull=N`` closes the
+first data-channel pull after N chunks (a broken connection, so a test sees the resume).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         faults = dict(f.split("=", 1) for f in os.environ.get("BRAID_RELAY_FAULTS", "").split(";") if "=" in f)
         self._corrupt = {int(i) for i in faults.get("corrupt_chunk", "").split(",") if i}
         self._forward_delay_s = float(faults.get("forward_delay_ms", 0)) / 1000.0
+        self._truncate = [int(faults["truncate_pull"])] if "truncate_pull" in faults else []
 
     # ------------------------------------------------------------------ push
     def Push(self, request_iterator, context):
@@ -199,7 +201,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         from services.weights.dataplane import RelayDataPlane
 
         self.data = RelayDataPlane(self.store, host, on_begin=self._start_forwarding, on_commit=self._commit,
-                                   corrupt=self._corrupt, tls=self.tls, tls_host=tls_host)
+                                   corrupt=self._corrupt, truncate=self._truncate, tls=self.tls, tls_host=tls_host)
 
     def OpenTransfer(self, request: pb.TransferRequest, context) -> pb.TransferGrant:
         if self.data is None:

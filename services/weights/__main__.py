@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", default="", help="catch up from this relay at start")
     parser.add_argument("--data-path", choices=("tcp", "grpc"), default="tcp",
                         help="how this relay forwards versions to its peers (tcp: the raw-TCP data channel)")
+    parser.add_argument("--data-port", type=int, default=0, help="raw-TCP data channel port on --host (0 = pick a free one)")
+    parser.add_argument("--tls-data-port", type=int, default=0, help="mutual-TLS data channel port on --tls-host (0 = free)")
     parser.add_argument("--no-data-channel", action="store_true",
                         help="serve no raw-TCP data channel (clients fall back to gRPC streams)")
     ns = parser.parse_args(argv)
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     store = VersionStore(ns.keep, shm_dir)
     servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb, data_path=ns.data_path)
     if not ns.no_data_channel:
-        servicer.attach_data_plane(ns.host, ns.tls_host if tls is not None else None)
+        servicer.attach_data_plane(ns.host, ns.tls_host if tls is not None else None, ns.data_port, ns.tls_data_port)
     server, port, tls_port = create_server(
         servicer, f"{ns.host}:{ns.port}", max_message_mb=ns.max_message_mb,
         tls_address=f"{ns.tls_host}:{ns.tls_port}" if ns.tls_host else None, tls=tls,

@@ -26,6 +26,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ from services.weights.wire import chunk_of, encode_chunk, pull_callable, push_ca
 log = logging.getLogger("braid.weights.client")
 REFETCH_TRIES = 3
 DATA_PATHS = ("tcp", "grpc")
+DATA_RETRY_S = 60.0  # after the data channel was unreachable, use gRPC streams this long
 CONTROL_TIMEOUT_S = 10.0
 
 
@@ -158,6 +160,7 @@ class RelayClient:
         self._pull = pull_callable(self._channel)
         self._host = host_id()
         self._spare_buf: mmap.mmap | None = None
+        self._data_down_until = 0.0
 
     def reserve(self, nbytes: int) -> None:
         """Pre-fault a receive buffer of ``nbytes`` for the next data-channel pull of that size
@@ -201,6 +204,10 @@ class RelayClient:
         """Push one version; returns True when the relay reports it committed."""
         m = wb.manifest
         lazy = datapath.LazyDigests(m, wb.blob.view, algo, digests)
+
+        def frames(start: int):  # chunk digests computed as the chunks go (hashing overlaps the transfer)
+            return datapath.blob_frames(m, wb.blob.view, lazy, start)
+
         if use_shm and wb.blob.path is not None and from_chunk == 0 and self._same_host():
             digests, vdigest = lazy.all(), lazy.version()
             msg = pb.PushMessage(
@@ -212,6 +219,15 @@ class RelayClient:
             except RelayError as err:
                 if err.code != grpc.StatusCode.FAILED_PRECONDITION or "shared memory" not in str(err):
                     raise  # the relay cannot adopt files (no shared memory there): stream instead
+        if self.data_path == "tcp":  # the grant says where to resume (what the relay holds in a row)
+            try:
+                committed = self.try_data_channel(self.push_data, m, version, frames, sender)
+            except RelayError as err:
+                if err.code == grpc.StatusCode.ALREADY_EXISTS and "already held" in str(err):
+                    return True  # a re-push after a failover: the new master has it already
+                raise
+            if committed is not None:
+                return committed or self.versions().versions.get(version, _NONE).complete
         if from_chunk == 0:  # resume what this relay already holds of it (a re-push after a failover)
             try:
                 held = self.versions().versions.get(version)
@@ -220,13 +236,6 @@ class RelayClient:
             if held is not None and held.complete:
                 return True
             from_chunk = held.received if held is not None else 0
-        if self.data_path == "tcp":  # chunk digests computed as the chunks go (hashing overlaps the transfer)
-            def frames(start: int):
-                return datapath.blob_frames(m, wb.blob.view, lazy, start)
-
-            committed = self.try_data_channel(self.push_data, m, version, frames, sender)
-            if committed is not None:
-                return committed or self.versions().versions.get(version, _NONE).complete
         digests, vdigest = lazy.all(), lazy.version()
         parts = max(1, min(streams, len(m.plan) - from_chunk))
         acks: list[pb.PushAck | BaseException] = [None] * parts  # type: ignore[list-item]
@@ -276,11 +285,15 @@ class RelayClient:
 
     def try_data_channel(self, fn, *args):
         """Run ``fn`` over the data channel; None (and a log line) when the channel cannot be
-        reached, so the caller streams over gRPC instead."""
+        reached, so the caller streams over gRPC instead (for the next ``DATA_RETRY_S`` too: a
+        firewalled port would otherwise cost a connect timeout per transfer)."""
+        if time.monotonic() < self._data_down_until:
+            return None
         try:
             return fn(*args)
         except datapath.DataChannelUnreachable as err:
-            log.warning("%s; falling back to gRPC streaming", err)
+            self._data_down_until = time.monotonic() + DATA_RETRY_S
+            log.warning("%s; falling back to gRPC streaming (next try in %.0f s)", err, DATA_RETRY_S)
         except RelayError as err:
             if err.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
@@ -336,12 +349,13 @@ class RelayClient:
     ) -> Pulled:
         """Fetch a whole version (``-1`` = latest), verified; ``specs`` (the receiver's parameter
         specs) refuse a different model's parameters."""
+        if self.data_path == "tcp" and not allow_shm:  # one round trip: the grant carries manifest and digests
+            pulled = self.try_data_channel(self._pull_granted, version, wait_s, specs)
+            if pulled is not None:
+                return pulled
         head, _ = self.iter_pull(version, allow_shm=allow_shm, wait_s=wait_s, head_only=True)
         m = manifest_from_pb(head)
-        m.validate()
-        if specs is not None and m.specs() != specs:
-            diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
-            raise WeightError("argument", f"version {head.version} is a different model's parameters (first differences: {diff})")
+        _check_specs(head.version, m, specs)
         if head.shm_path:
             pulled = self._pull_shm(head, m)
             if pulled is not None:
@@ -372,9 +386,16 @@ class RelayClient:
         self._refetch(head.version, m, copy, digests, bad)
         return Pulled(head.version, m, copy, state_from_blob(m, copy), head.version_digest, "shm", len(bad))
 
-    def _pull_data(self, version: int, m: Manifest, vdigest: str) -> Pulled:
+    def _pull_granted(self, version: int, wait_s: float, specs: dict | None) -> Pulled:
+        grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, wait_s=wait_s))
+        m = manifest_from_pb(grant.manifest)
+        _check_specs(grant.version, m, specs)
+        return self._pull_data(grant.version, m, grant.manifest.version_digest, grant)
+
+    def _pull_data(self, version: int, m: Manifest, vdigest: str, grant: pb.TransferGrant | None = None) -> Pulled:
         """Pull over the data channel into one preallocated buffer; resume a broken stream from
-        the first missing chunk, re-fetch corrupted chunks alone."""
+        the first missing chunk, re-fetch corrupted chunks alone. ``grant``: a whole-version
+        grant already opened."""
         buf, self._spare_buf = self._spare_buf, None
         if buf is None or len(buf) != max(m.total_bytes, 1):
             buf = private_buffer(m.total_bytes)
@@ -384,8 +405,10 @@ class RelayClient:
         while (start := datapath.first_missing(got)) < n:
             bad: list[int] = []
             try:
-                self._receive_range(version, m, view, vdigest, start, n, got, bad)
+                self._receive_range(version, m, view, vdigest, start, n, got, bad, grant if start == 0 else None)
+                grant = None
             except RelayError as err:
+                grant = None
                 if err.code != grpc.StatusCode.UNAVAILABLE or breaks >= REFETCH_TRIES:
                     raise
                 breaks += 1
@@ -401,8 +424,9 @@ class RelayClient:
             refetched += len(bad)
         return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "tcp", refetched)
 
-    def _receive_range(self, version, m, view, vdigest, start, stop, got, bad) -> None:
-        grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, from_chunk=start, to_chunk=stop))
+    def _receive_range(self, version, m, view, vdigest, start, stop, got, bad, grant=None) -> None:
+        if grant is None:
+            grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, from_chunk=start, to_chunk=stop))
         digests = list(grant.manifest.chunk_digests)
         if grant.version != version or len(digests) != len(m.plan) or grant.manifest.version_digest != vdigest \
                 or version_digest(digests) != vdigest:
@@ -471,6 +495,13 @@ class RelayClient:
 
 
 _NONE = VersionState(-1, False, 0, 0, 0, "", 0.0)
+
+
+def _check_specs(version: int, m: Manifest, specs: dict | None) -> None:
+    m.validate()
+    if specs is not None and m.specs() != specs:
+        diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
+        raise WeightError("argument", f"version {version} is a different model's parameters (first differences: {diff})")
 
 
 def _info(reply: pb.VersionsReply) -> RelayInfo:

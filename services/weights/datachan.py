@@ -241,17 +241,17 @@ class DataServer:
     presents a token, then ``handler(grant, sock)`` serves it on its own thread."""
 
     def __init__(self, book: TokenBook, handler: Handler, host: str, *, tls: TlsFiles | None = None,
-                 tls_host: str | None = None) -> None:
+                 tls_host: str | None = None, port: int = 0, tls_port: int = 0) -> None:
         self.book = book
         self.handler = handler
         self.refused: list[str] = []  # reasons, for tests and logs
         self._closing = threading.Event()
         self._listeners: list[tuple[socket.socket, ssl.SSLContext | None]] = []
-        self.port = self._listen(host, None)
-        self.tls_port = self._listen(tls_host, server_context(tls)) if tls is not None and tls_host else 0
+        self.port = self._listen(host, port, None)
+        self.tls_port = self._listen(tls_host, tls_port, server_context(tls)) if tls is not None and tls_host else 0
 
-    def _listen(self, host: str, ctx: ssl.SSLContext | None) -> int:
-        sock = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=64)
+    def _listen(self, host: str, port: int, ctx: ssl.SSLContext | None) -> int:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=64)
         self._listeners.append((sock, ctx))
         threading.Thread(target=self._accept, args=(sock, ctx), name="data-accept", daemon=True).start()
         return sock.getsockname()[1]

@@ -243,8 +243,12 @@ def write_report(result: dict) -> None:
         lines.append("")
     xs = result.get("cross_site", {})
     if xs:
+        stale = "d" not in result.get("part_seconds", {})
         lines += ["## (d) Cross-site RL run (one_step), weights crossing a 1 Gbit/s, 20 ms RTT link", "",
                   xs.get("summary", ""), ""]
+        if stale:
+            lines += ["(Kept from an earlier run: (d) was not run this time. Its runs forwarded over gRPC streams; "
+                      "see docs/weights.md, Known limits, for why it was not re-run with the data channel.)", ""]
     lines += ["## Result fields", "", "```json",
               json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1",
                                                      "trainer_stall_fraction", "cross_site_iteration_overhead",

@@ -112,16 +112,6 @@ def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None, spare: Bl
     return WeightBlob(manifest, blob)
 
 
-def private_buffer(size: int, populate: bool = False) -> mmap.mmap:
-    """A receive buffer: private anonymous memory (cheaper page faults than the shared kind);
-    ``populate``: fault every page in now. ``BRAID_HUGEPAGES=1`` asks for transparent huge pages
-    (slower here: the kernel compacts memory to find them)."""
-    buf = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (mmap.MAP_POPULATE if populate else 0))
-    if os.environ.get("BRAID_HUGEPAGES") and hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return buf
-
-
 class RelayError(RuntimeError):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(f"{code.name}: {message}")
@@ -166,7 +156,7 @@ class RelayClient:
         """Pre-fault a receive buffer of ``nbytes`` for the next data-channel pull of that size
         (its pages then cost nothing during ``recv_into``). The pull takes it over: the caller
         reserves again once it no longer uses the previous version's tensors."""
-        self._spare_buf = private_buffer(nbytes, populate=True)
+        self._spare_buf = datapath.private_buffer(nbytes, populate=True)
 
     def close(self) -> None:
         self._channel.close()
@@ -398,7 +388,7 @@ class RelayClient:
         grant already opened."""
         buf, self._spare_buf = self._spare_buf, None
         if buf is None or len(buf) != max(m.total_bytes, 1):
-            buf = private_buffer(m.total_bytes)
+            buf = datapath.private_buffer(m.total_bytes)
         view = memoryview(buf)[: m.total_bytes]
         n = len(m.plan)
         got, refetched, breaks = [False] * n, 0, 0

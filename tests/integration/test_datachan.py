@@ -137,7 +137,11 @@ def test_a_truncated_push_keeps_its_prefix_and_the_next_push_resumes(relay):
     wb = snapshot_blob(model_state(float(v)), CHUNK, None)
     with pytest.raises(RuntimeError, match="sender died"):  # after 3 chunks: the connection closes mid-version
         _push_frames(client, wb, v, _frames(wb, v, die_after=3))
-    wait_for(lambda: v in client.versions().versions, 10, "the relay to see the broken stream")
+    def held_chunks() -> int:
+        state = client.versions().versions.get(v)
+        return state.received if state is not None else -1
+
+    wait_for(lambda: held_chunks() == 3, 20, "the relay to take the 3 chunks sent before the break")
     partial = client.versions().versions[v]
     assert not partial.complete and partial.received == 3
     grant = client.open_transfer(pb.TransferRequest(direction="push", version=v, manifest=manifest_to_pb(wb.manifest, v)))

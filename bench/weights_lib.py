@@ -216,11 +216,13 @@ def _child_main(argv: list[str]) -> int:
         conn.sendall(b"k")
         print(json.dumps({"seconds": time.perf_counter() - t0}))
         return 0
-    if kind == "pull":  # pull ADDRESS VERSION STREAMS SHM(0/1)
+    if kind == "pull":  # pull ADDRESS VERSION STREAMS SHM(0/1) [DATA_PATH tcp|grpc]
         from services.weights.client import RelayClient
 
-        client = RelayClient(argv[1])
+        client = RelayClient(argv[1], data_path=argv[5] if len(argv) > 5 else "tcp")
         client.wait_ready()
+        if len(argv) > 6:  # the receive buffer is allocated before timing, as raw-recv's bytearray (memset) is
+            client.reserve(int(argv[6]))
         print("ready", flush=True)
         sys.stdin.readline()
         t0 = time.perf_counter()

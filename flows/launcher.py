@@ -124,6 +124,7 @@ class Supervisor:
 def start_relay(
     sup: Supervisor, run_dir: Path, name: str, *, keep: int, shm: bool, max_message_mb: int,
     host: str = "127.0.0.1", port: int = 0, site: str = "", tls_dir: str = "", tls_port: int | None = None,
+    data_path: str = "tcp",
 ) -> tuple[str, int | None]:
     """Start one weight relay process ``name``; return (its ``host:port``, its TLS port or None).
 
@@ -134,6 +135,7 @@ def start_relay(
     args = ["--host", host, "--port", str(port), "--port-file", str(port_file), "--id", name,
             "--keep", str(keep), "--max-message-mb", str(max_message_mb)]
     args += [] if shm else ["--no-shm"]
+    args += ["--data-path", data_path]  # how it forwards to its peers (weights.data_path)
     args += ["--site", site] if site else []
     args += ["--tls-dir", tls_dir] if tls_dir else []
     args += ["--tls-host", host, "--tls-port", str(tls_port)] if tls_port is not None else []
@@ -142,11 +144,14 @@ def start_relay(
     return f"{host}:{ports[0]}", int(ports[1]) if len(ports) > 1 else None
 
 
-def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool, max_message_mb: int) -> list[str]:
+def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool, max_message_mb: int,
+                 data_path: str = "tcp") -> list[str]:
     """Start ``n`` weight relay processes (``relay-i``; the first is the master) and return their
     loopback addresses."""
     return [
-        start_relay(sup, run_dir, f"relay-{i}", keep=keep, shm=shm, max_message_mb=max_message_mb)[0] for i in range(n)
+        start_relay(sup, run_dir, f"relay-{i}", keep=keep, shm=shm, max_message_mb=max_message_mb,
+                    data_path=data_path)[0]
+        for i in range(n)
     ]
 
 
@@ -212,7 +217,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1  # it resumes lost trajectories
         w = cfg.weights
         relays = (
-            start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb)
+            start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
+                         data_path=w.data_path)
             if w.transport == "relay" else []
         )
         addresses = start_instances(

@@ -127,6 +127,7 @@ def _site_relay(sup: Supervisor, rd: Path, s: SiteConfig, sites: SitesConfig, co
     address, tls_port = start_relay(
         sup, rd, f"relay-{s.name}", keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
         host=s.host, port=s.relay_port, site=s.name, tls_dir=tls_dir, tls_port=s.relay_tls_port if serve_tls else None,
+        data_path=w.data_path,
     )
     spec = f"{address}@{s.name}" + (f"@tls://{s.host}:{tls_port}" if tls_port is not None else "")
     return address, spec

@@ -50,26 +50,35 @@ class SGSProcess:
         self.proc, self.address, self.log = proc, address, log
 
 
-def start_sgs(workdir: Path, checkpoint: Path, overrides: list[str]) -> SGSProcess:
+def spawn_service(args: list[str], port_file: Path, log: Path, *, what: str, env: dict[str, str] | None = None,
+                  timeout_s: float = 120.0, append_log: bool = False) -> tuple[subprocess.Popen, list[str]]:
+    """``python -m ARGS`` from the repository root, logging to ``log``; waits until the process
+    writes ``port_file`` (``--port 0``: it picked a free port) and returns (process, the file's words)."""
+    port_file.unlink(missing_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    with log.open("a" if append_log else "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{what} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    return proc, port_file.read_text().split()
+
+
+def start_sgs(workdir: Path, checkpoint: Path, overrides: list[str], instance: int | None = None) -> SGSProcess:
     from services.common.config import load_config, write_config
 
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", overrides)
     write_config(cfg, workdir / "config.json")
     port_file, log = workdir / "sgs.port", workdir / "sgs.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"),
-             "--model", str(checkpoint), "--port", "0", "--port-file", str(port_file)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    deadline = time.monotonic() + 120
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)
+    proc, ports = spawn_service(
+        ["services.generation", "--config", str(workdir / "config.json"), "--model", str(checkpoint), "--port", "0",
+         "--port-file", str(port_file)] + (["--instance", str(instance)] if instance is not None else []),
+        port_file, log, what="SGS",
+    )
+    return SGSProcess(proc, f"127.0.0.1:{ports[0]}", log)
 
 
 def stop_sgs(sgs: SGSProcess) -> int:

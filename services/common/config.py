@@ -286,6 +286,11 @@ class WeightsConfig(StrictModel):
     keep_versions: int = Field(2, ge=1, le=64, description="Versions each relay keeps in memory (K); older ones are evicted.")
     streams: int = Field(2, ge=1, le=32, description="Parallel gRPC streams of one push or pull over the network path.")
     shm: bool = Field(True, description="Same-host fast path: versions live in /dev/shm; same-host pushes and pulls hand over the file.")
+    data_path: Literal["tcp", "grpc"] = Field(
+        "tcp",
+        description="Network path of relay pushes and pulls: tcp (gRPC opens a transfer, the bytes flow over the relay's "
+        "raw-TCP data channel; falls back to grpc when it cannot be reached) or grpc (chunk streams over gRPC).",
+    )
     digest: Literal["xxh3_128", "sha256"] = Field("xxh3_128", description="Chunk digest (xxh3_128: fast corruption check; sha256: cryptographic).")
     heartbeat_s: float = Field(0.2, gt=0.0, le=60.0, description="Chain controller heartbeat period (s).")
     heartbeat_timeout_s: float = Field(1.0, gt=0.0, le=60.0, description="A relay not answering a heartbeat within this is cut out of the chain (s).")

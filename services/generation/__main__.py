@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.relay:
         from services.weights.client import RelayClient
 
-        relay = RelayClient(ns.relay, max_message_mb=run_cfg.weights.max_message_mb)
+        relay = RelayClient(ns.relay, max_message_mb=run_cfg.weights.max_message_mb, data_path=run_cfg.weights.data_path)
     servicer = GenerationServicer(
         core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions, relay=relay,
         relay_streams=run_cfg.weights.streams, pull_wait_s=run_cfg.weights.pull_wait_s,

@@ -307,3 +307,39 @@ class ChainReply(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class TransferRequest(_message.Message):
+    __slots__ = ("direction", "version", "manifest", "from_chunk", "to_chunk", "wait_s", "sender")
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TO_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    direction: str
+    version: int
+    manifest: WeightManifest
+    from_chunk: int
+    to_chunk: int
+    wait_s: float
+    sender: str
+    def __init__(self, direction: _Optional[str] = ..., version: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., from_chunk: _Optional[int] = ..., to_chunk: _Optional[int] = ..., wait_s: _Optional[float] = ..., sender: _Optional[str] = ...) -> None: ...
+
+class TransferGrant(_message.Message):
+    __slots__ = ("token", "port", "tls_port", "ttl_s", "version", "manifest", "from_chunk")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TLS_PORT_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    FROM_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    port: int
+    tls_port: int
+    ttl_s: float
+    version: int
+    manifest: WeightManifest
+    from_chunk: int
+    def __init__(self, token: _Optional[bytes] = ..., port: _Optional[int] = ..., tls_port: _Optional[int] = ..., ttl_s: _Optional[float] = ..., version: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., from_chunk: _Optional[int] = ...) -> None: ...

@@ -366,6 +366,11 @@ class WeightRelayStub:
                 request_serializer=services_dot_proto_dot_braid__pb2.ChainRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_braid__pb2.ChainReply.FromString,
                 _registered_method=True)
+        self.OpenTransfer = channel.unary_unary(
+                '/braid.v1.WeightRelay/OpenTransfer',
+                request_serializer=services_dot_proto_dot_braid__pb2.TransferRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.TransferGrant.FromString,
+                _registered_method=True)
 
 
 class WeightRelayServicer:
@@ -413,6 +418,16 @@ class WeightRelayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenTransfer(self, request, context):
+        """Open a bulk transfer on the raw-TCP data channel beside gRPC (docs/weights.md): a one-time
+        token bound to this version and direction, and the data port(s). Push: the manifest is
+        checked now (the same refusals as Push). Pull: the version is resolved now (NOT_FOUND
+        naming the versions held) and its chunk digests come back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WeightRelayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -440,6 +455,11 @@ def add_WeightRelayServicer_to_server(servicer, server):
                     servicer.SetChain,
                     request_deserializer=services_dot_proto_dot_braid__pb2.ChainRequest.FromString,
                     response_serializer=services_dot_proto_dot_braid__pb2.ChainReply.SerializeToString,
+            ),
+            'OpenTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenTransfer,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.TransferRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.TransferGrant.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -582,6 +602,33 @@ class WeightRelay:
             '/braid.v1.WeightRelay/SetChain',
             services_dot_proto_dot_braid__pb2.ChainRequest.SerializeToString,
             services_dot_proto_dot_braid__pb2.ChainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.WeightRelay/OpenTransfer',
+            services_dot_proto_dot_braid__pb2.TransferRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.TransferGrant.FromString,
             options,
             channel_credentials,
             insecure,

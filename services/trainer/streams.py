@@ -124,74 +124,49 @@ class WeightPublisher:
 
 class WeightPusher:
     """Brings one SGS instance to the newest offered version from a background thread
-    (``deliver(version, snapshot)``; default: stream it with ``UpdateWeights``)."""
+    (``deliver(version, snapshot)``; default: stream it with ``UpdateWeights``); a version
+    superseded before it was sent is skipped (``services.common.newest``)."""
 
     def __init__(self, client: GenerationClient, chunk_bytes: int, deliver=None) -> None:
+        from services.common.newest import NewestSender
+
         self._client = client
         self._chunk_bytes = chunk_bytes
-        self._deliver = deliver or (lambda v, s: client.update_weights(s, v, chunk_bytes=chunk_bytes))
-        self._cond = threading.Condition()
-        self._next: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._error: BaseException | None = None
-        self._closed = False
-        self.published = 0  # newest version the instance has acknowledged (staged)
-        self.offered = 0  # newest version handed to this pusher
-        self.push_seconds: dict[int, float] = {}
-        self._thread = threading.Thread(target=self._run, name="weight-publisher", daemon=True)
-        self._thread.start()
+        deliver = deliver or (lambda v, s: client.update_weights(s, v, chunk_bytes=chunk_bytes))
+        self._sender: NewestSender[dict[str, torch.Tensor]] = NewestSender(deliver, name="weight-publisher")
 
     def offer(self, version: int, state: dict[str, torch.Tensor]) -> None:
         """Hand a version over; it replaces an older one not yet sent."""
         self.raise_if_failed()
-        with self._cond:
-            self.offered = max(self.offered, version)
-            if self._next is None or self._next[0] < version:
-                self._next = (version, state)
-            self._cond.notify_all()
+        self._sender.offer(version, state)
+
+    @property
+    def published(self) -> int:  # newest version the instance has acknowledged (staged)
+        return self._sender.sent
+
+    @property
+    def offered(self) -> int:  # newest version handed to this pusher
+        return self._sender.offered
+
+    @property
+    def push_seconds(self) -> dict[int, float]:
+        return self._sender.seconds
 
     @property
     def error(self) -> BaseException | None:
-        return self._error
+        return self._sender.error
 
     def raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"weight push failed: {self._error}") from self._error
+        if self.error is not None:
+            raise RuntimeError(f"weight push failed: {self.error}") from self.error
 
     def wait(self, version: int, timeout_s: float = 600) -> None:
         """Block until ``version`` (or newer) has been handed to the SGS."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self.published < version:
-                self.raise_if_failed()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"weight version {version} not published within {timeout_s}s")
-                self._cond.wait(min(remaining, 0.5))
+        try:
+            self._sender.wait_sent(version, timeout_s, what="weight version")
+        except RuntimeError:
+            self.raise_if_failed()
+            raise
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=60)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._next is None and not self._closed:
-                    self._cond.wait()
-                if self._next is None:
-                    return
-                version, state = self._next
-                self._next = None
-            try:
-                t0 = time.perf_counter()
-                self._deliver(version, state)
-                self.push_seconds[version] = time.perf_counter() - t0
-            except BaseException as exc:
-                self._error = exc
-                with self._cond:
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self.published = version
-                self._cond.notify_all()
+        self._sender.close()

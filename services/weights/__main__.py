@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-dir", help="directory made by `braid certs` (with --site: this relay's certificate, also as a client)")
     parser.add_argument("--site", default="", help="this relay's site (selects <tls-dir>/<site>.pem)")
     parser.add_argument("--upstream", default="", help="catch up from this relay at start")
+    parser.add_argument("--data-path", choices=("tcp", "grpc"), default="tcp",
+                        help="how this relay forwards versions to its peers (tcp: the raw-TCP data channel)")
+    parser.add_argument("--data-port", type=int, default=0, help="raw-TCP data channel port on --host (0 = pick a free one)")
+    parser.add_argument("--tls-data-port", type=int, default=0, help="mutual-TLS data channel port on --tls-host (0 = free)")
+    parser.add_argument("--no-data-channel", action="store_true",
+                        help="serve no raw-TCP data channel (clients fall back to gRPC streams)")
     ns = parser.parse_args(argv)
     if ns.keep < 1:
         parser.error("--keep must be >= 1")
@@ -45,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         tls.read()  # fail now, naming the missing files
     shm_dir = None if ns.no_shm else private_shm_dir("relay")
     store = VersionStore(ns.keep, shm_dir)
-    servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb)
+    servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb, data_path=ns.data_path)
+    if not ns.no_data_channel:
+        servicer.attach_data_plane(ns.host, ns.tls_host if tls is not None else None, ns.data_port, ns.tls_data_port)
     server, port, tls_port = create_server(
         servicer, f"{ns.host}:{ns.port}", max_message_mb=ns.max_message_mb,
         tls_address=f"{ns.tls_host}:{ns.tls_port}" if ns.tls_host else None, tls=tls,
@@ -58,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(ns.port_file + ".tmp")
         tmp.write_text(f"{port} {tls_port}" if tls_port else str(port))
         tmp.rename(ns.port_file)
-    logging.info("relay %s serving on %s:%d%s (keep %d, shm %s)", servicer.relay_id, ns.host, port,
-                 f", TLS on {ns.tls_host}:{tls_port}" if tls_port else "", ns.keep, shm_dir is not None)
+    logging.info("relay %s serving on %s:%d%s (keep %d, shm %s, data channel %s)", servicer.relay_id, ns.host, port,
+                 f", TLS on {ns.tls_host}:{tls_port}" if tls_port else "", ns.keep, shm_dir is not None,
+                 f"port {servicer.data.server.port}" + (f", TLS {servicer.data.server.tls_port}" if servicer.data.server.tls_port else "")
+                 if servicer.data is not None else "off")
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

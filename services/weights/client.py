@@ -7,18 +7,26 @@ Transfer paths, fastest first:
   checks every chunk digest and adopts it, no copy) and a pull maps the relay's file
   read-only and checks the digests; tensors view the mapping (no copy until the engine loads
   them).
-- **network**: ``streams`` parallel gRPC streams over disjoint chunk sets (``index % parts``),
-  each chunk checked against its digest on arrival; a corrupted chunk is re-fetched alone
-  (``from_chunk``/``to_chunk``), and the version digest is checked over all chunk digests.
+- **network, raw-TCP data channel** (``data_path="tcp"``, the default): ``OpenTransfer`` (gRPC)
+  grants a one-time token, then the bytes flow over a plain socket straight between the blobs
+  (``datachan``, ``datapath``); a truncated pull resumes from the first missing chunk. If the
+  data port cannot be reached, the client says so in the log and streams over gRPC instead.
+- **network, gRPC streams** (``data_path="grpc"``): ``streams`` parallel streams over disjoint
+  chunk sets (``index % parts``).
+
+Either way each chunk is checked against its digest on arrival, a corrupted chunk is re-fetched
+alone (``from_chunk``/``to_chunk``), and the version digest is checked over all chunk digests.
 
 Every call has a deadline; ``RelayError`` carries the status code and the relay's message.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +39,6 @@ from services.common.weights import (
     WeightError,
     blob_chunk,
     check_chunk_digest,
-    chunk_digest,
     flatten_into,
     manifest_of,
     state_from_blob,
@@ -39,12 +46,17 @@ from services.common.weights import (
 )
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
+from services.weights import datachan as dc
+from services.weights import datapath
 from services.weights.certs import TlsFiles, channel_credentials
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import Blob, host_id
 from services.weights.wire import chunk_of, encode_chunk, pull_callable, push_callable
 
+log = logging.getLogger("braid.weights.client")
 REFETCH_TRIES = 3
+DATA_PATHS = ("tcp", "grpc")
+DATA_RETRY_S = 60.0  # after the data channel was unreachable, use gRPC streams this long
 CONTROL_TIMEOUT_S = 10.0
 
 
@@ -78,7 +90,7 @@ class Pulled:
     blob: object  # keeps the bytes alive while ``state`` views them
     state: dict
     digest: str
-    path: str  # "shm" or "stream"
+    path: str  # "shm", "tcp" (data channel) or "stream" (gRPC)
     refetched: int = 0
 
 
@@ -122,15 +134,29 @@ def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
 
 class RelayClient:
     def __init__(
-        self, address: str, *, tls: TlsFiles | None = None, max_message_mb: int = 256, timeout_s: float = 600.0
+        self, address: str, *, tls: TlsFiles | None = None, max_message_mb: int = 256, timeout_s: float = 600.0,
+        data_path: str = "tcp",
     ) -> None:
+        if data_path not in DATA_PATHS:
+            raise ValueError(f"data_path {data_path!r} is not one of {DATA_PATHS}")
         self.address = address
+        self.data_path = data_path
+        self._tls = tls
+        self._data_host = address.rsplit(":", 1)[0].strip("[]")
         self.timeout_s = timeout_s
         self._channel = _channel(address, tls, max_message_mb * 1024 * 1024)
         self._stub = pb_grpc.WeightRelayStub(self._channel)
         self._push = push_callable(self._channel)
         self._pull = pull_callable(self._channel)
         self._host = host_id()
+        self._spare_buf: mmap.mmap | None = None
+        self._data_down_until = 0.0
+
+    def reserve(self, nbytes: int) -> None:
+        """Pre-fault a receive buffer of ``nbytes`` for the next data-channel pull of that size
+        (its pages then cost nothing during ``recv_into``). The pull takes it over: the caller
+        reserves again once it no longer uses the previous version's tensors."""
+        self._spare_buf = datapath.private_buffer(nbytes, populate=True)
 
     def close(self) -> None:
         self._channel.close()
@@ -167,10 +193,13 @@ class RelayClient:
     ) -> bool:
         """Push one version; returns True when the relay reports it committed."""
         m = wb.manifest
-        if digests is None:
-            digests = [chunk_digest(wb.blob.view[r.blob_offset : r.blob_offset + r.length], algo) for r in m.plan]
-        vdigest = version_digest(digests)
+        lazy = datapath.LazyDigests(m, wb.blob.view, algo, digests)
+
+        def frames(start: int):  # chunk digests computed as the chunks go (hashing overlaps the transfer)
+            return datapath.blob_frames(m, wb.blob.view, lazy, start)
+
         if use_shm and wb.blob.path is not None and from_chunk == 0 and self._same_host():
+            digests, vdigest = lazy.all(), lazy.version()
             msg = pb.PushMessage(
                 manifest=manifest_to_pb(m, version, chunk_digests=digests, shm_path=str(wb.blob.path), host_id=self._host),
                 parts=1, version_digest=vdigest, sender=sender,
@@ -180,6 +209,15 @@ class RelayClient:
             except RelayError as err:
                 if err.code != grpc.StatusCode.FAILED_PRECONDITION or "shared memory" not in str(err):
                     raise  # the relay cannot adopt files (no shared memory there): stream instead
+        if self.data_path == "tcp":  # the grant says where to resume (what the relay holds in a row)
+            try:
+                committed = self.try_data_channel(self.push_data, m, version, frames, sender)
+            except RelayError as err:
+                if err.code == grpc.StatusCode.ALREADY_EXISTS and "already held" in str(err):
+                    return True  # a re-push after a failover: the new master has it already
+                raise
+            if committed is not None:
+                return committed or self.versions().versions.get(version, _NONE).complete
         if from_chunk == 0:  # resume what this relay already holds of it (a re-push after a failover)
             try:
                 held = self.versions().versions.get(version)
@@ -188,6 +226,7 @@ class RelayClient:
             if held is not None and held.complete:
                 return True
             from_chunk = held.received if held is not None else 0
+        digests, vdigest = lazy.all(), lazy.version()
         parts = max(1, min(streams, len(m.plan) - from_chunk))
         acks: list[pb.PushAck | BaseException] = [None] * parts  # type: ignore[list-item]
 
@@ -215,6 +254,41 @@ class RelayClient:
                 chunk = blob_chunk(wb.manifest, wb.blob.view, ref, version, digests[ref.index])
                 yield encode_chunk(chunk, chunk.data)
         yield pb.PushMessage(version_digest=vdigest)
+
+    # ------------------------------------------------------------------ data channel
+    def open_transfer(self, request: pb.TransferRequest) -> pb.TransferGrant:
+        try:
+            return self._stub.OpenTransfer(request, timeout=CONTROL_TIMEOUT_S + request.wait_s)
+        except grpc.RpcError as err:
+            raise RelayError(err.code(), err.details() or "") from err
+
+    def _dial(self, grant: pb.TransferGrant, direction: int):
+        port = grant.tls_port if self._tls is not None else grant.port
+        return datapath.dial(self._data_host, port, self._tls, direction, grant.version, grant.token)
+
+    def push_data(self, manifest: Manifest, version: int, frames, sender: str = "trainer") -> bool:
+        """Push over the data channel: ``frames(start)`` yields (index, digest, bytes) from chunk
+        ``start`` (what the relay already holds in a row), then (END, version digest, b"")."""
+        grant = self.open_transfer(pb.TransferRequest(
+            direction="push", version=version, manifest=manifest_to_pb(manifest, version), sender=sender))
+        return bool(datapath.send_version(self._dial(grant, dc.PUSH), frames(grant.from_chunk)).get("committed"))
+
+    def try_data_channel(self, fn, *args):
+        """Run ``fn`` over the data channel; None (and a log line) when the channel cannot be
+        reached, so the caller streams over gRPC instead (for the next ``DATA_RETRY_S`` too: a
+        firewalled port would otherwise cost a connect timeout per transfer)."""
+        if time.monotonic() < self._data_down_until:
+            return None
+        try:
+            return fn(*args)
+        except datapath.DataChannelUnreachable as err:
+            self._data_down_until = time.monotonic() + DATA_RETRY_S
+            log.warning("%s; falling back to gRPC streaming (next try in %.0f s)", err, DATA_RETRY_S)
+        except RelayError as err:
+            if err.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.warning("relay %s has no data channel (%s); falling back to gRPC streaming", self.address, err)
+        return None
 
     def push_stream(self, messages: Iterator[pb.PushMessage]) -> pb.PushAck:
         """A raw push stream (relay forwarding: chunks as they arrive upstream)."""
@@ -265,14 +339,19 @@ class RelayClient:
     ) -> Pulled:
         """Fetch a whole version (``-1`` = latest), verified; ``specs`` (the receiver's parameter
         specs) refuse a different model's parameters."""
+        if self.data_path == "tcp" and not allow_shm:  # one round trip: the grant carries manifest and digests
+            pulled = self.try_data_channel(self._pull_granted, version, wait_s, specs)
+            if pulled is not None:
+                return pulled
         head, _ = self.iter_pull(version, allow_shm=allow_shm, wait_s=wait_s, head_only=True)
         m = manifest_from_pb(head)
-        m.validate()
-        if specs is not None and m.specs() != specs:
-            diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
-            raise WeightError("argument", f"version {head.version} is a different model's parameters (first differences: {diff})")
+        _check_specs(head.version, m, specs)
         if head.shm_path:
             pulled = self._pull_shm(head, m)
+            if pulled is not None:
+                return pulled
+        if self.data_path == "tcp":
+            pulled = self.try_data_channel(self._pull_data, head.version, m, head.version_digest)
             if pulled is not None:
                 return pulled
         return self._pull_streams(head.version, m, head.version_digest, streams)
@@ -296,6 +375,53 @@ class RelayClient:
         copy = bytearray(view)  # a corrupted shared page: patch a private copy from the stream
         self._refetch(head.version, m, copy, digests, bad)
         return Pulled(head.version, m, copy, state_from_blob(m, copy), head.version_digest, "shm", len(bad))
+
+    def _pull_granted(self, version: int, wait_s: float, specs: dict | None) -> Pulled:
+        grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, wait_s=wait_s))
+        m = manifest_from_pb(grant.manifest)
+        _check_specs(grant.version, m, specs)
+        return self._pull_data(grant.version, m, grant.manifest.version_digest, grant)
+
+    def _pull_data(self, version: int, m: Manifest, vdigest: str, grant: pb.TransferGrant | None = None) -> Pulled:
+        """Pull over the data channel into one preallocated buffer; resume a broken stream from
+        the first missing chunk, re-fetch corrupted chunks alone. ``grant``: a whole-version
+        grant already opened."""
+        buf, self._spare_buf = self._spare_buf, None
+        if buf is None or len(buf) != max(m.total_bytes, 1):
+            buf = datapath.private_buffer(m.total_bytes)
+        view = memoryview(buf)[: m.total_bytes]
+        n = len(m.plan)
+        got, refetched, breaks = [False] * n, 0, 0
+        while (start := datapath.first_missing(got)) < n:
+            bad: list[int] = []
+            try:
+                self._receive_range(version, m, view, vdigest, start, n, got, bad, grant if start == 0 else None)
+                grant = None
+            except RelayError as err:
+                grant = None
+                if err.code != grpc.StatusCode.UNAVAILABLE or breaks >= REFETCH_TRIES:
+                    raise
+                breaks += 1
+                log.warning("pull of version %d broke (%s); resuming from chunk %d", version, err,
+                            datapath.first_missing(got, start))
+            for index in bad:  # corrupted in transit: fetch it again alone
+                for _ in range(REFETCH_TRIES):
+                    self._receive_range(version, m, view, vdigest, index, index + 1, got, [])
+                    if got[index]:
+                        break
+                else:
+                    raise WeightError("integrity", f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries")
+            refetched += len(bad)
+        return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "tcp", refetched)
+
+    def _receive_range(self, version, m, view, vdigest, start, stop, got, bad, grant=None) -> None:
+        if grant is None:
+            grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, from_chunk=start, to_chunk=stop))
+        digests = list(grant.manifest.chunk_digests)
+        if grant.version != version or len(digests) != len(m.plan) or grant.manifest.version_digest != vdigest \
+                or version_digest(digests) != vdigest:
+            raise WeightError("integrity", f"version {version}: the grant's chunk digests do not match the version digest")
+        datapath.receive_version(self._dial(grant, dc.PULL), m, view, digests, vdigest, start, stop, got, bad)
 
     def _pull_streams(self, version: int, m: Manifest, vdigest: str, streams: int) -> Pulled:
         buf = mmap.mmap(-1, max(m.total_bytes, 1))
@@ -359,6 +485,13 @@ class RelayClient:
 
 
 _NONE = VersionState(-1, False, 0, 0, 0, "", 0.0)
+
+
+def _check_specs(version: int, m: Manifest, specs: dict | None) -> None:
+    m.validate()
+    if specs is not None and m.specs() != specs:
+        diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
+        raise WeightError("argument", f"version {version} is a different model's parameters (first differences: {diff})")
 
 
 def _info(reply: pb.VersionsReply) -> RelayInfo:

@@ -19,7 +19,8 @@ refused push.
 Test hooks (``BRAID_RELAY_FAULTS``, semicolon-separated): ``corrupt_chunk=I[,I...]`` flips
 one byte of chunk I the first time this relay serves it in a pull (transit corruption; the
 chunk digest is left as it was); ``forward_delay_ms=N`` sleeps N ms before forwarding each
-chunk (a slow hop, so a test can kill a relay mid-broadcast).
+chunk (a slow hop, so a test can kill a relay mid-broadcast); ``truncate_pull=N`` closes the
+first data-channel pull after N chunks (a broken connection, so a test sees the resume).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from services.proto import braid_pb2_grpc as pb_grpc
 from services.weights.certs import TlsFiles, server_credentials
 from services.weights.client import RelayClient, RelayError
 from services.weights.convert import manifest_from_pb, manifest_to_pb
+from services.weights.datachan import END
 from services.weights.store import SHM_PREFIX, Blob, Incoming, VersionStore, host_id
 from services.weights.wire import chunk_of, encode_chunk, service_handler
 
@@ -59,7 +61,7 @@ FORWARD_CHUNK_WAIT_S = 30.0  # an upstream silent this long: the forwarder gives
 class RelayServicer(pb_grpc.WeightRelayServicer):
     def __init__(
         self, store: VersionStore, relay_id: str, *, tls: TlsFiles | None = None,
-        max_message_mb: int = 256, hop_timeout_s: float = 600.0,
+        max_message_mb: int = 256, hop_timeout_s: float = 600.0, data_path: str = "tcp",
     ) -> None:
         self.store = store
         self.relay_id = relay_id
@@ -69,15 +71,18 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         self.upstream = ""
         self.tls = tls  # this site's client certificate for cross-site peers (addresses "tls://host:port")
         self.max_message_mb = max_message_mb
+        self.data_path = data_path  # how this relay forwards to its peers: "tcp" (data channel) or "grpc"
         self.hop_timeout_s = hop_timeout_s
         self.relinks: list[dict] = []  # one record per re-link (dead hop, skipped to, seconds)
         self._lock = threading.Lock()
         self._peers: dict[str, RelayClient] = {}
+        self.data = None  # the raw-TCP data channel (attach_data_plane)
         self._forwarding: set[int] = set()
         self._committed_at: dict[int, float] = {}
         faults = dict(f.split("=", 1) for f in os.environ.get("BRAID_RELAY_FAULTS", "").split(";") if "=" in f)
         self._corrupt = {int(i) for i in faults.get("corrupt_chunk", "").split(",") if i}
         self._forward_delay_s = float(faults.get("forward_delay_ms", 0)) / 1000.0
+        self._truncate = [int(faults["truncate_pull"])] if "truncate_pull" in faults else []
 
     # ------------------------------------------------------------------ push
     def Push(self, request_iterator, context):
@@ -156,6 +161,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         if committed and inc.version not in self._committed_at:
             self._committed_at[inc.version] = time.time()
             log.info("version %d committed (%d bytes)", inc.version, inc.manifest.total_bytes)
+            self.store.prepare_spare(inc.manifest.total_bytes)
         return committed
 
     # ------------------------------------------------------------------ pull
@@ -186,6 +192,24 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                         self._corrupt.discard(ref.index)
                         data = bytes([data[0] ^ 0xFF]) + bytes(data[1:])
                     yield encode_chunk(chunk, data)
+        except WeightError as err:
+            context.abort(CODES[err.kind], str(err))
+
+    # ------------------------------------------------------------------ data channel
+    def attach_data_plane(self, host: str, tls_host: str | None = None, port: int = 0, tls_port: int = 0) -> None:
+        """Serve the raw-TCP data channel (``dataplane``) on ``host`` (and mutual TLS on ``tls_host``)."""
+        from services.weights.dataplane import RelayDataPlane
+
+        self.data = RelayDataPlane(self.store, host, on_begin=self._start_forwarding, on_commit=self._commit,
+                                   corrupt=self._corrupt, truncate=self._truncate, tls=self.tls, tls_host=tls_host,
+                                   port=port, tls_port=tls_port)
+
+    def OpenTransfer(self, request: pb.TransferRequest, context) -> pb.TransferGrant:
+        if self.data is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this relay serves no data channel; use Push/Pull streams")
+        secure = context.auth_context().get("transport_security_type") == [b"ssl"]
+        try:
+            return self.data.open(request, secure)
         except WeightError as err:
             context.abort(CODES[err.kind], str(err))
 
@@ -235,7 +259,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                 if secure and self.tls is None:
                     raise RelayError(grpc.StatusCode.FAILED_PRECONDITION, f"{address} needs TLS; this relay has no certificate")
                 client = RelayClient(address.removeprefix("tls://"), tls=self.tls if secure else None,
-                                     max_message_mb=self.max_message_mb, timeout_s=self.hop_timeout_s)
+                                     max_message_mb=self.max_message_mb, timeout_s=self.hop_timeout_s,
+                                     data_path=self.data_path)
                 self._peers[address] = client
             return client
 
@@ -282,7 +307,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                 if progress is not None and progress.complete:
                     return
                 start = progress.received if progress is not None else 0
-                self.peer(target).push_stream(self._forward_messages(inc, start))
+                self._forward_to(self.peer(target), inc, start)
                 return
             except (RelayError, grpc.RpcError) as err:
                 code = err.code if isinstance(err, RelayError) else err.code()
@@ -296,6 +321,32 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                     log.error("forwarding version %d to %s failed: %s", inc.version, target, err)
                     return
 
+    def _forward_to(self, peer: RelayClient, inc: Incoming, start: int) -> None:
+        """Forward over the data channel when the peer's is reachable, else over a gRPC stream."""
+        if peer.data_path == "tcp":
+            done = peer.try_data_channel(peer.push_data, inc.manifest, inc.version,
+                                         lambda s: self._forward_frames(inc, s), self.relay_id)
+            if done is not None:
+                return
+        peer.push_stream(self._forward_messages(inc, start))
+
+    def _forward_frames(self, inc: Incoming, start: int):
+        """Data-channel frames of ``inc`` from chunk ``start``, each as soon as it is in here."""
+        for ref in inc.manifest.plan[start:]:
+            if not self.store.wait_prefix(inc, ref.index, FORWARD_CHUNK_WAIT_S):
+                raise RelayError(grpc.StatusCode.ABORTED, f"version {inc.version} was dropped here")
+            if self._forward_delay_s:
+                time.sleep(self._forward_delay_s)
+            yield ref.index, inc.digests[ref.index] or "", inc.blob.view[ref.blob_offset : ref.blob_offset + ref.length]
+        yield END, self._final_digest(inc), b""
+
+    def _final_digest(self, inc: Incoming) -> str:
+        deadline = time.monotonic() + FORWARD_CHUNK_WAIT_S
+        with self.store.cond:
+            while inc.digest is None and time.monotonic() < deadline:
+                self.store.cond.wait(0.5)
+        return inc.digest or ""
+
     def _forward_messages(self, inc: Incoming, start: int):
         m = inc.manifest
         yield pb.PushMessage(manifest=manifest_to_pb(m, inc.version), part=0, parts=1, sender=self.relay_id)
@@ -306,11 +357,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                 time.sleep(self._forward_delay_s)
             chunk = blob_chunk(m, inc.blob.view, ref, inc.version, inc.digests[ref.index] or "")
             yield encode_chunk(chunk, chunk.data)
-        deadline = time.monotonic() + FORWARD_CHUNK_WAIT_S
-        with self.store.cond:
-            while inc.digest is None and time.monotonic() < deadline:
-                self.store.cond.wait(0.5)
-        yield pb.PushMessage(version_digest=inc.digest or "")
+        yield pb.PushMessage(version_digest=self._final_digest(inc))
 
     def _catch_up(self, upstream: str) -> None:
         """A (re)started relay takes its neighbour's latest version when it holds nothing as new."""
@@ -333,6 +380,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             log.warning("catch-up from %s failed: %s", upstream, err)
 
     def close(self) -> None:
+        if self.data is not None:
+            self.data.close()
         with self._lock:
             for c in self._peers.values():
                 c.close()

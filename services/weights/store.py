@@ -146,6 +146,9 @@ class VersionStore:
         self.committed: dict[int, Stored] = {}
         self.incoming: dict[int, Incoming] = {}
         self.fingerprint: str | None = None
+        self._spare: Blob | None = None  # a pre-faulted blob for the next arriving version
+        self._preparing = False
+        self._populating = False
 
     # ------------------------------------------------------------------ queries
     def held(self) -> list[int]:
@@ -177,6 +180,11 @@ class VersionStore:
                 if inc.manifest != manifest:
                     raise WeightError("argument", f"version {version}: manifest differs from the one already arriving")
                 return inc
+            deadline = time.monotonic() + 5.0
+            while blob is None and self._populating and time.monotonic() < deadline:
+                self.cond.wait(0.05)  # a spare is being faulted in: faster to wait for it than to start over
+            if blob is None and self._spare is not None and self._spare.size == manifest.total_bytes:
+                blob, self._spare = self._spare, None
             inc = Incoming(version, manifest, blob or Blob(manifest.total_bytes, self.shm_dir),
                            [None] * len(manifest.plan))
             self.incoming[version] = inc
@@ -215,6 +223,42 @@ class VersionStore:
                 inc.prefix += 1
             inc.updated = time.monotonic()
             self.cond.notify_all()
+
+    def receive(self, inc: Incoming, index: int, digest: str, last_index: int, fill) -> bool:
+        """The data channel's ``add``: ``fill(view)`` writes chunk ``index`` straight into its place
+        in the blob (``recv_into``), then its bytes are checked against ``digest``. Returns False
+        (bytes read and dropped) for a chunk already held from an earlier stream (a resume).
+        Readers never see the range: it counts only once its digest checked out."""
+        plan = inc.manifest.plan
+        if not 0 <= index < len(plan):
+            raise WeightError("argument", f"chunk index {index} out of range (version {inc.version} has {len(plan)} chunks)")
+        if index <= last_index:
+            raise WeightError("argument", f"chunk {index} after chunk {last_index}: chunks out of order or duplicated")
+        ref = plan[index]
+        with self.cond:
+            held = inc.digests[index] is not None
+            if not held:
+                inc.digests[index] = ""  # claimed: no other stream may write this range
+        if held:
+            fill(memoryview(bytearray(ref.length)))
+            return False
+        try:
+            view = inc.blob.view[ref.blob_offset : ref.blob_offset + ref.length]
+            fill(view)
+            if not check_chunk_digest(view, digest):
+                raise WeightError("integrity", f"chunk {index} ({ref.name!r} at {ref.tensor_offset}): digest mismatch")
+        except BaseException:
+            with self.cond:
+                inc.digests[index] = None  # unclaimed: a resume may send it again
+            raise
+        with self.cond:
+            inc.digests[index] = digest
+            inc.received += 1
+            while inc.prefix < len(plan) and inc.digests[inc.prefix]:
+                inc.prefix += 1
+            inc.updated = time.monotonic()
+            self.cond.notify_all()
+        return True
 
     def add_digests(self, inc: Incoming, digests: list[str]) -> None:
         """Push by reference: the blob is already in place; check every chunk against its digest."""
@@ -286,6 +330,47 @@ class VersionStore:
                 self.incoming.pop(v).blob.release()
             return stale
 
+    def prepare_spare(self, size: int, quiet_s: float = 0.3) -> None:
+        """Allocate and fault in a blob of ``size`` for the next arriving version, on a background
+        thread (a network push then lands at memory speed: no page fault per 4 KiB in ``recv_into``).
+        It waits until no version is being read or written for ``quiet_s`` first, so it never
+        competes with the fan-out of the version just committed. The relay holds at most K
+        versions plus this one."""
+        with self.cond:
+            if self._preparing or (self._spare is not None and self._spare.size == size):
+                return
+            self._preparing = True
+
+        def run() -> None:
+            spare = None
+            try:
+                self._wait_quiet(quiet_s)
+                with self.cond:
+                    self._populating = True
+                spare = Blob(size, self.shm_dir, populate=True)
+            finally:
+                with self.cond:
+                    self._preparing = self._populating = False
+                    self.cond.notify_all()
+                    old, self._spare = self._spare, spare
+                if old is not None:
+                    old.release()
+
+        threading.Thread(target=run, name="spare-blob", daemon=True).start()
+
+    def _wait_quiet(self, quiet_s: float, limit_s: float = 600.0) -> None:
+        deadline = time.monotonic() + limit_s
+        quiet_since = time.monotonic()
+        with self.cond:
+            while time.monotonic() < deadline:
+                busy = self.incoming or any(s.pins for s in self.committed.values())
+                now = time.monotonic()
+                if busy:
+                    quiet_since = now
+                elif now - quiet_since >= quiet_s:
+                    return
+                self.cond.wait(0.05)
+
     def _evict(self) -> None:
         while len(self.committed) > self.keep:
             old = self.committed.pop(min(self.committed))
@@ -340,6 +425,9 @@ class VersionStore:
 
     def close(self) -> None:
         with self.cond:
+            if self._spare is not None:
+                self._spare.release()
+                self._spare = None
             for s in self.committed.values():
                 s.blob.release()
             for inc in self.incoming.values():

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import WeightsConfig
+from services.common.newest import NewestSender
 from services.generation.client import GenerationClient
 
 log = logging.getLogger("braid.weights.transport")
@@ -107,11 +108,6 @@ class RelayTransport(WeightTransport):
         self.cfg = cfg
         self._client_cls = RelayClient
         self._cond = threading.Condition()
-        self._next: tuple[int, object] | None = None
-        self.pushed = 0  # newest version the master holds
-        self.push_seconds: dict[int, float] = {}
-        self._error: BaseException | None = None
-        self._closed = False
         self._master_client: RelayClient | None = None
         self._spare = None  # a pre-populated blob for the next snapshot (made after each push)
         self._shm = None
@@ -129,12 +125,20 @@ class RelayTransport(WeightTransport):
             on_master=self._set_master, tls=tls,
         )
         self.controller.start()
-        self._thread = threading.Thread(target=self._run, name="relay-push", daemon=True)
-        self._thread.start()
+        self._sender = NewestSender(self._send, name="relay-push", on_drop=lambda wb: wb.blob.release(),
+                                    after_send=lambda v, wb: self._prepare_spare(wb.manifest.total_bytes))
+
+    @property
+    def pushed(self) -> int:  # newest version the master holds
+        return self._sender.sent
+
+    @property
+    def push_seconds(self) -> dict[int, float]:
+        return self._sender.seconds
 
     def _set_master(self, address: str) -> None:
         with self._cond:
-            old, self._master_client = self._master_client, self._client_cls(address)
+            old, self._master_client = self._master_client, self._client_cls(address, data_path=self.cfg.data_path)
             self._cond.notify_all()
         if old is not None:
             old.close()
@@ -170,30 +174,23 @@ class RelayTransport(WeightTransport):
 
     def publish(self, version: int, snap) -> None:
         self.raise_if_failed()
-        with self._cond:
-            if self._next is None or self._next[0] < version:
-                if self._next is not None:
-                    self._next[1].blob.release()  # superseded before it was sent
-                self._next = (version, snap)
-            self._cond.notify_all()
+        self._sender.offer(version, snap)  # a version superseded before it was sent is released unsent
 
     def deliver(self, client: GenerationClient, version: int, snap) -> None:
-        with self._cond:
-            while self.pushed < version:
-                self.raise_if_failed()
-                self._cond.wait(0.5)
-            target = self.pushed
+        try:
+            target = self._sender.wait_sent(version)
+        except RuntimeError:
+            self.raise_if_failed()
+            raise
         client.pull_weights(target, wait_s=self.cfg.pull_wait_s)
 
     def raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"weight push to the master relay failed: {self._error}") from self._error
+        error = self._sender.error
+        if error is not None:
+            raise RuntimeError(f"weight push to the master relay failed: {error}") from error
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=60)
+        self._sender.close()
         self.controller.stop()
         if self._spare is not None:
             self._spare.release()
@@ -202,30 +199,11 @@ class RelayTransport(WeightTransport):
 
             shutil.rmtree(self._shm, ignore_errors=True)
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._next is None and not self._closed:
-                    self._cond.wait()
-                if self._next is None:
-                    return
-                version, wb = self._next
-                self._next = None
-            try:
-                t0 = time.perf_counter()
-                self._push_with_failover(version, wb)
-                self.push_seconds[version] = time.perf_counter() - t0
-            except BaseException as exc:
-                self._error = exc
-                with self._cond:
-                    self._cond.notify_all()
-                return
-            finally:
-                wb.blob.release()
-            with self._cond:
-                self.pushed = max(self.pushed, version)
-                self._cond.notify_all()
-            self._prepare_spare(wb.manifest.total_bytes)
+    def _send(self, version: int, wb) -> None:
+        try:
+            self._push_with_failover(version, wb)
+        finally:
+            wb.blob.release()
 
     def _push_with_failover(self, version: int, wb) -> None:
         """Push to the master; if it is unreachable, wait for the controller to name another."""

@@ -132,6 +132,10 @@ def service_handler(servicer) -> grpc.GenericRpcHandler:
             servicer.Heartbeat, request_deserializer=pb.HeartbeatRequest.FromString,
             response_serializer=pb.VersionsReply.SerializeToString,
         ),
+        "OpenTransfer": grpc.unary_unary_rpc_method_handler(
+            servicer.OpenTransfer, request_deserializer=pb.TransferRequest.FromString,
+            response_serializer=pb.TransferGrant.SerializeToString,
+        ),
         "SetChain": grpc.unary_unary_rpc_method_handler(
             servicer.SetChain, request_deserializer=pb.ChainRequest.FromString,
             response_serializer=pb.ChainReply.SerializeToString,

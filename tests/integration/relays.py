@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from tests.conftest import spawn_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,24 +39,33 @@ class RelayProc:
 
 def start_relay(workdir: Path, name: str, *args: str, faults: str = "", port: int = 0) -> RelayProc:
     port_file, log = workdir / f"{name}.port", workdir / f"{name}.log"
-    port_file.unlink(missing_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    if faults:
-        env["BRAID_RELAY_FAULTS"] = faults
-    with log.open("a") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.weights", "--port", str(port), "--port-file", str(port_file), "--id", name, *args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    deadline = time.monotonic() + 60
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"relay {name} did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.05)
-    ports = port_file.read_text().split()
+    proc, ports = spawn_service(
+        ["services.weights", "--port", str(port), "--port-file", str(port_file), "--id", name, *args],
+        port_file, log, what=f"relay {name}", env={"BRAID_RELAY_FAULTS": faults} if faults else None,
+        timeout_s=60.0, append_log=True,
+    )
     tls = f"127.0.0.1:{ports[1]}" if len(ports) > 1 else ""
     return RelayProc(proc, f"127.0.0.1:{ports[0]}", log, tls)
+
+
+@contextmanager
+def running_relay(workdir: Path, name: str, *args: str, faults: str = ""):
+    """A relay process and a ready client of it; the relay must stop cleanly afterwards."""
+    from services.weights.client import RelayClient
+
+    r = start_relay(workdir, name, *args, faults=faults)
+    client = RelayClient(r.address)
+    try:
+        client.wait_ready()
+        yield r, client
+    finally:
+        client.close()
+        assert r.stop() == 0, r.log.read_text()[-3000:]
+
+
+def state_equals(state: dict[str, torch.Tensor], fill: float) -> bool:
+    ref = model_state(fill)
+    return all(torch.equal(state[k], ref[k]) for k in ref)
 
 
 def model_state(fill: float, scale: int = 1) -> dict[str, torch.Tensor]:

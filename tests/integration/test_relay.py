@@ -14,7 +14,7 @@ from services.proto import braid_pb2 as pb
 from services.weights.client import RelayClient, RelayError, snapshot_blob
 from services.weights.convert import manifest_to_pb
 from services.weights.wire import encode_chunk
-from tests.integration.relays import model_state, start_relay
+from tests.integration.relays import model_state, running_relay, start_relay, state_equals
 
 SHM = Path("/dev/shm")
 CHUNK = 16 * 1024
@@ -22,27 +22,25 @@ CHUNK = 16 * 1024
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory):
-    r = start_relay(tmp_path_factory.mktemp("relay"), "r0", "--keep", "2", faults="corrupt_chunk=3")
-    client = RelayClient(r.address)
-    client.wait_ready()
-    assert client.push(snapshot_blob(model_state(1.0), CHUNK, SHM), 1, streams=2)
-    yield r, client
-    client.close()
-    assert r.stop() == 0, r.log.read_text()[-3000:]
+    with running_relay(tmp_path_factory.mktemp("relay"), "r0", "--keep", "2", faults="corrupt_chunk=3") as (r, client):
+        assert client.push(snapshot_blob(model_state(1.0), CHUNK, SHM), 1, streams=2)
+        yield r, client
 
 
-def _equal(state, fill):
-    ref = model_state(fill)
-    return all(torch.equal(state[k], ref[k]) for k in ref)
+_equal = state_equals
 
 
 def test_pull_paths_are_byte_exact_and_a_corrupted_chunk_is_refetched(relay):
-    _, client = relay
+    r, client = relay
     shm = client.pull(1, allow_shm=True)
     assert shm.path == "shm" and _equal(shm.state, 1.0)
-    streamed = client.pull(1, allow_shm=False, streams=3)  # the relay flips a byte of chunk 3 once
+    grpc_client = RelayClient(r.address, data_path="grpc")
+    streamed = grpc_client.pull(1, allow_shm=False, streams=3)  # the relay flips a byte of chunk 3 once
+    grpc_client.close()
     assert streamed.path == "stream" and _equal(streamed.state, 1.0)
     assert streamed.refetched == 1 and streamed.digest == shm.digest
+    tcp = client.pull(1, allow_shm=False)  # the raw-TCP data channel (the default network path)
+    assert tcp.path == "tcp" and _equal(tcp.state, 1.0) and tcp.digest == shm.digest
 
 
 def _raw_push(client, messages):

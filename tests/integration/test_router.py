@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +12,7 @@ import grpc
 import pytest
 
 from services.common.types import GenerateParams, PromptSpec
-from tests.conftest import ROOT, SGSProcess, stop_sgs
+from tests.conftest import ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
 
 OVERRIDES = [
     "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
@@ -25,24 +22,7 @@ OVERRIDES = [
 
 
 def start_instance(workdir: Path, checkpoint: Path, overrides: list[str], index: int) -> SGSProcess:
-    from services.common.config import load_config, write_config
-
-    write_config(load_config(ROOT / "deploy/configs/smoke.yaml", overrides), workdir / "config.json")
-    port_file, log = workdir / "sgs.port", workdir / "sgs.log"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"), "--model",
-             str(checkpoint), "--port", "0", "--port-file", str(port_file), "--instance", str(index)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    deadline = time.monotonic() + 120
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)
+    return start_sgs(workdir, checkpoint, overrides, instance=index)
 
 
 @pytest.fixture(scope="module")
@@ -58,21 +38,13 @@ def stack(tmp_path_factory, tiny_checkpoint, genlog_path):
     instances = [start_instance(tmp_path_factory.mktemp(f"inst{i}"), tiny_checkpoint, overrides, i) for i in range(2)]
     workdir = tmp_path_factory.mktemp("router")
     port_file, log, timeline = workdir / "router.port", workdir / "router.log", workdir / "timeline.jsonl"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.generation.router_main", "--config", str(instances[0].log.parent / "config.json"),
-             "--model", str(tiny_checkpoint), "--instances", ",".join(i.address for i in instances),
-             "--port", "0", "--port-file", str(port_file), "--timeline", str(timeline)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    deadline = time.monotonic() + 120
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"router did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    client = GenerationClient(f"127.0.0.1:{port_file.read_text().strip()}", max_message_mb=8)
+    proc, ports = spawn_service(
+        ["services.generation.router_main", "--config", str(instances[0].log.parent / "config.json"),
+         "--model", str(tiny_checkpoint), "--instances", ",".join(i.address for i in instances),
+         "--port", "0", "--port-file", str(port_file), "--timeline", str(timeline)],
+        port_file, log, what="router",
+    )
+    client = GenerationClient(f"127.0.0.1:{ports[0]}", max_message_mb=8)
     client.wait_ready()
     yield client, instances, timeline
     client.close()

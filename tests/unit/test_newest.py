@@ -1,0 +1,49 @@
+"""The newest-version background sender shared by the trainer's pushers and the relay transport."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from services.common.newest import NewestSender
+
+
+def test_a_version_superseded_before_it_was_sent_is_dropped():
+    gate, sent, dropped, after = threading.Event(), [], [], []
+
+    def send(version: int, item: str) -> None:
+        gate.wait(10)
+        sent.append((version, item))
+
+    s = NewestSender(send, name="t", on_drop=dropped.append, after_send=lambda v, i: after.append(v))
+    try:
+        s.offer(1, "a")
+        with s.cond:  # wait until the thread took version 1
+            s.cond.wait_for(lambda: s._next is None, 10)
+        s.offer(2, "b")
+        s.offer(3, "c")  # replaces 2, not yet sent
+        s.offer(2, "late")  # older than what is waiting: ignored
+        gate.set()
+        assert s.wait_sent(3, 10) == 3
+        assert sent == [(1, "a"), (3, "c")] and dropped == ["b"] and s.offered == 3
+        assert set(s.seconds) == {1, 3}
+        with s.cond:
+            s.cond.wait_for(lambda: len(after) == 2, 10)
+        assert after == [1, 3]
+    finally:
+        s.close()
+
+
+def test_the_first_failure_stops_the_sender_and_is_raised_to_waiters():
+    def send(version: int, item: object) -> None:
+        raise ConnectionError(f"relay gone at {version}")
+
+    s = NewestSender(send, name="t")
+    s.offer(1, None)
+    with pytest.raises(RuntimeError, match="relay gone at 1"):
+        s.wait_sent(1, 10)
+    assert isinstance(s.error, ConnectionError)
+    with pytest.raises(TimeoutError):
+        NewestSender(lambda v, i: None, name="idle").wait_sent(1, 0.1)
+    s.close()

@@ -23,15 +23,11 @@ from services.generation import convert
 from services.generation.core import CallClosed, GenerationCore
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
+from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.sgs")
 
-_WEIGHT_CODES = {
-    "argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "integrity": grpc.StatusCode.DATA_LOSS,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-}
+_WEIGHT_CODES = WEIGHT_ERROR_CODES
 MAX_ID_CHARS = 256
 MAX_SAMPLES_PER_PROMPT = 1024
 

@@ -38,16 +38,11 @@ from services.weights import datachan as dc
 from services.weights.certs import TlsFiles
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import Incoming, VersionStore
+from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.relay.data")
 
-CODES = {
-    "argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "integrity": grpc.StatusCode.DATA_LOSS,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "exists": grpc.StatusCode.ALREADY_EXISTS,
-}
+CODES = WEIGHT_ERROR_CODES
 MAX_WAIT_S = 600.0
 
 

@@ -42,17 +42,11 @@ from services.weights.client import RelayClient, RelayError
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END
 from services.weights.store import SHM_PREFIX, Blob, Incoming, VersionStore, host_id
-from services.weights.wire import chunk_of, encode_chunk, service_handler
+from services.weights.wire import WEIGHT_ERROR_CODES, chunk_of, encode_chunk, service_handler
 
 log = logging.getLogger("braid.relay")
 
-CODES = {
-    "argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
-    "integrity": grpc.StatusCode.DATA_LOSS,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "exists": grpc.StatusCode.ALREADY_EXISTS,
-}
+CODES = WEIGHT_ERROR_CODES
 HOP_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 MAX_WAIT_S = 600.0
 FORWARD_CHUNK_WAIT_S = 30.0  # an upstream silent this long: the forwarder gives up (the plan moved on)

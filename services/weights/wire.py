@@ -18,6 +18,15 @@ import grpc
 from services.common.weights import Chunk
 from services.proto import braid_pb2 as pb
 
+# WeightError kinds -> the gRPC status every weight service answers with
+WEIGHT_ERROR_CODES = {
+    "argument": grpc.StatusCode.INVALID_ARGUMENT,
+    "precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "integrity": grpc.StatusCode.DATA_LOSS,
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "exists": grpc.StatusCode.ALREADY_EXISTS,
+}
+
 SERVICE = "braid.v1.WeightRelay"
 CHUNK_FIELD = 2  # PushMessage.chunk and PullMessage.chunk
 DATA_FIELD = 6  # WeightChunk.data

@@ -30,22 +30,27 @@ def genlog_path(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("genlog") / "gen.sqlite"
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_checkpoint, genlog_path):
+def start_router(workdir: Path, checkpoint: Path, config: Path, instances: list[str]):
+    """The router process over ``instances``; returns (process, a ready client, log, timeline)."""
     from services.generation.client import GenerationClient
 
-    overrides = [*OVERRIDES, f"generation.genlog={genlog_path}"]
-    instances = [start_instance(tmp_path_factory.mktemp(f"inst{i}"), tiny_checkpoint, overrides, i) for i in range(2)]
-    workdir = tmp_path_factory.mktemp("router")
     port_file, log, timeline = workdir / "router.port", workdir / "router.log", workdir / "timeline.jsonl"
     proc, ports = spawn_service(
-        ["services.generation.router_main", "--config", str(instances[0].log.parent / "config.json"),
-         "--model", str(tiny_checkpoint), "--instances", ",".join(i.address for i in instances),
-         "--port", "0", "--port-file", str(port_file), "--timeline", str(timeline)],
+        ["services.generation.router_main", "--config", str(config), "--model", str(checkpoint),
+         "--instances", ",".join(instances), "--port", "0", "--port-file", str(port_file), "--timeline", str(timeline)],
         port_file, log, what="router",
     )
     client = GenerationClient(f"127.0.0.1:{ports[0]}", max_message_mb=8)
     client.wait_ready()
+    return proc, client, log, timeline
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_checkpoint, genlog_path):
+    overrides = [*OVERRIDES, f"generation.genlog={genlog_path}"]
+    instances = [start_instance(tmp_path_factory.mktemp(f"inst{i}"), tiny_checkpoint, overrides, i) for i in range(2)]
+    proc, client, log, timeline = start_router(tmp_path_factory.mktemp("router"), tiny_checkpoint,
+                                               instances[0].log.parent / "config.json", [i.address for i in instances])
     yield client, instances, timeline
     client.close()
     proc.send_signal(signal.SIGTERM)

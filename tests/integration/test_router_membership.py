@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
 from services.common.types import GenerateParams, PromptSpec
-from tests.conftest import ROOT, stop_sgs
-from tests.integration.test_router import start_instance
+from tests.conftest import stop_sgs
+from tests.integration.test_router import start_instance, start_router
 
 OVERRIDES = [
     "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
@@ -27,27 +23,9 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory, tiny_checkpoint):
-    from services.generation.client import GenerationClient
-
     first = start_instance(tmp_path_factory.mktemp("m-inst0"), tiny_checkpoint, OVERRIDES, 0)
-    workdir = tmp_path_factory.mktemp("m-router")
-    port_file, log, timeline = workdir / "router.port", workdir / "router.log", workdir / "timeline.jsonl"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.generation.router_main", "--config", str(first.log.parent / "config.json"),
-             "--model", str(tiny_checkpoint), "--instances", first.address, "--port", "0", "--port-file",
-             str(port_file), "--timeline", str(timeline)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    deadline = time.monotonic() + 120
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"router did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    client = GenerationClient(f"127.0.0.1:{port_file.read_text().strip()}", max_message_mb=8)
-    client.wait_ready()
+    proc, client, log, timeline = start_router(tmp_path_factory.mktemp("m-router"), tiny_checkpoint,
+                                               first.log.parent / "config.json", [first.address])
     extra = []
     yield client, first, timeline, extra, tmp_path_factory
     client.close()

@@ -91,27 +91,15 @@ def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
 
 
 def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str):
-    import os
-    import subprocess
-    import sys
-    import time
-
     from services.common.config import load_config, write_config
-    from tests.conftest import SGSProcess
+    from tests.conftest import SGSProcess, spawn_service
 
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["weights.sgs_auto_pull_s=0.5"])
     write_config(cfg, workdir / "config.json")
     port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.generation", "--config", str(workdir / "config.json"), "--model", str(checkpoint),
-             "--port", "0", "--port-file", str(port_file), "--relay", relay],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )
-    deadline = time.monotonic() + 120
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"SGS did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    return SGSProcess(proc, f"127.0.0.1:{port_file.read_text().strip()}", log)
+    proc, ports = spawn_service(
+        ["services.generation", "--config", str(workdir / "config.json"), "--model", str(checkpoint),
+         "--port", "0", "--port-file", str(port_file), "--relay", relay],
+        port_file, log, what="SGS",
+    )
+    return SGSProcess(proc, f"127.0.0.1:{ports[0]}", log)

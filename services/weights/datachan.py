@@ -178,8 +178,9 @@ def send_status(sock: socket.socket, code: int, message: str = "") -> None:
     sock.sendall(STATUS.pack(code, len(m)) + m)
 
 
-def read_status(sock: socket.socket) -> tuple[int, str]:
-    code, n = STATUS.unpack(recv_exact(sock, STATUS.size))
+def read_status(sock: socket.socket, prefix: bytes = b"") -> tuple[int, str]:
+    """The peer's status; ``prefix``: its first bytes, already read."""
+    code, n = STATUS.unpack(prefix + recv_exact(sock, STATUS.size - len(prefix)))
     if n > MAX_STATUS_BYTES:
         raise Truncated(f"status message of {n} bytes")
     return code, recv_exact(sock, n).decode("utf-8", "replace")

@@ -20,6 +20,7 @@ import mmap
 import os
 import select
 import socket
+import ssl
 from collections.abc import Iterator
 
 import grpc
@@ -76,9 +77,20 @@ def dial(host: str, port: int, tls: TlsFiles | None, direction: int, version: in
 def _refused_early(sock: socket.socket) -> None:
     """Raise the relay's status if it has already answered (it refused a chunk)."""
     readable, _, _ = select.select([sock], [], [], 0)
-    if readable:
-        code, message = dc.read_status(sock)
-        raise _relay_error(code, message)
+    if not readable:
+        return
+    prefix = b""
+    if isinstance(sock, ssl.SSLSocket):  # readable may mean TLS records only (TLS 1.3 session
+        timeout = sock.gettimeout()  # tickets): a blocking read would wait for a status never sent
+        sock.setblocking(False)
+        try:
+            prefix = sock.recv(1)
+        except ssl.SSLWantReadError:
+            return
+        finally:
+            sock.settimeout(timeout)
+    code, message = dc.read_status(sock, prefix)
+    raise _relay_error(code, message)
 
 
 def send_version(sock: socket.socket, frames: Frames) -> dict:

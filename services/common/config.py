@@ -383,6 +383,18 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _bounded_calls_fit(self) -> RunConfig:
+        tc = self.trainer
+        per_instance = tc.max_inflight_groups * (tc.group_size + tc.redundancy_samples)
+        if tc.mode == "bounded" and per_instance > self.generation.max_inflight:
+            raise ValueError(
+                f"trainer.max_inflight_groups x (group_size + redundancy_samples) = {per_instance} samples in flight "
+                f"per instance exceeds generation.max_inflight ({self.generation.max_inflight}): every open call "
+                f"holds one of the instance's max_inflight + 16 server threads"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _scaleout_fits(self) -> RunConfig:
         so = self.scaleout
         if so.enabled:

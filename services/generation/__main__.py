@@ -66,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions, relay=relay,
         relay_streams=run_cfg.weights.streams, pull_wait_s=run_cfg.weights.pull_wait_s,
     )
-    server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb)
+    # One thread per open call (synchronous gRPC): a streaming Generate call holds its thread while
+    # it waits, so with fewer threads than open calls, control calls (PullWeights, Health) queue
+    # behind Generate calls that wait for the very weights PullWeights would bring: a deadlock seen
+    # in bounded mode with partial rollout (one call per resumed sample). Callers keep at most
+    # ``max_inflight`` samples, hence calls, per instance open; 16 threads more serve control calls.
+    server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb,
+                                 workers=cfg.max_inflight + 16)
     core.start()
     server.start()
     if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:

@@ -90,11 +90,34 @@ def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
         relay.stop()
 
 
-def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str):
+def test_control_calls_are_served_while_max_inflight_calls_wait_for_weights(tmp_path: Path, tiny_checkpoint):
+    """Each open Generate call holds a server thread; with max_inflight calls waiting for a version
+    only PullWeights can bring, PullWeights must still get a thread (it was a deadlock)."""
+    from services.common.types import GenerateParams, PromptSpec
+    from services.generation.client import GenerationClient
+
+    relay = start_relay(tmp_path, "local")
+    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("generation.max_inflight=20",))
+    client = GenerationClient(sgs.address)
+    try:
+        client.wait_ready()
+        calls = [client.start([PromptSpec(f"w{i}", (1, 5, 6))], GenerateParams(1, 3, min_weight_version=1)) for i in range(20)]
+        wait_for(lambda: client.health().waiting == 20, 60, "20 calls wait for version 1")
+        state = {k: v.clone() for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
+        RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 1)
+        assert client.pull_weights(1, wait_s=10).version == 1
+        assert all(len(list(c)) == 1 for c in calls)
+    finally:
+        client.close()
+        stop_sgs(sgs)
+        relay.stop()
+
+
+def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str, overrides: tuple[str, ...] = ()):
     from services.common.config import load_config, write_config
     from tests.conftest import SGSProcess, spawn_service
 
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["weights.sgs_auto_pull_s=0.5"])
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["weights.sgs_auto_pull_s=0.5", *overrides])
     write_config(cfg, workdir / "config.json")
     port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
     proc, ports = spawn_service(

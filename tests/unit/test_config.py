@@ -37,6 +37,13 @@ def test_invalid_values_name_field_and_range(override, fragment):
     assert (fragment or "min_steps (9) must be <= max_steps (3)") in str(err.value)
 
 
+def test_bounded_calls_must_fit_the_instance_server_threads():
+    # every open Generate call holds an SGS server thread (max_inflight + 16 of them)
+    with pytest.raises(ConfigError, match=r"= 128 samples in flight per instance exceeds generation.max_inflight \(64\)"):
+        load_config(None, ["trainer.mode=bounded", "generation.max_inflight=64"])
+    assert load_config(None, ["trainer.mode=bounded", "generation.max_inflight=128"]).generation.max_inflight == 128
+
+
 def test_bad_file_and_bad_override_syntax(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a list\n")

@@ -107,6 +107,7 @@ def client_env(api_url: str, prefect_home: Path) -> dict[str, str]:
 
 RETRY_STATUSES = (429, 503)  # the server is busy (e.g. its SQLite database is locked): try again
 RETRIES = 6
+REQUEST_TIMEOUT_S = 10.0
 
 
 def api_request(
@@ -115,10 +116,17 @@ def api_request(
     """One JSON request to the Prefect REST API: (status, decoded body or None).
 
     A 429 or 503 answer (a busy server; nothing was done) is retried with exponential backoff,
-    honouring Retry-After, as Prefect's own client does; the last answer is returned."""
+    honouring Retry-After, as Prefect's own client does; the last answer is returned. A GET that
+    times out (a starved server) is retried too: reading twice is harmless, writing twice is not."""
     for attempt in range(retries + 1):
-        status, decoded, retry_after = _request_once(api_url, method, path, body, auth)
-        if status not in RETRY_STATUSES or attempt == retries:
+        try:
+            status, decoded, retry_after = _request_once(api_url, method, path, body, auth)
+        except (TimeoutError, urllib.error.URLError) as err:
+            timed_out = isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError)
+            if method != "GET" or not timed_out or attempt == retries:
+                raise
+            status, decoded, retry_after = 0, None, None
+        if status and (status not in RETRY_STATUSES or attempt == retries):
             return status, decoded
         time.sleep(retry_after if retry_after is not None else min(8.0, 0.5 * 2**attempt))
     raise AssertionError("unreachable")
@@ -133,7 +141,7 @@ def _request_once(
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
             raw = resp.read()
             return resp.status, json.loads(raw) if raw else None, None
     except urllib.error.HTTPError as err:

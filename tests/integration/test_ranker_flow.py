@@ -4,6 +4,7 @@ flow (real Prefect test API) hot-swapping the ranker a watcher serves, and the M
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -164,7 +165,10 @@ def test_sgs_logs_generations_retrain_swaps_the_ranker_the_router_uses(prefect_a
             for k in range(3):
                 assert len(list(router.generate(prompts[8 * k: 8 * k + 8], GenerateParams(samples_per_prompt=4)))) == 32
             assert [d["ranker"] for d in dispatches()] == [first] * 3 and dispatches()[0]["estimates"] == "estimator"
-            assert GenerationLog(log_path).count() == 96  # every finished sample, from both instances
+            deadline = time.monotonic() + 60  # every finished sample, from both instances (written in the background)
+            while GenerationLog(log_path).count() < 96 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert GenerationLog(log_path).count() == 96
 
             result = retrain_ranker(RetrainParams(
                 log_path=str(log_path), store_root=str(store_root), kind="tfidf_linear", min_samples=40,

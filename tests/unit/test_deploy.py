@@ -169,3 +169,47 @@ def test_api_request_retries_a_busy_server_then_returns_its_answer():
         assert api_request(url, "POST", "/x", {"a": 1}, retries=1)[0] == 503  # gives up with the last answer
     finally:
         server.shutdown()
+
+
+def test_api_request_retries_a_get_that_timed_out_but_never_a_write(monkeypatch):
+    import http.server
+    import threading
+    import time
+
+    import flows.server
+    from flows.server import api_request
+
+    monkeypatch.setattr(flows.server, "REQUEST_TIMEOUT_S", 0.3)
+    calls = {"GET": 0, "POST": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            calls[self.command] += 1
+            if self.command == "POST" or calls["GET"] == 1:
+                time.sleep(0.6)  # a starved server: the client gives up first
+            body = b'{"state": "COMPLETED"}'
+            try:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:  # the client gave up on this one
+                pass
+
+        do_GET = do_POST = _answer  # noqa: N815 (http.server's naming)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+        assert api_request(url, "GET", "/flow_runs/x") == (200, {"state": "COMPLETED"})
+        assert calls["GET"] == 2
+        with pytest.raises(TimeoutError):
+            api_request(url, "POST", "/x", {"a": 1})
+        assert calls["POST"] == 1
+    finally:
+        server.shutdown()
+

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import sys
@@ -47,20 +48,29 @@ def _state(mb: int):
 
 
 # ---------------------------------------------------------------- (a) throughput
-def raw_tcp(nbytes: int) -> float:
+def cpu_busy_s() -> float:
+    """CPU-seconds the whole machine has spent busy (all cores, every process, the kernel's
+    network stack included): from ``/proc/stat``; a difference brackets a transfer."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_tcp(nbytes: int) -> tuple[float, float]:
+    """(seconds, CPU-seconds) of one raw ``sendall`` of ``nbytes`` to a receiving process."""
     from bench.weights_lib import Child
 
     payload = bytearray(nbytes)
     payload[:: 4096] = b"x" * len(payload[:: 4096])  # touch every page before timing
     child = Child("raw-recv", str(nbytes))
     child.go()
-    t0 = time.perf_counter()
+    c0, t0 = cpu_busy_s(), time.perf_counter()
     with socket.create_connection(("127.0.0.1", int(child.info[0]))) as s:
         s.sendall(payload)
         s.recv(1)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, cpu_busy_s() - c0
     child.result()
-    return seconds
+    return seconds, cpu
 
 
 def relay_push_pull(client, address: str, state, version: int, *, shm: bool, streams: int, chunk: int) -> dict:
@@ -71,14 +81,17 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
     wb = snapshot_blob(state, chunk, SHM)  # the bytes in one buffer, as raw sendall's (the trainer's default: shared memory)
     puller = Child("pull", address, str(version), str(streams), "1" if shm else "0", client.data_path,
                    str(wb.manifest.total_bytes))
-    t0 = time.perf_counter()
+    c0, t0 = cpu_busy_s(), time.perf_counter()
     client.push(wb, version, streams=streams, use_shm=shm)
-    push_s = time.perf_counter() - t0
+    push_s, push_cpu = time.perf_counter() - t0, cpu_busy_s() - c0
     wb.blob.release()
     del wb
+    c1 = cpu_busy_s()
     puller.go()
     pulled = puller.result()
-    return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"], "path": pulled["path"]}
+    cpu = push_cpu + cpu_busy_s() - c1  # the puller's exit (after its timed part) adds a little: an upper bound
+    return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"], "path": pulled["path"],
+            "cpu_s": cpu}
 
 
 PATHS = ("network", "grpc_stream", "same_host")  # the data channel, the old gRPC streams, shared memory
@@ -120,12 +133,15 @@ def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path, gr
                 time.sleep(1.0)  # between versions, as between training steps: the relay prepares its next receive buffer
                 runs[p].append(relay_push_pull(clients[p], address, state, version, shm=p == "same_host",
                                                streams=streams, chunk=chunk))
-        raw_s = statistics.median(raw)
-        row = {"bytes": nbytes, "raw_s": raw_s, "raw_gbps": nbytes / raw_s / 1e9}
+        raw_s, raw_cpu = statistics.median(r[0] for r in raw), statistics.median(r[1] for r in raw)
+        cores = len(os.sched_getaffinity(0))
+        row = {"bytes": nbytes, "raw_s": raw_s, "raw_gbps": nbytes / raw_s / 1e9, "raw_cpu_s": raw_cpu, "cores": cores}
         for p in paths:
-            row[p] = {k: statistics.median(r[k] for r in runs[p]) for k in ("push_s", "pull_s", "total_s")}
+            row[p] = {k: statistics.median(r[k] for r in runs[p]) for k in ("push_s", "pull_s", "total_s", "cpu_s")}
             row[p]["path"] = runs[p][0]["path"]
             row[p]["ratio"] = raw_s / row[p]["total_s"]
+            # the best ratio this path could reach here if its CPU work were spread perfectly over every core
+            row[p]["cpu_bound_ratio"] = raw_s / (row[p]["cpu_s"] / cores)
         return row
     finally:
         clients["network"].close()
@@ -213,6 +229,7 @@ def write_report(result: dict) -> None:
             lines.append(f"| {mb} | {r['raw_s']:.3f} | {r['raw_gbps']:.2f} | {cells(r.get('network'), True)} | "
                          f"{cells(r.get('grpc_stream'))} | {cells(r.get('same_host'))} |")
         lines.append("")
+        lines += _cpu_table(tp)
     bc = result.get("broadcast", {})
     if bc:
         lines += [f"## (b) Chained broadcast, {bc['model_mb']} MB, each hop limited to {bc['hop_rate']} (tbf), "
@@ -247,14 +264,32 @@ def write_report(result: dict) -> None:
         lines += ["## (d) Cross-site RL run (one_step), weights crossing a 1 Gbit/s, 20 ms RTT link", "",
                   xs.get("summary", ""), ""]
         if stale:
-            lines += ["(Kept from an earlier run: (d) was not run this time. Its runs forwarded over gRPC streams; "
-                      "see docs/weights.md, Known limits, for why it was not re-run with the data channel.)", ""]
+            lines += ["(Kept from an earlier run: (d) was not run this time.)", ""]
     lines += ["## Result fields", "", "```json",
               json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1",
                                                      "trainer_stall_fraction", "cross_site_iteration_overhead",
                                                      "cross_site_copies_per_version")}, indent=2), "```", ""]
     (OUT / "weights.md").write_text("\n".join(lines))
     _plot(result)
+
+
+def _cpu_table(tp: dict) -> list[str]:
+    """What the transfers cost in CPU time: on a CPU-bound machine this caps the ratio a path can reach."""
+    rows = [(mb, r) for mb, r in tp.items() if "raw_cpu_s" in r and "cpu_s" in r.get("network", {})]
+    if not rows:
+        return []
+    cores = rows[0][1]["cores"]
+    lines = [f"CPU-seconds the machine spent per transfer (all processes and the kernel, `/proc/stat`; {cores} cores). "
+             "*CPU bound* = raw s / (path CPU s / cores): the ratio the path could reach if its work were spread "
+             "perfectly over every core (pipelining the pull into the push cannot beat it).", "",
+             "| size MB | raw CPU s | network CPU s | vs raw | **CPU bound** | same host CPU s | CPU bound |",
+             "|---|---|---|---|---|---|---|"]
+    for mb, r in rows:
+        n, h = r["network"], r.get("same_host", {})
+        shm = f"{h['cpu_s']:.3f} | {h['cpu_bound_ratio']:.2f}" if "cpu_s" in h else "- | -"
+        lines.append(f"| {mb} | {r['raw_cpu_s']:.3f} | {n['cpu_s']:.3f} | {n['cpu_s'] / r['raw_cpu_s']:.2f}x | "
+                     f"**{n['cpu_bound_ratio']:.2f}** | {shm} |")
+    return lines + [""]
 
 
 def _plot(result: dict) -> None:

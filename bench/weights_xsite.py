@@ -8,15 +8,19 @@ Two network namespaces stand in for the sites, joined by one veth pair:
   shared memory.
 
 The master relay forwards every version to the generation site's relay over mutual TLS
-(``braid certs``); the trainer's Generate streams cross the link too. *Limited*: ``tbf`` at
-1 Gbit/s on both veth ends plus 10 ms each way (this kernel has no ``sch_netem``, so the delay
-is a user-space delay line in front of every cross-site service: 20 ms RTT). *Unlimited*: the
-same namespaces and delay lines with no rate limit and no delay. Both runs use the same config
-(``one_step``); the iteration time is the mean of ``iteration_time_s`` after the first two
-iterations (connection set-up). Runs alternate the order; the full run repeats each condition
-three times and takes medians (``--quick``: one run each, indicative only). Bytes crossing the link are read from the train-side veth's ``tx_bytes``; copies per
-version = those bytes / (versions the generation relay committed x version size) (requests and
-heartbeats ride along: the excess over 1.0 is that overhead, not a second copy).
+(``braid certs``) on the raw-TCP data channel (its TLS data port has a delay line of its own,
+which the relay names in its grants: ``--advertise-tls-data-port``); the trainer's Generate
+streams cross the link too. *Limited*: ``tbf`` at 1 Gbit/s on both veth ends plus 10 ms each
+way (this kernel has no ``sch_netem``, so the delay is a user-space delay line in front of every
+cross-site service and data port: 20 ms RTT). *Unlimited*: the same namespaces and delay lines
+with no rate limit and no delay. Both runs use the same config (``one_step``); the iteration
+time is the mean of ``iteration_time_s`` after the first two iterations (connection set-up).
+Runs alternate the order; the full run repeats each condition three times and takes medians
+(``--quick``: one run each, indicative only). Bytes crossing the link are read from the
+train-side veth's ``tx_bytes``; copies per version = those bytes / (versions the generation
+relay committed x version size) (requests and heartbeats ride along: the excess over 1.0 is
+that overhead, not a second copy). ``grpc_fallbacks`` counts transfers that left the data
+channel for gRPC streams (0 expected).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 
 TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
+GEN_TLS_DATA_PORT = 47100  # fixed (a fresh namespace), so its delay line can start first and be advertised
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
 MODEL = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2",
          "model.intermediate_size=1152"]
@@ -82,17 +87,20 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
 
     run_dir = work / f"run-{tag}"
     run_dir.mkdir()
-    procs = []
+    procs: list[subprocess.Popen] = []
+    proxies: list = []
     try:
+        proxies += [Child("proxy", GEN_IP, f"{GEN_IP}:{GEN_TLS_DATA_PORT}", str(delay_s), ns=ns_gen)]  # the data channel's
         g = _spawn(ns_gen, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "g.port"), "--tls-host", GEN_IP,
-                            "--tls-dir", str(tls_dir), "--site", "gen-site", "--id", "gen"], run_dir / "relay-gen.log")
+                            "--tls-dir", str(tls_dir), "--site", "gen-site", "--id", "gen",
+                            "--tls-data-port", str(GEN_TLS_DATA_PORT), "--advertise-tls-data-port", str(proxies[0].info[0])],
+                   run_dir / "relay-gen.log")
         procs.append(g)
         g_port, g_tls = _port(run_dir / "g.port", g)
         m = _spawn(ns_train, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "m.port"), "--tls-dir",
                               str(tls_dir), "--site", "train-site", "--id", "master"], run_dir / "relay-master.log")
         procs.append(m)
         (m_port,) = _port(run_dir / "m.port", m)
-        proxies = []
         g_proxy = Child("proxy", GEN_IP, f"{GEN_IP}:{g_tls}", str(delay_s), ns=ns_gen)
         proxies.append(g_proxy)
         sgs_addrs = []
@@ -115,18 +123,17 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
         tx = Netns.tx_bytes(net.train_dev, ns_train) - tx0
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         committed = sum("committed" in line for line in (run_dir / "relay-gen.log").read_text().splitlines())
-        for p in proxies:
-            p.proc.terminate()
+        fallbacks = (run_dir / "relay-master.log").read_text().count("falling back to gRPC")
         return {
             "iteration_time_s": statistics.mean(r["iteration_time_s"] for r in rows[WARMUP:]),
             "iteration_times_s": [round(r["iteration_time_s"], 3) for r in rows],
             "gen_time_s": statistics.mean(r["gen_time_s"] for r in rows[WARMUP:]),
             "train_time_s": statistics.mean(r["train_time_s"] for r in rows[WARMUP:]),
-            "iterations": len(rows), "tx_bytes": tx, "versions_at_gen_site": committed,
+            "iterations": len(rows), "tx_bytes": tx, "versions_at_gen_site": committed, "grpc_fallbacks": fallbacks,
             "push_stall_s": statistics.mean(r["push_stall_s"] for r in rows),
         }
     finally:
-        stop(procs)
+        stop(procs + [p.proc for p in proxies])
 
 
 def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict:
@@ -174,12 +181,14 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int) -> dict:
     copies = statistics.median(r["tx_bytes"] / max(1, r["versions_at_gen_site"]) / nbytes for r in lim)
     pairs = [a["iteration_time_s"] / b["iteration_time_s"] - 1 for a, b in zip(runs["limited"], runs["unlimited"])]
     overhead = statistics.median(pairs)
+    fallbacks = sum(r.get("grpc_fallbacks", 0) for v in runs.values() for r in v)
     listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in zip(runs["limited"], runs["unlimited"]))
     return {
         "mode": mode, "version_bytes": nbytes, "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
-        "iteration_overhead": overhead, "copies_per_version": copies,
+        "iteration_overhead": overhead, "copies_per_version": copies, "grpc_fallbacks": fallbacks,
         "summary": (f"{mode}, 2 SGS instances on the generation site, model {nbytes / 1e6:.1f} MB (a random policy: "
-                    f"rewards are 0, so an iteration is generation plus weight sync). Iteration time on the 1 Gbit/s "
+                    f"rewards are 0, so an iteration is generation plus weight sync); versions cross on the raw-TCP data "
+                    f"channel over mutual TLS ({fallbacks} fallbacks to gRPC streams). Iteration time on the 1 Gbit/s "
                     f"20 ms-RTT link vs unlimited, pairs run back to back: {listed}; median paired overhead "
                     f"**{overhead:+.1%}** (target within 5%). Link bytes per version / version size = **{copies:.3f}** "
                     f"(one copy crosses the link; the 2 instances fan out locally from their relay)."),

@@ -179,8 +179,17 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 self.core.stage_weights(pulled.version, pulled.state)
             except ValueError as err:  # lost a race with a newer UpdateWeights
                 raise WeightError("precondition", str(err)) from None
-        log.info("pulled and staged weight version %d from relay %s (%s)", pulled.version, self.relay.address, pulled.path)
+        log.info("pulled and staged weight version %d from relay %s (%s%s)", pulled.version, self.relay.address, pulled.path,
+                 ", into a pre-faulted buffer" if pulled.prefaulted else "")
+        if pulled.path == "tcp":  # over the network: fault in the next version's buffer now, off the next pull's path
+            threading.Thread(target=self._reserve_next, args=(pulled.manifest.total_bytes,), name="sgs-reserve",
+                             daemon=True).start()
         return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes, tensors=len(pulled.state))
+
+    def _reserve_next(self, nbytes: int) -> None:
+        with self._pull_lock:  # never while a pull receives; a pull waiting here gets the buffer
+            self.relay.reserve(nbytes)
+        log.info("pre-faulted a %d-byte receive buffer for the next pull", nbytes)
 
     def _pull_at_least(self, version: int, wait_s: float):
         """Pull ``version`` from the relay, or its newest when ``version`` was already evicted

@@ -31,11 +31,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="how this relay forwards versions to its peers (tcp: the raw-TCP data channel)")
     parser.add_argument("--data-port", type=int, default=0, help="raw-TCP data channel port on --host (0 = pick a free one)")
     parser.add_argument("--tls-data-port", type=int, default=0, help="mutual-TLS data channel port on --tls-host (0 = free)")
+    parser.add_argument("--advertise-data-port", type=int, default=0,
+                        help="name this port in grants instead of --data-port (a NAT, port forward or proxy in front)")
+    parser.add_argument("--advertise-tls-data-port", type=int, default=0,
+                        help="name this port in grants instead of --tls-data-port (a NAT, port forward or proxy in front)")
     parser.add_argument("--no-data-channel", action="store_true",
                         help="serve no raw-TCP data channel (clients fall back to gRPC streams)")
     ns = parser.parse_args(argv)
     if ns.keep < 1:
         parser.error("--keep must be >= 1")
+    for flag in ("data_port", "tls_data_port", "advertise_data_port", "advertise_tls_data_port"):
+        if not 0 <= getattr(ns, flag) <= 65535:
+            parser.error(f"--{flag.replace('_', '-')} must be a port number (0..65535), not {getattr(ns, flag)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s relay %(levelname)s %(message)s")
 
     from services.weights.certs import TlsFiles
@@ -53,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     store = VersionStore(ns.keep, shm_dir)
     servicer = RelayServicer(store, ns.id, tls=tls, max_message_mb=ns.max_message_mb, data_path=ns.data_path)
     if not ns.no_data_channel:
-        servicer.attach_data_plane(ns.host, ns.tls_host if tls is not None else None, ns.data_port, ns.tls_data_port)
+        servicer.attach_data_plane(ns.host, ns.tls_host if tls is not None else None, ns.data_port, ns.tls_data_port,
+                                   advertise=(ns.advertise_data_port, ns.advertise_tls_data_port))
     server, port, tls_port = create_server(
         servicer, f"{ns.host}:{ns.port}", max_message_mb=ns.max_message_mb,
         tls_address=f"{ns.tls_host}:{ns.tls_port}" if ns.tls_host else None, tls=tls,
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.rename(ns.port_file)
     logging.info("relay %s serving on %s:%d%s (keep %d, shm %s, data channel %s)", servicer.relay_id, ns.host, port,
                  f", TLS on {ns.tls_host}:{tls_port}" if tls_port else "", ns.keep, shm_dir is not None,
-                 f"port {servicer.data.server.port}" + (f", TLS {servicer.data.server.tls_port}" if servicer.data.server.tls_port else "")
+                 _data_ports(servicer.data)
                  if servicer.data is not None else "off")
 
     stop = threading.Event()
@@ -83,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     if shm_dir is not None:
         shutil.rmtree(shm_dir, ignore_errors=True)
     return 0
+
+
+def _data_ports(data) -> str:
+    bound, named = (data.server.port, data.server.tls_port), data.ports
+    text = f"port {bound[0]}" + (f", TLS {bound[1]}" if bound[1] else "")
+    return text + (f" (grants name {named[0]}, TLS {named[1]})" if named != bound else "")
 
 
 def _chain_request(upstream: str):

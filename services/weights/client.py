@@ -92,6 +92,7 @@ class Pulled:
     digest: str
     path: str  # "shm", "tcp" (data channel) or "stream" (gRPC)
     refetched: int = 0
+    prefaulted: bool = False  # received into the buffer ``reserve`` had prepared
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,8 @@ class RelayClient:
         the first missing chunk, re-fetch corrupted chunks alone. ``grant``: a whole-version
         grant already opened."""
         buf, self._spare_buf = self._spare_buf, None
-        if buf is None or len(buf) != max(m.total_bytes, 1):
+        prefaulted = buf is not None and len(buf) == max(m.total_bytes, 1)
+        if not prefaulted:
             buf = datapath.private_buffer(m.total_bytes)
         view = memoryview(buf)[: m.total_bytes]
         n = len(m.plan)
@@ -412,7 +414,7 @@ class RelayClient:
                 else:
                     raise WeightError("integrity", f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries")
             refetched += len(bad)
-        return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "tcp", refetched)
+        return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "tcp", refetched, prefaulted)
 
     def _receive_range(self, version, m, view, vdigest, start, stop, got, bad, grant=None) -> None:
         if grant is None:

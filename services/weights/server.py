@@ -190,13 +190,15 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             context.abort(CODES[err.kind], str(err))
 
     # ------------------------------------------------------------------ data channel
-    def attach_data_plane(self, host: str, tls_host: str | None = None, port: int = 0, tls_port: int = 0) -> None:
-        """Serve the raw-TCP data channel (``dataplane``) on ``host`` (and mutual TLS on ``tls_host``)."""
+    def attach_data_plane(self, host: str, tls_host: str | None = None, port: int = 0, tls_port: int = 0,
+                          advertise: tuple[int, int] = (0, 0)) -> None:
+        """Serve the raw-TCP data channel (``dataplane``) on ``host`` (and mutual TLS on ``tls_host``);
+        ``advertise``: the (plain, TLS) ports grants name instead of the bound ones (0 = bound)."""
         from services.weights.dataplane import RelayDataPlane
 
         self.data = RelayDataPlane(self.store, host, on_begin=self._start_forwarding, on_commit=self._commit,
                                    corrupt=self._corrupt, truncate=self._truncate, tls=self.tls, tls_host=tls_host,
-                                   port=port, tls_port=tls_port)
+                                   port=port, tls_port=tls_port, advertise=advertise)
 
     def OpenTransfer(self, request: pb.TransferRequest, context) -> pb.TransferGrant:
         if self.data is None:

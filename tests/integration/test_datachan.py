@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import grpc
@@ -195,3 +196,71 @@ def test_tls_data_channel_refuses_a_client_without_certificate(tmp_path):
     finally:
         trainer_side.close()
         relay.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Forwarder:
+    """A plain TCP port forward (as a NAT or proxy in front of the relay would be); counts connections."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target, self.connections = target_port, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def test_grants_name_the_advertised_data_port_of_a_relay_behind_a_port_forward(tmp_path):
+    bound = _free_port()
+    forward = _Forwarder(bound)
+    relay = start_relay(tmp_path, "nat", "--data-port", str(bound), "--advertise-data-port", str(forward.port))
+    client = RelayClient(relay.address)
+    try:
+        client.wait_ready()
+        assert client.push(snapshot_blob(model_state(3.0), CHUNK, None), 1, use_shm=False)
+        got = client.pull(1, allow_shm=False)
+        assert got.path == "tcp" and _equal(got.state, 3.0)
+        assert _pull_grant(client, 1).port == forward.port
+        assert forward.connections == 2  # the push and the pull both went through the forward
+        assert f"grants name {forward.port}" in relay.log.read_text()
+    finally:
+        client.close()
+        forward.listener.close()
+        assert relay.stop() == 0
+
+
+def test_relay_refuses_a_port_out_of_range(capsys):
+    from services.weights.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--advertise-tls-data-port", "70000"])
+    assert "--advertise-tls-data-port must be a port number" in capsys.readouterr().err

@@ -113,6 +113,32 @@ def test_control_calls_are_served_while_max_inflight_calls_wait_for_weights(tmp_
         relay.stop()
 
 
+def test_sgs_pulling_over_the_network_prefaults_its_next_receive_buffer(tmp_path: Path, tiny_checkpoint):
+    """A relay without shared memory (as on another host): the SGS pulls over the data channel,
+    then faults in the next version's buffer off the pull's path; the next pull lands in it."""
+    from services.generation.client import GenerationClient
+
+    relay = start_relay(tmp_path, "remote", "--no-shm")
+    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("weights.sgs_auto_pull_s=0",))
+    client = GenerationClient(sgs.address)
+    pusher = RelayClient(relay.address)
+    try:
+        client.wait_ready()
+        state = {k: v.clone() for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
+        for v in (1, 2):
+            pusher.push(snapshot_blob(state, CHUNK, None), v, use_shm=False)
+            assert client.pull_weights(v, wait_s=10).staged
+            wait_for(lambda v=v: sgs.log.read_text().count("pre-faulted a") == v, 30, f"the buffer after version {v}")
+        log = sgs.log.read_text()
+        assert "weight version 1 from relay" in log and "(tcp)" in log
+        assert "weight version 2 from relay" in log and "(tcp, into a pre-faulted buffer)" in log
+    finally:
+        pusher.close()
+        client.close()
+        stop_sgs(sgs)
+        relay.stop()
+
+
 def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str, overrides: tuple[str, ...] = ()):
     from services.common.config import load_config, write_config
     from tests.conftest import SGSProcess, spawn_service

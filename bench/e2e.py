@@ -112,7 +112,19 @@ def steady_throughput(rows: list[dict]) -> dict:
     steady = rows[1:] or rows
     wall = sum(r["iteration_time_s"] for r in steady)
     samples = sum(r["samples"] for r in steady)
-    return {"samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "iterations_counted": len(steady)}
+    # response tokens per second too: policies drift to different lengths, so samples/s alone can mislead
+    tokens = sum(r["samples"] * r["response_len_mean"] for r in steady) if all("response_len_mean" in r for r in steady) else None
+    return {"samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "iterations_counted": len(steady),
+            "tokens_per_s": tokens / wall if tokens is not None else None}
+
+
+def backfill(saved: dict, run_dir: Path) -> dict:
+    """A result saved before ``tokens_per_s`` and ``started_at`` existed gets them from its run."""
+    if "tokens_per_s" not in saved:
+        saved["tokens_per_s"] = steady_throughput(read_rows(run_dir))["tokens_per_s"]
+    if "started_at" not in saved:
+        saved["started_at"] = json.loads((run_dir / "summary.json").read_text())["rl_started_at"]
+    return saved
 
 
 def curve_points(warm: tuple[float, float], points: list[dict], rl_started_at: float) -> list[list[float]]:
@@ -218,11 +230,13 @@ def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, 
         return {m: per_mode[m][name] if per_mode.get(m, {}).get("status") == "ok" else None for m in keys}
 
     sps, final, se = field("samples_per_s"), field("final_accuracy"), field("accuracy_stderr")
+    tps = {m: per_mode[m].get("tokens_per_s") if sps[m] is not None else None for m in keys}
     ttt = {m: time_to_target(per_mode[m]["curve"], target) if sps[m] is not None else None for m in keys}
     violations = sum(per_mode[m]["staleness"]["violations"] for m in keys if sps[m] is not None and m != "trl")
     status = {m: per_mode[m]["status"] if m in per_mode else "not run" for m in keys}
     return {
         "samples_per_s": sps,
+        "tokens_per_s": tps,
         "time_to_target_s": ttt,
         "final_accuracy": final,
         "accuracy_stderr": se,
@@ -316,6 +330,7 @@ def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[flo
         "curve": curve,
         "checkpoints": points,
         "rl_seconds": summary["rl_seconds"],
+        "started_at": summary["rl_started_at"],
         "run_wall_s": run_wall,
         "eval_wall_s": time.time() - t1,
         "run_dir": str(run_dir),
@@ -404,7 +419,7 @@ def main() -> int:
         if ns.reuse and cached.is_file():
             saved = json.loads(cached.read_text())
             if saved["settings"] == settings and saved["result"]["status"] == "ok":
-                per_mode[mode] = saved["result"]
+                per_mode[mode] = backfill(saved["result"], run_dir)
                 print(f"{mode}: reused {cached}", flush=True)
                 continue
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 NOISE_SE = 2.0  # "within noise": |acc - acc_sync| <= 2 combined standard errors
@@ -9,6 +10,15 @@ NOISE_SE = 2.0  # "within noise": |acc - acc_sync| <= 2 combined standard errors
 
 def fmt(x: float | None, spec: str = ".1f", none: str = "—") -> str:
     return none if x is None else format(x, spec)
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "—"
+
+
+def when(ts: float | None) -> str:
+    """A mode's start time: modes reused from an earlier invocation (``--reuse``) show it."""
+    return time.strftime("%m-%d %H:%M", time.gmtime(ts)) if ts else "—"
 
 
 def markdown(result: dict) -> str:
@@ -35,9 +45,12 @@ def markdown(result: dict) -> str:
             f"warm start {result['warmstart']['accuracy']:.3f} ± {result['warmstart']['stderr']:.3f}."
         ),
         "",
-        "| mode | samples/s | vs sync | vs TRL | time to target (s) | final accuracy | staleness (groups by V_buf - V_traj) | status |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | samples/s | vs sync | vs TRL | tokens/s | vs sync | time to target (s) | final accuracy "
+        "| staleness (groups by V_buf - V_traj) | measured (UTC) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    tps = result.get("tokens_per_s", {})
+    t_sync = tps.get("sync")
     for mode in result["status"]:
         d = result["modes"].get(mode, {})
         hist = d.get("staleness", {}).get("total_hist") if mode != "trl" else None
@@ -45,9 +58,10 @@ def markdown(result: dict) -> str:
         s = sps[mode]
         lines.append(
             f"| {mode} | {fmt(s)} | {fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} | "
-            f"{fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} | {fmt(ttt[mode])} | "
+            f"{fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} | "
+            f"{fmt(tps.get(mode), '.0f')} | {ratio(tps.get(mode), t_sync)} | {fmt(ttt[mode])} | "
             f"{fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | "
-            f"{hist_s} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
+            f"{hist_s} | {when(d.get('started_at'))} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
         )
     t = result["targets"]
     lines += [
@@ -69,7 +83,10 @@ def markdown(result: dict) -> str:
         (
             "Accuracy curves (rl seconds, accuracy ± stderr) and the staleness distribution of every consumed "
             "buffer are in `e2e.json` (`modes.<mode>.curve`, `modes.<mode>.staleness.buffers`). Wall times are "
-            "CPU times on a noisy 2-core machine: compare ratios, not absolutes."
+            "CPU times on a noisy 2-core machine: compare ratios, not absolutes. *tokens/s*: response tokens per "
+            "second (the policies drift to different response lengths, which samples/s alone hides). *measured*: "
+            "when the mode's run started; modes kept from an earlier invocation (`--reuse`) ran under that "
+            "time's machine load."
         ),
     ]
     return "\n".join(lines) + "\n"

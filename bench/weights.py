@@ -48,17 +48,9 @@ def _state(mb: int):
 
 
 # ---------------------------------------------------------------- (a) throughput
-def cpu_busy_s() -> float:
-    """CPU-seconds the whole machine has spent busy (all cores, every process, the kernel's
-    network stack included): from ``/proc/stat``; a difference brackets a transfer."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def raw_tcp(nbytes: int) -> tuple[float, float]:
     """(seconds, CPU-seconds) of one raw ``sendall`` of ``nbytes`` to a receiving process."""
-    from bench.weights_lib import Child
+    from bench.weights_lib import Child, cpu_busy_s
 
     payload = bytearray(nbytes)
     payload[:: 4096] = b"x" * len(payload[:: 4096])  # touch every page before timing
@@ -75,7 +67,7 @@ def raw_tcp(nbytes: int) -> tuple[float, float]:
 
 def relay_push_pull(client, address: str, state, version: int, *, shm: bool, streams: int, chunk: int) -> dict:
     """``client.data_path`` picks the network path of both the push and the puller."""
-    from bench.weights_lib import Child
+    from bench.weights_lib import Child, cpu_busy_s
     from services.weights.client import snapshot_blob
 
     wb = snapshot_blob(state, chunk, SHM)  # the bytes in one buffer, as raw sendall's (the trainer's default: shared memory)
@@ -86,10 +78,9 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
     push_s, push_cpu = time.perf_counter() - t0, cpu_busy_s() - c0
     wb.blob.release()
     del wb
-    c1 = cpu_busy_s()
     puller.go()
     pulled = puller.result()
-    cpu = push_cpu + cpu_busy_s() - c1  # the puller's exit (after its timed part) adds a little: an upper bound
+    cpu = push_cpu + pulled["cpu_s"]  # the puller brackets its own timed part (its start and exit are not counted)
     return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"], "path": pulled["path"],
             "cpu_s": cpu}
 

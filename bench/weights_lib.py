@@ -35,6 +35,14 @@ def env() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
 
 
+def cpu_busy_s() -> float:
+    """CPU-seconds the whole machine has spent busy (all cores, every process, the kernel's
+    network stack included): from ``/proc/stat``; a difference brackets a transfer."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def netns_prefix(ns: str | None) -> list[str]:
     return ["ip", "netns", "exec", ns] if ns else []
 
@@ -225,10 +233,11 @@ def _child_main(argv: list[str]) -> int:
             client.reserve(int(argv[6]))
         print("ready", flush=True)
         sys.stdin.readline()
-        t0 = time.perf_counter()
+        c0, t0 = cpu_busy_s(), time.perf_counter()
         got = client.pull(int(argv[2]), streams=int(argv[3]), allow_shm=argv[4] == "1")
         sum(float(t.view(-1)[:1].sum()) for t in got.state.values() if t.numel())  # touch the tensors
-        print(json.dumps({"seconds": time.perf_counter() - t0, "path": got.path, "bytes": got.manifest.total_bytes}))
+        seconds, cpu = time.perf_counter() - t0, cpu_busy_s() - c0
+        print(json.dumps({"seconds": seconds, "cpu_s": cpu, "path": got.path, "bytes": got.manifest.total_bytes}))
         return 0
     raise SystemExit(f"unknown child {kind}")
 

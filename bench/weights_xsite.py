@@ -13,8 +13,9 @@ which the relay names in its grants: ``--advertise-tls-data-port``); the trainer
 streams cross the link too. *Limited*: ``tbf`` at 1 Gbit/s on both veth ends plus 10 ms each
 way (this kernel has no ``sch_netem``, so the delay is a user-space delay line in front of every
 cross-site service and data port: 20 ms RTT). *Unlimited*: the same namespaces and delay lines
-with no rate limit and no delay. Both runs use the same config (``one_step``); the iteration
-time is the mean of ``iteration_time_s`` after the first two iterations (connection set-up).
+with no rate limit and no delay. Both runs use the same config (``one_step``, every sample
+forced to the same length so both generate the same work); the iteration time is the median of
+``iteration_time_s`` after the first two iterations (connection set-up; the mean is kept too).
 Runs alternate the order; the full run repeats each condition three times and takes medians
 (``--quick``: one run each, indicative only). Bytes crossing the link are read from the
 train-side veth's ``tx_bytes``; copies per version = those bytes / (versions the generation
@@ -34,6 +35,7 @@ from pathlib import Path
 
 TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
 GEN_TLS_DATA_PORT = 47100  # fixed (a fresh namespace), so its delay line can start first and be advertised
+FORCED_LENGTH = 24
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
 MODEL = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2",
          "model.intermediate_size=1152"]
@@ -48,6 +50,9 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
         "trainer.group_size=4", "trainer.micro_batch_groups=4", "generation.max_new_tokens=48", "generation.instances=2",
         "eval.prompts=4", "weights.transport=relay", "weights.chunk_bytes=1048576", "weights.streams=1",
         "trainer.cpus=[]", "generation.cpus=[]",
+        # every sample exactly FORCED_LENGTH tokens: a random policy's lengths vary from run to run, and the
+        # iteration time with them; fixed, both links generate the same work and only the weight sync differs
+        "generation.forced_lengths=true", f"forced_length_ramp.start={FORCED_LENGTH}", "forced_length_ramp.per_iteration=0",
     ])
     path = work / f"xsite-{mode}.json"
     write_config(cfg, path)
@@ -125,7 +130,9 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
         committed = sum("committed" in line for line in (run_dir / "relay-gen.log").read_text().splitlines())
         fallbacks = (run_dir / "relay-master.log").read_text().count("falling back to gRPC")
         return {
-            "iteration_time_s": statistics.mean(r["iteration_time_s"] for r in rows[WARMUP:]),
+            # the median: robust to the one-off start-up iteration (the first versions cross the link back to back)
+            "iteration_time_s": statistics.median(r["iteration_time_s"] for r in rows[WARMUP:]),
+            "iteration_time_mean_s": statistics.mean(r["iteration_time_s"] for r in rows[WARMUP:]),
             "iteration_times_s": [round(r["iteration_time_s"], 3) for r in rows],
             "gen_time_s": statistics.mean(r["gen_time_s"] for r in rows[WARMUP:]),
             "train_time_s": statistics.mean(r["train_time_s"] for r in rows[WARMUP:]),
@@ -187,7 +194,7 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int) -> dict:
         "mode": mode, "version_bytes": nbytes, "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
         "iteration_overhead": overhead, "copies_per_version": copies, "grpc_fallbacks": fallbacks,
         "summary": (f"{mode}, 2 SGS instances on the generation site, model {nbytes / 1e6:.1f} MB (a random policy: "
-                    f"rewards are 0, so an iteration is generation plus weight sync); versions cross on the raw-TCP data "
+                    f"rewards are 0, so an iteration is generation plus weight sync; every sample {FORCED_LENGTH} tokens); versions cross on the raw-TCP data "
                     f"channel over mutual TLS ({fallbacks} fallbacks to gRPC streams). Iteration time on the 1 Gbit/s "
                     f"20 ms-RTT link vs unlimited, pairs run back to back: {listed}; median paired overhead "
                     f"**{overhead:+.1%}** (target within 5%). Link bytes per version / version size = **{copies:.3f}** "

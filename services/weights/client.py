@@ -152,6 +152,7 @@ class RelayClient:
         self._host = host_id()
         self._spare_buf: mmap.mmap | None = None
         self._data_down_until = 0.0
+        self.kept = datapath.KeptConnections()  # data connections kept for the next transfer
 
     def reserve(self, nbytes: int) -> None:
         """Pre-fault a receive buffer of ``nbytes`` for the next data-channel pull of that size
@@ -160,6 +161,7 @@ class RelayClient:
         self._spare_buf = datapath.private_buffer(nbytes, populate=True)
 
     def close(self) -> None:
+        self.kept.close()
         self._channel.close()
 
     # ------------------------------------------------------------------ control
@@ -263,16 +265,21 @@ class RelayClient:
         except grpc.RpcError as err:
             raise RelayError(err.code(), err.details() or "") from err
 
+    def _data_port(self, grant: pb.TransferGrant) -> int:
+        return grant.tls_port if self._tls is not None else grant.port
+
     def _dial(self, grant: pb.TransferGrant, direction: int):
-        port = grant.tls_port if self._tls is not None else grant.port
-        return datapath.dial(self._data_host, port, self._tls, direction, grant.version, grant.token)
+        return self.kept.dial(self._data_host, self._data_port(grant), self._tls, direction, grant.version, grant.token)
 
     def push_data(self, manifest: Manifest, version: int, frames, sender: str = "trainer") -> bool:
         """Push over the data channel: ``frames(start)`` yields (index, digest, bytes) from chunk
         ``start`` (what the relay already holds in a row), then (END, version digest, b"")."""
         grant = self.open_transfer(pb.TransferRequest(
             direction="push", version=version, manifest=manifest_to_pb(manifest, version), sender=sender))
-        return bool(datapath.send_version(self._dial(grant, dc.PUSH), frames(grant.from_chunk)).get("committed"))
+        sock = self._dial(grant, dc.PUSH)
+        answer = datapath.send_version(sock, frames(grant.from_chunk))  # closes the socket unless it ended cleanly
+        self.kept.give(self._data_port(grant), sock)
+        return bool(answer.get("committed"))
 
     def try_data_channel(self, fn, *args):
         """Run ``fn`` over the data channel; None (and a log line) when the channel cannot be
@@ -423,7 +430,9 @@ class RelayClient:
         if grant.version != version or len(digests) != len(m.plan) or grant.manifest.version_digest != vdigest \
                 or version_digest(digests) != vdigest:
             raise WeightError("integrity", f"version {version}: the grant's chunk digests do not match the version digest")
-        datapath.receive_version(self._dial(grant, dc.PULL), m, view, digests, vdigest, start, stop, got, bad)
+        sock = self._dial(grant, dc.PULL)
+        datapath.receive_version(sock, m, view, digests, vdigest, start, stop, got, bad)  # closes it unless complete
+        self.kept.give(self._data_port(grant), sock)
 
     def _pull_streams(self, version: int, m: Manifest, vdigest: str, streams: int) -> Pulled:
         buf = mmap.mmap(-1, max(m.total_bytes, 1))

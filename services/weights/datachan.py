@@ -53,6 +53,7 @@ END = 0xFFFFFFFF
 TOKEN_BYTES = 16
 PREAMBLE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 120.0  # no byte for this long: the peer is gone
+KEEPALIVE_S = 60.0  # a connection whose transfer ended cleanly waits this long for the client's next one
 MAX_STATUS_BYTES = 1 << 16
 DRAIN_BYTES = 256 << 20  # after refusing a push, read at most this much of what is in flight (so the sender sees the status)
 
@@ -234,16 +235,20 @@ def open_stream(sock: socket.socket, direction: int, version: int, token: bytes)
 
 
 # ---------------------------------------------------------------------- listening side
-Handler = Callable[[Grant, socket.socket], None]
+Handler = Callable[[Grant, socket.socket], bool]  # True: the transfer ended cleanly, the connection may serve another
 
 
 class DataServer:
     """Listens on a plaintext data port (and a mutual-TLS one with ``tls``); each connection
-    presents a token, then ``handler(grant, sock)`` serves it on its own thread."""
+    presents a token, then ``handler(grant, sock)`` serves it on its own thread. A transfer that
+    ended cleanly leaves the connection open for the client's next one (a new token each time)
+    for up to ``keepalive_s``: no new TCP and TLS handshakes, and the congestion window the
+    link has earned is kept (a fresh connection over a long fat link starts slow)."""
 
     def __init__(self, book: TokenBook, handler: Handler, host: str, *, tls: TlsFiles | None = None,
-                 tls_host: str | None = None, port: int = 0, tls_port: int = 0) -> None:
+                 tls_host: str | None = None, port: int = 0, tls_port: int = 0, keepalive_s: float = KEEPALIVE_S) -> None:
         self.book = book
+        self.keepalive_s = keepalive_s
         self.handler = handler
         self.refused: list[str] = []  # reasons, for tests and logs
         self._closing = threading.Event()
@@ -274,21 +279,27 @@ class DataServer:
                 except (ssl.SSLError, OSError) as err:
                     self._refuse(None, peer, f"TLS handshake failed: {err}")
                     return
-            try:
-                magic, direction, version, token = PREAMBLE.unpack(recv_exact(conn, PREAMBLE.size))
-            except (OSError, ValueError) as err:
-                self._refuse(None, peer, f"no preamble: {err}")
-                return
-            if magic != MAGIC:
-                self._refuse(conn, peer, "not a braid data stream")
-                return
-            try:
-                grant = self.book.take(token, version, direction, ctx is not None)
-            except TokenRefused as err:
-                self._refuse(conn, peer, f"{err} (version {version} {_dir(direction)})")
-                return
-            set_blocking_io(conn)
-            self.handler(grant, conn)
+            kept = False
+            while True:  # a kept connection (keep-alive) serves the client's next transfer too
+                try:
+                    magic, direction, version, token = PREAMBLE.unpack(recv_exact(conn, PREAMBLE.size))
+                except (OSError, ValueError) as err:
+                    if not kept:  # else: the client closed its kept connection, or let it idle out
+                        self._refuse(None, peer, f"no preamble: {err}")
+                    return
+                if magic != MAGIC:
+                    self._refuse(conn, peer, "not a braid data stream")
+                    return
+                try:
+                    grant = self.book.take(token, version, direction, ctx is not None)
+                except TokenRefused as err:
+                    self._refuse(conn, peer, f"{err} (version {version} {_dir(direction)})")
+                    return
+                set_blocking_io(conn)
+                if not self.handler(grant, conn) or self._closing.is_set():
+                    return
+                set_blocking_io(conn, self.keepalive_s)
+                kept = True
         except Exception:  # a broken connection must not take the relay down; say what happened
             log.exception("data connection from %s failed", peer)
         finally:

@@ -21,7 +21,9 @@ import os
 import select
 import socket
 import ssl
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -74,6 +76,56 @@ def dial(host: str, port: int, tls: TlsFiles | None, direction: int, version: in
     return sock
 
 
+class KeptConnections:
+    """Data connections whose transfer ended cleanly, kept per data port for the next transfer
+    (the relay waits ``datachan.KEEPALIVE_S`` for it; the client lets one go after half that,
+    and checks it is still open before use). Thread-safe: each transfer takes its own."""
+
+    def __init__(self, max_per_port: int = 4, idle_s: float = dc.KEEPALIVE_S / 2,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_per_port, self.idle_s, self._clock = max_per_port, idle_s, clock
+        self._lock = threading.Lock()
+        self._kept: dict[int, list[tuple[float, socket.socket]]] = {}
+        self.reused = 0  # transfers that ran on a kept connection
+
+    def dial(self, host: str, port: int, tls: TlsFiles | None, direction: int, version: int, token: bytes) -> socket.socket:
+        """A kept connection to ``port`` with the new preamble sent, else a fresh one (``dial``)."""
+        while (sock := self._take(port)) is not None:
+            try:
+                dc.open_stream(sock, direction, version, token)
+                self.reused += 1
+                return sock
+            except OSError:
+                sock.close()
+        return dial(host, port, tls, direction, version, token)
+
+    def give(self, port: int, sock: socket.socket) -> None:
+        with self._lock:
+            kept = self._kept.setdefault(port, [])
+            if len(kept) < self.max_per_port:
+                kept.append((self._clock(), sock))
+                return
+        sock.close()
+
+    def _take(self, port: int) -> socket.socket | None:
+        while True:
+            with self._lock:
+                kept = self._kept.get(port)
+                if not kept:
+                    return None
+                since, sock = kept.pop()
+            if self._clock() - since < self.idle_s and quiet(sock):
+                return sock
+            sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = self._kept, {}
+        for socks in kept.values():
+            for _, sock in socks:
+                sock.close()
+
+
 def _refused_early(sock: socket.socket) -> None:
     """Raise the relay's status if it has already answered (it refused a chunk)."""
     readable, _, _ = select.select([sock], [], [], 0)
@@ -93,25 +145,54 @@ def _refused_early(sock: socket.socket) -> None:
     raise _relay_error(code, message)
 
 
-def send_version(sock: socket.socket, frames: Frames) -> dict:
-    """Send every frame (the last is ``END`` with the version digest); return the relay's answer."""
+def quiet(sock: socket.socket) -> bool:
+    """A kept data connection is fit for another transfer: still open, nothing unread (a closed
+    one reads as EOF; a TLS one may hold session tickets only)."""
     try:
-        with sock:
-            index = None
-            try:
-                for index, digest, data in frames:
-                    _refused_early(sock)
-                    dc.send_frame(sock, index, digest, data)
-            except (BrokenPipeError, ConnectionResetError):
-                index = dc.END  # the relay refused and closed: its status says why
-            if index != dc.END:
-                raise _relay_error(grpc.StatusCode.INTERNAL.value[0], "push frames ended without the end frame")
-            code, message = dc.read_status(sock)
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    if not readable:
+        return True
+    if not isinstance(sock, ssl.SSLSocket):
+        return False
+    sock.setblocking(False)
+    try:
+        sock.recv(1)  # EOF or bytes nobody asked for: not fit
+        return False
+    except ssl.SSLWantReadError:
+        return True  # TLS records only
+    except OSError:
+        return False
+    finally:
+        sock.settimeout(None)  # blocking again (the kernel timeouts stay)
+
+
+def send_version(sock: socket.socket, frames: Frames) -> dict:
+    """Send every frame (the last is ``END`` with the version digest); return the relay's answer.
+    The socket stays open when the relay accepted the version (the caller keeps it for the next
+    transfer or closes it) and is closed otherwise."""
+    ok = False
+    try:
+        index = None
+        try:
+            for index, digest, data in frames:
+                _refused_early(sock)
+                dc.send_frame(sock, index, digest, data)
+        except (BrokenPipeError, ConnectionResetError):
+            index = dc.END  # the relay refused and closed: its status says why
+        if index != dc.END:
+            raise _relay_error(grpc.StatusCode.INTERNAL.value[0], "push frames ended without the end frame")
+        code, message = dc.read_status(sock)
+        if code != 0:
+            raise _relay_error(code, message)
+        ok = True
+        return json.loads(message)
     except OSError as err:
         raise _broken(err, "a push") from err
-    if code != 0:
-        raise _relay_error(code, message)
-    return json.loads(message)
+    finally:
+        if not ok:
+            sock.close()
 
 
 class LazyDigests:
@@ -146,35 +227,39 @@ def receive_version(
     got: list[bool], bad: list[int],
 ) -> None:
     """Read chunks ``start..stop-1`` into ``view``; mark ``got[i]`` or add ``i`` to ``bad``.
-    A truncated stream raises ``RelayError(UNAVAILABLE)`` after marking what did arrive."""
-    plan, last = manifest.plan, start - 1
+    A truncated stream raises ``RelayError(UNAVAILABLE)`` after marking what did arrive. The
+    socket stays open after a complete stream (for the caller to keep), else it is closed."""
+    plan, last, ok = manifest.plan, start - 1, False
     try:
-        with sock:
-            code, message = dc.read_status(sock)
-            if code != 0:
-                raise _relay_error(code, message)
-            while True:
-                index, digest = dc.read_frame_head(sock)
-                if index == dc.END:
-                    if digest != vdigest:
-                        raise WeightError("integrity", "the relay's end frame carries another version digest")
-                    break
-                if not last < index < stop:
-                    raise WeightError("argument", f"relay sent chunk {index} after {last} (range {start}..{stop - 1})")
-                if digest != digests[index]:
-                    raise WeightError("integrity", f"relay sent chunk {index} with another digest than granted")
-                ref = plan[index]
-                place = view[ref.blob_offset : ref.blob_offset + ref.length]
-                dc.recv_exact_into(sock, place)
-                last = index
-                if check_chunk_digest(place, digest):
-                    got[index] = True
-                else:
-                    bad.append(index)
+        code, message = dc.read_status(sock)
+        if code != 0:
+            raise _relay_error(code, message)
+        while True:
+            index, digest = dc.read_frame_head(sock)
+            if index == dc.END:
+                if digest != vdigest:
+                    raise WeightError("integrity", "the relay's end frame carries another version digest")
+                break
+            if not last < index < stop:
+                raise WeightError("argument", f"relay sent chunk {index} after {last} (range {start}..{stop - 1})")
+            if digest != digests[index]:
+                raise WeightError("integrity", f"relay sent chunk {index} with another digest than granted")
+            ref = plan[index]
+            place = view[ref.blob_offset : ref.blob_offset + ref.length]
+            dc.recv_exact_into(sock, place)
+            last = index
+            if check_chunk_digest(place, digest):
+                got[index] = True
+            else:
+                bad.append(index)
+        if last != stop - 1:
+            raise WeightError("argument", f"pull stream ended at chunk {last}, expected {stop - 1}")
+        ok = True
     except OSError as err:
         raise _broken(err, "a pull") from err
-    if last != stop - 1:
-        raise WeightError("argument", f"pull stream ended at chunk {last}, expected {stop - 1}")
+    finally:
+        if not ok:
+            sock.close()
 
 
 def first_missing(got: list[bool], start: int = 0) -> int:

@@ -94,13 +94,13 @@ class RelayDataPlane:
                                 ttl_s=self.book.ttl_s, version=g.version, **extra)
 
     # ------------------------------------------------------------------ data (socket)
-    def serve(self, grant: dc.Grant, sock: socket.socket) -> None:
+    def serve(self, grant: dc.Grant, sock: socket.socket) -> bool:
+        """Serve one transfer; True when it ended cleanly (the connection may carry another)."""
         if grant.direction == dc.PUSH:
-            self._serve_push(grant.payload, sock)  # type: ignore[arg-type]
-        else:
-            self._serve_pull(grant.version, *grant.payload, sock)  # type: ignore[misc]
+            return self._serve_push(grant.payload, sock)  # type: ignore[arg-type]
+        return self._serve_pull(grant.version, *grant.payload, sock)  # type: ignore[misc]
 
-    def _serve_push(self, inc: Incoming, sock: socket.socket) -> None:
+    def _serve_push(self, inc: Incoming, sock: socket.socket) -> bool:
         self.store.attach(inc)
         attached, refused, chunks, nbytes, last = True, True, 0, 0, -1
         try:
@@ -121,6 +121,7 @@ class RelayDataPlane:
             refused = attached = False
             self.store.detach(inc, False)
             dc.send_status(sock, 0, json.dumps({"committed": committed, "chunks": chunks, "bytes": nbytes}))
+            return True
         except WeightError as err:
             if err.kind == "integrity" and "version digest" in str(err):
                 self.store.discard(inc)  # an inconsistent set of chunks: nothing of it is kept
@@ -134,6 +135,7 @@ class RelayDataPlane:
         finally:
             if attached:
                 self.store.detach(inc, refused)
+        return False
 
     @staticmethod
     def _answer_refusal(sock: socket.socket, code: grpc.StatusCode, message: str) -> None:
@@ -151,7 +153,7 @@ class RelayDataPlane:
         except OSError:
             pass
 
-    def _serve_pull(self, version: int, start: int, stop: int, sock: socket.socket) -> None:
+    def _serve_pull(self, version: int, start: int, stop: int, sock: socket.socket) -> bool:
         try:
             with self.store.pinned(version) as s:
                 dc.send_status(sock, 0)
@@ -159,17 +161,19 @@ class RelayDataPlane:
                 for k, ref in enumerate(s.manifest.plan[start:stop]):
                     if k == cut:
                         log.warning("test hook: cutting the pull of version %d after %d chunks", version, k)
-                        return
+                        return False
                     data = s.blob.view[ref.blob_offset : ref.blob_offset + ref.length]
                     if ref.index in self.corrupt:
                         self.corrupt.discard(ref.index)
                         data = bytes([data[0] ^ 0xFF]) + bytes(data[1:])
                     dc.send_frame(sock, ref.index, s.digests[ref.index], data)
                 dc.send_frame(sock, dc.END, s.digest)
+            return True
         except WeightError as err:
             dc.send_status(sock, code_value(CODES[err.kind]), str(err))
         except OSError as err:
             log.warning("data pull of version %d broke: %s", version, err)
+        return False
 
     def close(self) -> None:
         self.server.close()

@@ -16,6 +16,7 @@ import torch
 from services.common.weights import chunk_digest, version_digest
 from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
+from services.weights import datapath
 from services.weights.client import RelayClient, RelayError, snapshot_blob
 from services.weights.convert import manifest_to_pb
 from tests.integration.relays import model_state, running_relay, start_relay, state_equals, wait_for
@@ -208,7 +209,7 @@ class _Forwarder:
     """A plain TCP port forward (as a NAT or proxy in front of the relay would be); counts connections."""
 
     def __init__(self, target_port: int) -> None:
-        self.target, self.connections = target_port, 0
+        self.target, self.connections, self.open = target_port, 0, []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -221,8 +222,18 @@ class _Forwarder:
                 return
             self.connections += 1
             upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [conn, upstream]
             for a, b in ((conn, upstream), (upstream, conn)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def cut(self) -> None:
+        """Close every forwarded connection (as a relay restart or a NAT timeout would)."""
+        for sock in self.open:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.open = []
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -250,7 +261,8 @@ def test_grants_name_the_advertised_data_port_of_a_relay_behind_a_port_forward(t
         got = client.pull(1, allow_shm=False)
         assert got.path == "tcp" and _equal(got.state, 3.0)
         assert _pull_grant(client, 1).port == forward.port
-        assert forward.connections == 2  # the push and the pull both went through the forward
+        assert forward.connections == 1  # the push and the pull went through the forward, on one kept connection
+        assert client.kept.reused == 1
         assert f"grants name {forward.port}" in relay.log.read_text()
     finally:
         client.close()
@@ -264,3 +276,28 @@ def test_relay_refuses_a_port_out_of_range(capsys):
     with pytest.raises(SystemExit):
         main(["--advertise-tls-data-port", "70000"])
     assert "--advertise-tls-data-port must be a port number" in capsys.readouterr().err
+
+
+def test_data_connections_are_kept_for_the_next_transfer_and_dropped_when_closed(tmp_path):
+    """Keep-alive: consecutive transfers share one connection (no new handshake, the congestion
+    window kept); a kept connection the other end closed is noticed and replaced, nothing fails."""
+    bound = _free_port()
+    forward = _Forwarder(bound)
+    relay = start_relay(tmp_path, "keep", "--data-port", str(bound), "--advertise-data-port", str(forward.port))
+    client = RelayClient(relay.address)
+    try:
+        client.wait_ready()
+        for v in (1, 2, 3):
+            assert client.push(snapshot_blob(model_state(float(v)), CHUNK, None), v, use_shm=False)
+            assert _equal(client.pull(v, allow_shm=False).state, float(v))
+        assert forward.connections == 1 and client.kept.reused == 5
+        forward.cut()
+        wait_for(lambda: not datapath.quiet(client.kept._kept[forward.port][0][1]), 5, "the client sees the close")
+        assert client.push(snapshot_blob(model_state(4.0), CHUNK, None), 4, use_shm=False)
+        assert _equal(client.pull(4, allow_shm=False).state, 4.0)
+        assert forward.connections == 2 and client.kept.reused == 6
+        assert "no preamble" not in relay.log.read_text()  # a kept connection closing is not a refusal
+    finally:
+        client.close()
+        forward.listener.close()
+        assert relay.stop() == 0

@@ -73,3 +73,34 @@ def test_frames_and_status_round_trip_and_truncation_is_detected():
         assert dc.read_frame_head(b) == (1, "d")
         with pytest.raises(dc.Truncated):
             dc.recv_exact_into(b, memoryview(bytearray(10)))
+
+
+def test_kept_connections_are_bounded_expire_and_are_checked_before_use():
+    from services.weights.datapath import KeptConnections
+
+    clock = Clock()
+    kept = KeptConnections(max_per_port=2, idle_s=30.0, clock=clock)
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        for a, _ in pairs:
+            kept.give(7000, a)
+        assert pairs[2][0].fileno() == -1  # over the bound: closed at once
+        assert kept._take(7001) is None  # another port
+        assert kept._take(7000) is pairs[1][0]  # the newest first
+        pairs[0][1].close()  # the relay closed the older one
+        assert kept._take(7000) is None and pairs[0][0].fileno() == -1
+        a, b = socket.socketpair()
+        kept.give(7000, a)
+        clock.t += 31.0
+        assert kept._take(7000) is None and a.fileno() == -1  # idle too long: let go
+        b.close()
+        c, d = socket.socketpair()
+        kept.give(7000, c)
+        d.sendall(b"?")  # bytes nobody asked for: not fit for a transfer
+        assert kept._take(7000) is None
+        d.close()
+    finally:
+        kept.close()
+        for a, b in pairs:
+            a.close()
+            b.close()

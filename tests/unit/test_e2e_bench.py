@@ -35,6 +35,9 @@ def test_steady_throughput_excludes_the_first_iteration():
     assert got["samples_per_s"] == pytest.approx(512 / 4.0)
     assert got["iterations_counted"] == 2
     assert e2e.steady_throughput([row(0, t=4.0)])["samples_per_s"] == pytest.approx(64.0)
+    assert got["tokens_per_s"] is None  # no response lengths recorded (as in TRL's rows)
+    with_len = [row(0, t=10.0), row(1, t=2.0, response_len_mean=10.0), row(2, t=2.0, response_len_mean=30.0)]
+    assert e2e.steady_throughput(with_len)["tokens_per_s"] == pytest.approx((2560 + 7680) / 4.0)
     with pytest.raises(ValueError):
         e2e.steady_throughput([])
 
@@ -141,8 +144,9 @@ def test_markdown_renders_a_partial_result():
         "host": {"summary": "x86_64, 2 cores", "trl_version": None},
         "target_rule": "rule", "warmstart": {"accuracy": 0.3, "stderr": 0.03},
     }
+    per_mode["sync"].update(tokens_per_s=1500.0, started_at=1795475229.0)
     text = e2e.markdown(e2e.assemble(["sync", "trl"], per_mode, 0.4, meta))
-    assert "| sync | 50.0 | 1.00x |" in text
+    assert "| sync | 50.0 | 1.00x | — | 1500 | 1.00x |" in text and "| 11-23 23:07 |" in text
     assert "| trl | — |" in text and "failed: RuntimeError" in text
 
 

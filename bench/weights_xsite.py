@@ -16,7 +16,7 @@ cross-site service and data port: 20 ms RTT). *Unlimited*: the same namespaces a
 with no rate limit and no delay. Both runs use the same config (``one_step``, every sample
 forced to the same length so both generate the same work); the iteration time is the median of
 ``iteration_time_s`` after the first two iterations (connection set-up; the mean is kept too).
-Runs alternate the order; the full run repeats each condition three times and takes medians
+Runs alternate the order; the full run repeats each condition REPS (5) times and takes medians
 (``--quick``: one run each, indicative only). Bytes crossing the link are read from the
 train-side veth's ``tx_bytes``; copies per version = those bytes / (versions the generation
 relay committed x version size) (requests and heartbeats ride along: the excess over 1.0 is
@@ -35,7 +35,8 @@ from pathlib import Path
 
 TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
 GEN_TLS_DATA_PORT = 47100  # fixed (a fresh namespace), so its delay line can start first and be advertised
-FORCED_LENGTH = 24
+FORCED_LENGTH = 48  # tokens: generation per iteration (~1 s here) well above the wire time of a version (0.33 s)
+REPS = 5
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
 MODEL = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2",
          "model.intermediate_size=1152"]
@@ -162,7 +163,7 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict
         ns_train, ns_gen = net.add("train"), net.add("gen")
         net.train_dev, gen_dev = net.veth(ns_train, f"{TRAIN_IP}/24", ns_gen, f"{GEN_IP}/24", "bxs")
         runs: dict[str, list[dict]] = {"unlimited": [], "limited": []}
-        for rep in range(1 if quick else 3):
+        for rep in range(1 if quick else REPS):
             for kind in ("unlimited", "limited") if rep % 2 == 0 else ("limited", "unlimited"):  # alternate the order
                 if kind == "limited":
                     Netns.limit(net.train_dev, "1gbit", ns_train)

@@ -341,7 +341,8 @@ class ScaleoutConfig(StrictModel):
 
 class ForcedLengthRamp(StrictModel):
     """Forced-length replay driven by the trainer: iteration k's samples are exactly
-    ``start + k * per_iteration`` tokens long (StreamRL Figure 11: output length grows linearly)."""
+    ``start + k * per_iteration`` tokens long (StreamRL Figure 11: output length grows linearly).
+    In bounded mode k is the trainer's weight version when the group is launched."""
 
     start: int = Field(0, ge=0, le=65536, description="Forced length of iteration 0 (0 = off: the policy decides lengths).")
     per_iteration: float = Field(0.0, ge=0.0, le=65536.0, description="Tokens added per iteration.")
@@ -413,8 +414,9 @@ class RunConfig(StrictModel):
         if ramp.start:
             if not self.generation.forced_lengths:
                 raise ValueError("forced_length_ramp needs generation.forced_lengths: true")
-            if self.trainer.mode == "bounded":
-                raise ValueError("forced_length_ramp applies to trainer.mode sequential, sync or one_step")
+            if self.trainer.mode == "bounded" and self.trainer.partial_rollout:
+                raise ValueError("forced_length_ramp does not apply with trainer.partial_rollout (a resumed "
+                                 "trajectory's forced length would have to count the segments before it)")
             last = ramp.length(self.trainer.iterations - 1)
             if last > self.generation.max_new_tokens:
                 raise ValueError(

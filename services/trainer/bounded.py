@@ -149,7 +149,7 @@ class BoundedRunner:
         state = _GroupState(problem, inst.version)
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
-        (spec,) = self.t.prompt_specs([problem])
+        (spec,) = self.t.prompt_specs([problem], self.t.cfg.forced_length_ramp.length(self.t.version))
         call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)])
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, inst.version, inst.index))

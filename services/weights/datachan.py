@@ -19,6 +19,11 @@ Wire format (all integers big-endian):
   bytes (their length is the manifest's, so it is not sent). ``END`` as the index closes the
   stream; its digest field is the version digest.
 
+Keep-alive: after a transfer that ended cleanly (a push's OK status, a pull's end frame) the
+connection waits up to ``KEEPALIVE_S`` for the next preamble (with a new token); the client keeps
+such connections (``datapath.KeptConnections``), so consecutive versions over a long link pay
+neither the TCP and TLS handshakes nor a fresh congestion window.
+
 With TLS (cross-site links) the relay also listens on a mutual-TLS data port using the site
 certificates (``certs.TlsFiles``): a client without a certificate from the site CA is refused in
 the handshake. A token granted over a TLS gRPC port is good only on the TLS data port.

@@ -91,6 +91,8 @@ def test_bad_limits_and_counts_are_refused():
         (["scaleout.window=0"], "scaleout.window"),
         (["forced_length_ramp.start=8"], "needs generation.forced_lengths"),
         (["forced_length_ramp.per_iteration=4"], "needs forced_length_ramp.start > 0"),
+        (["forced_length_ramp.start=8", "generation.forced_lengths=true", "trainer.mode=bounded",
+          "trainer.partial_rollout=true"], "does not apply with trainer.partial_rollout"),
         (["forced_length_ramp.start=8", "forced_length_ramp.per_iteration=100", "generation.forced_lengths=true"],
          "above generation.max_new_tokens"),
     ],

@@ -7,6 +7,7 @@ import logging
 import socket
 import ssl
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -250,13 +251,24 @@ class _Forwarder:
                     pass
 
 
-def test_grants_name_the_advertised_data_port_of_a_relay_behind_a_port_forward(tmp_path):
+@contextmanager
+def _relay_behind_forward(tmp_path, name: str):
+    """A relay whose data port sits behind a port forward it advertises; (forward, relay, client)."""
     bound = _free_port()
     forward = _Forwarder(bound)
-    relay = start_relay(tmp_path, "nat", "--data-port", str(bound), "--advertise-data-port", str(forward.port))
+    relay = start_relay(tmp_path, name, "--data-port", str(bound), "--advertise-data-port", str(forward.port))
     client = RelayClient(relay.address)
     try:
         client.wait_ready()
+        yield forward, relay, client
+    finally:
+        client.close()
+        forward.listener.close()
+        assert relay.stop() == 0
+
+
+def test_grants_name_the_advertised_data_port_of_a_relay_behind_a_port_forward(tmp_path):
+    with _relay_behind_forward(tmp_path, "nat") as (forward, relay, client):
         assert client.push(snapshot_blob(model_state(3.0), CHUNK, None), 1, use_shm=False)
         got = client.pull(1, allow_shm=False)
         assert got.path == "tcp" and _equal(got.state, 3.0)
@@ -264,10 +276,6 @@ def test_grants_name_the_advertised_data_port_of_a_relay_behind_a_port_forward(t
         assert forward.connections == 1  # the push and the pull went through the forward, on one kept connection
         assert client.kept.reused == 1
         assert f"grants name {forward.port}" in relay.log.read_text()
-    finally:
-        client.close()
-        forward.listener.close()
-        assert relay.stop() == 0
 
 
 def test_relay_refuses_a_port_out_of_range(capsys):
@@ -281,12 +289,7 @@ def test_relay_refuses_a_port_out_of_range(capsys):
 def test_data_connections_are_kept_for_the_next_transfer_and_dropped_when_closed(tmp_path):
     """Keep-alive: consecutive transfers share one connection (no new handshake, the congestion
     window kept); a kept connection the other end closed is noticed and replaced, nothing fails."""
-    bound = _free_port()
-    forward = _Forwarder(bound)
-    relay = start_relay(tmp_path, "keep", "--data-port", str(bound), "--advertise-data-port", str(forward.port))
-    client = RelayClient(relay.address)
-    try:
-        client.wait_ready()
+    with _relay_behind_forward(tmp_path, "keep") as (forward, relay, client):
         for v in (1, 2, 3):
             assert client.push(snapshot_blob(model_state(float(v)), CHUNK, None), v, use_shm=False)
             assert _equal(client.pull(v, allow_shm=False).state, float(v))
@@ -297,7 +300,3 @@ def test_data_connections_are_kept_for_the_next_transfer_and_dropped_when_closed
         assert _equal(client.pull(4, allow_shm=False).state, 4.0)
         assert forward.connections == 2 and client.kept.reused == 6
         assert "no preamble" not in relay.log.read_text()  # a kept connection closing is not a refusal
-    finally:
-        client.close()
-        forward.listener.close()
-        assert relay.stop() == 0

@@ -274,12 +274,20 @@ class RelayClient:
     def push_data(self, manifest: Manifest, version: int, frames, sender: str = "trainer") -> bool:
         """Push over the data channel: ``frames(start)`` yields (index, digest, bytes) from chunk
         ``start`` (what the relay already holds in a row), then (END, version digest, b"")."""
-        grant = self.open_transfer(pb.TransferRequest(
-            direction="push", version=version, manifest=manifest_to_pb(manifest, version), sender=sender))
-        sock = self._dial(grant, dc.PUSH)
-        answer = datapath.send_version(sock, frames(grant.from_chunk))  # closes the socket unless it ended cleanly
-        self.kept.give(self._data_port(grant), sock)
-        return bool(answer.get("committed"))
+        while True:
+            grant = self.open_transfer(pb.TransferRequest(
+                direction="push", version=version, manifest=manifest_to_pb(manifest, version), sender=sender))
+            sock, reused = self._dial(grant, dc.PUSH)
+            try:
+                answer = datapath.send_version(sock, frames(grant.from_chunk))  # closes the socket unless it ended cleanly
+            except RelayError as err:
+                if not (reused and err.code == grpc.StatusCode.UNAVAILABLE):
+                    raise
+                log.info("kept data connection to %s was gone (%s); pushing version %d again on a new one",
+                         self.address, err, version)
+                continue  # a fresh connection next (the relay resumes from what it holds)
+            self.kept.give(self._data_port(grant), sock)
+            return bool(answer.get("committed"))
 
     def try_data_channel(self, fn, *args):
         """Run ``fn`` over the data channel; None (and a log line) when the channel cannot be
@@ -430,7 +438,7 @@ class RelayClient:
         if grant.version != version or len(digests) != len(m.plan) or grant.manifest.version_digest != vdigest \
                 or version_digest(digests) != vdigest:
             raise WeightError("integrity", f"version {version}: the grant's chunk digests do not match the version digest")
-        sock = self._dial(grant, dc.PULL)
+        sock, _ = self._dial(grant, dc.PULL)  # a kept one found closed breaks the pull: it resumes on a fresh one
         datapath.receive_version(sock, m, view, digests, vdigest, start, stop, got, bad)  # closes it unless complete
         self.kept.give(self._data_port(grant), sock)
 

@@ -88,16 +88,19 @@ class KeptConnections:
         self._kept: dict[int, list[tuple[float, socket.socket]]] = {}
         self.reused = 0  # transfers that ran on a kept connection
 
-    def dial(self, host: str, port: int, tls: TlsFiles | None, direction: int, version: int, token: bytes) -> socket.socket:
-        """A kept connection to ``port`` with the new preamble sent, else a fresh one (``dial``)."""
+    def dial(self, host: str, port: int, tls: TlsFiles | None, direction: int, version: int,
+             token: bytes) -> tuple[socket.socket, bool]:
+        """(a kept connection to ``port`` with the new preamble sent, True), else (a fresh one,
+        False). A kept one can still turn out closed (the relay restarted just now): the caller
+        retries such a transfer once on a fresh connection."""
         while (sock := self._take(port)) is not None:
             try:
                 dc.open_stream(sock, direction, version, token)
                 self.reused += 1
-                return sock
+                return sock, True
             except OSError:
                 sock.close()
-        return dial(host, port, tls, direction, version, token)
+        return dial(host, port, tls, direction, version, token), False
 
     def give(self, port: int, sock: socket.socket) -> None:
         with self._lock:

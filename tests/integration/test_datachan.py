@@ -300,3 +300,18 @@ def test_data_connections_are_kept_for_the_next_transfer_and_dropped_when_closed
         assert _equal(client.pull(4, allow_shm=False).state, 4.0)
         assert forward.connections == 2 and client.kept.reused == 6
         assert "no preamble" not in relay.log.read_text()  # a kept connection closing is not a refusal
+
+
+def test_a_kept_connection_closed_after_its_check_is_retried_on_a_fresh_one(tmp_path, monkeypatch, caplog):
+    """The race the check cannot close: the relay drops a kept connection just after the client
+    found it open (simulated: the check always passes). The push is sent again, the pull resumes."""
+    with _relay_behind_forward(tmp_path, "race") as (forward, relay, client):
+        assert client.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)
+        monkeypatch.setattr(datapath, "quiet", lambda sock: True)
+        forward.cut()
+        with caplog.at_level(logging.INFO, logger="braid.weights.client"):
+            assert client.push(snapshot_blob(model_state(2.0), CHUNK, None), 2, use_shm=False)
+        assert "was gone" in caplog.text and forward.connections == 2
+        forward.cut()
+        assert _equal(client.pull(2, allow_shm=False).state, 2.0)
+        assert forward.connections == 3 and client.versions().held == [1, 2]

@@ -61,6 +61,7 @@ class _Call:
     keys: list[str]  # partial-pool keys of the samples this call produces
     handle: GenerateCall | None = None
     open: int = 0  # samples not yet returned
+    launched: float = 0.0  # when the coordinator started the call (time.time())
 
 
 @dataclass
@@ -70,6 +71,13 @@ class _GroupState:
     finished: dict[int, tuple[SampleRecord, float]] = field(default_factory=dict)
     calls: list[_Call] = field(default_factory=list)
     complete: bool = False
+
+
+def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
+    """Generation is busy while a sample runs, but a sample still running at ``t_end`` reports
+    its interval only when it finishes: count each call still open as busy from its launch
+    (admitted work) to ``t_end``, so an iteration is not called idle while work is in flight."""
+    return [(c.launched, t_end) for st in groups for c in st.calls if c.open]
 
 
 class BoundedRunner:
@@ -168,6 +176,7 @@ class BoundedRunner:
 
     def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState) -> None:
         call.open = len(call.keys)
+        call.launched = time.time()
         self.inflight[call.instance] += call.open
         call.handle = self.t.clients[call.instance].start(prompts, params)
         state.calls.append(call)
@@ -315,6 +324,7 @@ class BoundedRunner:
             self.groups.pop(key, None)
         self.trained.clear()
         t_end = time.time()
+        self.gen_busy += open_call_intervals(self.groups.values(), t_end)
         self.t.gen_busy.extend(self.gen_busy)
         self.gen_busy = []
         row = self.t.record(k, t_start, t_end, acc, stats, grad_norm, stall, self._extra(result))

@@ -22,7 +22,6 @@ seconds (simulated, except the ``real`` section).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -176,13 +175,9 @@ def main() -> int:
         result["sim_error"] = result["real"]["sim_error"]
     result["bench_seconds"] = time.time() - t_start
     from bench.dispatch_report import markdown, plot
+    from bench.report_io import write_results
 
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dispatch.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "dispatch.md").write_text(markdown(result))
-    plot(result, out / "dispatch.png")
-    print(markdown(result))
+    print(write_results(ns.out, "dispatch", result, markdown, plot))
     return 0
 
 

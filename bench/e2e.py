@@ -59,6 +59,8 @@ for _path in (ROOT, ROOT / "bench"):
 
 from e2e_report import NOISE_SE, markdown, plot  # noqa: E402  (rendering of the results)
 
+from bench.report_io import write_results  # noqa: E402
+
 BOUNDED_ETAS = (1, 2, 4)
 BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
 MODES = (*BRAID_MODES, "trl")
@@ -461,12 +463,7 @@ def main() -> int:
         "bench_wall_s": time.time() - t_start,
     }
     result = assemble(modes, per_mode, target, meta)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "e2e.md").write_text(markdown(result))
-    plot(result, out / "e2e_curves.png")
-    print(markdown(result))
+    print(write_results(ns.out, "e2e", result, markdown, plot, png="e2e_curves.png"))
     print(f"total {time.time() - t_start:.0f}s")
     failed = [m for m in modes if per_mode[m]["status"] != "ok"]
     return 1 if failed else 0

@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report_io import write_results  # noqa: E402
+
 MODES = ("sequential", "sync", "one_step")
 
 
@@ -115,11 +117,7 @@ def main() -> int:
         "host": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
     }
     result = summarize(per_mode, meta)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "pipeline.md").write_text(markdown(result))
-    print(markdown(result))
+    print(write_results(ns.out, "pipeline", result, markdown))
     return 0
 
 

@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report_io import write_results  # noqa: E402
+
 BASE = [
     "trainer.mode=one_step", "trainer.prompts_per_iteration=8", "trainer.group_size=8", "trainer.micro_batch_groups=8",
     "trainer.kl_coef=0.001", "warmstart.steps=20", "eval.prompts=8", "generation.max_new_tokens=256",
@@ -235,12 +237,7 @@ def main() -> int:
     }
     result = summarize(scaled, baseline, cfg.scaleout.window, cfg.scaleout.cooldown, meta)
     result["bench_wall_s"] = time.time() - t0
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "scaleout.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "scaleout.md").write_text(markdown(result))
-    plot(result, out / "scaleout.png")
-    print(markdown(result))
+    print(write_results(ns.out, "scaleout", result, markdown, plot))
     return 0
 
 

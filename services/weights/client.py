@@ -28,8 +28,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
@@ -39,8 +37,6 @@ from services.common.weights import (
     WeightError,
     blob_chunk,
     check_chunk_digest,
-    flatten_into,
-    manifest_of,
     state_from_blob,
     version_digest,
 )
@@ -50,73 +46,25 @@ from services.weights import datachan as dc
 from services.weights import datapath
 from services.weights.certs import TlsFiles, channel_credentials
 from services.weights.convert import manifest_from_pb, manifest_to_pb
-from services.weights.store import Blob, host_id
+from services.weights.store import host_id
+from services.weights.values import (
+    Pulled,
+    RelayError,
+    RelayInfo,
+    VersionState,
+    WeightBlob,
+    _info,
+    snapshot_blob,
+)
 from services.weights.wire import chunk_of, encode_chunk, pull_callable, push_callable
+
+__all__ = ["Pulled", "RelayClient", "RelayError", "RelayInfo", "VersionState", "WeightBlob", "snapshot_blob"]
 
 log = logging.getLogger("braid.weights.client")
 REFETCH_TRIES = 3
 DATA_PATHS = ("tcp", "grpc")
 DATA_RETRY_S = 60.0  # after the data channel was unreachable, use gRPC streams this long
 CONTROL_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class VersionState:
-    version: int
-    complete: bool
-    received: int
-    chunks: int
-    bytes: int
-    digest: str
-    committed_at: float
-
-
-@dataclass(frozen=True)
-class RelayInfo:
-    relay_id: str
-    host_id: str
-    latest: int
-    versions: dict[int, VersionState]
-
-    @property
-    def held(self) -> list[int]:
-        return sorted(v for v, s in self.versions.items() if s.complete)
-
-
-@dataclass
-class Pulled:
-    version: int
-    manifest: Manifest
-    blob: object  # keeps the bytes alive while ``state`` views them
-    state: dict
-    digest: str
-    path: str  # "shm", "tcp" (data channel) or "stream" (gRPC)
-    refetched: int = 0
-    prefaulted: bool = False  # received into the buffer ``reserve`` had prepared
-
-
-@dataclass(frozen=True)
-class WeightBlob:
-    """A version's bytes, flat, ready to push (``snapshot_blob``)."""
-
-    manifest: Manifest
-    blob: Blob
-
-
-def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
-    """Copy ``state`` into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
-    ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
-    manifest = manifest_of(state, chunk_bytes)
-    fits = spare is not None and spare.size == manifest.total_bytes and (spare.path is not None) == (shm_dir is not None)
-    blob = spare if fits else Blob(manifest.total_bytes, shm_dir)
-    flatten_into(state, manifest, blob.view)
-    return WeightBlob(manifest, blob)
-
-
-class RelayError(RuntimeError):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
 
 
 def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
@@ -511,11 +459,3 @@ def _check_specs(version: int, m: Manifest, specs: dict | None) -> None:
     if specs is not None and m.specs() != specs:
         diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
         raise WeightError("argument", f"version {version} is a different model's parameters (first differences: {diff})")
-
-
-def _info(reply: pb.VersionsReply) -> RelayInfo:
-    versions = {
-        v.version: VersionState(v.version, v.complete, v.received, v.chunks, v.bytes, v.digest, v.committed_at)
-        for v in reply.versions
-    }
-    return RelayInfo(reply.relay_id, reply.host_id, reply.latest, versions)

@@ -30,6 +30,7 @@ import grpc
 from services.common.weights import Manifest, WeightError, check_chunk_digest, chunk_digest, version_digest
 from services.weights import datachan as dc
 from services.weights.certs import TlsFiles
+from services.weights.values import RelayError
 
 _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 Frames = Iterator[tuple[int, str, object]]  # (chunk index or END, digest, bytes)
@@ -40,14 +41,10 @@ class DataChannelUnreachable(ConnectionError):
 
 
 def _relay_error(code: int, message: str):
-    from services.weights.client import RelayError
-
     return RelayError(_BY_VALUE.get(code, grpc.StatusCode.UNKNOWN), message)
 
 
 def _broken(err: BaseException, what: str):
-    from services.weights.client import RelayError
-
     return RelayError(grpc.StatusCode.UNAVAILABLE, f"data channel broke during {what}: {err}")
 
 

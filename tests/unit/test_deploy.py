@@ -6,6 +6,7 @@ import base64
 import json
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -135,9 +136,22 @@ def test_deploy_step_output_is_json():
     json.dumps(run_config(str(ROOT / "deploy/configs/smoke.yaml")))
 
 
-def test_api_request_retries_a_busy_server_then_returns_its_answer():
+@contextmanager
+def _api_server(handler):
+    """A stand-in Prefect API on a free loopback port; yields its API URL."""
     import http.server
     import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    finally:
+        server.shutdown()
+
+
+def test_api_request_retries_a_busy_server_then_returns_its_answer():
+    import http.server
 
     from flows.server import api_request
 
@@ -159,21 +173,15 @@ def test_api_request_retries_a_busy_server_then_returns_its_answer():
         def log_message(self, *args):
             pass
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+    with _api_server(Handler) as url:
         assert api_request(url, "POST", "/x", {"a": 1}) == (201, {"id": "run"})
         assert seen == [b'{"a": 1}'] * 3
         answers.extend([503, 503])
         assert api_request(url, "POST", "/x", {"a": 1}, retries=1)[0] == 503  # gives up with the last answer
-    finally:
-        server.shutdown()
 
 
 def test_api_request_retries_a_get_that_timed_out_but_never_a_write(monkeypatch):
     import http.server
-    import threading
     import time
 
     import flows.server
@@ -201,15 +209,10 @@ def test_api_request_retries_a_get_that_timed_out_but_never_a_write(monkeypatch)
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/api"
+    with _api_server(Handler) as url:
         assert api_request(url, "GET", "/flow_runs/x") == (200, {"state": "COMPLETED"})
         assert calls["GET"] == 2
         with pytest.raises(TimeoutError):
             api_request(url, "POST", "/x", {"a": 1})
         assert calls["POST"] == 1
-    finally:
-        server.shutdown()
 

@@ -1,0 +1,81 @@
+"""What the weight relay's client takes, hands back and raises: the version snapshot, progress,
+pulled versions and ``RelayError``. No network here, so the data-path helpers use these without
+importing the client (``services.weights.client`` re-exports them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from services.common.weights import Manifest, flatten_into, manifest_of
+from services.proto import braid_pb2 as pb
+from services.weights.store import Blob
+
+
+@dataclass(frozen=True)
+class VersionState:
+    version: int
+    complete: bool
+    received: int
+    chunks: int
+    bytes: int
+    digest: str
+    committed_at: float
+
+
+@dataclass(frozen=True)
+class RelayInfo:
+    relay_id: str
+    host_id: str
+    latest: int
+    versions: dict[int, VersionState]
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(v for v, s in self.versions.items() if s.complete)
+
+
+@dataclass
+class Pulled:
+    version: int
+    manifest: Manifest
+    blob: object  # keeps the bytes alive while ``state`` views them
+    state: dict
+    digest: str
+    path: str  # "shm", "tcp" (data channel) or "stream" (gRPC)
+    refetched: int = 0
+    prefaulted: bool = False  # received into the buffer ``reserve`` had prepared
+
+
+@dataclass(frozen=True)
+class WeightBlob:
+    """A version's bytes, flat, ready to push (``snapshot_blob``)."""
+
+    manifest: Manifest
+    blob: Blob
+
+
+def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
+    """Copy ``state`` into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
+    ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
+    manifest = manifest_of(state, chunk_bytes)
+    fits = spare is not None and spare.size == manifest.total_bytes and (spare.path is not None) == (shm_dir is not None)
+    blob = spare if fits else Blob(manifest.total_bytes, shm_dir)
+    flatten_into(state, manifest, blob.view)
+    return WeightBlob(manifest, blob)
+
+
+class RelayError(RuntimeError):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+
+
+def _info(reply: pb.VersionsReply) -> RelayInfo:
+    versions = {
+        v.version: VersionState(v.version, v.complete, v.received, v.chunks, v.bytes, v.digest, v.committed_at)
+        for v in reply.versions
+    }
+    return RelayInfo(reply.relay_id, reply.host_id, reply.latest, versions)

@@ -126,46 +126,40 @@ class KeptConnections:
                 sock.close()
 
 
-def _refused_early(sock: socket.socket) -> None:
-    """Raise the relay's status if it has already answered (it refused a chunk)."""
+def _first_unread_byte(sock: socket.socket) -> bytes | None:
+    """Without blocking: None when there is nothing to read, else the first unread byte (b"" at
+    EOF). A TLS socket can be readable with TLS records only (TLS 1.3 session tickets): that is
+    nothing to read too (a blocking read would wait for bytes never sent)."""
     readable, _, _ = select.select([sock], [], [], 0)
     if not readable:
-        return
-    prefix = b""
-    if isinstance(sock, ssl.SSLSocket):  # readable may mean TLS records only (TLS 1.3 session
-        timeout = sock.gettimeout()  # tickets): a blocking read would wait for a status never sent
-        sock.setblocking(False)
-        try:
-            prefix = sock.recv(1)
-        except ssl.SSLWantReadError:
-            return
-        finally:
-            sock.settimeout(timeout)
-    code, message = dc.read_status(sock, prefix)
-    raise _relay_error(code, message)
+        return None
+    if not isinstance(sock, ssl.SSLSocket):
+        return sock.recv(1)
+    timeout = sock.gettimeout()
+    sock.setblocking(False)
+    try:
+        return sock.recv(1)
+    except ssl.SSLWantReadError:
+        return None
+    finally:
+        sock.settimeout(timeout)
+
+
+def _refused_early(sock: socket.socket) -> None:
+    """Raise the relay's status if it has already answered (it refused a chunk)."""
+    prefix = _first_unread_byte(sock)
+    if prefix is not None:
+        code, message = dc.read_status(sock, prefix)
+        raise _relay_error(code, message)
 
 
 def quiet(sock: socket.socket) -> bool:
     """A kept data connection is fit for another transfer: still open, nothing unread (a closed
-    one reads as EOF; a TLS one may hold session tickets only)."""
+    one reads as EOF; bytes nobody asked for make it unfit too)."""
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        return _first_unread_byte(sock) is None
     except (OSError, ValueError):
         return False
-    if not readable:
-        return True
-    if not isinstance(sock, ssl.SSLSocket):
-        return False
-    sock.setblocking(False)
-    try:
-        sock.recv(1)  # EOF or bytes nobody asked for: not fit
-        return False
-    except ssl.SSLWantReadError:
-        return True  # TLS records only
-    except OSError:
-        return False
-    finally:
-        sock.settimeout(None)  # blocking again (the kernel timeouts stay)
 
 
 def send_version(sock: socket.socket, frames: Frames) -> dict:

@@ -1,4 +1,9 @@
-"""``python -m services.generation``: run one Stream Generation Service process."""
+"""``python -m services.generation``: run one Stream Generation Service process.
+
+Serves plaintext on ``--host:--port``; with ``--tls-dir DIR --tls-site NAME`` (both or neither)
+the port serves mutual TLS only, with ``DIR/ca.pem`` and ``DIR/NAME.pem``/``.key`` (``braid
+certs``), for callers at other sites. Missing files stop it at start, naming them.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import signal
 import sys
 import threading
 from pathlib import Path
+
+from services.weights.certs import add_tls_args, tls_from_args
 
 
 def _cpu_list(text: str) -> list[int]:
@@ -32,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpus", default=None, type=_cpu_list, help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)"
     )
+    add_tls_args(parser)
     ns = parser.parse_args(argv)
+    tls = tls_from_args(parser, ns)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
 
     from services.common.affinity import pin_cpus
@@ -72,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # in bounded mode with partial rollout (one call per resumed sample). Callers keep at most
     # ``max_inflight`` samples, hence calls, per instance open; 16 threads more serve control calls.
     server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb,
-                                 workers=cfg.max_inflight + 16)
+                                 workers=cfg.max_inflight + 16, tls=tls)
     core.start()
     server.start()
     if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:
@@ -81,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(ns.port_file + ".tmp")
         tmp.write_text(str(port))
         tmp.rename(ns.port_file)
-    logging.info("serving on %s:%d (engine %s)", ns.host, port, engine.name)
+    logging.info("serving on %s:%d (engine %s%s)", ns.host, port, engine.name, ", mutual TLS" if tls else "")
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -1,4 +1,8 @@
-"""Client of the Stream Generation Service; speaks dataclasses, hides protobuf."""
+"""Client of the Stream Generation Service; speaks dataclasses, hides protobuf.
+
+Plaintext by default (a site's own processes on loopback); with ``tls`` (this site's
+``TlsFiles``) it reaches another site's SGS or router over mutual TLS.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from services.common.weights import iter_chunks
 from services.generation import convert
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
+from services.weights.certs import TlsFiles, open_channel
 
 
 class GenerateCall:
@@ -37,13 +42,14 @@ class GenerateCall:
 
 
 class GenerationClient:
-    def __init__(self, address: str, *, max_message_mb: int = 64, timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self, address: str, *, max_message_mb: int = 64, timeout_s: float = 3600.0, tls: TlsFiles | None = None
+    ) -> None:
         limit = max_message_mb * 1024 * 1024
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+        self._channel = open_channel(
+            address, tls, [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
         )
         self._stub = pb_grpc.GenerationStub(self._channel)
 

@@ -2,7 +2,10 @@
 
 Waits for the instances, loads what the configured policy needs (the PTL profile for
 ``streamrl*``, checked against the served model; the length estimator when
-``generation.ranker_dir`` is set), then serves ``Generation`` on one port.
+``generation.ranker_dir`` is set), then serves ``Generation`` on one port: plaintext, or with
+``--tls-dir DIR --tls-site NAME`` (both or neither) mutual TLS only, with ``DIR/ca.pem`` and
+``DIR/NAME.pem``/``.key`` (``braid certs``), for callers at other sites. Its own calls to its
+instances (same site) stay plaintext.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import signal
 import sys
 import threading
 from pathlib import Path
+
+from services.weights.certs import add_tls_args, tls_from_args
 
 CPU_PROFILE = "cpu-local-braid-tiny"
 
@@ -47,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
     parser.add_argument("--port-file", help="write the bound port here once serving")
     parser.add_argument("--timeline", help="append per-instance timeline events (JSONL) here")
+    add_tls_args(parser)
     ns = parser.parse_args(argv)
+    tls = tls_from_args(parser, ns)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
 
     from services.common.affinity import pin_cpus
@@ -83,13 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         core, cfg, vocab_size=int(model_config["vocab_size"]), max_positions=int(model_config["max_position_embeddings"]),
         keep_weights=run_cfg.scaleout.enabled, drain_timeout_s=run_cfg.scaleout.drain_timeout_s,
     )
-    server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=32)
+    server, port = create_server(
+        servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=32, tls=tls
+    )
     server.start()
     if ns.port_file:
         tmp = Path(ns.port_file + ".tmp")
         tmp.write_text(str(port))
         tmp.rename(ns.port_file)
-    logging.info("routing on %s:%d over %d instances, policy %s", ns.host, port, len(clients), cfg.dispatch.policy)
+    logging.info("routing on %s:%d over %d instances, policy %s%s", ns.host, port, len(clients), cfg.dispatch.policy,
+                 ", mutual TLS" if tls else "")
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

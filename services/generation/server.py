@@ -3,7 +3,8 @@
 Validates every request and answers bad ones with a clear status (INVALID_ARGUMENT for
 malformed input, FAILED_PRECONDITION for a stale weight version, DATA_LOSS for a digest
 mismatch, RESOURCE_EXHAUSTED for oversized messages), converts protobuf to dataclasses, and
-streams each finished sample back as soon as the core delivers it.
+streams each finished sample back as soon as the core delivers it. Serves plaintext, or mutual
+TLS only with ``create_server(..., tls=...)`` (``--tls-dir/--tls-site``: another site's callers).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from services.generation import convert
 from services.generation.core import CallClosed, GenerationCore
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
+from services.weights.certs import TlsFiles, server_credentials
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.sgs")
@@ -235,16 +237,18 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
 
 def create_server(
-    servicer: GenerationServicer, address: str, *, max_message_mb: int, workers: int = 16
+    servicer: pb_grpc.GenerationServicer, address: str, *, max_message_mb: int, workers: int = 16,
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Build a server bound to ``address`` (port 0 picks a free port); returns (server, port)."""
+    """Build a server bound to ``address`` (port 0 picks a free port); returns (server, port).
+    With ``tls`` the port serves mutual TLS only: a client needs a certificate from the same CA."""
     limit = max_message_mb * 1024 * 1024
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgs-rpc"),
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
     )
     pb_grpc.add_GenerationServicer_to_server(servicer, server)
-    port = server.add_insecure_port(address)
+    port = server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"could not bind {address}")
     return server, port

@@ -3,6 +3,10 @@
 Connects to the SGS, evaluates the warm start, runs the RL iterations in the configured
 pipeline mode, evaluates again, and writes ``metrics.jsonl``, ``timeline.json`` and
 ``summary.json`` into the run directory. Exits non-zero on any failure.
+
+``--tls-dir DIR`` gives this site's certificate (``DIR/ca.pem``, ``DIR/<training-site>.pem``/
+``.key``) for other sites' relays; with ``--sgs-tls`` it reaches the SGS (``--sgs``, an
+instance or router serving ``--tls-dir/--tls-site``) over mutual TLS too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,23 @@ import logging
 import sys
 import time
 from pathlib import Path
+
+from services.weights.certs import TlsFiles, site_files
+
+
+def tls_files(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
+    """(for relays, for the SGS): this site's files from ``--tls-dir`` (None without it); the
+    second only with ``--sgs-tls``, checked now (``parser.error`` naming missing files)."""
+    tls = site_files(ns.tls_dir, ns.training_site) if ns.tls_dir else None
+    if not ns.sgs_tls:
+        return tls, None
+    if tls is None:
+        parser.error("--sgs-tls needs --tls-dir (this site's certificate reaches the SGS)")
+    try:
+        tls.read()
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    return tls, tls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--training-site", default="local", help="this process's site (the master relay's)")
     parser.add_argument("--tls-dir", default="", help="`braid certs` directory: reach other sites' relays with mutual TLS")
+    parser.add_argument(
+        "--sgs-tls", action="store_true", help="reach the SGS (--sgs) with mutual TLS too (needs --tls-dir)"
+    )
     ns = parser.parse_args(argv)
+    tls, sgs_tls = tls_files(parser, ns)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
 
     from services.common.affinity import pin_cpus
@@ -42,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     from services.trainer.loop import RLTrainer
 
     run_dir = Path(ns.run_dir)
-    clients = [GenerationClient(a, max_message_mb=cfg.generation.max_message_mb) for a in ns.sgs.split(",") if a]
+    clients = [
+        GenerationClient(a, max_message_mb=cfg.generation.max_message_mb, tls=sgs_tls) for a in ns.sgs.split(",") if a
+    ]
     for client in clients:
         client.wait_ready(timeout_s=120)
     from services.weights.transport import create_transport
@@ -50,12 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     relays = [a for a in ns.relays.split(",") if a]
     if cfg.weights.transport == "relay" and not relays:
         parser.error("weights.transport is 'relay': pass the relay addresses with --relays")
-    tls = None
-    if ns.tls_dir:
-        from services.weights.certs import TlsFiles
-
-        d = Path(ns.tls_dir)
-        tls = TlsFiles(d / "ca.pem", d / f"{ns.training_site}.pem", d / f"{ns.training_site}.key")
     transport = create_transport(
         cfg.weights.transport, cfg.weights, relays=relays, chunk_bytes=cfg.trainer.chunk_bytes,
         training_site=ns.training_site, tls=tls,

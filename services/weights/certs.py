@@ -6,11 +6,13 @@
 ``127.0.0.1`` and the site name as subject alternative names. A relay's cross-site port
 requires a client certificate signed by the same CA (mutual TLS): a client without one is
 refused during the handshake (UNAVAILABLE on its side). Loopback traffic inside a site stays
-plaintext (``tls.enabled`` false by default).
+plaintext (``tls.enabled`` false by default). The Generation service (SGS instances and the
+router) serves mutual TLS the same way with ``--tls-dir/--tls-site`` (``add_tls_args``).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import ipaddress
 from dataclasses import dataclass
@@ -45,6 +47,43 @@ def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
 def channel_credentials(tls: TlsFiles) -> grpc.ChannelCredentials:
     ca, cert, key = tls.read()
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def site_files(directory: str | Path, site: str) -> TlsFiles:
+    """``braid certs``' files for ``site`` in ``directory``: the CA, the site's certificate and key."""
+    d = Path(directory)
+    return TlsFiles(d / "ca.pem", d / f"{site}.pem", d / f"{site}.key")
+
+
+def open_channel(address: str, tls: TlsFiles | None, options: list[tuple[str, object]]) -> grpc.Channel:
+    """A gRPC channel to ``address`` with ``options``: plaintext without ``tls``, else mutual TLS
+    (expecting ``tls.server_name`` in the peer's certificate when set, else the address's host)."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    if tls.server_name:
+        options = [*options, ("grpc.ssl_target_name_override", tls.server_name)]
+    return grpc.secure_channel(address, channel_credentials(tls), options=options)
+
+
+def add_tls_args(parser: argparse.ArgumentParser) -> None:
+    """``--tls-dir DIR --tls-site NAME`` (both or neither): serve mutual TLS with DIR/NAME.pem."""
+    parser.add_argument("--tls-dir", default="", help="`braid certs` directory: serve mutual TLS (needs --tls-site)")
+    parser.add_argument("--tls-site", default="", help="this process's site: its certificate is <tls-dir>/<site>.pem")
+
+
+def tls_from_args(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> TlsFiles | None:
+    """The files ``add_tls_args``' flags name, checked now (``parser.error`` on a lone flag or a
+    missing file, naming it); None without the flags."""
+    if bool(ns.tls_dir) != bool(ns.tls_site):
+        parser.error("--tls-dir and --tls-site go together (mutual TLS needs the CA and this site's certificate)")
+    if not ns.tls_dir:
+        return None
+    tls = site_files(ns.tls_dir, ns.tls_site)
+    try:
+        tls.read()
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    return tls
 
 
 def _name(common: str):
@@ -138,8 +177,6 @@ def make_certs(sites_file: str | Path, out_dir: str | Path | None = None) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="braid certs", description="make a local CA and per-site TLS certificates")
     parser.add_argument("--sites", required=True, help="site config (deploy/sites/*.yaml)")
     parser.add_argument("--out", help="output directory (default: the site file's tls.dir)")

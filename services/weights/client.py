@@ -44,7 +44,7 @@ from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.weights import datachan as dc
 from services.weights import datapath
-from services.weights.certs import TlsFiles, channel_credentials
+from services.weights.certs import TlsFiles, open_channel
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import host_id
 from services.weights.values import (
@@ -74,11 +74,7 @@ def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
         ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
     ]
-    if tls is None:
-        return grpc.insecure_channel(address, options=options)
-    if tls.server_name:
-        options.append(("grpc.ssl_target_name_override", tls.server_name))
-    return grpc.secure_channel(address, channel_credentials(tls), options=options)
+    return open_channel(address, tls, options)
 
 
 class RelayClient:

@@ -158,25 +158,26 @@ def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool
 def start_instances(
     sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False,
     host: str = "127.0.0.1", base_port: int = 0, config: Path | None = None, relays: list[str] | None = None,
+    first: int = 0, cpus: list[int] | None = None, tls: tuple[str, str] | None = None,
 ) -> list[str]:
-    """Start ``n`` SGS instance processes (``sgs-i``) and return their ``host:port`` addresses.
-    With ``tolerate_exit`` the run survives the death of some (not all) instances. Instance ``i``
-    binds ``host:base_port + i`` (``base_port`` 0: any free port); ``config`` defaults to the run
-    directory's ``config.json``. With ``relays``, instance i pulls weights from relay
-    ``i % len(relays)``."""
+    """Start ``n`` SGS instance processes (``sgs-i`` for i = ``first`` ...) and return their
+    ``host:port`` addresses. With ``tolerate_exit`` the run survives the death of some (not all)
+    instances. Instance ``i`` binds ``host:base_port + i`` (``base_port`` 0: any free port);
+    ``config`` defaults to the run directory's ``config.json``. With ``relays``, instance i pulls
+    weights from relay ``i % len(relays)``; ``cpus`` pins them (default: ``generation.cpus``);
+    ``tls`` = (`braid certs` directory, site): they serve mutual TLS."""
     config_path = str(config or run_dir / "config.json")
     port_files = []
-    for i in range(n):
+    for i in range(first, first + n):
         port_file = run_dir / f"sgs-{i}.port"
         port_file.unlink(missing_ok=True)
         port = base_port + i if base_port else 0
-        relay = ["--relay", relays[i % len(relays)]] if relays else []
-        sup.start(
-            f"sgs-{i}", "services.generation",
-            ["--config", config_path, "--model", checkpoint, "--host", host, "--port", str(port),
-             "--port-file", str(port_file), "--instance", str(i)] + relay,
-            threads=threads, tolerate_exit=tolerate_exit,
-        )
+        args = ["--config", config_path, "--model", checkpoint, "--host", host, "--port", str(port),
+                "--port-file", str(port_file), "--instance", str(i)]
+        args += ["--relay", relays[i % len(relays)]] if relays else []
+        args += ["--cpus", ",".join(map(str, cpus))] if cpus else []
+        args += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
+        sup.start(f"sgs-{i}", "services.generation", args, threads=threads, tolerate_exit=tolerate_exit)
         port_files.append(port_file)
     return [f"{host}:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
 
@@ -189,17 +190,20 @@ def router_enabled(cfg) -> bool:
     return mode == "on" or (mode == "auto" and cfg.generation.instances > 1 and cfg.trainer.mode != "bounded")
 
 
-def start_router(sup: Supervisor, run_dir: Path, checkpoint: str, instances: list[str]) -> str:
-    """Start the SGS router (``router``) over ``instances``; return its loopback address."""
+def start_router(
+    sup: Supervisor, run_dir: Path, checkpoint: str, instances: list[str], *, host: str = "127.0.0.1", port: int = 0,
+    config: Path | None = None, tls: tuple[str, str] | None = None,
+) -> str:
+    """Start the SGS router (``router``) over ``instances`` bound to ``host:port`` (0: any free
+    port); return its address. ``tls`` = (`braid certs` directory, site): serve mutual TLS."""
     port_file = run_dir / "router.port"
     port_file.unlink(missing_ok=True)
-    sup.start(
-        "router", "services.generation.router_main",
-        ["--config", str(run_dir / "config.json"), "--model", checkpoint, "--instances", ",".join(instances),
-         "--port", "0", "--port-file", str(port_file), "--timeline", str(run_dir / "router-timeline.jsonl")],
-        threads=1,
-    )
-    return f"127.0.0.1:{sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
+    args = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint, "--instances", ",".join(instances),
+            "--host", host, "--port", str(port), "--port-file", str(port_file),
+            "--timeline", str(run_dir / "router-timeline.jsonl")]
+    args += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
+    sup.start("router", "services.generation.router_main", args, threads=1)
+    return f"{host}:{sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
 
 
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
@@ -228,9 +232,12 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         if router_enabled(cfg):  # the trainer talks to the router only; it dispatches and merges
             router = start_router(sup, run_dir, checkpoint, addresses)
             if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
-                from flows.scaleout import ScaleoutController
+                from flows.scaleout import ProcessUnits, ScaleoutController
 
-                controller = ScaleoutController(sup, run_dir, cfg, checkpoint, router, addresses, relays)
+                by_name = {svc.name: svc for svc in sup.services}
+                members = [(a, by_name[f"sgs-{i}"]) for i, a in enumerate(addresses)]  # all of them may leave
+                units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays)
+                controller = ScaleoutController(run_dir, cfg, router, addresses, units, members)
             addresses = [router]
         trainer = sup.start(
             "trainer", "services.trainer",

@@ -28,31 +28,68 @@ before the change).
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 from allocator.scaleout import IterationTiming, ScaleoutLimits, decide, generation_time
 
 log = logging.getLogger("braid.scaleout")
 
 
+class Units(Protocol):
+    """Starts and stops the processes of added SGS instances: local processes (``ProcessUnits``)
+    or, in two-site mode, flow runs on the generation site's work pool (``flows.site_units``)."""
+
+    def start(self, index: int) -> tuple[str, object, dict]:
+        """Start instance ``index``; block until it serves; return (its address, a handle, log fields)."""
+
+    def stop(self, handle: object) -> None:
+        """Stop an instance the router no longer routes to (it has returned all its work)."""
+
+
+class ProcessUnits:
+    """Added instances as child processes of the launcher's ``Supervisor`` (one host)."""
+
+    def __init__(self, sup, run_dir: Path, cfg, checkpoint: str, relays: list[str]) -> None:
+        self.sup, self.run_dir, self.cfg, self.checkpoint, self.relays = sup, run_dir, cfg, checkpoint, relays
+
+    def start(self, index: int) -> tuple[str, object, dict]:
+        from flows.launcher import start_instances
+
+        cpus = self.cfg.scaleout.cpus or self.cfg.generation.cpus
+        (address,) = start_instances(self.sup, self.run_dir, self.checkpoint, 1, self.cfg.generation.threads,
+                                     first=index, cpus=cpus, relays=self.relays or None)
+        return address, self.sup.services[-1], {"cpus": cpus}
+
+    def stop(self, handle: object) -> None:
+        handle.expect_exit = True  # a clean exit is no longer a failure
+        handle.proc.terminate()
+
+
 class ScaleoutController:
+    """``members`` are the instances the controller may remove, (address, handle) oldest first;
+    routed instances not among them (a generation site's own, in two-site mode) stay to the end,
+    so scale-in never goes below their number."""
+
     def __init__(
-        self, sup, run_dir: Path, cfg, checkpoint: str, router: str, instances: list[str], relays: list[str],
+        self, run_dir: Path, cfg, router: str, instances: list[str], units: Units,
+        members: list[tuple[str, object]], *, tls=None,
     ) -> None:
         from services.generation.client import GenerationClient
 
         so = cfg.scaleout
-        self.sup, self.run_dir, self.cfg, self.checkpoint, self.relays = sup, run_dir, cfg, checkpoint, relays
-        self.limits = ScaleoutLimits(so.min_instances, so.max_instances, so.window, so.cooldown, so.scale_in, so.scale_in_margin)
-        self.router = GenerationClient(router, max_message_mb=cfg.generation.max_message_mb)
+        self.run_dir, self.cfg, self.units = run_dir, cfg, units
+        fixed = len(instances) - len(members)
+        self.limits = ScaleoutLimits(max(so.min_instances, fixed, 1), so.max_instances, so.window, so.cooldown,
+                                     so.scale_in, so.scale_in_margin)
+        self.router = GenerationClient(router, max_message_mb=cfg.generation.max_message_mb, tls=tls)
         self.instances = list(instances)  # routed addresses, oldest first
-        # (address, Service), oldest first: the run's own instances (sgs-i serves instances[i]), then added ones
-        by_name = {svc.name: svc for svc in sup.services}
-        self.members: list[tuple[str, object]] = [(a, by_name[f"sgs-{i}"]) for i, a in enumerate(instances)]
+        self.members = list(members)
         self.history: list[IterationTiming] = []
         self.last_change: int | None = None
         self.next_index = len(instances)
@@ -81,7 +118,11 @@ class ScaleoutController:
                        "action": "hold" if busy else decision.action, "reason": "a change is in progress" if busy else decision.reason})
             if decision.action != "hold" and not busy:
                 self.last_change = timing.iteration
-                self._busy = threading.Thread(target=self._act, args=(decision.action, timing.iteration), name="scaleout", daemon=True)
+                # the thread runs in a copy of this context: a Prefect flow run's context makes a unit's flow run its subflow
+                self._busy = threading.Thread(
+                    target=contextvars.copy_context().run, args=(self._act, decision.action, timing.iteration),
+                    name="scaleout", daemon=True,
+                )
                 self._busy.start()
 
     def wait(self, timeout_s: float = 300.0) -> None:
@@ -122,20 +163,12 @@ class ScaleoutController:
         t0 = time.time()
         i = self.next_index
         self.next_index += 1
-        port_file = self.run_dir / f"sgs-{i}.port"
-        port_file.unlink(missing_ok=True)
-        cpus = self.cfg.scaleout.cpus or self.cfg.generation.cpus
-        args = ["--config", str(self.run_dir / "config.json"), "--model", self.checkpoint, "--host", "127.0.0.1",
-                "--port", "0", "--port-file", str(port_file), "--instance", str(i)]
-        args += ["--cpus", ",".join(map(str, cpus))] if cpus else []
-        args += ["--relay", self.relays[i % len(self.relays)]] if self.relays else []
-        svc = self.sup.start(f"sgs-{i}", "services.generation", args, threads=self.cfg.generation.threads)
-        address = f"127.0.0.1:{self.sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
+        address, handle, fields = self.units.start(i)
         started = time.time()
         instances, version = self.router.add_instance(address, wait_s=SGS_READY_TIMEOUT_S)
-        self.members.append((address, svc))
+        self.members.append((address, handle))
         self.instances = instances
-        self._log({"event": "scale_out", "iteration": iteration, "address": address, "cpus": cpus,
+        self._log({"event": "scale_out", "iteration": iteration, "address": address, **fields,
                    "weight_version": version, "instances": len(instances), "start_s": started - t0,
                    "join_s": time.time() - started})
         log.info("scale-out after iteration %d: %s joined at weight version %d (%d instances)", iteration, address,
@@ -143,11 +176,10 @@ class ScaleoutController:
 
     def _scale_in(self, iteration: int) -> None:
         t0 = time.time()
-        address, svc = self.members.pop()  # the newest instance leaves first
+        address, handle = self.members.pop()  # the newest instance leaves first
         instances, drained = self.router.remove_instance(address, wait_s=self.cfg.scaleout.drain_timeout_s)
         self.instances = instances
-        svc.expect_exit = True  # a clean exit is no longer a failure
-        svc.proc.terminate()
+        self.units.stop(handle)
         self._log({"event": "scale_in", "iteration": iteration, "address": address, "drained": drained,
                    "instances": len(instances), "drain_s": time.time() - t0})
         log.info("scale-in after iteration %d: %s left after %d in-flight sequences (%d instances)", iteration,

@@ -1,9 +1,12 @@
 """Per-site service flows: the processes one site runs for one RL run.
 
 ``generation_site`` starts the site's SGS instances bound to the site config's host and port
-(``sgs_port + i`` for instance i; 0 = any free port), publishes their addresses as the flow-run
-input ``sgs-endpoints`` (read by the controller) and as a table artifact (read by people), then
-serves until told to stop. ``training_site`` starts the trainer against the SGS addresses it is
+(``sgs_port + i`` for instance i; 0 = any free port) and, when the run routes, their router at
+``router_port``; publishes what the training site dials (the router, or the instances) as the
+flow-run input ``sgs-endpoints`` (read by the controller) and as a table artifact (read by
+people), then serves until told to stop. With ``unit`` k >= 1 it is a scale-out unit instead:
+one more SGS instance, started by the controller's scale-out and taken in by the router.
+With ``tls.enabled`` whatever faces the other sites serves mutual TLS. ``training_site`` starts the trainer against the SGS addresses it is
 given and finishes when the trainer does. Both supervise their processes with
 ``flows.launcher.Supervisor``: a dead process fails the site's flow run with its log tail, which
 the controller (``flows/two_site.py``) reports.
@@ -27,12 +30,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.states import Cancelled, State
+from pydantic import Field
 
-from flows.launcher import Supervisor, start_instances, start_relay
-from flows.two_site import ENDPOINTS_KEY, FINAL, RELAY_KEY, STOP_KEY
+from flows.launcher import Supervisor, router_enabled, start_instances, start_relay, start_router
+from flows.two_site import ENDPOINTS_KEY, FINAL, INSTANCES_KEY, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig
 
@@ -77,7 +82,10 @@ def _site(sites: SitesConfig, name: str, role: Role, config: RunConfig, run_dir:
 
 
 @flow(name="generation_site", log_prints=True)
-def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str) -> dict:
+def generation_site(
+    site: str, sites: SitesConfig, config: RunConfig, checkpoint: str, run_dir: str,
+    unit: Annotated[int, Field(ge=0, le=1024)] = 0, relay: str = "",
+) -> dict:
     """Serve the SGS instances of one generation site until the controller says stop.
 
     Args:
@@ -86,6 +94,10 @@ def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint
         config: The resolved run config.
         checkpoint: Warm-start checkpoint directory (a path this site can read).
         run_dir: Run directory for this site's logs.
+        unit: 0: the site's run (its relay, its instances and, when the run routes, their router).
+            k >= 1: scale-out unit k, started by the controller: one more SGS instance
+            (index generation.instances + k - 1) that the router takes in.
+        relay: For a unit under the relay transport: the site relay's address to pull weights from.
     """
     from prefect.artifacts import create_table_artifact
     from prefect.input import create_flow_run_input
@@ -95,27 +107,60 @@ def generation_site(site: str, sites: SitesConfig, config: RunConfig, checkpoint
     sup = Supervisor(rd)
     stop = StopSignal()
     try:
-        relay = _site_relay(sup, rd, s, sites, config) if config.weights.transport == "relay" else None
-        addresses = start_instances(
-            sup, rd, checkpoint, config.generation.instances, config.generation.threads,
-            tolerate_exit=config.trainer.mode == "bounded" and config.generation.instances > 1,
-            host=s.host, base_port=s.sgs_port, config=cfg_path, relays=[relay[0]] if relay else None,
-        )
-        if relay is not None:
-            create_flow_run_input(RELAY_KEY, relay[1])
-        create_flow_run_input(ENDPOINTS_KEY, addresses)
-        create_table_artifact(
-            [{"instance": i, "address": a, "log": str(rd / f"sgs-{i}.log")} for i, a in enumerate(addresses)],
-            key="sgs-endpoints", description=f"SGS instances of site {s.name}",
-        )
-        logger.info("site %s serves SGS at %s", s.name, ", ".join(addresses))
+        rows = _serve_unit(sup, rd, s, config, checkpoint, cfg_path, unit, relay) if unit else \
+            _serve_site(sup, rd, s, sites, config, checkpoint, cfg_path)
+        endpoints = [r["address"] for r in rows if r["role"] != "instance"]  # what the trainer or the router dials
+        create_flow_run_input(ENDPOINTS_KEY, endpoints)
+        create_table_artifact(rows, key="sgs-endpoints", description=f"SGS of site {s.name}" + (f", unit {unit}" if unit else ""))
+        logger.info("site %s serves SGS at %s", s.name, ", ".join(endpoints))
         while not stop.requested():
             sup.check()
             time.sleep(POLL_S)
         logger.info("stopping: %s", stop.reason)
     finally:
         sup.stop_all()
-    return {"site": s.name, "sgs": addresses}
+    return {"site": s.name, "unit": unit, "sgs": endpoints}
+
+
+def _serve_site(
+    sup: Supervisor, rd: Path, s: SiteConfig, sites: SitesConfig, config: RunConfig, checkpoint: str, cfg_path: Path
+) -> list[dict]:
+    """Start the site's relay, instances and (when the run routes) router; publish the relay and
+    the instances; return the endpoint table (the router, or the instances, face the other sites)."""
+    from prefect.input import create_flow_run_input
+
+    tls = (sites.tls.dir, s.name) if sites.tls.enabled else None
+    routed = router_enabled(config)
+    relay = _site_relay(sup, rd, s, sites, config) if config.weights.transport == "relay" else None
+    instances = start_instances(
+        sup, rd, checkpoint, config.generation.instances, config.generation.threads,
+        tolerate_exit=config.trainer.mode == "bounded" and config.generation.instances > 1,
+        host=s.host, base_port=s.sgs_port, config=cfg_path, relays=[relay[0]] if relay else None,
+        tls=None if routed else tls,  # behind the router, instances are reached from this site only
+    )
+    role = "instance" if routed else "front"
+    rows = [{"role": role, "address": a, "log": str(rd / f"sgs-{i}.log")} for i, a in enumerate(instances)]
+    if routed:
+        router = start_router(sup, rd, checkpoint, instances, host=s.host, port=s.router_port, config=cfg_path, tls=tls)
+        rows.insert(0, {"role": "router", "address": router, "log": str(rd / "router.log")})
+    if relay is not None:
+        create_flow_run_input(RELAY_KEY, relay[1])
+    create_flow_run_input(INSTANCES_KEY, instances)
+    return rows
+
+
+def _serve_unit(
+    sup: Supervisor, rd: Path, s: SiteConfig, config: RunConfig, checkpoint: str, cfg_path: Path, unit: int, relay: str
+) -> list[dict]:
+    """Start scale-out unit ``unit``: one SGS instance on this site, for its router (plaintext, in-site)."""
+    if config.weights.transport == "relay" and not relay:
+        raise ValueError(f"unit {unit}: the relay weight transport needs the site relay's address (parameter relay)")
+    index = config.generation.instances + unit - 1
+    (address,) = start_instances(
+        sup, rd, checkpoint, 1, config.generation.threads, host=s.host, base_port=s.sgs_port, config=cfg_path,
+        relays=[relay] if relay else None, first=index, cpus=config.scaleout.cpus or None,
+    )
+    return [{"role": "unit", "address": address, "log": str(rd / f"sgs-{index}.log")}]
 
 
 def _site_relay(sup: Supervisor, rd: Path, s: SiteConfig, sites: SitesConfig, config: RunConfig) -> tuple[str, str]:
@@ -156,14 +201,16 @@ def training_site(
     sup = Supervisor(rd)
     stop = StopSignal()
     try:
-        weights = []
+        links = []  # how the trainer reaches the weight relays and the SGS
         if config.weights.transport == "relay":
             master = _site_relay(sup, rd, s, sites, config)[1]
-            weights = ["--relays", ",".join([master, *(relays or [])]), "--training-site", s.name]
-            weights += ["--tls-dir", sites.tls.dir] if sites.tls.enabled else []
+            links = ["--relays", ",".join([master, *(relays or [])])]
+        if sites.tls.enabled:  # the SGS (or its router) and the other sites' relays are across the link
+            links += ["--tls-dir", sites.tls.dir, "--sgs-tls"]
         trainer = sup.start(
             "trainer", "services.trainer",
-            ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd)] + weights,
+            ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd),
+             "--training-site", s.name] + links,
             threads=config.trainer.threads, expect_exit=True,
         )
         logger.info("site %s: trainer started against %s", s.name, ", ".join(sgs))

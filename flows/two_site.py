@@ -16,7 +16,10 @@ Prefect API only:
    its chain controller links the master relay to every generation site's relay;
 5. watch every site run (states polled each ``poll_s``): the training run Completed ends the
    run; any other site run reaching a final state first fails the controller with that run's
-   state message (a dead service's log tail);
+   state message (a dead service's log tail). With ``scaleout.enabled`` the scale-out
+   controller (``flows.scaleout``) runs here too: an added SGS instance is a flow run of the
+   generation site's deployment with ``unit`` k >= 1 (``PoolUnits``), watched like the others
+   until a scale-in retires it;
 6. always, last: send each site run still active the flow-run input ``stop`` and wait up to
    ``stop_timeout_s`` for it to stop its processes and finish.
 
@@ -28,6 +31,7 @@ directory are passed as parameters and must mean the same on every site.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +45,7 @@ from services.common.sites import SiteConfig, SitesConfig, load_sites
 
 ENDPOINTS_KEY = "sgs-endpoints"  # flow-run input a generation site writes: its SGS addresses
 RELAY_KEY = "relay-endpoint"  # flow-run input a generation site writes (relay transport): its relay spec
+INSTANCES_KEY = "sgs-instances"  # flow-run input a generation site writes: its SGS instances (behind its router)
 STOP_KEY = "stop"  # flow-run input the controller writes to a site run: stop your services
 GENERATION_FLOW = "generation_site"
 TRAINING_FLOW = "training_site"
@@ -141,7 +146,9 @@ class SiteRuns:
         self.params = params
         self._client_context = get_client(sync_client=True)
         self.client = self._client_context.__enter__()
+        self._lock = threading.RLock()  # the client is shared with the scale-out thread (flows.scaleout)
         self.runs: list[SiteRun] = []
+        self.retired: list[SiteRun] = []  # stopped on purpose (a scale-in): their end is not a failure
 
     def start(self, role: str, flow_name: str, site: SiteConfig, parameters: dict) -> SiteRun:
         from prefect.deployments import run_deployment
@@ -156,11 +163,13 @@ class SiteRuns:
                 f"{role} site {site.name!r}: the server has no deployment {name!r} (deploy/prefect.yaml needs one per site)"
             ) from None
         run = SiteRun(role, site, fr.id, fr.name, time.monotonic())
-        self.runs.append(run)
+        with self._lock:
+            self.runs.append(run)
         return run
 
     def observe(self, run: SiteRun) -> SiteObservation:
-        fr = self.client.read_flow_run(run.id)
+        with self._lock:
+            fr = self.client.read_flow_run(run.id)
         state = fr.state
         return SiteObservation(
             role=run.role, site=run.site.name, pool=run.site.work_pool, flow_run=run.name,
@@ -170,15 +179,25 @@ class SiteRuns:
 
     def check(self, expect_done: SiteRun | None = None) -> bool:
         """Raise ``SiteFailed`` on a failure verdict; True when ``expect_done`` Completed."""
-        observations = [self.observe(r) for r in self.runs]
-        for run, obs in zip(self.runs, observations):
+        with self._lock:
+            runs = [r for r in self.runs if r not in self.retired]
+        observations = [self.observe(r) for r in runs]
+        for run, obs in zip(runs, observations):
             if run is expect_done and obs.state == "COMPLETED":
                 return True
         message = verdict(observations, self.params.start_timeout_s)
         if message:
-            self._cancel_waiting(observations, f"cancelled by the controller: {message}")
+            self._cancel_waiting(runs, observations, f"cancelled by the controller: {message}")
             raise SiteFailed(message)
         return False
+
+    def retire(self, run: SiteRun, reason: str) -> None:
+        """Ask one site run to stop its services; its end is then no longer a failure."""
+        from prefect.input import create_flow_run_input
+
+        with self._lock:
+            self.retired.append(run)
+        create_flow_run_input(STOP_KEY, {"reason": reason}, flow_run_id=run.id)
 
     def wait_running(self, run: SiteRun) -> None:
         while self.observe(run).state in WAITING:
@@ -203,33 +222,42 @@ class SiteRuns:
 
     def relay_of(self, run: SiteRun) -> list[str]:
         """The relay spec a generation site published (before its endpoints), or [] if none."""
+        return self.published(run, RELAY_KEY)
+
+    def published(self, run: SiteRun, key: str) -> list[str]:
+        """What a site run published under ``key`` (before its endpoints), as a list; [] if nothing."""
         from prefect.input import read_flow_run_input
 
-        value = read_flow_run_input(RELAY_KEY, flow_run_id=run.id)
-        return [str(value)] if value else []
+        value = read_flow_run_input(key, flow_run_id=run.id)
+        if not value:
+            return []
+        return [str(a) for a in value] if isinstance(value, list) else [str(value)]
 
     def stop_all(self) -> list[SiteObservation]:
         """Ask every active site run to stop; wait for all to reach a final state (bounded)."""
         from prefect.input import create_flow_run_input
 
-        for run in self.runs:
-            if self.observe(run).state not in FINAL:
+        with self._lock:
+            runs = list(self.runs)
+        for run in runs:
+            if run not in self.retired and self.observe(run).state not in FINAL:
                 create_flow_run_input(STOP_KEY, {"reason": "the controller is finishing"}, flow_run_id=run.id)
         deadline = time.monotonic() + self.params.stop_timeout_s
         while True:
-            observations = [self.observe(r) for r in self.runs]
+            observations = [self.observe(r) for r in runs]
             if all(o.state in FINAL or o.state == "SCHEDULED" for o in observations) or time.monotonic() > deadline:
-                self._cancel_waiting(observations, "cancelled by the controller: the run ended before a worker took it")
+                self._cancel_waiting(runs, observations, "cancelled by the controller: the run ended before a worker took it")
                 return observations
             time.sleep(self.params.poll_s)
 
-    def _cancel_waiting(self, observations: list[SiteObservation], reason: str) -> None:
+    def _cancel_waiting(self, runs: list[SiteRun], observations: list[SiteObservation], reason: str) -> None:
         """Cancel runs no worker has taken, so a worker that comes up later does not start them."""
         from prefect.states import Cancelled
 
-        for run, obs in zip(self.runs, observations):
+        for run, obs in zip(runs, observations):
             if obs.state == "SCHEDULED":
-                self.client.set_flow_run_state(run.id, Cancelled(message=reason), force=True)
+                with self._lock:
+                    self.client.set_flow_run_state(run.id, Cancelled(message=reason), force=True)
 
     def close(self) -> None:
         self._client_context.__exit__(None, None, None)
@@ -244,6 +272,41 @@ def site_parameters(run_dir: Path, checkpoint: str, sites: SitesConfig, site: Si
     }
 
 
+class PoolUnits:
+    """Scale-out units of a generation site: each added SGS instance is a flow run of the site's
+    ``generation_site`` deployment with ``unit`` k >= 1, picked up by a worker of the site's work
+    pool (on a real site, any machine of its pool), watched like the site's other runs; a unit
+    removed by scale-in is retired: told to stop, its end no longer a failure."""
+
+    def __init__(self, runs: SiteRuns, site: SiteConfig, parameters: dict, first_index: int, relay: str) -> None:
+        self.runs, self.site, self.parameters, self.first_index, self.relay = runs, site, parameters, first_index, relay
+
+    def start(self, index: int) -> tuple[str, object, dict]:
+        unit = index - self.first_index + 1
+        run = self.runs.start("generation", GENERATION_FLOW, self.site, {**self.parameters, "unit": unit, "relay": self.relay})
+        self.runs.wait_running(run)
+        (address,) = self.runs.wait_endpoints(run)
+        return address, run, {"site": self.site.name, "flow_run": run.name, "unit": unit}
+
+    def stop(self, handle: object) -> None:
+        self.runs.retire(handle, "scale-in: the router no longer routes to this instance")
+
+
+def site_scaleout(runs: SiteRuns, run_dir: Path, checkpoint: str, sites: SitesConfig, gen: SiteRun, router: str):
+    """The scale-out controller of a two-site run: units on ``gen``'s site, through its router."""
+    from flows.scaleout import ScaleoutController
+    from services.weights.certs import site_files
+
+    cfg = load_config(run_dir / "config.json")
+    instances = runs.published(gen, INSTANCES_KEY)
+    relay = runs.relay_of(gen)
+    units = PoolUnits(runs, gen.site, site_parameters(run_dir, checkpoint, sites, gen.site), len(instances),
+                      relay[0].split("@")[0] if relay else "")
+    # the controller sits on the training site: the router is across the link
+    tls = site_files(sites.tls.dir, sites.training_site.name) if sites.tls.enabled else None
+    return ScaleoutController(run_dir, cfg, router, instances, units, members=[], tls=tls)
+
+
 def run_two_sites(
     run_dir: Path, checkpoint: str, params: TwoSiteConfig, on_poll: Callable[[], None] | None = None
 ) -> Path:
@@ -252,7 +315,14 @@ def run_two_sites(
 
     logger = get_run_logger()
     sites = load_sites(params.sites_file)
+    scaleout = load_config(run_dir / "config.json").scaleout.enabled
+    if scaleout and len(sites.generation_sites) != 1:
+        raise SiteFailed(
+            f"scale-out in two-site mode adds instances behind one generation site's router; {params.sites_file} has "
+            f"{len(sites.generation_sites)} generation sites ({[s.name for s in sites.generation_sites]})"
+        )
     runs = SiteRuns(params)
+    controller = None
     try:
         gens = [
             runs.start("generation", GENERATION_FLOW, s, site_parameters(run_dir, checkpoint, sites, s))
@@ -272,14 +342,22 @@ def run_two_sites(
         )
         runs.wait_running(train)
         logger.info("training site %s (flow run %s) is running", train_site.name, train.name)
+        if scaleout:  # the generation site's endpoint is its router
+            controller = site_scaleout(runs, run_dir, checkpoint, sites, gens[0], addresses[0])
         while not runs.check(expect_done=train):
+            if controller is not None:
+                controller.poll()
             if on_poll is not None:
                 on_poll()
             time.sleep(params.poll_s)
+        if controller is not None:
+            controller.poll()  # the last iterations' decisions, for the record
     finally:
+        if controller is not None:
+            controller.close()
         final = runs.stop_all()
         runs.close()
-    bad = [o for o in final if o.state != "COMPLETED"]
+    bad = [o for o in final if o.state not in ("COMPLETED", "SCHEDULED")]  # SCHEDULED: a unit no worker took in time
     if bad:
         raise SiteFailed("; ".join(f"{o.role} site {o.site!r} ended {o.state}: {o.message}" for o in bad))
     return run_dir / "summary.json"

@@ -341,14 +341,17 @@ class ScaleoutConfig(StrictModel):
 
 class ForcedLengthRamp(StrictModel):
     """Forced-length replay driven by the trainer: iteration k's samples are exactly
-    ``start + k * per_iteration`` tokens long (StreamRL Figure 11: output length grows linearly).
+    ``max(1, start + k * per_iteration)`` tokens long (StreamRL Figure 11: output length grows
+    linearly; a negative slope shrinks it, which makes generation run ahead: scale-in).
     In bounded mode k is the trainer's weight version when the group is launched."""
 
     start: int = Field(0, ge=0, le=65536, description="Forced length of iteration 0 (0 = off: the policy decides lengths).")
-    per_iteration: float = Field(0.0, ge=0.0, le=65536.0, description="Tokens added per iteration.")
+    per_iteration: float = Field(
+        0.0, ge=-65536.0, le=65536.0, description="Tokens added per iteration (negative: removed, down to 1 token)."
+    )
 
     def length(self, iteration: int) -> int:
-        return int(round(self.start + iteration * self.per_iteration)) if self.start else 0
+        return max(1, int(round(self.start + iteration * self.per_iteration))) if self.start else 0
 
 
 class EvalConfig(StrictModel):
@@ -417,10 +420,10 @@ class RunConfig(StrictModel):
             if self.trainer.mode == "bounded" and self.trainer.partial_rollout:
                 raise ValueError("forced_length_ramp does not apply with trainer.partial_rollout (a resumed "
                                  "trajectory's forced length would have to count the segments before it)")
-            last = ramp.length(self.trainer.iterations - 1)
-            if last > self.generation.max_new_tokens:
+            k = self.trainer.iterations - 1 if ramp.per_iteration > 0 else 0  # where the ramp is longest
+            if ramp.length(k) > self.generation.max_new_tokens:
                 raise ValueError(
-                    f"forced_length_ramp reaches {last} tokens at the last iteration, above generation.max_new_tokens "
+                    f"forced_length_ramp reaches {ramp.length(k)} tokens at iteration {k}, above generation.max_new_tokens "
                     f"({self.generation.max_new_tokens})"
                 )
         return self

@@ -29,6 +29,10 @@ class SiteConfig(StrictModel):
     host: str = Field("127.0.0.1", min_length=1, description="Address other sites use to reach this site's services.")
     work_pool: str = Field(min_length=1, description="Prefect work pool whose workers run this site's service flow.")
     sgs_port: int = Field(0, ge=0, le=65535, description="SGS port on this site (0 = any free port).")
+    router_port: int = Field(
+        0, ge=0, le=65535,
+        description="SGS router port on this site (0 = any free port); the router fronts the site's instances when the run routes.",
+    )
     relay_port: int = Field(0, ge=0, le=65535, description="Weight relay port on this site (0 = any free port).")
     relay_tls_port: int = Field(
         0, ge=0, le=65535, description="Weight relay port for other sites (mutual TLS when tls.enabled; 0 = any free port)."

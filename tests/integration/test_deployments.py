@@ -100,7 +100,7 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
     sites = yaml.safe_load(SITES.read_text())
     for site in sites["sites"]:
-        site["sgs_port"] = site["relay_port"] = site["relay_tls_port"] = 0  # tests bind free ports
+        site["sgs_port"] = site["router_port"] = site["relay_port"] = site["relay_tls_port"] = 0  # tests bind free ports
     (tmp / "sites.yaml").write_text(yaml.safe_dump(sites))
     saved = os.environ.get("PREFECT_SERVER_API_AUTH_STRING")
     os.environ["PREFECT_SERVER_API_AUTH_STRING"] = AUTH
@@ -206,6 +206,54 @@ def test_two_site_weights_cross_once_through_each_sites_relay(server):
     committed = {name: logs[name][-1].read_text().count("committed") for name in ("relay-train-site", "relay-gen-site")}
     assert committed["relay-train-site"] >= 1 and committed["relay-gen-site"] == committed["relay-train-site"], committed
     assert "from relay" in logs["sgs-0"][-1].read_text()
+
+
+def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):
+    """Growing forced lengths make generation fall behind: the controller starts one more SGS
+    instance as a flow run of the generation site's deployment (unit 1, on its work pool), the
+    site's router takes it in at the current weight version, it serves samples, nothing is lost,
+    and the unit stops with the run. TLS is on: the trainer and the controller reach the router,
+    and the master relay the site's relay, over mutual TLS."""
+    import json
+
+    from services.weights.certs import make_certs
+
+    state, tmp = server
+    sites = yaml.safe_load((tmp / "sites.yaml").read_text())
+    sites["tls"] = {"enabled": True, "dir": str(tmp / "certs")}
+    (tmp / "sites-tls.yaml").write_text(yaml.safe_dump(sites))
+    make_certs(tmp / "sites-tls.yaml")
+    runs_root = tmp / "scaleout"
+    config = _smoke_config(
+        tmp, f"runs_dir={runs_root}", "trainer.iterations=14", "eval.prompts=4", "generation.max_new_tokens=160",
+        "generation.forced_lengths=true", "generation.max_inflight=2", "forced_length_ramp.start=24",
+        "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded", "scaleout.enabled=true",
+        "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1", "scaleout.scale_in=false",
+    )
+    params = {"config": config, "sites": _two_sites(tmp, sites_file=str(tmp / "sites-tls.yaml"))}
+    status, created = _run_from_deployment(state, "rl-training", params)
+    assert status == 201, created
+    run = _wait_final(state, created["id"])
+    assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
+
+    (run_dir,) = runs_root.iterdir()
+    assert "mutual TLS" in (run_dir / "router.log").read_text()
+    events = [json.loads(x) for x in (run_dir / "scaleout.jsonl").read_text().splitlines()]
+    (out,) = [e for e in events if e["event"] == "scale_out"]
+    assert out["site"] == "gen-site" and out["unit"] == 1 and out["instances"] == 2, out
+    _, units = _api(state, "POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": [out["flow_run"]]}}})
+    (unit,) = units
+    assert unit["parameters"]["unit"] == 1 and unit["work_pool_name"] == "braid-generation", unit
+    assert unit["parent_task_run_id"], "the unit is a subflow of the controller's run"
+    assert unit["state"]["type"] == "COMPLETED", unit["state"]
+
+    router = [json.loads(x) for x in (run_dir / "router-timeline.jsonl").read_text().splitlines()]
+    (added,) = [e for e in router if e["event"] == "add_instance"]
+    assert added["address"] == out["address"]
+    assert any(e["event"] == "sample" and e["instance"] == added["slot"] for e in router)  # it served prompts
+    assert "from relay" in (run_dir / "sgs-1.log").read_text()  # it pulled weights from the site's relay
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in rows] == [16] * 14  # none lost or duplicated
 
 
 @pytest.mark.slow

@@ -42,3 +42,42 @@ def test_growing_lengths_force_a_scale_out(tmp_path, tiny_checkpoint):
     assert [r["response_len_max"] for r in rows] == [cfg.forced_length_ramp.length(k) for k in range(cfg.trainer.iterations)]
     sample_keys = [(e["call"], e["seq"]) for e in router if e["event"] == "sample"]
     assert len(sample_keys) == len(set(sample_keys))
+
+
+def test_generation_far_ahead_scales_in_without_losing_work(tmp_path):
+    """Two instances, one-token forced outputs and a trainer with real work per sample (a model
+    larger than the smoke one, a KL term): generation runs far ahead, the controller removes the
+    newer instance (drained through the router, its process stopped), and every iteration still
+    gets all its samples exactly once."""
+    from flows.launcher import run_processes
+    from services.common.config import load_config, write_config
+    from services.policy.model import build_policy, save_policy
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+        "model.hidden_size=128", "model.num_layers=4", "model.intermediate_size=256",
+        "trainer.mode=one_step", "trainer.iterations=8", "eval.prompts=4", "generation.instances=2",
+        "generation.forced_lengths=true", "forced_length_ramp.start=1", "generation.dispatch.policy=least_loaded",
+        "weights.transport=direct", "trainer.kl_coef=0.001", "scaleout.enabled=true", "scaleout.min_instances=1",
+        "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1", "scaleout.scale_in=true",
+    ])
+    write_config(cfg, tmp_path / "config.json")
+    save_policy(build_policy(cfg.model), tmp_path / "policy")
+    summary = json.loads(run_processes(tmp_path, str(tmp_path / "policy")).read_text())
+    assert summary["final_weight_version"] == cfg.trainer.iterations
+
+    events = [json.loads(x) for x in (tmp_path / "scaleout.jsonl").read_text().splitlines()]
+    ins = [e for e in events if e["event"] == "scale_in"]
+    assert len(ins) == 1 and ins[0]["instances"] == 1, events  # down to min_instances, then held
+    assert not [e for e in events if e["event"] == "scale_out"]
+    decision = next(e for e in events if e["event"] == "decision" and e["iteration"] == ins[0]["iteration"])
+    assert decision["action"] == "in" and decision["t_train_s"] > decision["t_gen_s"], decision
+
+    router = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
+    removed = [e for e in router if e["event"] == "remove_instance"]
+    assert len(removed) == 1 and removed[0]["address"] == ins[0]["address"]
+    after = [e for e in router if e["event"] == "sample" and e["submitted_at"] > removed[0]["t"]]
+    assert after and all(e["instance"] != removed[0]["slot"] for e in after)  # no work for it after it left
+
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    per_iteration = cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    assert [r["samples"] for r in rows] == [per_iteration] * cfg.trainer.iterations  # none lost or duplicated

@@ -111,6 +111,36 @@ def test_forced_length_ramp_grows_linearly():
 
     ramp = ForcedLengthRamp(start=16, per_iteration=2.5)
     assert [ramp.length(k) for k in range(3)] == [16, 18, 21] and ForcedLengthRamp().length(7) == 0
+    shrinking = ForcedLengthRamp(start=10, per_iteration=-4)
+    assert [shrinking.length(k) for k in range(5)] == [10, 6, 2, 1, 1]  # never below one token
+
+
+def test_a_shrinking_ramp_is_checked_where_it_is_longest():
+    from services.common.config import ConfigError, load_config
+    from tests.conftest import ROOT
+
+    base = ["generation.forced_lengths=true", "forced_length_ramp.per_iteration=-8", "trainer.iterations=20"]
+    assert load_config(ROOT / "deploy/configs/smoke.yaml", base + ["forced_length_ramp.start=64"])
+    with pytest.raises(ConfigError, match="reaches 65 tokens at iteration 0"):
+        load_config(ROOT / "deploy/configs/smoke.yaml", base + ["forced_length_ramp.start=65"])
+
+
+def test_scale_in_never_removes_instances_the_controller_did_not_add(tmp_path):
+    """Two-site mode: the generation site's own instances are not the controller's to remove."""
+    from flows.scaleout import ScaleoutController
+    from services.common.config import load_config
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["scaleout.enabled=true", "scaleout.min_instances=1",
+                                                          "generation.instances=2", "scaleout.max_instances=4"])
+    site = ScaleoutController(tmp_path, cfg, "127.0.0.1:1", ["a:1", "b:2"], units=None, members=[])
+    local = ScaleoutController(tmp_path, cfg, "127.0.0.1:1", ["a:1", "b:2"], units=None, members=[("a:1", 0), ("b:2", 1)])
+    try:
+        assert (site.limits.min_instances, local.limits.min_instances) == (2, 1)
+        assert site.next_index == local.next_index == 2
+    finally:
+        site.close()
+        local.close()
 
 
 def test_generation_time_is_net_of_overlap_with_the_previous_iteration():

@@ -33,16 +33,21 @@ Measured per mode:
 A mode that fails is reported with its error (and log tail) and does not stop the others; each
 finished mode's result is kept in its run directory (``--reuse`` picks it up again).
 
+``--repeats N`` runs every Braid mode N times: the scored run, then N - 1 throughput-only runs with
+other sampling seeds (same data order, no checkpoint scoring; ``<mode>~r<k>`` run directories).
+Run-to-run spread on this machine is ±10-20% in samples/s (the policy's response lengths and the
+long tail differ between runs), so the ratios the targets compare are of the means, reported with
+their standard errors.
+
 Writes ``bench/results/e2e.json``, ``bench/results/e2e.md`` and ``bench/results/e2e_curves.png``.
 
-    python bench/e2e.py [--quick] [--modes sync,one_step,trl] [--reuse]
+    python bench/e2e.py [--quick] [--modes sync,one_step,trl] [--reuse] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shutil
@@ -57,14 +62,25 @@ for _path in (ROOT, ROOT / "bench"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from e2e_report import NOISE_SE, markdown, plot  # noqa: E402  (rendering of the results)
+from e2e_core import (  # noqa: E402  (the pure helpers)
+    MODES,
+    TARGET_FRACTION,
+    pin_overrides,
+    mode_overrides,
+    repeat_overrides,
+    combine_repeats,
+    staleness_bound,
+    steady_throughput,
+    curve_points,
+    choose_target,
+    buffer_staleness,
+    total_hist,
+    assemble,
+)
+from e2e_report import markdown, plot  # noqa: E402  (rendering of the results)
 
 from bench.report_io import write_results  # noqa: E402
 
-BOUNDED_ETAS = (1, 2, 4)
-BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
-MODES = (*BRAID_MODES, "trl")
-TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "datasets", "accelerate")
 TRL_VENV = ROOT / ".cache" / "bench-trl-venv"
 
@@ -75,51 +91,7 @@ FULL = {"iterations": 100, "checkpoint_every": 10, "eval_prompts": 500}
 QUICK = {"iterations": 6, "checkpoint_every": 3, "eval_prompts": 128}
 
 
-# ---------------------------------------------------------------------------------------- pure helpers
-def pin_overrides(pin: bool) -> list[str]:
-    """Generation site = CPU 0, training site = CPU 1 (Braid modes), or no pinning."""
-    return ["generation.cpus=[0]", "trainer.cpus=[1]"] if pin else []
-
-
-def mode_overrides(mode: str, instances: int) -> list[str]:
-    """Config overrides that select ``mode`` (Braid modes; ``trl`` reads the plain config)."""
-    if mode in ("sync", "one_step"):
-        return [f"trainer.mode={mode}", f"generation.instances={instances}"]
-    if mode == "trl":
-        return ["trainer.mode=sync"]  # TRL is synchronous on-policy; only the shared fields matter to it
-    parts = mode.split("_")
-    if parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit() or parts[2:] not in ([], ["partial"]):
-        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-    out = ["trainer.mode=bounded", f"trainer.eta={int(parts[1])}", f"generation.instances={instances}"]
-    if parts[2:] == ["partial"]:
-        out.append("trainer.partial_rollout=true")
-    return out
-
-
-def staleness_bound(mode: str) -> int:
-    """The largest staleness a trained trajectory may have in ``mode``."""
-    if mode == "sync":
-        return 0
-    if mode == "one_step":
-        return 1
-    if mode.startswith("bounded_"):
-        return int(mode.split("_")[1])
-    raise ValueError(f"mode {mode!r} has no staleness bound")
-
-
-def steady_throughput(rows: list[dict]) -> dict:
-    """Samples per second over the iterations after the first (start-up effects excluded)."""
-    if not rows:
-        raise ValueError("no iterations recorded")
-    steady = rows[1:] or rows
-    wall = sum(r["iteration_time_s"] for r in steady)
-    samples = sum(r["samples"] for r in steady)
-    # response tokens per second too: policies drift to different lengths, so samples/s alone can mislead
-    tokens = sum(r["samples"] * r["response_len_mean"] for r in steady) if all("response_len_mean" in r for r in steady) else None
-    return {"samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "iterations_counted": len(steady),
-            "tokens_per_s": tokens / wall if tokens is not None else None}
-
-
+# ---------------------------------------------------------------------------------------- mechanism
 def backfill(saved: dict, run_dir: Path) -> dict:
     """A result saved before ``tokens_per_s`` and ``started_at`` existed gets them from its run."""
     if "tokens_per_s" not in saved:
@@ -129,129 +101,6 @@ def backfill(saved: dict, run_dir: Path) -> dict:
     return saved
 
 
-def curve_points(warm: tuple[float, float], points: list[dict], rl_started_at: float) -> list[list[float]]:
-    """[(rl_seconds, accuracy, stderr)], starting with the warm start at 0 s, in time order."""
-    curve = [[0.0, warm[0], warm[1]]]
-    for p in sorted(points, key=lambda p: p["time"]):
-        curve.append([p["time"] - rl_started_at, p["accuracy"], p["stderr"]])
-    return curve
-
-
-def time_to_target(curve: list[list[float]], target: float | None) -> float | None:
-    """First time on ``curve`` whose accuracy reaches ``target``; None if never (or no target)."""
-    if target is None:
-        return None
-    for t, acc, _ in sorted(curve, key=lambda p: p[0]):
-        if acc >= target:
-            return t
-    return None
-
-
-def choose_target(warm_accuracy: float, sync_final: float | None, fraction: float = TARGET_FRACTION) -> float | None:
-    """warm + fraction * (sync's final - warm); None when sync did not improve on the warm start."""
-    if sync_final is None or sync_final <= warm_accuracy:
-        return None
-    return warm_accuracy + fraction * (sync_final - warm_accuracy)
-
-
-def buffer_staleness(rows: list[dict], group_size: int, bound: int) -> list[dict]:
-    """Per consumed buffer: the histogram of trajectory-group staleness and the bound violations.
-
-    Bounded rows carry the trainer's ``entry_staleness_hist`` (groups) and ``bound_violations``.
-    In sync/one_step every sample of a group shares one weight version and staleness is 0 or 1,
-    so the group histogram follows exactly from the sample mean."""
-    out = []
-    for r in rows:
-        if "entry_staleness_hist" in r:
-            hist = {int(k): int(v) for k, v in r["entry_staleness_hist"].items()}
-            flagged = int(r["bound_violations"])
-        elif r["staleness_max"] <= 1:
-            groups = r["samples"] // group_size
-            stale = round(r["staleness_mean"] * groups)
-            hist = {s: n for s, n in ((0, groups - stale), (1, stale)) if n}
-            flagged = 0
-        else:
-            hist, flagged = {}, 0
-        over = sum(n for s, n in hist.items() if s > bound)
-        if r["staleness_max"] > bound:
-            over = max(over, 1)
-        out.append({
-            "iteration": r["iteration"],
-            "hist": {str(s): n for s, n in sorted(hist.items())},
-            "staleness_mean": r["staleness_mean"],
-            "staleness_max": r["staleness_max"],
-            "violations": max(flagged, over),
-        })
-    return out
-
-
-def total_hist(buffers: list[dict]) -> dict[str, int]:
-    total: dict[int, int] = {}
-    for b in buffers:
-        for s, n in b["hist"].items():
-            total[int(s)] = total.get(int(s), 0) + n
-    return {str(s): n for s, n in sorted(total.items())}
-
-
-def within_noise(acc: float, se: float, ref: float, ref_se: float, k: float = NOISE_SE) -> bool:
-    return abs(acc - ref) <= k * math.sqrt(se * se + ref_se * ref_se)
-
-
-def target_checks(sps: dict, final: dict, stderr: dict) -> dict:
-    """The issue's targets, each True/False, or None when a mode it needs did not run."""
-
-    def ratio_at_least(a: str, b: str, factor: float) -> bool | None:
-        if sps.get(a) is None or sps.get(b) is None:
-            return None
-        return sps[a] >= factor * sps[b]
-
-    braid = [m for m in BRAID_MODES if sps.get(m) is not None]
-    checks: dict = {
-        "one_step_ge_1.25x_sync": ratio_at_least("one_step", "sync", 1.25),
-        "bounded_2_ge_one_step": ratio_at_least("bounded_2", "one_step", 1.0),
-        "every_braid_mode_ahead_of_trl": (
-            None if sps.get("trl") is None or not braid else all(sps[m] > sps["trl"] for m in braid)
-        ),
-    }
-    if final.get("sync") is not None:
-        checks["async_final_accuracy_within_noise_of_sync"] = {
-            m: within_noise(final[m], stderr[m], final["sync"], stderr["sync"])
-            for m in BRAID_MODES if m != "sync" and final.get(m) is not None
-        }
-    else:
-        checks["async_final_accuracy_within_noise_of_sync"] = None
-    return checks
-
-
-def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, meta: dict) -> dict:
-    """The result document: the issue's fields keyed by every mode (None where a mode did not
-    run or failed), then the detail."""
-    keys = list(dict.fromkeys([*MODES, *modes]))
-
-    def field(name: str) -> dict:
-        return {m: per_mode[m][name] if per_mode.get(m, {}).get("status") == "ok" else None for m in keys}
-
-    sps, final, se = field("samples_per_s"), field("final_accuracy"), field("accuracy_stderr")
-    tps = {m: per_mode[m].get("tokens_per_s") if sps[m] is not None else None for m in keys}
-    ttt = {m: time_to_target(per_mode[m]["curve"], target) if sps[m] is not None else None for m in keys}
-    violations = sum(per_mode[m]["staleness"]["violations"] for m in keys if sps[m] is not None and m != "trl")
-    status = {m: per_mode[m]["status"] if m in per_mode else "not run" for m in keys}
-    return {
-        "samples_per_s": sps,
-        "tokens_per_s": tps,
-        "time_to_target_s": ttt,
-        "final_accuracy": final,
-        "accuracy_stderr": se,
-        "max_staleness_violations": violations,
-        "target_accuracy": target,
-        "targets": target_checks(sps, final, se),
-        "status": status,
-        **meta,
-        "modes": {m: per_mode[m] for m in keys if m in per_mode},
-    }
-
-
-# ---------------------------------------------------------------------------------------- mechanism
 def log_tail(path: Path, lines: int = 30) -> str:
     if not path.is_file():
         return "<no log>"
@@ -356,6 +205,44 @@ def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[flo
     return result
 
 
+def measure_repeat(mode: str, run_dir: Path, cfg, checkpoint: str) -> dict:
+    """A throughput-only repeat of a Braid mode: samples/s, tokens/s and staleness; no scoring."""
+    run_braid(run_dir, checkpoint)
+    rows = read_rows(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    buffers = buffer_staleness(rows, cfg.trainer.group_size, staleness_bound(mode))
+    return {"status": "ok", **steady_throughput(rows), "started_at": summary["rl_started_at"], "run_dir": str(run_dir),
+            "staleness": {"bound": staleness_bound(mode), "violations": sum(b["violations"] for b in buffers)}}
+
+
+def run_mode(mode: str, run_dir: Path, cfg, settings: dict, reuse: bool, measure) -> dict:
+    """One run of a mode through its cache (``e2e_mode.json``): reused when ``reuse`` and the
+    settings match, else measured; a failure is recorded, not raised."""
+    from services.common.config import write_config
+
+    cached = run_dir / "e2e_mode.json"
+    if reuse and cached.is_file():
+        saved = json.loads(cached.read_text())
+        if saved["settings"] == settings and saved["result"]["status"] == "ok":
+            print(f"{run_dir.name}: reused {cached}", flush=True)
+            return backfill(saved["result"], run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    write_config(cfg, run_dir / "config.json")
+    t0 = time.time()
+    try:
+        result = measure()
+        print(f"{run_dir.name}: {result['samples_per_s']:.1f} samples/s"
+              + (f", final accuracy {result['final_accuracy']:.3f}" if "final_accuracy" in result else "")
+              + f" ({time.time() - t0:.0f}s)", flush=True)
+    except Exception as exc:  # noqa: BLE001 -- recover: a failing mode is reported, the others still run
+        msg = f"failed: {type(exc).__name__}: {exc}"
+        result = {"status": msg, "traceback": traceback.format_exc(), "run_dir": str(run_dir)}
+        print(f"{run_dir.name}: {msg}", file=sys.stderr, flush=True)
+    cached.write_text(json.dumps({"settings": settings, "result": result}, indent=2) + "\n")
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
@@ -372,6 +259,9 @@ def main() -> int:
     parser.add_argument("--trl-generation", choices=("cb", "generate"), default="cb",
                         help="TRL generation backend (cb measured faster here than plain generate)")
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with identical settings")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs per Braid mode: the scored run plus throughput-only repeats (other sampling "
+                             "seeds); samples/s is their mean ± standard error")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-e2e"))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ns = parser.parse_args()
@@ -393,7 +283,7 @@ def main() -> int:
     import transformers
     from eval_checkpoints import DECODING, EVAL_SEED, evaluate_checkpoint
 
-    from services.common.config import load_config, write_config
+    from services.common.config import load_config
     from services.policy.warmstart import ensure_warmstart
     from services.tasks.arith import eval_problems
 
@@ -412,31 +302,27 @@ def main() -> int:
     work = Path(ns.work) / ("quick" if ns.quick else "full")
     per_mode: dict[str, dict] = {}
     for mode in modes:
-        run_dir = work / mode
         pinned = pin_overrides(ns.pin) if mode != "trl" else []
-        cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances) + pinned)
-        settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
-                    "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
-        cached = run_dir / "e2e_mode.json"
-        if ns.reuse and cached.is_file():
-            saved = json.loads(cached.read_text())
-            if saved["settings"] == settings and saved["result"]["status"] == "ok":
-                per_mode[mode] = backfill(saved["result"], run_dir)
-                print(f"{mode}: reused {cached}", flush=True)
+        for r in range(1 if mode == "trl" else ns.repeats):
+            run_dir = work / (mode if r == 0 else f"{mode}~r{r}")
+            cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances) + pinned + repeat_overrides(r))
+            settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
+                        "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
+            if r == 0:
+                per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_mode(
+                    mode, run_dir, cfg, checkpoint, warm, problems, ns))
+                repeats: list[dict] = []
+                if per_mode[mode]["status"] != "ok":
+                    break
                 continue
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        write_config(cfg, run_dir / "config.json")
-        t0 = time.time()
-        try:
-            per_mode[mode] = measure_mode(mode, run_dir, cfg, checkpoint, warm, problems, ns)
-            print(f"{mode}: {per_mode[mode]['samples_per_s']:.1f} samples/s, final accuracy "
-                  f"{per_mode[mode]['final_accuracy']:.3f} ({time.time() - t0:.0f}s)", flush=True)
-        except Exception as exc:  # noqa: BLE001 -- recover: a failing mode is reported, the others still run
-            msg = f"failed: {type(exc).__name__}: {exc}"
-            per_mode[mode] = {"status": msg, "traceback": traceback.format_exc(), "run_dir": str(run_dir)}
-            print(f"{mode}: {msg}", file=sys.stderr, flush=True)
-        cached.write_text(json.dumps({"settings": settings, "result": per_mode[mode]}, indent=2) + "\n")
+            settings["eval"] = None  # repeats are not scored
+            rep = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_repeat(mode, run_dir, cfg, checkpoint))
+            if rep["status"] != "ok":
+                per_mode[mode] = {**rep, "status": f"repeat {r}: {rep['status']}"}
+                break
+            repeats.append(rep)
+        if repeats and per_mode[mode]["status"] == "ok":
+            per_mode[mode] = combine_repeats(per_mode[mode], repeats)
 
     sync = per_mode.get("sync", {})
     target = ns.target if ns.target is not None else choose_target(
@@ -452,7 +338,7 @@ def main() -> int:
             "samples_per_iteration": base_cfg.trainer.prompts_per_iteration * base_cfg.trainer.group_size,
             "decoding": DECODING, "eval_seed": EVAL_SEED, "instances": ns.instances, "pinned": ns.pin,
             "trl_threads": ns.trl_threads, "trl_generation": ns.trl_generation, "config": ns.config,
-            "modes_requested": modes,
+            "modes_requested": modes, "repeats": ns.repeats,
         },
         "host": {
             "summary": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",

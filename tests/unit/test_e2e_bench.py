@@ -21,6 +21,8 @@ def _load(name: str):
 
 
 e2e = _load("e2e")
+core = _load("e2e_core")
+e2e_report = _load("e2e_report")
 trl_peer = _load("trl_peer")
 
 
@@ -31,72 +33,72 @@ def row(k: int, samples: int = 256, t: float = 2.0, mean: float = 0.0, mx: int =
 
 def test_steady_throughput_excludes_the_first_iteration():
     rows = [row(0, t=10.0), row(1, t=2.0), row(2, t=2.0)]
-    got = e2e.steady_throughput(rows)
+    got = core.steady_throughput(rows)
     assert got["samples_per_s"] == pytest.approx(512 / 4.0)
     assert got["iterations_counted"] == 2
-    assert e2e.steady_throughput([row(0, t=4.0)])["samples_per_s"] == pytest.approx(64.0)
+    assert core.steady_throughput([row(0, t=4.0)])["samples_per_s"] == pytest.approx(64.0)
     assert got["tokens_per_s"] is None  # no response lengths recorded (as in TRL's rows)
     with_len = [row(0, t=10.0), row(1, t=2.0, response_len_mean=10.0), row(2, t=2.0, response_len_mean=30.0)]
-    assert e2e.steady_throughput(with_len)["tokens_per_s"] == pytest.approx((2560 + 7680) / 4.0)
+    assert core.steady_throughput(with_len)["tokens_per_s"] == pytest.approx((2560 + 7680) / 4.0)
     with pytest.raises(ValueError):
-        e2e.steady_throughput([])
+        core.steady_throughput([])
 
 
 def test_curve_starts_at_the_warm_start_and_is_relative_to_rl_start():
     points = [{"time": 130.0, "accuracy": 0.5, "stderr": 0.02}, {"time": 110.0, "accuracy": 0.4, "stderr": 0.02}]
-    assert e2e.curve_points((0.3, 0.02), points, 100.0) == [[0.0, 0.3, 0.02], [10.0, 0.4, 0.02], [30.0, 0.5, 0.02]]
+    assert core.curve_points((0.3, 0.02), points, 100.0) == [[0.0, 0.3, 0.02], [10.0, 0.4, 0.02], [30.0, 0.5, 0.02]]
 
 
 def test_time_to_target_is_the_first_checkpoint_reaching_it():
     curve = [[0.0, 0.30, 0.02], [10.0, 0.36, 0.02], [20.0, 0.33, 0.02], [30.0, 0.40, 0.02]]
-    assert e2e.time_to_target(curve, 0.35) == 10.0
-    assert e2e.time_to_target(curve, 0.40) == 30.0
-    assert e2e.time_to_target(curve, 0.30) == 0.0
-    assert e2e.time_to_target(curve, 0.41) is None
-    assert e2e.time_to_target(curve, None) is None
+    assert core.time_to_target(curve, 0.35) == 10.0
+    assert core.time_to_target(curve, 0.40) == 30.0
+    assert core.time_to_target(curve, 0.30) == 0.0
+    assert core.time_to_target(curve, 0.41) is None
+    assert core.time_to_target(curve, None) is None
 
 
 def test_target_rule():
-    assert e2e.choose_target(0.30, 0.50) == pytest.approx(0.30 + e2e.TARGET_FRACTION * 0.20)
-    assert e2e.choose_target(0.30, 0.30) is None  # no gain: no meaningful target
-    assert e2e.choose_target(0.30, None) is None
+    assert core.choose_target(0.30, 0.50) == pytest.approx(0.30 + core.TARGET_FRACTION * 0.20)
+    assert core.choose_target(0.30, 0.30) is None  # no gain: no meaningful target
+    assert core.choose_target(0.30, None) is None
 
 
 def test_mode_overrides_and_bounds():
-    assert e2e.mode_overrides("sync", 2) == ["trainer.mode=sync", "generation.instances=2"]
-    assert e2e.mode_overrides("bounded_4_partial", 2) == [
+    assert core.mode_overrides("sync", 2) == ["trainer.mode=sync", "generation.instances=2"]
+    assert core.mode_overrides("bounded_4_partial", 2) == [
         "trainer.mode=bounded", "trainer.eta=4", "generation.instances=2", "trainer.partial_rollout=true",
     ]
-    assert e2e.staleness_bound("one_step") == 1 and e2e.staleness_bound("bounded_2_partial") == 2
+    assert core.staleness_bound("one_step") == 1 and core.staleness_bound("bounded_2_partial") == 2
     for bad in ("bounded", "bounded_x", "bounded_2_full", "async"):
         with pytest.raises(ValueError):
-            e2e.mode_overrides(bad, 2)
+            core.mode_overrides(bad, 2)
 
 
 def test_every_mode_name_resolves_to_a_valid_config():
     from services.common.config import load_config
 
-    for mode in e2e.MODES:
-        load_config(None, e2e.mode_overrides(mode, 2))
+    for mode in core.MODES:
+        load_config(None, core.mode_overrides(mode, 2))
 
 
 def test_buffer_staleness_from_bounded_histograms_and_from_one_step_means():
     bounded = [row(0, mean=0.5, mx=2, entry_staleness_hist={"0": 16, "2": 16}, bound_violations=0)]
-    (b,) = e2e.buffer_staleness(bounded, 8, bound=2)
+    (b,) = core.buffer_staleness(bounded, 8, bound=2)
     assert b["hist"] == {"0": 16, "2": 16} and b["violations"] == 0
-    (b,) = e2e.buffer_staleness(bounded, 8, bound=1)
+    (b,) = core.buffer_staleness(bounded, 8, bound=1)
     assert b["violations"] == 16  # groups staler than the bound are counted
     one_step = [row(0, mean=0.0), row(1, mean=1.0, mx=1), row(2, mean=0.25, mx=1)]
-    buffers = e2e.buffer_staleness(one_step, 8, bound=1)
+    buffers = core.buffer_staleness(one_step, 8, bound=1)
     assert [b["hist"] for b in buffers] == [{"0": 32}, {"1": 32}, {"0": 24, "1": 8}]
-    assert e2e.total_hist(buffers) == {"0": 56, "1": 40}
-    (b,) = e2e.buffer_staleness([row(0, mean=0.5, mx=1)], 8, bound=0)
+    assert core.total_hist(buffers) == {"0": 56, "1": 40}
+    (b,) = core.buffer_staleness([row(0, mean=0.5, mx=1)], 8, bound=0)
     assert b["violations"] > 0  # a stale sample in sync mode is a violation
 
 
 def test_within_noise():
-    assert e2e.within_noise(0.50, 0.02, 0.53, 0.02)
-    assert not e2e.within_noise(0.40, 0.02, 0.53, 0.02)
+    assert core.within_noise(0.50, 0.02, 0.53, 0.02)
+    assert not core.within_noise(0.40, 0.02, 0.53, 0.02)
 
 
 def _ok(sps: float, acc: float = 0.5, violations: int = 0) -> dict:
@@ -110,10 +112,10 @@ def test_assemble_has_the_issue_fields_for_every_mode_and_survives_failures():
         "bounded_4": {"status": "failed: RuntimeError: boom"}, "trl": _ok(25.0),
     }
     modes = list(per_mode)
-    result = e2e.assemble(modes, per_mode, 0.45, {"settings": {}})
+    result = core.assemble(modes, per_mode, 0.45, {"settings": {}})
     for name in ("samples_per_s", "time_to_target_s", "final_accuracy", "accuracy_stderr"):
         assert set(result[name]) >= {"sync", "one_step", "bounded_1", "bounded_2", "bounded_4", "trl"}
-        assert set(result[name]) == set(e2e.MODES)
+        assert set(result[name]) == set(core.MODES)
     assert result["samples_per_s"]["bounded_4"] is None and result["status"]["bounded_4"].startswith("failed")
     assert result["samples_per_s"]["bounded_1"] is None and result["status"]["bounded_1"] == "not run"
     assert result["time_to_target_s"]["sync"] == 50.0
@@ -126,7 +128,7 @@ def test_assemble_has_the_issue_fields_for_every_mode_and_survives_failures():
 
 def test_assemble_counts_violations_and_misses():
     per_mode = {"sync": _ok(50.0), "one_step": _ok(55.0, violations=3), "trl": _ok(60.0)}
-    result = e2e.assemble(list(per_mode), per_mode, None, {})
+    result = core.assemble(list(per_mode), per_mode, None, {})
     assert result["max_staleness_violations"] == 3
     assert result["time_to_target_s"]["sync"] is None  # no target
     assert result["targets"]["one_step_ge_1.25x_sync"] is False
@@ -145,9 +147,30 @@ def test_markdown_renders_a_partial_result():
         "target_rule": "rule", "warmstart": {"accuracy": 0.3, "stderr": 0.03},
     }
     per_mode["sync"].update(tokens_per_s=1500.0, started_at=1795475229.0)
-    text = e2e.markdown(e2e.assemble(["sync", "trl"], per_mode, 0.4, meta))
+    text = e2e_report.markdown(core.assemble(["sync", "trl"], per_mode, 0.4, meta))
     assert "| sync | 50.0 | 1.00x | — | 1500 | 1.00x |" in text and "| 11-23 23:07 |" in text
     assert "| trl | — |" in text and "failed: RuntimeError" in text
+
+
+def test_repeats_average_throughput_add_violations_and_render_with_stderr():
+    first = {**_ok(80.0, violations=0), "tokens_per_s": 2400.0, "run_dir": "a"}
+    reps = [{"status": "ok", "samples_per_s": 90.0, "tokens_per_s": 2600.0, "run_dir": "b",
+             "staleness": {"bound": 1, "violations": 0}},
+            {"status": "ok", "samples_per_s": 100.0, "tokens_per_s": 2800.0, "run_dir": "c",
+             "staleness": {"bound": 1, "violations": 2}}]
+    out = core.combine_repeats(first, reps)
+    assert out["samples_per_s"] == pytest.approx(90.0) and out["tokens_per_s"] == pytest.approx(2600.0)
+    assert out["samples_per_s_stderr"] == pytest.approx(10.0 / math.sqrt(3))  # sample s.d. 10 over sqrt(3)
+    assert [r["run_dir"] for r in out["runs"]] == ["a", "b", "c"]
+    assert out["staleness"]["violations"] == 2 and out["final_accuracy"] == first["final_accuracy"]
+    assert core.repeat_overrides(0) == [] and core.repeat_overrides(2) == ["generation.seed=2"]
+
+    sync = core.combine_repeats({**_ok(60.0), "run_dir": "s"}, [{**_ok(60.0), "run_dir": "t"}])
+    result = core.assemble(["sync", "one_step"], {"sync": sync, "one_step": out}, None, {})
+    assert result["samples_per_s"]["one_step"] == pytest.approx(90.0)
+    assert e2e_report.ratio_with_stderr(result, "one_step", "sync") == "1.50x ± 0.10"
+    assert e2e_report.with_stderr(out, "samples_per_s", ".1f") == "90.0 ± 5.8 (3 runs)"
+    assert e2e_report.with_stderr(first, "samples_per_s", ".1f") == "80.0"
 
 
 def test_trl_peer_batching_gives_one_step_per_iteration():
@@ -157,4 +180,4 @@ def test_trl_peer_batching_gives_one_step_per_iteration():
         trl_peer.peer_batching(256, 8, 48)
     with pytest.raises(ValueError):
         trl_peer.peer_batching(100, 8, 50)
-    assert math.isfinite(e2e.TARGET_FRACTION)
+    assert math.isfinite(core.TARGET_FRACTION)

@@ -1,0 +1,203 @@
+"""Pure helpers of ``bench/e2e.py``: mode overrides, throughput, targets, staleness, repeats and
+the result document. No processes, no I/O."""
+
+from __future__ import annotations
+
+import math
+
+from e2e_report import NOISE_SE
+
+BOUNDED_ETAS = (1, 2, 4)
+BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
+MODES = (*BRAID_MODES, "trl")
+TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
+
+
+def pin_overrides(pin: bool) -> list[str]:
+    """Generation site = CPU 0, training site = CPU 1 (Braid modes), or no pinning."""
+    return ["generation.cpus=[0]", "trainer.cpus=[1]"] if pin else []
+
+
+def mode_overrides(mode: str, instances: int) -> list[str]:
+    """Config overrides that select ``mode`` (Braid modes; ``trl`` reads the plain config)."""
+    if mode in ("sync", "one_step"):
+        return [f"trainer.mode={mode}", f"generation.instances={instances}"]
+    if mode == "trl":
+        return ["trainer.mode=sync"]  # TRL is synchronous on-policy; only the shared fields matter to it
+    parts = mode.split("_")
+    if parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit() or parts[2:] not in ([], ["partial"]):
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    out = ["trainer.mode=bounded", f"trainer.eta={int(parts[1])}", f"generation.instances={instances}"]
+    if parts[2:] == ["partial"]:
+        out.append("trainer.partial_rollout=true")
+    return out
+
+
+def repeat_overrides(r: int) -> list[str]:
+    """Repeat ``r`` of a mode (0 = the scored run): another sampling seed, same data order."""
+    return [f"generation.seed={r}"] if r else []
+
+
+def combine_repeats(first: dict, repeats: list[dict]) -> dict:
+    """The scored run plus throughput-only repeats of one mode: samples/s and tokens/s become the
+    mean over all runs with its standard error; staleness violations add up; each run is listed."""
+    runs = [first, *repeats]
+    out = dict(first)
+    out["runs"] = [{k: r.get(k) for k in ("samples_per_s", "tokens_per_s", "started_at", "run_dir")} for r in runs]
+    for key in ("samples_per_s", "tokens_per_s"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            mean = sum(values) / len(values)
+            var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+            out[key], out[f"{key}_stderr"] = mean, math.sqrt(var / len(values))
+    if "staleness" in first:
+        out["staleness"] = {**first["staleness"], "violations": sum(r["staleness"]["violations"] for r in runs)}
+    return out
+
+
+def staleness_bound(mode: str) -> int:
+    """The largest staleness a trained trajectory may have in ``mode``."""
+    if mode == "sync":
+        return 0
+    if mode == "one_step":
+        return 1
+    if mode.startswith("bounded_"):
+        return int(mode.split("_")[1])
+    raise ValueError(f"mode {mode!r} has no staleness bound")
+
+
+def steady_throughput(rows: list[dict]) -> dict:
+    """Samples per second over the iterations after the first (start-up effects excluded)."""
+    if not rows:
+        raise ValueError("no iterations recorded")
+    steady = rows[1:] or rows
+    wall = sum(r["iteration_time_s"] for r in steady)
+    samples = sum(r["samples"] for r in steady)
+    # response tokens per second too: policies drift to different lengths, so samples/s alone can mislead
+    tokens = sum(r["samples"] * r["response_len_mean"] for r in steady) if all("response_len_mean" in r for r in steady) else None
+    return {"samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "iterations_counted": len(steady),
+            "tokens_per_s": tokens / wall if tokens is not None else None}
+
+
+def curve_points(warm: tuple[float, float], points: list[dict], rl_started_at: float) -> list[list[float]]:
+    """[(rl_seconds, accuracy, stderr)], starting with the warm start at 0 s, in time order."""
+    curve = [[0.0, warm[0], warm[1]]]
+    for p in sorted(points, key=lambda p: p["time"]):
+        curve.append([p["time"] - rl_started_at, p["accuracy"], p["stderr"]])
+    return curve
+
+
+def time_to_target(curve: list[list[float]], target: float | None) -> float | None:
+    """First time on ``curve`` whose accuracy reaches ``target``; None if never (or no target)."""
+    if target is None:
+        return None
+    for t, acc, _ in sorted(curve, key=lambda p: p[0]):
+        if acc >= target:
+            return t
+    return None
+
+
+def choose_target(warm_accuracy: float, sync_final: float | None, fraction: float = TARGET_FRACTION) -> float | None:
+    """warm + fraction * (sync's final - warm); None when sync did not improve on the warm start."""
+    if sync_final is None or sync_final <= warm_accuracy:
+        return None
+    return warm_accuracy + fraction * (sync_final - warm_accuracy)
+
+
+def buffer_staleness(rows: list[dict], group_size: int, bound: int) -> list[dict]:
+    """Per consumed buffer: the histogram of trajectory-group staleness and the bound violations.
+
+    Bounded rows carry the trainer's ``entry_staleness_hist`` (groups) and ``bound_violations``.
+    In sync/one_step every sample of a group shares one weight version and staleness is 0 or 1,
+    so the group histogram follows exactly from the sample mean."""
+    out = []
+    for r in rows:
+        if "entry_staleness_hist" in r:
+            hist = {int(k): int(v) for k, v in r["entry_staleness_hist"].items()}
+            flagged = int(r["bound_violations"])
+        elif r["staleness_max"] <= 1:
+            groups = r["samples"] // group_size
+            stale = round(r["staleness_mean"] * groups)
+            hist = {s: n for s, n in ((0, groups - stale), (1, stale)) if n}
+            flagged = 0
+        else:
+            hist, flagged = {}, 0
+        over = sum(n for s, n in hist.items() if s > bound)
+        if r["staleness_max"] > bound:
+            over = max(over, 1)
+        out.append({
+            "iteration": r["iteration"],
+            "hist": {str(s): n for s, n in sorted(hist.items())},
+            "staleness_mean": r["staleness_mean"],
+            "staleness_max": r["staleness_max"],
+            "violations": max(flagged, over),
+        })
+    return out
+
+
+def total_hist(buffers: list[dict]) -> dict[str, int]:
+    total: dict[int, int] = {}
+    for b in buffers:
+        for s, n in b["hist"].items():
+            total[int(s)] = total.get(int(s), 0) + n
+    return {str(s): n for s, n in sorted(total.items())}
+
+
+def within_noise(acc: float, se: float, ref: float, ref_se: float, k: float = NOISE_SE) -> bool:
+    return abs(acc - ref) <= k * math.sqrt(se * se + ref_se * ref_se)
+
+
+def target_checks(sps: dict, final: dict, stderr: dict) -> dict:
+    """The issue's targets, each True/False, or None when a mode it needs did not run."""
+
+    def ratio_at_least(a: str, b: str, factor: float) -> bool | None:
+        if sps.get(a) is None or sps.get(b) is None:
+            return None
+        return sps[a] >= factor * sps[b]
+
+    braid = [m for m in BRAID_MODES if sps.get(m) is not None]
+    checks: dict = {
+        "one_step_ge_1.25x_sync": ratio_at_least("one_step", "sync", 1.25),
+        "bounded_2_ge_one_step": ratio_at_least("bounded_2", "one_step", 1.0),
+        "every_braid_mode_ahead_of_trl": (
+            None if sps.get("trl") is None or not braid else all(sps[m] > sps["trl"] for m in braid)
+        ),
+    }
+    if final.get("sync") is not None:
+        checks["async_final_accuracy_within_noise_of_sync"] = {
+            m: within_noise(final[m], stderr[m], final["sync"], stderr["sync"])
+            for m in BRAID_MODES if m != "sync" and final.get(m) is not None
+        }
+    else:
+        checks["async_final_accuracy_within_noise_of_sync"] = None
+    return checks
+
+
+def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, meta: dict) -> dict:
+    """The result document: the issue's fields keyed by every mode (None where a mode did not
+    run or failed), then the detail."""
+    keys = list(dict.fromkeys([*MODES, *modes]))
+
+    def field(name: str) -> dict:
+        return {m: per_mode[m][name] if per_mode.get(m, {}).get("status") == "ok" else None for m in keys}
+
+    sps, final, se = field("samples_per_s"), field("final_accuracy"), field("accuracy_stderr")
+    tps = {m: per_mode[m].get("tokens_per_s") if sps[m] is not None else None for m in keys}
+    ttt = {m: time_to_target(per_mode[m]["curve"], target) if sps[m] is not None else None for m in keys}
+    violations = sum(per_mode[m]["staleness"]["violations"] for m in keys if sps[m] is not None and m != "trl")
+    status = {m: per_mode[m]["status"] if m in per_mode else "not run" for m in keys}
+    return {
+        "samples_per_s": sps,
+        "tokens_per_s": tps,
+        "time_to_target_s": ttt,
+        "final_accuracy": final,
+        "accuracy_stderr": se,
+        "max_staleness_violations": violations,
+        "target_accuracy": target,
+        "targets": target_checks(sps, final, se),
+        "status": status,
+        **meta,
+        "modes": {m: per_mode[m] for m in keys if m in per_mode},
+    }
+
+

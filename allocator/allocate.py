@@ -3,8 +3,9 @@
 The edge around the pure planner (``allocator.planner``): reads the cluster and workload files
 (``allocator.cluster``), resolves each site's GPU kind (``allocator.hardware`` or the file's
 custom numbers) and the generation PTL profile of kind x model (the site's ``profile`` file,
-else the shipped one in ``allocator/profiles/``, else derived from the spec sheet), builds the
-memoised cost model, plans, and formats the result as JSON or a table.
+else the shipped one in ``allocator/profiles/``, else derived from the spec sheet) and the
+training site's measured step-time profile when it names one (``train_profile``; else the
+roofline), builds the memoised cost model, plans, and formats the result as JSON or a table.
 
 Every input problem raises ``AllocationInputError`` saying what is missing: the file and field,
 the known GPU kinds or models, or the memory needed vs available per GPU.
@@ -27,7 +28,7 @@ from allocator.cluster import (
 from allocator.hardware import HARDWARE, Hardware
 from allocator.models import MODELS, ModelSpec
 from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
-from allocator.training import TrainSite, TrainWorkload
+from allocator.training import MFU, TrainSite, TrainWorkload
 
 PLAN_FIELDS = ("gen_gpus", "train_gpus", "gen_parallel", "train_parallel", "t_gen_s", "t_train_s", "iteration_s",
                "samples_per_s", "samples_per_s_per_cost", "planning_time_s")
@@ -96,6 +97,35 @@ def gen_profile(site: SiteSpec, model: ModelSpec, where: str):
         raise AllocationInputError(f"{where}: generation cannot run: {err}") from None
 
 
+def train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, where: str):
+    """The training site's measured step-time profile (None: the roofline), checked against the
+    site's kind, the model and the workload's algorithm."""
+    if site.train_profile is None:
+        return None
+    from allocator.profiles import ProfileError
+    from allocator.train_profile import load_train_profile
+
+    path, field = Path(site.train_profile), f"{where}.train_profile"
+    if not path.is_file():
+        raise AllocationInputError(f"{field}: no such file {str(path)!r} (measure one with `braid profile-train`)")
+    try:
+        prof = load_train_profile(path, model=model)
+    except ProfileError as err:
+        raise AllocationInputError(f"{field}: {err}") from None
+    if prof.hardware != site.gpu:
+        raise AllocationInputError(f"{field}: {path} was measured on {prof.hardware!r}, the site's gpu is {site.gpu!r}")
+    if prof.algorithm != algorithm:
+        raise AllocationInputError(f"{field}: {path} was measured with {prof.algorithm}, the workload runs {algorithm}")
+    return prof
+
+
+def train_source(site: SiteSpec) -> str:
+    """Where the training times of a plan come from (the plan's ``train_source``)."""
+    if site.train_profile is not None:
+        return f"measured profile {site.train_profile}"
+    return f"roofline (MFU {MFU:.2f})"
+
+
 def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: WorkloadSpec) -> CostModel:
     from services.generation.scheduling.dispatch import policy_names
 
@@ -110,7 +140,8 @@ def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: Wo
     prompts, outputs = workload_lengths(wl)
     seq = [p + o for p, o in zip(prompts, outputs)]
     train_wl = TrainWorkload(tokens=sum(seq), attn_sq=float(sum(s * s for s in seq)), mb_tokens=max(seq), algorithm=wl.algorithm)
-    site = TrainSite(thw, tsite.gpus_per_node, tsite.inter_node_gbps / 8.0, tflops=tsite.tflops)
+    site = TrainSite(thw, tsite.gpus_per_node, tsite.inter_node_gbps / 8.0, tflops=tsite.tflops,
+                     profile=train_profile(tsite, model, wl.algorithm, twhere))
     return CostModel(
         model=model,
         gen=GenPool(gsite.gpu, gsite.count, gcost, specs, _step(gsite, min(specs))),
@@ -142,7 +173,8 @@ def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | P
         raise AllocationInputError(f"{cluster_path}: {model.name}: {err}") from None
     elapsed = time.perf_counter() - t0
     out = {**plan.__dict__, "planning_time_s": elapsed, "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name, "cluster": cluster.name,
-           "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm}
+           "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm,
+           "train_source": train_source(cluster.site("training"))}
     best = cm.train_search(plan.train_gpus).best
     assert best is not None
     out["train_memory_gb_per_gpu"] = round(best.memory.needed / 1e9, 2)
@@ -169,6 +201,7 @@ def format_table(plan: dict) -> str:
         f"iteration time     {plan['iteration_s']:.1f} s  (max of the two stages: one-step asynchronous pipeline)",
         f"samples/s          {plan['samples_per_s']:.2f}",
         f"samples/s per cost {plan['samples_per_s_per_cost']:.4f}  (cost {plan['cost']:.1f}: H20 = 1.00, H800 = 2.85 per GPU)",
+        f"training time from {plan['train_source']}",
         f"trainer memory     {plan['train_memory_gb_per_gpu']:.1f} of {plan['train_memory_available_gb']:.1f} GB per GPU",
         f"surplus GPUs       generation site {plan['surplus_gen_gpus']}, training site {plan['surplus_train_gpus']}",
         f"planning time      {plan['planning_time_s']:.3f} s ({plan['gen_evals']} generation simulations)",

@@ -17,6 +17,9 @@ Cluster file (``deploy/clusters/*.yaml``)::
     links:
       - {sites: [h20-cloud, h800-dc], gbps: 80}
 
+A site may name a generation ``profile`` (PTL JSON, ``braid profile``) and, on the training site,
+a ``train_profile`` (step-time JSON, ``braid profile-train``) that replaces the training roofline.
+
 One site with both roles = single-site planning (x + y <= count); a generation site and a
 training site = two-site planning (x <= m, y <= n). ``cost_per_gpu`` defaults to the kind's
 StreamRL Table 1 cost (H20 = 1.00, H800 = 2.85); kinds without one (H100, custom) must set it.
@@ -58,6 +61,9 @@ class SiteSpec(StrictModel):
     memory_gb: float | None = Field(None, gt=0, le=1e5, description="Custom kind: memory per GPU (device), GB.")
     memory_tb_s: float | None = Field(None, gt=0, le=1e3, description="Custom kind: memory bandwidth, TB/s.")
     profile: str | None = Field(None, description="PTL profile JSON of this kind x model (default: shipped, else derived).")
+    train_profile: str | None = Field(
+        None, description="Training step-time profile JSON of this kind x model (`braid profile-train`); "
+        "training site only; default: the roofline (MFU 0.40).")
     allocation_step: Literal["node", "instance"] | None = Field(
         None, description="GPUs move between the stages by whole nodes or by single instances "
         "(default: node on multi-node sites, instance otherwise).")
@@ -84,6 +90,9 @@ class ClusterSpec(StrictModel):
             roles = sorted(r for s in self.sites for r in s.roles)
             if roles != ["generation", "training"]:
                 raise ValueError(f"two sites need one generation and one training role, got {[s.roles for s in self.sites]}")
+        for site in self.sites:
+            if site.train_profile is not None and "training" not in site.roles:
+                raise ValueError(f"site {site.name!r}: train_profile is set but the site has no training role ({site.roles})")
         names = {s.name for s in self.sites}
         for link in self.links:
             if not set(link.sites) <= names:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 from datetime import date
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from allocator.hardware import Hardware, get_hardware
 from allocator.models import ModelSpec, get_model
@@ -34,6 +34,7 @@ from services.common.config import StrictModel
 from services.generation.scheduling.cost import InstanceSpec, StepCost
 
 FORMAT = "braid-ptl-profile/1"
+TRAIN_SUFFIX = "-train"  # shipped training step-time profiles (allocator.train_profile) end in this
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 BW_EFFICIENCY = 0.8  # achieved / peak HBM bandwidth in decode (GEMV, paged attention)
@@ -45,6 +46,9 @@ ACTIVATION_RESERVE_GB = 2.0  # per GPU: activations, CUDA graphs, sampler buffer
 MIN_KV_TOKENS = 160_000  # room for 8 sequences of 20K tokens
 GPU_MAX_BATCH = 256  # vLLM's max_num_seqs default
 GPU_WATERMARK = 0.01  # vLLM's block-manager watermark
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ProfileError(ValueError):
@@ -104,35 +108,47 @@ class Profile(StrictModel):
 
 def check_model(profile: Profile, model: ModelSpec | dict, source: str) -> None:
     """Raise ``ProfileError`` if ``profile`` was made for another model than ``model``."""
+    check_fingerprint(profile.model, model, source, "served")
+
+
+def check_fingerprint(have: ProfileModel, model: ModelSpec | dict, source: str, role: str) -> None:
+    """Raise ``ProfileError`` naming both models and the first field where a profile's model
+    (``have``) differs from ``model`` (the ``role`` one: served, trained)."""
     want = model.fingerprint() if isinstance(model, ModelSpec) else dict(model)
-    have = profile.model.fingerprint
-    for key in sorted(set(want) | set(have)):
+    for key in sorted(set(want) | set(have.fingerprint)):
         if key == "name":
             continue
-        if have.get(key) != want.get(key):
+        if have.fingerprint.get(key) != want.get(key):
             raise ProfileError(
-                f"{source}: profile is for model {profile.model.name!r}, not {want.get('name', '?')!r}: "
-                f"field model.fingerprint.{key} is {have.get(key)!r}, the served model has {want.get(key)!r}"
+                f"{source}: profile is for model {have.name!r}, not {want.get('name', '?')!r}: "
+                f"field model.fingerprint.{key} is {have.fingerprint.get(key)!r}, "
+                f"the {role} model has {want.get(key)!r}"
             )
 
 
-def load_profile(path: str | Path, *, model: ModelSpec | dict | None = None) -> Profile:
-    """Read and validate a profile; with ``model``, also check it describes that model."""
+def read_validated(cls: type[M], path: str | Path, what: str = "profile") -> M:
+    """Read the JSON file ``path`` into the pydantic model ``cls``; ``ProfileError`` names the
+    file and the line and column (broken JSON) or the field (invalid value)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as err:
-        raise ProfileError(f"{path}: cannot read profile: {err.strerror}") from None
+        raise ProfileError(f"{path}: cannot read {what}: {err.strerror}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ProfileError(f"{path}: line {err.lineno} column {err.colno}: not JSON: {err.msg}") from None
     try:
-        profile = Profile.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "<root>"
         raise ProfileError(f"{path}: field {loc}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+def load_profile(path: str | Path, *, model: ModelSpec | dict | None = None) -> Profile:
+    """Read and validate a profile; with ``model``, also check it describes that model."""
+    profile = read_validated(Profile, path)
     if model is not None:
         check_model(profile, model, str(path))
     return profile
@@ -195,6 +211,6 @@ def shipped_profile(name: str) -> Path:
     """Path of a profile shipped in ``allocator/profiles/`` (e.g. 'H20-qwen2.5-7b')."""
     path = PROFILE_DIR / f"{name}.json"
     if not path.is_file():
-        known = sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+        known = sorted(p.stem for p in PROFILE_DIR.glob("*.json") if not p.stem.endswith(TRAIN_SUFFIX))
         raise ProfileError(f"no shipped profile {name!r} in {PROFILE_DIR}; known: {known}")
     return path

@@ -29,16 +29,26 @@ the whole global batch), roofline style:
 counts, pp in {1, 2, 4, 8, 16} up to the layer count, dp = y / (tp pp); drops the configs whose
 memory (``allocator.memory``) does not fit; returns the fastest, or the closest miss (needed
 vs available GB per GPU) when nothing fits. Pure: no I/O.
+
+**Measured profile** (``TrainSite.profile``, ``allocator.train_profile``): when the site has a
+step-time profile measured on its hardware, the compute term is ``step_flops / (gpus x
+effective_flops) + fixed_s``: the fitted per-device throughput (of the same FLOP count)
+replaces peak x MFU, and ``fixed_s`` (optimizer step and per-step overhead) is added once per
+step. The communication terms are unchanged.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from allocator.hardware import Hardware
 from allocator.memory import MemoryEstimate, ParallelConfig, training_memory
 from allocator.models import ModelSpec
+
+if TYPE_CHECKING:
+    from allocator.train_profile import TrainProfile
 
 MFU = 0.40  # useful model FLOPs / BF16 peak for Megatron-style dense training (see docstring)
 TP_SIZES = (1, 2, 4, 8)
@@ -55,6 +65,7 @@ class TrainSite:
     gpus_per_node: int
     inter_node_gb_s: float  # GB/s per GPU (e.g. 8 x 200 Gbps RDMA per node of 8 = 25 GB/s)
     tflops: float | None = None  # overrides hw.bf16_tflops (kinds without a spec sheet, e.g. a CPU)
+    profile: TrainProfile | None = None  # measured step time: replaces peak x MFU (module docstring)
 
     @property
     def peak_flops(self) -> float:
@@ -86,10 +97,11 @@ class StepTime:
     pp_p2p_s: float
     dp_comm_s: float
     memory: MemoryEstimate
+    fixed_s: float = 0.0  # measured profile: per-step overhead (optimizer step, launches), once per step
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.pp_bubble_s + self.pp_p2p_s + self.dp_comm_s
+        return self.compute_s + self.tp_comm_s + self.pp_bubble_s + self.pp_p2p_s + self.dp_comm_s + self.fixed_s
 
 
 @dataclass(frozen=True)
@@ -107,12 +119,22 @@ class TrainSearch:
         return f"{model} does not fit on {self.gpus} x {kind}: best config {cfg.label()} {mem.describe()}"
 
 
+def step_flops(model: ModelSpec, wl: TrainWorkload) -> float:
+    """Useful FLOPs of one training step: ``fwd_eq x (2 N_matmul tokens + 2 h layers sum(L^2))``."""
+    h = model.hidden
+    matmul_params = model.params() - model.vocab * h * (0 if model.tied_embeddings else 1)
+    return wl.fwd_equivalents * (2.0 * matmul_params * wl.tokens + 2.0 * h * model.layers * wl.attn_sq)
+
+
 def step_time(model: ModelSpec, cfg: ParallelConfig, site: TrainSite, wl: TrainWorkload) -> StepTime:
     """Predicted seconds of one training step of ``wl`` with ``cfg`` (see the module docstring)."""
     h, fe = model.hidden, wl.fwd_equivalents
-    matmul_params = model.params() - model.vocab * h * (0 if model.tied_embeddings else 1)
-    flops = fe * (2.0 * matmul_params * wl.tokens + 2.0 * h * model.layers * wl.attn_sq)
-    compute = flops / (cfg.gpus * site.peak_flops * MFU)
+    flops = step_flops(model, wl)
+    prof = site.profile
+    if prof is None:
+        compute, fixed = flops / (cfg.gpus * site.peak_flops * MFU), 0.0
+    else:
+        compute, fixed = flops / (cfg.gpus * prof.effective_flops), prof.fixed_s
     replica_tokens = wl.tokens / cfg.dp
     nvlink = site.hw.nvlink_gb_s * 1e9
     net = site.inter_node_gb_s * 1e9
@@ -127,7 +149,7 @@ def step_time(model: ModelSpec, cfg: ParallelConfig, site: TrainSite, wl: TrainW
     dp_comm = wl.trained_models * 2.0 * (cfg.dp - 1) / cfg.dp * grad_bytes / dp_bw if cfg.dp > 1 else 0.0
     memory = training_memory(model, cfg, hbm_gb=site.hw.hbm_gb, mb_tokens=wl.mb_tokens,
                              trained_models=wl.trained_models)
-    return StepTime(cfg, compute, tp_comm, bubble, p2p, dp_comm, memory)
+    return StepTime(cfg, compute, tp_comm, bubble, p2p, dp_comm, memory, fixed)
 
 
 def candidate_configs(model: ModelSpec, gpus: int, gpus_per_node: int) -> list[ParallelConfig]:

@@ -83,6 +83,23 @@ def _profile(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_train(ns: argparse.Namespace) -> int:
+    """Measure a training step-time profile on the trainer's learner (``allocator.train_profiler``)."""
+    from allocator.profiles import ProfileError
+    from services.common.config import ConfigError
+
+    try:
+        from allocator.train_profiler import run_train_profile
+
+        result = run_train_profile(ns.config, ns.model, ns.out, hardware=ns.hardware, quick=ns.quick,
+                                   threads=ns.threads, device=ns.device, sigma=ns.sigma, overrides=list(ns.set or []))
+    except (ConfigError, ProfileError, FileNotFoundError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid", description="Asynchronous, disaggregated RL post-training")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--quick", action="store_true", help="fewer batch sizes")
     prof.add_argument("--derive", metavar="GPU:MODEL", help="write a roofline-derived profile instead, e.g. H20:qwen2.5-7b")
     prof.set_defaults(func=_profile)
+
+    ptrain = sub.add_parser("profile-train", help="measure training step time vs tokens on the trainer's learner; write a profile JSON")
+    ptrain.add_argument("--config", default="deploy/configs/default.yaml", help="config whose model and trainer settings are profiled")
+    ptrain.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override, e.g. trainer.kl_coef=0.01")
+    ptrain.add_argument("--model", help="local HF checkpoint dir (default: the config's model)")
+    ptrain.add_argument("--out", help="profile JSON to write (default: allocator/profiles/HARDWARE-MODEL-train.json)")
+    ptrain.add_argument("--hardware", default="cpu-local", help="hardware kind recorded in the profile")
+    ptrain.add_argument("--quick", action="store_true", help="a 2 x 2 grid, 2 repeats")
+    ptrain.add_argument("--threads", type=int, help="torch threads (default: the config's trainer.threads)")
+    ptrain.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
+    ptrain.add_argument("--sigma", type=float, default=0.0,
+                        help="log-space spread of response lengths around each grid median (default 0: equal, no padding)")
+    ptrain.set_defaults(func=_profile_train)
 
     router = sub.add_parser("router", help="run the SGS router over N instances", add_help=False)
     router.set_defaults(func=lambda ns: _delegate("services.generation.router_main", ns.rest))

@@ -1,0 +1,160 @@
+"""Measured training step-time profiles: one JSON file per hardware kind x model x algorithm.
+
+The roofline of ``allocator.training`` prices a step at ``step_flops / (gpus x peak x MFU)``.
+A profile replaces the assumed ``peak x MFU`` by what the trainer achieved: ``braid
+profile-train`` (``allocator.train_profiler``) times real optimizer steps of the learner on
+synthetic batches over a grid of samples per step x response length, and this module fits
+
+    seconds = fixed_s + step_flops(wl) / effective_flops
+
+to the points, where ``step_flops`` is exactly the FLOP count the roofline's compute term uses
+(``allocator.training.step_flops``: the algorithm's forward-pass equivalents x (matmul + causal
+attention FLOPs)). ``effective_flops`` is therefore "roofline FLOPs per second per device" and
+absorbs what the FLOP count leaves out (no recomputation or reference pass on a CPU trainer,
+fp32, kernel efficiency); ``fixed_s`` is the per-step cost that does not grow with tokens (the
+optimizer step, gradient clipping, Python and launch overhead). The fit is non-negative least
+squares on the relative error (each point's equation divided by its measured seconds), solved
+exactly by trying every support set of the two coefficients (numpy only). The profile records
+the fit's max and median relative error over its points.
+
+``load_train_profile(path, model=...)`` validates the file like the PTL profiles
+(``allocator.profiles``: errors name the file and field) and refuses a profile measured on
+another model, naming both. Pure apart from the load/save helpers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import ConfigDict, Field
+
+from allocator.models import ModelSpec
+from allocator.profiles import ProfileModel, check_fingerprint, read_validated
+from allocator.training import TrainWorkload, step_flops
+from services.common.config import StrictModel
+
+FORMAT = "braid-train-profile/1"
+
+
+class TrainPoint(StrictModel):
+    """One grid point: ``samples`` sequences of ``prompt_tokens`` + about ``response_tokens`` tokens."""
+
+    model_config = ConfigDict(frozen=True)
+
+    samples: int = Field(ge=1, le=10_000_000, description="Sequences trained in the step.")
+    prompt_tokens: int = Field(ge=1, le=10_000_000, description="Prompt tokens per sequence.")
+    response_tokens: int = Field(ge=1, le=10_000_000, description="Median response tokens per sequence (the grid value).")
+    tokens: int = Field(ge=1, description="Prompt + response tokens of the whole step.")
+    attn_sq: float = Field(ge=0, description="Sum over sequences of (prompt + response)^2.")
+    seconds: float = Field(gt=0, description="Measured seconds of the step (begin + backward + step; median).")
+
+    def workload(self, algorithm: str) -> TrainWorkload:
+        return TrainWorkload(tokens=self.tokens, attn_sq=self.attn_sq,
+                             mb_tokens=self.prompt_tokens + self.response_tokens, algorithm=algorithm)
+
+
+def make_point(samples: int, prompt_tokens: int, response_tokens: int, seconds: float,
+               responses: Sequence[int] | None = None) -> TrainPoint:
+    """A point of ``samples`` sequences with the given ``responses`` lengths (default: all
+    ``response_tokens``); tokens and attn_sq are computed from the lengths."""
+    lengths = [prompt_tokens + r for r in (responses if responses is not None else [response_tokens] * samples)]
+    if len(lengths) != samples:
+        raise ValueError(f"{samples} samples but {len(lengths)} response lengths")
+    return TrainPoint(samples=samples, prompt_tokens=prompt_tokens, response_tokens=response_tokens,
+                      tokens=sum(lengths), attn_sq=float(sum(n * n for n in lengths)), seconds=seconds)
+
+
+class TrainProfile(StrictModel):
+    """A measured training step-time profile and its fit (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    format: Literal["braid-train-profile/1"] = Field(FORMAT, description="File format tag.")
+    hardware: str = Field(min_length=1, description="Hardware kind: 'cpu-local', 'H100', ...")
+    model: ProfileModel
+    algorithm: Literal["grpo", "ppo"] = Field(description="RL algorithm the steps ran (sets the FLOP count).")
+    reference_model: bool = Field(description="Whether the steps ran a reference-model forward (trainer.kl_coef > 0).")
+    device: str = Field(min_length=1, description="torch device the steps ran on ('cpu', 'cuda:0 (NVIDIA H100 ...)').")
+    threads: int = Field(ge=1, le=1024, description="torch intra-op threads.")
+    response_sigma: float = Field(0.0, ge=0, le=5, description="Log-space spread of the response lengths around each "
+                                  "point's median (0: equal lengths, no padding).")
+    points: tuple[TrainPoint, ...] = Field(min_length=2, description="Measured grid points.")
+    fixed_s: float = Field(ge=0, description="Fitted seconds per step independent of tokens.")
+    effective_flops: float = Field(gt=0, description="Fitted step_flops per second per device.")
+    fit_max_rel_error: float = Field(ge=0, description="Largest |predicted - measured| / measured over the points.")
+    fit_median_rel_error: float = Field(ge=0, description="Median |predicted - measured| / measured over the points.")
+    created: str = Field(description="ISO date.")
+    notes: str = Field("", description="Free text: how it was made.")
+
+    def seconds(self, flops: float, devices: int = 1) -> float:
+        """Predicted seconds of a step of ``flops`` useful FLOPs on ``devices`` (compute + fixed)."""
+        return self.fixed_s + flops / (devices * self.effective_flops)
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0, exactly, for a few columns: the optimum is the
+    unconstrained least-squares solution on its own support, so try every support."""
+    n = a.shape[1]
+    best, best_res = np.zeros(n), float(np.sum(b * b))
+    for k in range(1, n + 1):
+        for cols in itertools.combinations(range(n), k):
+            sub, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if np.any(sub < 0):
+                continue
+            x = np.zeros(n)
+            x[list(cols)] = sub
+            res = float(np.sum((a @ x - b) ** 2))
+            if res < best_res:
+                best, best_res = x, res
+    return best
+
+
+def fit_step_time(flops: Sequence[float], seconds: Sequence[float]) -> tuple[float, float, float, float]:
+    """Fit ``seconds = fixed_s + flops / effective_flops`` (NNLS, relative error); returns
+    (fixed_s, effective_flops, max relative error, median relative error)."""
+    f, y = np.asarray(flops, dtype=float), np.asarray(seconds, dtype=float)
+    if len(f) < 2 or np.any(y <= 0):
+        raise ValueError(f"a step-time fit needs >= 2 points with positive seconds, got {len(f)}")
+    design = np.stack([np.ones_like(f), f], axis=1)
+    fixed, per_flop = nnls(design / y[:, None], np.ones_like(y))
+    if per_flop <= 0:
+        raise ValueError("step time does not grow with FLOPs over the points: no throughput to fit (widen the grid)")
+    rel = np.abs(design @ np.array([fixed, per_flop]) - y) / y
+    return float(fixed), float(1.0 / per_flop), float(rel.max()), float(np.median(rel))
+
+
+def make_train_profile(model: ModelSpec, points: Sequence[TrainPoint], *, hardware: str, algorithm: str,
+                       reference_model: bool, device: str, threads: int, response_sigma: float = 0.0,
+                       notes: str = "") -> TrainProfile:
+    """Fit ``points`` (measured on ``model``) and wrap them into a profile."""
+    flops = [step_flops(model, p.workload(algorithm)) for p in points]
+    fixed, eff, max_err, med_err = fit_step_time(flops, [p.seconds for p in points])
+    return TrainProfile(
+        hardware=hardware, model=ProfileModel(name=model.name, fingerprint=model.fingerprint()),
+        algorithm=algorithm, reference_model=reference_model, device=device, threads=threads,  # type: ignore[arg-type]
+        response_sigma=response_sigma,
+        points=tuple(points), fixed_s=fixed, effective_flops=eff, fit_max_rel_error=max_err,
+        fit_median_rel_error=med_err, created=date.today().isoformat(), notes=notes,
+    )
+
+
+def load_train_profile(path: str | Path, *, model: ModelSpec | dict | None = None) -> TrainProfile:
+    """Read and validate a training profile; with ``model``, also check it was measured on that model."""
+    profile = read_validated(TrainProfile, path, "training profile")
+    if model is not None:
+        check_fingerprint(profile.model, model, str(path), "trained")
+    return profile
+
+
+def save_train_profile(profile: TrainProfile, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile.model_dump(mode="json"), indent=2) + "\n")
+    return path
+

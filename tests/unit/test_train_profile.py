@@ -1,0 +1,148 @@
+"""Measured training step-time profiles: the NNLS fit, model checks, the cost model with and
+without a profile, and the cluster file's ``train_profile``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allocator.allocate import format_table, plan_files
+from allocator.cluster import AllocationInputError
+from allocator.hardware import get_hardware
+from allocator.memory import ParallelConfig
+from allocator.models import get_model
+from allocator.profiles import PROFILE_DIR, ProfileError
+from allocator.train_profile import (
+    fit_step_time,
+    load_train_profile,
+    make_point,
+    make_train_profile,
+    nnls,
+    save_train_profile,
+)
+from allocator.training import MFU, TrainSite, TrainWorkload, step_flops, step_time
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = get_model("braid-tiny")
+GRID = [(s, 12, r) for s in (8, 32, 64) for r in (16, 64, 192)]
+
+
+def _profile(fixed: float = 0.02, eff: float = 5e9, model=TINY, hardware: str = "cpu-local"):
+    """A profile whose points lie exactly on ``fixed + flops / eff``."""
+    points = []
+    for s, p, r in GRID:
+        pt = make_point(s, p, r, 1.0)
+        points.append(make_point(s, p, r, fixed + step_flops(model, pt.workload("grpo")) / eff))
+    return make_train_profile(model, points, hardware=hardware, algorithm="grpo", reference_model=False,
+                              device="cpu", threads=1)
+
+
+def test_fit_recovers_known_coefficients():
+    prof = _profile(fixed=0.02, eff=5e9)
+    assert math.isclose(prof.fixed_s, 0.02, rel_tol=1e-9) and math.isclose(prof.effective_flops, 5e9, rel_tol=1e-9)
+    assert prof.fit_max_rel_error < 1e-9 and prof.fit_median_rel_error < 1e-9
+    # with +-5% multiplicative noise the fit stays close and reports errors of that size
+    rng = np.random.default_rng(0)
+    flops = np.geomspace(1e9, 1e11, 12)
+    seconds = (0.05 + flops / 2e10) * rng.uniform(0.95, 1.05, flops.size)
+    fixed, eff, max_err, med_err = fit_step_time(flops, seconds)
+    assert abs(fixed - 0.05) < 0.01 and abs(eff / 2e10 - 1) < 0.05 and 0 < med_err <= max_err < 0.1
+
+
+def test_fit_is_non_negative():
+    x = nnls(np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]]), np.array([2.0, 4.0, 6.0]) - 1.0)  # y = -1 + 2 f
+    assert np.all(x >= 0)
+    fixed, eff, *_ = fit_step_time([1.0, 2.0, 3.0], [1.0, 3.0, 5.0])  # unconstrained intercept would be -1
+    assert fixed == 0.0 and eff > 0
+    with pytest.raises(ValueError, match="does not grow with FLOPs"):
+        fit_step_time([1.0, 2.0, 3.0], [3.0, 2.0, 1.0])
+
+
+def test_profile_of_another_model_is_refused_naming_both(tmp_path):
+    path = save_train_profile(_profile(), tmp_path / "t.json")
+    assert load_train_profile(path, model=TINY).model.name == "braid-tiny"
+    with pytest.raises(ProfileError, match=r"t.json: profile is for model 'braid-tiny', not 'qwen2.5-7b': "
+                                           r"field model.fingerprint.hidden is 128, the trained model has 3584"):
+        load_train_profile(path, model=get_model("qwen2.5-7b"))
+
+
+def test_bad_profile_file_names_the_field(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(save_train_profile(_profile(), tmp_path / "ok.json").read_text().replace('"grpo"', '"dpo"'))
+    with pytest.raises(ProfileError, match=r"bad.json: field algorithm"):
+        load_train_profile(path)
+
+
+def test_step_time_with_a_profile_is_fixed_plus_measured_throughput_plus_communication():
+    model, hw = get_model("qwen2.5-7b"), get_hardware("H800")
+    prof = _profile(fixed=0.7, eff=3e14, model=model, hardware="H800")
+    wl = TrainWorkload(tokens=500_000, attn_sq=2e9, mb_tokens=20_000, algorithm="grpo")
+    roof, measured = TrainSite(hw, 8, 25.0), TrainSite(hw, 8, 25.0, profile=prof)
+    for cfg in (ParallelConfig(dp=4, tp=4, pp=1), ParallelConfig(dp=16, tp=1, pp=1), ParallelConfig(dp=2, tp=4, pp=2)):
+        a, b = step_time(model, cfg, roof, wl), step_time(model, cfg, measured, wl)
+        compute = step_flops(model, wl) / (cfg.gpus * prof.effective_flops)
+        assert b.compute_s == compute and b.fixed_s == prof.fixed_s and math.isclose(prof.fixed_s, 0.7)
+        assert (b.tp_comm_s, b.pp_p2p_s, b.dp_comm_s) == (a.tp_comm_s, a.pp_p2p_s, a.dp_comm_s)
+        assert math.isclose(b.total_s, prof.fixed_s + compute + b.tp_comm_s + b.pp_bubble_s + b.pp_p2p_s + b.dp_comm_s)
+        assert math.isclose(b.pp_bubble_s, (compute + b.tp_comm_s) * (cfg.pp - 1) / math.ceil(500_000 / cfg.dp / 20_000))
+
+
+def test_step_time_without_a_profile_is_the_roofline():
+    model, hw = get_model("qwen2.5-7b"), get_hardware("H800")
+    wl = TrainWorkload(tokens=500_000, attn_sq=2e9, mb_tokens=20_000, algorithm="ppo")
+    st = step_time(model, ParallelConfig(dp=8, tp=2, pp=1), TrainSite(hw, 8, 25.0), wl)
+    assert st.fixed_s == 0.0 and st.compute_s == step_flops(model, wl) / (16 * hw.bf16_tflops * 1e12 * MFU)
+    assert st.total_s == st.compute_s + st.tp_comm_s + st.pp_bubble_s + st.pp_p2p_s + st.dp_comm_s
+
+
+def _cluster(tmp_path, extra: str, gpu: str = "cpu-local") -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"name: c\nsites:\n  - name: local\n    gpu: {gpu}\n    count: 4\n    gpus_per_node: 4\n    cost_per_gpu: 1.0\n"
+        f"    tflops: 0.02\n    memory_gb: 4\n    memory_tb_s: 0.02\n"
+        f"    profile: {PROFILE_DIR / 'cpu-local-braid-tiny.json'}\n    roles: [generation, training]\n{extra}")
+    return str(path)
+
+
+def test_cluster_train_profile_missing_or_mismatched_is_refused_naming_the_field(tmp_path):
+    tiny_wl = str(ROOT / "deploy/workloads/tiny.yaml")
+    with pytest.raises(AllocationInputError, match=r"c.yaml: sites\[0\].train_profile: no such file '.*nope.json'"):
+        plan_files(_cluster(tmp_path, f"    train_profile: {tmp_path / 'nope.json'}\n"), "braid-tiny", tiny_wl)
+    other = save_train_profile(_profile(hardware="H800"), tmp_path / "h800.json")
+    with pytest.raises(AllocationInputError, match=r"train_profile: .*measured on 'H800', the site's gpu is 'cpu-local'"):
+        plan_files(_cluster(tmp_path, f"    train_profile: {other}\n"), "braid-tiny", tiny_wl)
+
+
+def test_allocate_uses_the_measured_profile_and_says_so(tmp_path):
+    tiny_wl = str(ROOT / "deploy/workloads/tiny.yaml")
+    path = save_train_profile(_profile(fixed=0.5, eff=1e9), tmp_path / "p.json")
+    plan = plan_files(_cluster(tmp_path, f"    train_profile: {path}\n"), "braid-tiny", tiny_wl)
+    roof = plan_files(_cluster(tmp_path, ""), "braid-tiny", tiny_wl)
+    assert plan["train_source"] == f"measured profile {path}" and roof["train_source"] == "roofline (MFU 0.40)"
+    assert "training time from measured profile" in format_table(plan)
+    assert plan["t_train_s"] > 0.5 and plan["t_train_s"] != roof["t_train_s"]
+
+
+@pytest.mark.parametrize("path", sorted(PROFILE_DIR.glob("*-train.json")), ids=lambda p: p.stem)
+def test_every_shipped_train_profile_loads_and_fits_its_points(path):
+    prof = load_train_profile(path)
+    load_train_profile(path, model=get_model(prof.model.name))
+    assert "MEASURED" in prof.notes and prof.fit_median_rel_error <= prof.fit_max_rel_error < 0.5
+    for pt in prof.points:
+        predicted = prof.seconds(step_flops(get_model(prof.model.name), pt.workload(prof.algorithm)))
+        assert abs(predicted - pt.seconds) / pt.seconds <= prof.fit_max_rel_error + 1e-9
+
+
+def test_profiler_response_lengths_equal_or_at_lognormal_quantiles():
+    import random
+    import statistics
+
+    from allocator.train_profiler import response_lengths
+
+    assert response_lengths(8, 16, 0.0, 192, random.Random(0)) == [16] * 8
+    spread = response_lengths(64, 16, 0.8, 100, random.Random(0))
+    assert len(spread) == 64 and 14 <= statistics.median(spread) <= 18 and max(spread) <= 100 and min(spread) >= 1
+    assert sorted(spread) == sorted(response_lengths(64, 16, 0.8, 100, random.Random(1)))  # quantiles, not draws

@@ -16,7 +16,8 @@ cross-site service and data port: 20 ms RTT). *Unlimited*: the same namespaces a
 with no rate limit and no delay. Both runs use the same config (``one_step``, every sample
 forced to the same length so both generate the same work); the iteration time is the median of
 ``iteration_time_s`` after the first two iterations (connection set-up; the mean is kept too).
-Runs alternate the order; the full run repeats each condition REPS (5) times and takes medians
+Runs alternate the order; the full run repeats each condition REPS (6) times, ITERATIONS (30)
+iterations each, and takes medians
 (``--quick``: one run each, indicative only). Bytes crossing the link are read from the
 train-side veth's ``tx_bytes``; copies per version = those bytes / (versions the generation
 relay committed x version size) (requests and heartbeats ride along: the excess over 1.0 is
@@ -36,7 +37,8 @@ from pathlib import Path
 TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
 GEN_TLS_DATA_PORT = 47100  # fixed (a fresh namespace), so its delay line can start first and be advertised
 FORCED_LENGTH = 48  # tokens: generation per iteration (~1 s here) well above the wire time of a version (0.33 s)
-REPS = 5
+REPS = 6  # paired runs per condition (full run); the order alternates
+ITERATIONS = 30  # per run (full run): the unlimited runs alone spread by ±15% at 14 iterations
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
 MODEL = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2",
          "model.intermediate_size=1152"]
@@ -47,7 +49,7 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "deploy/configs/smoke.yaml", MODEL + [
-        f"trainer.mode={mode}", f"trainer.iterations={8 if quick else 14}", "trainer.prompts_per_iteration=8",
+        f"trainer.mode={mode}", f"trainer.iterations={8 if quick else ITERATIONS}", "trainer.prompts_per_iteration=8",
         "trainer.group_size=4", "trainer.micro_batch_groups=4", "generation.max_new_tokens=48", "generation.instances=2",
         "eval.prompts=4", "weights.transport=relay", "weights.chunk_bytes=1048576", "weights.streams=1",
         "trainer.cpus=[]", "generation.cpus=[]",

@@ -154,7 +154,8 @@ def load_profile(path: str | Path, *, model: ModelSpec | dict | None = None) -> 
     return profile
 
 
-def save_profile(profile: Profile, path: str | Path) -> Path:
+def save_profile(profile: BaseModel, path: str | Path) -> Path:
+    """Write a profile (PTL or training) as indented JSON, creating the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(profile.model_dump(mode="json"), indent=2) + "\n")

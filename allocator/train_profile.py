@@ -25,7 +25,6 @@ another model, naming both. Pure apart from the load/save helpers.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from allocator.models import ModelSpec
-from allocator.profiles import ProfileModel, check_fingerprint, read_validated
+from allocator.profiles import ProfileModel, check_fingerprint, read_validated, save_profile
 from allocator.training import TrainWorkload, step_flops
 from services.common.config import StrictModel
 
@@ -153,8 +152,5 @@ def load_train_profile(path: str | Path, *, model: ModelSpec | dict | None = Non
 
 
 def save_train_profile(profile: TrainProfile, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile.model_dump(mode="json"), indent=2) + "\n")
-    return path
+    return save_profile(profile, path)
 

@@ -43,7 +43,7 @@ log = logging.getLogger("braid.scaleout")
 
 class Units(Protocol):
     """Starts and stops the processes of added SGS instances: local processes (``ProcessUnits``)
-    or, in two-site mode, flow runs on the generation site's work pool (``flows.site_units``)."""
+    or, in two-site mode, flow runs on the generation site's work pool (``flows.two_site.PoolUnits``)."""
 
     def start(self, index: int) -> tuple[str, object, dict]:
         """Start instance ``index``; block until it serves; return (its address, a handle, log fields)."""

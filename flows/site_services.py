@@ -7,9 +7,9 @@ flow-run input ``sgs-endpoints`` (read by the controller) and as a table artifac
 people), then serves until told to stop. With ``unit`` k >= 1 it is a scale-out unit instead:
 one more SGS instance, started by the controller's scale-out and taken in by the router.
 With ``tls.enabled`` whatever faces the other sites serves mutual TLS. ``training_site``
-starts the trainer against the SGS addresses it is given and finishes when the trainer does. Both supervise their processes with
-``flows.launcher.Supervisor``: a dead process fails the site's flow run with its log tail, which
-the controller (``flows/two_site.py``) reports.
+starts the trainer against the SGS addresses it is given and finishes when the trainer does.
+Both supervise their processes with ``flows.launcher.Supervisor``: a dead process fails the
+site's flow run with its log tail, which the controller (``flows/two_site.py``) reports.
 
 A site stops its services when the controller writes the flow-run input ``stop`` to it, or when
 the controller's own flow run has reached a final state (crashed, cancelled), so a lost

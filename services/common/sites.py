@@ -45,11 +45,6 @@ class TlsConfig(StrictModel):
     enabled: bool = Field(False, description="Use TLS with client certificates on cross-site links.")
     dir: str = Field(".cache/certs", description="Where `braid certs` writes the CA and per-site certificates.")
 
-    def paths(self, site: str) -> tuple[Path, Path, Path]:
-        """(CA certificate, the site's certificate, its key) as `braid certs` writes them."""
-        d = Path(self.dir)
-        return d / "ca.pem", d / f"{site}.pem", d / f"{site}.key"
-
 
 class SitesConfig(StrictModel):
     """All sites of a deployment: exactly one hosts training, at least one hosts generation."""

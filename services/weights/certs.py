@@ -1,7 +1,7 @@
 """TLS for cross-site weight links: a local CA, per-site certificates, gRPC credentials.
 
 ``braid certs --sites FILE`` makes ``<tls.dir>/ca.pem`` (+ ``ca.key``) and, per site,
-``<site>.pem`` / ``<site>.key`` (``TlsConfig.paths``): an ECDSA P-256 certificate signed by the CA, valid for server
+``<site>.pem`` / ``<site>.key`` (``site_files``): an ECDSA P-256 certificate signed by the CA, valid for server
 *and* client authentication, with the site's host (IP or DNS name), ``localhost``,
 ``127.0.0.1`` and the site name as subject alternative names. A relay's cross-site port
 requires a client certificate signed by the same CA (mutual TLS): a client without one is
@@ -162,7 +162,7 @@ def make_site_cert(out_dir: Path, site: str, hosts: list[str], ca_cert, ca_key) 
     )
     (out_dir / f"{site}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key, out_dir / f"{site}.key")
-    return TlsFiles(out_dir / "ca.pem", out_dir / f"{site}.pem", out_dir / f"{site}.key")
+    return site_files(out_dir, site)
 
 
 def make_certs(sites_file: str | Path, out_dir: str | Path | None = None) -> dict[str, TlsFiles]:

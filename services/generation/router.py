@@ -210,6 +210,7 @@ class RouterCore:
             for k in range(params.samples_per_prompt):
                 seqs.append(_Seq(f"{p.prompt_id}/{k}", p, k, e))
         with self._membership:  # no slot closes between the view and the booking of its share
+            t_dispatch = time.time()  # taken under the lock: orders dispatches and removals in the timeline
             slots = self.slots()
             ctx = self.context()
             t0 = time.perf_counter()
@@ -228,7 +229,7 @@ class RouterCore:
                     self._outstanding[i] += len(share)
                     self._work[i] += work[i]
         self._log_event({
-            "event": "dispatch", "call": call.call_id, "tag": params.tag, "t": time.time(), "policy": plan.policy,
+            "event": "dispatch", "call": call.call_id, "tag": params.tag, "t": t_dispatch, "policy": plan.policy,
             "sequences": len(seqs), "per_instance": [len(s) for s in shares], "estimates": source,
             "ranker": self.estimator_name() if self.estimator_name and source in ("estimator", "mixed") else None,
             "dispatch_s": dispatch_s, "predicted_makespan_s": plan.predicted_makespan_s, "notes": plan.notes,
@@ -328,7 +329,8 @@ class RouterCore:
             slot = match[0]
             self._active[slot] = False
             held = self._outstanding[slot]
-        self._log_event({"event": "remove_instance", "t": time.time(), "slot": slot, "address": address, "in_flight": held})
+            t_removed = time.time()  # under the lock, like a dispatch's "t"
+        self._log_event({"event": "remove_instance", "t": t_removed, "slot": slot, "address": address, "in_flight": held})
         with self._lock:
             if not self._drained.wait_for(lambda: self._outstanding[slot] == 0, timeout=timeout_s):
                 raise MembershipError(grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=2, help="parallel streams of the network path")
     parser.add_argument("--chunk-mb", type=int, default=4)
     parser.add_argument("--hop-rate", default="200mbit", help="(b) rate limit of every hop")
+    parser.add_argument("--xsite-shared-cpus", action="store_true",
+                        help="(d) leave the SGS instances on every CPU with the relays, delay lines and trainer "
+                             "(default: one CPU of their own, standing in for the generation site's accelerator)")
     ns = parser.parse_args(argv)
     import platform
 
@@ -370,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         if "d" in ns.parts and not ns.no_netns:
             from bench.weights_xsite import bench_cross_site
 
-            xs = bench_cross_site(work, quick=ns.quick)
+            xs = bench_cross_site(work, quick=ns.quick, pin=not ns.xsite_shared_cpus)
             result["cross_site"] = xs
             result["cross_site_iteration_overhead"] = xs["iteration_overhead"]
             result["cross_site_copies_per_version"] = xs["copies_per_version"]

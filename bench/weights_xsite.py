@@ -5,7 +5,15 @@ Two network namespaces stand in for the sites, joined by one veth pair:
 - ``train`` (10.98.0.1): the trainer and the master relay (the trainer hands each version over
   through shared memory);
 - ``gen`` (10.98.0.2): two SGS instances and their local relay, which they pull from through
-  shared memory.
+  shared memory, behind the SGS router when the config routes (``flows.launcher.router_enabled``:
+  the default for one_step with two instances), as a deployed generation site runs them.
+
+CPUs: the SGS instances get the machine's last CPU to themselves (standing in for the generation
+site's accelerator) and every other process (relays, delay lines, router, trainer) the rest, as
+on real sites where generation runs on GPUs and the weight plane on host CPUs and NICs. With
+everything on the same two cores the link emulation's own CPU (the user-space delay lines, a
+paced receive, the kernel's shaping) comes out of generation's time, which a real link does not
+cost (``pin=False``, ``bench/weights.py --xsite-shared-cpus``, measures that setting).
 
 The master relay forwards every version to the generation site's relay over mutual TLS
 (``braid certs``) on the raw-TCP data channel (its TLS data port has a delay line of its own,
@@ -36,7 +44,7 @@ from pathlib import Path
 
 TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
 GEN_TLS_DATA_PORT = 47100  # fixed (a fresh namespace), so its delay line can start first and be advertised
-FORCED_LENGTH = 48  # tokens: generation per iteration (~1 s here) well above the wire time of a version (0.33 s)
+FORCED_LENGTH = 48  # tokens: generation per iteration (~1.8 s on one CPU) well above the wire time of a version (0.33 s)
 REPS = 6  # paired runs per condition (full run); the order alternates
 ITERATIONS = 30  # per run (full run): the unlimited runs alone spread by ±15% at 14 iterations
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
@@ -73,11 +81,15 @@ def _checkpoint(work: Path, config: Path) -> tuple[Path, int]:
     return path, nbytes
 
 
-def _spawn(ns: str, args: list[str], log: Path) -> subprocess.Popen:
+def _spawn(ns: str, args: list[str], log: Path, cpus: set[int] | None = None) -> subprocess.Popen:
+    """``cpus``: the child's CPU set (default: this process's)."""
+    import os
+
     from bench.weights_lib import env, netns_prefix
 
     return subprocess.Popen(netns_prefix(ns) + [sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env=env(), cwd=Path(__file__).resolve().parents[1])
+                            env=env(), cwd=Path(__file__).resolve().parents[1],
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
 def _port(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> list[str]:
@@ -90,7 +102,7 @@ def _port(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> list[st
 
 
 def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, checkpoint: Path, tls_dir: Path,
-         delay_s: float) -> dict:
+         delay_s: float, router: bool, gen_cpus: set[int] | None) -> dict:
     from bench.weights_lib import Child, Netns, stop
 
     run_dir = work / f"run-{tag}"
@@ -111,14 +123,24 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
         (m_port,) = _port(run_dir / "m.port", m)
         g_proxy = Child("proxy", GEN_IP, f"{GEN_IP}:{g_tls}", str(delay_s), ns=ns_gen)
         proxies.append(g_proxy)
-        sgs_addrs = []
+        local = []  # the instances' own addresses on the generation site
         for i in range(2):
             s = _spawn(ns_gen, ["-m", "services.generation", "--config", str(config), "--model", str(checkpoint), "--host", GEN_IP,
                                 "--port", "0", "--port-file", str(run_dir / f"s{i}.port"), "--instance", str(i),
-                                "--relay", f"127.0.0.1:{g_port}"], run_dir / f"sgs-{i}.log")
+                                "--relay", f"127.0.0.1:{g_port}"], run_dir / f"sgs-{i}.log", gen_cpus)
             procs.append(s)
             (s_port,) = _port(run_dir / f"s{i}.port", s)
-            proxy = Child("proxy", GEN_IP, f"{GEN_IP}:{s_port}", str(delay_s), ns=ns_gen)
+            local.append(f"{GEN_IP}:{s_port}")
+        if router:  # the run's default front (flows.launcher.router_enabled): the trainer reaches the router only
+            r = _spawn(ns_gen, ["-m", "services.generation.router_main", "--config", str(config), "--model", str(checkpoint),
+                                "--instances", ",".join(local), "--host", GEN_IP, "--port", "0", "--port-file",
+                                str(run_dir / "router.port"), "--timeline", str(run_dir / "router-timeline.jsonl")],
+                       run_dir / "router.log")
+            procs.append(r)
+            local = [f"{GEN_IP}:{_port(run_dir / 'router.port', r)[0]}"]
+        sgs_addrs = []  # each behind its own delay line: the Generate streams cross the link
+        for address in local:
+            proxy = Child("proxy", GEN_IP, address, str(delay_s), ns=ns_gen)
             proxies.append(proxy)
             sgs_addrs.append(f"{GEN_IP}:{proxy.info[0]}")
         relays = f"127.0.0.1:{m_port}@train-site,127.0.0.1:{g_port}@gen-site@tls://{GEN_IP}:{g_proxy.info[0]}"
@@ -146,7 +168,18 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
         stop(procs + [p.proc for p in proxies])
 
 
-def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict:
+def split_cpus(cpus: set[int]) -> tuple[set[int], set[int]] | None:
+    """(generation's, everything else's): the highest CPU stands in for the generation site's
+    accelerator; the rest are the hosts' CPUs (relays, delay lines, trainer). None below 2 CPUs."""
+    if len(cpus) < 2:
+        return None
+    gen = {max(cpus)}
+    return gen, cpus - gen
+
+
+def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bool = True) -> dict:
+    import os
+
     from bench.weights_lib import Netns
     from services.weights.certs import make_certs
 
@@ -159,9 +192,18 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict
     )
     make_certs(sites)
     config = _config(work, quick, mode)
+    from flows.launcher import router_enabled
+    from services.common.config import load_config
+
+    router = router_enabled(load_config(config))
     checkpoint, nbytes = _checkpoint(work, config)
+    own = os.sched_getaffinity(0)
+    split = split_cpus(own) if pin else None
+    gen_cpus = split[0] if split else None
     net = Netns("bxs")
     try:
+        if split:  # every process spawned from here inherits the hosts' CPUs but the SGS instances
+            os.sched_setaffinity(0, split[1])
         ns_train, ns_gen = net.add("train"), net.add("gen")
         net.train_dev, gen_dev = net.veth(ns_train, f"{TRAIN_IP}/24", ns_gen, f"{GEN_IP}/24", "bxs")
         runs: dict[str, list[dict]] = {"unlimited": [], "limited": []}
@@ -174,16 +216,17 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step") -> dict
                     for dev, ns in ((net.train_dev, ns_train), (gen_dev, ns_gen)):
                         subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
                 res = _run(work, f"{kind}-{rep}", net, ns_train, ns_gen, config, checkpoint, work / "certs",
-                           0.010 if kind == "limited" else 0.0)
+                           0.010 if kind == "limited" else 0.0, router, gen_cpus)
                 runs[kind].append(res)
                 print(f"(d) {kind}: iteration {res['iteration_time_s']:.2f}s, {res['tx_bytes'] / 1e6:.1f} MB crossed for "
                       f"{res['versions_at_gen_site']} versions of {nbytes / 1e6:.1f} MB", flush=True)
     finally:
+        os.sched_setaffinity(0, own)
         net.cleanup()
-    return summarize(runs, mode, nbytes)
+    return summarize(runs, mode, nbytes, router, gen_cpus)
 
 
-def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int) -> dict:
+def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool, gen_cpus: set[int] | None) -> dict:
     """Overhead = median over repetitions of limited / unlimited - 1, each pair run back to back
     (the machine's load drifts over minutes: pairing keeps that out of the ratio)."""
     it = {k: statistics.median(r["iteration_time_s"] for r in v) for k, v in runs.items()}
@@ -193,13 +236,20 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int) -> dict:
     overhead = statistics.median(pairs)
     fallbacks = sum(r.get("grpc_fallbacks", 0) for v in runs.values() for r in v)
     listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in zip(runs["limited"], runs["unlimited"]))
+    where = " behind the SGS router" if router else ""
+    if gen_cpus:
+        where += f" on CPU {sorted(gen_cpus)} (the site's accelerator; relays, delay lines and trainer on the other CPUs)"
+    else:
+        where += " sharing every CPU with the relays, delay lines and trainer"
     return {
-        "mode": mode, "version_bytes": nbytes, "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
+        "mode": mode, "router": router, "generation_cpus": sorted(gen_cpus) if gen_cpus else None, "version_bytes": nbytes,
+        "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
         "iteration_overhead": overhead, "copies_per_version": copies, "grpc_fallbacks": fallbacks,
-        "summary": (f"{mode}, 2 SGS instances on the generation site, model {nbytes / 1e6:.1f} MB (a random policy: "
-                    f"rewards are 0, so an iteration is generation plus weight sync; every sample {FORCED_LENGTH} tokens); versions cross on the raw-TCP data "
-                    f"channel over mutual TLS ({fallbacks} fallbacks to gRPC streams). Iteration time on the 1 Gbit/s "
-                    f"20 ms-RTT link vs unlimited, pairs run back to back: {listed}; median paired overhead "
-                    f"**{overhead:+.1%}** (target within 5%). Link bytes per version / version size = **{copies:.3f}** "
-                    f"(one copy crosses the link; the 2 instances fan out locally from their relay)."),
+        "summary": (f"{mode}, 2 SGS instances on the generation site{where}, model {nbytes / 1e6:.1f} MB (a random "
+                    f"policy: rewards are 0, so an iteration is generation plus weight sync; every sample {FORCED_LENGTH} "
+                    f"tokens); versions cross on the raw-TCP data channel over mutual TLS ({fallbacks} fallbacks to gRPC "
+                    f"streams). Iteration time on the 1 Gbit/s 20 ms-RTT link vs unlimited, pairs run back to back: "
+                    f"{listed}; median paired overhead **{overhead:+.1%}** (target within 5%). Link bytes per version / "
+                    f"version size = **{copies:.3f}** (one copy crosses the link; the 2 instances fan out locally from "
+                    "their relay)."),
     }

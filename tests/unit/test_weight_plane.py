@@ -100,6 +100,24 @@ def test_store_keeps_k_versions_and_a_pinned_version_outlives_eviction():
     assert err.value.kind == "not_found"
 
 
+def test_an_evicted_version_is_freed_on_the_reaper_thread_not_in_the_commit(tmp_path):
+    import threading
+    import weakref
+
+    store = VersionStore(keep=1, shm_dir=tmp_path)
+    _push(store, _state(1.0), 1)
+    with store.pinned(1) as s1:
+        path = s1.blob.path
+    freed = threading.Event()
+    freed_on: list[str] = []
+    weakref.finalize(s1, lambda: (freed_on.append(threading.current_thread().name), freed.set()))
+    del s1
+    _push(store, _state(2.0), 2)  # commits 2, evicts 1
+    assert store.held() == [2] and not path.exists()  # its file goes at once
+    assert freed.wait(5) and freed_on == ["relay-reaper"]  # its memory goes off the commit's thread
+    store.close()
+
+
 def test_an_arriving_version_is_invisible_until_committed():
     store = VersionStore(keep=2, shm_dir=None)
     _push(store, _state(1.0), 1)

@@ -152,7 +152,7 @@ class VersionStore:
         self._spare: Blob | None = None  # a pre-faulted blob for the next arriving version
         self._preparing = False
         self._populating = False
-        self._reaper: queue.SimpleQueue[Stored | None] | None = None  # evicted versions to free (``_drop``)
+        self._reaper: queue.SimpleQueue[Stored | None] | None = None  # evicted versions to free (``_retire``)
 
     # ------------------------------------------------------------------ queries
     def held(self) -> list[int]:
@@ -382,9 +382,9 @@ class VersionStore:
     def _retire(self, stored: Stored) -> None:
         """Mark ``stored`` evicted (its file goes now unless a reader pins it) and hand the store's
         reference to the reaper thread (started on first use). A reader that still pins it, or
-        maps it on the same host, keeps it alive; otherwise the unmapping happens on the reaper
-        (in CPython's refcounting it runs there as soon as this frame returns), not under the
-        lock of the commit that evicted it."""
+        maps it on the same host, keeps it alive; otherwise the reaper normally holds the last
+        reference (this frame lets go of it right after the ``put``), so the unmapping happens
+        there, not under the lock of the commit that evicted it."""
         stored.evicted = True
         if stored.pins == 0:
             stored.blob.release()

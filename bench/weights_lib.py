@@ -231,6 +231,9 @@ def _child_main(argv: list[str]) -> int:
         client.wait_ready()
         if len(argv) > 6:  # the receive buffer is allocated before timing, as raw-recv's bytearray (memset) is
             client.reserve(int(argv[6]))
+        import torch
+
+        torch.zeros(1).sum()  # torch's first-op set-up (~10 ms), which a serving process has long paid, before timing
         print("ready", flush=True)
         sys.stdin.readline()
         c0, t0 = cpu_busy_s(), time.perf_counter()

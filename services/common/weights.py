@@ -79,7 +79,7 @@ class TensorSpec:
         n = 1
         for s in self.shape:
             n *= s
-        return n * torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
+        return n * _DTYPES[self.dtype].itemsize
 
 
 @dataclass(frozen=True)

@@ -104,3 +104,37 @@ def test_kept_connections_are_bounded_expire_and_are_checked_before_use():
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_a_kept_connection_does_not_hold_its_last_transfer_payload():
+    """A kept connection must let its finished transfer's payload (an arriving version and its
+    blob) go: the relay frees an evicted version on its reaper, not when the connection's next
+    transfer starts."""
+    import threading
+    import weakref
+
+    class Payload:
+        pass
+
+    book = dc.TokenBook(ttl_s=30)
+    served = threading.Event()
+
+    def handler(grant: dc.Grant, sock: socket.socket) -> bool:
+        served.set()
+        return True  # clean end: the connection is kept for the next transfer
+
+    server = dc.DataServer(book, handler, "127.0.0.1")
+    payload = Payload()
+    gone = weakref.ref(payload)
+    grant = book.issue(3, dc.PUSH, payload=payload)
+    del payload
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        dc.open_stream(sock, dc.PUSH, 3, grant.token)
+        del grant
+        assert served.wait(5)
+        for _ in range(100):  # the serving thread drops it right after the handler returns
+            if gone() is None:
+                break
+            threading.Event().wait(0.02)
+        assert gone() is None  # while the connection is still open and kept
+    server.close()

@@ -19,7 +19,8 @@ the fit's max and median relative error over its points.
 
 ``load_train_profile(path, model=...)`` validates the file like the PTL profiles
 (``allocator.profiles``: errors name the file and field) and refuses a profile measured on
-another model, naming both. Pure apart from the load/save helpers.
+another model, naming both; ``allocator.profiles.save_profile`` writes both kinds. Pure apart
+from the loader.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from allocator.models import ModelSpec
-from allocator.profiles import ProfileModel, check_fingerprint, read_validated, save_profile
+from allocator.profiles import ProfileModel, check_fingerprint, read_validated
 from allocator.training import TrainWorkload, step_flops
 from services.common.config import StrictModel
 
@@ -149,8 +150,4 @@ def load_train_profile(path: str | Path, *, model: ModelSpec | dict | None = Non
     if model is not None:
         check_fingerprint(profile.model, model, str(path), "trained")
     return profile
-
-
-def save_train_profile(profile: TrainProfile, path: str | Path) -> Path:
-    return save_profile(profile, path)
 

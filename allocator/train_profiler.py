@@ -146,8 +146,8 @@ def run_train_profile(config_path: str | None, model_dir: str | None, out: str |
     import torch
 
     from allocator.models import spec_from_hf_config
-    from allocator.profiles import PROFILE_DIR
-    from allocator.train_profile import make_train_profile, save_train_profile
+    from allocator.profiles import PROFILE_DIR, save_profile
+    from allocator.train_profile import make_train_profile
     from services.common.config import load_config
     from services.trainer.learner import Learner
 
@@ -176,7 +176,7 @@ def run_train_profile(config_path: str | None, model_dir: str | None, out: str |
                   f"micro-batch to its longest)" if sigma else "all of the point's length (no padding)")
                + f"; median of {repeats} steps per point after one warm-up step."),
     )
-    path = save_train_profile(profile, out or PROFILE_DIR / f"{hardware}-{name}-train.json")
+    path = save_profile(profile, out or PROFILE_DIR / f"{hardware}-{name}-train.json")
     return {"out": str(path), "model": name, "device": dev_label, "threads": nthreads, "fixed_s": profile.fixed_s,
             "effective_gflops": profile.effective_flops / 1e9, "fit_max_rel_error": profile.fit_max_rel_error,
             "fit_median_rel_error": profile.fit_median_rel_error, "points": len(points)}

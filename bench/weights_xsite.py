@@ -36,6 +36,7 @@ channel for gRPC streams (0 expected).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -83,8 +84,6 @@ def _checkpoint(work: Path, config: Path) -> tuple[Path, int]:
 
 def _spawn(ns: str, args: list[str], log: Path, cpus: set[int] | None = None) -> subprocess.Popen:
     """``cpus``: the child's CPU set (default: this process's)."""
-    import os
-
     from bench.weights_lib import env, netns_prefix
 
     return subprocess.Popen(netns_prefix(ns) + [sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -178,9 +177,9 @@ def split_cpus(cpus: set[int]) -> tuple[set[int], set[int]] | None:
 
 
 def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bool = True) -> dict:
-    import os
-
     from bench.weights_lib import Netns
+    from flows.launcher import router_enabled
+    from services.common.config import load_config
     from services.weights.certs import make_certs
 
     sites = work / "xsite-sites.yaml"
@@ -192,9 +191,6 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bo
     )
     make_certs(sites)
     config = _config(work, quick, mode)
-    from flows.launcher import router_enabled
-    from services.common.config import load_config
-
     router = router_enabled(load_config(config))
     checkpoint, nbytes = _checkpoint(work, config)
     own = os.sched_getaffinity(0)

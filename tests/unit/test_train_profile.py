@@ -14,14 +14,13 @@ from allocator.cluster import AllocationInputError
 from allocator.hardware import get_hardware
 from allocator.memory import ParallelConfig
 from allocator.models import get_model
-from allocator.profiles import PROFILE_DIR, ProfileError
+from allocator.profiles import PROFILE_DIR, ProfileError, save_profile
 from allocator.train_profile import (
     fit_step_time,
     load_train_profile,
     make_point,
     make_train_profile,
     nnls,
-    save_train_profile,
 )
 from allocator.training import MFU, TrainSite, TrainWorkload, step_flops, step_time
 
@@ -62,7 +61,7 @@ def test_fit_is_non_negative():
 
 
 def test_profile_of_another_model_is_refused_naming_both(tmp_path):
-    path = save_train_profile(_profile(), tmp_path / "t.json")
+    path = save_profile(_profile(), tmp_path / "t.json")
     assert load_train_profile(path, model=TINY).model.name == "braid-tiny"
     with pytest.raises(ProfileError, match=r"t.json: profile is for model 'braid-tiny', not 'qwen2.5-7b': "
                                            r"field model.fingerprint.hidden is 128, the trained model has 3584"):
@@ -71,7 +70,7 @@ def test_profile_of_another_model_is_refused_naming_both(tmp_path):
 
 def test_bad_profile_file_names_the_field(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(save_train_profile(_profile(), tmp_path / "ok.json").read_text().replace('"grpo"', '"dpo"'))
+    path.write_text(save_profile(_profile(), tmp_path / "ok.json").read_text().replace('"grpo"', '"dpo"'))
     with pytest.raises(ProfileError, match=r"bad.json: field algorithm"):
         load_train_profile(path)
 
@@ -111,14 +110,14 @@ def test_cluster_train_profile_missing_or_mismatched_is_refused_naming_the_field
     tiny_wl = str(ROOT / "deploy/workloads/tiny.yaml")
     with pytest.raises(AllocationInputError, match=r"c.yaml: sites\[0\].train_profile: no such file '.*nope.json'"):
         plan_files(_cluster(tmp_path, f"    train_profile: {tmp_path / 'nope.json'}\n"), "braid-tiny", tiny_wl)
-    other = save_train_profile(_profile(hardware="H800"), tmp_path / "h800.json")
+    other = save_profile(_profile(hardware="H800"), tmp_path / "h800.json")
     with pytest.raises(AllocationInputError, match=r"train_profile: .*measured on 'H800', the site's gpu is 'cpu-local'"):
         plan_files(_cluster(tmp_path, f"    train_profile: {other}\n"), "braid-tiny", tiny_wl)
 
 
 def test_allocate_uses_the_measured_profile_and_says_so(tmp_path):
     tiny_wl = str(ROOT / "deploy/workloads/tiny.yaml")
-    path = save_train_profile(_profile(fixed=0.5, eff=1e9), tmp_path / "p.json")
+    path = save_profile(_profile(fixed=0.5, eff=1e9), tmp_path / "p.json")
     plan = plan_files(_cluster(tmp_path, f"    train_profile: {path}\n"), "braid-tiny", tiny_wl)
     roof = plan_files(_cluster(tmp_path, ""), "braid-tiny", tiny_wl)
     assert plan["train_source"] == f"measured profile {path}" and roof["train_source"] == "roofline (MFU 0.40)"

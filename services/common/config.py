@@ -140,6 +140,12 @@ class GenerationConfig(StrictModel):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Cap on generated tokens per sample.")
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests admitted to the engine at once.")
+    attention: Literal["varlen", "dense"] = Field(
+        "varlen",
+        description="Attention of the cb engine's steps: varlen = each sequence against its own cached tokens "
+        "(services/generation/varlen_attention.py), dense = transformers' SDPA over every cached token of the batch "
+        "under a mask (its cost grows with running sequences x all their cached tokens).",
+    )
     num_blocks: int = Field(512, ge=4, le=1_000_000, description="KV-cache blocks (explicit: the default takes most RAM).")
     page_size: int = Field(32, ge=4, le=4096, description="Tokens per KV-cache block.")
     max_batch_tokens: int = Field(2048, ge=16, le=1_000_000, description="Token budget of one engine step.")

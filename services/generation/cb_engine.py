@@ -10,6 +10,10 @@ log-probs so far from the scheduler's request state, and cancels the requests; t
 they held is freed, so resuming means re-prefilling prompt + partial output with new weights.
 ``step_delay_s`` sleeps before every forward pass (straggler emulation in tests).
 
+Attention (``generation.attention``): ``varlen`` (default) runs each sequence against its own
+cached tokens (``services.generation.varlen_attention``), 2.8x the tokens/s of ``dense``
+(transformers' masked SDPA over the whole batch) at 128 running sequences on this CPU.
+
 Forced-length replay (``submit(..., ignore_eos=True)``): the request's stop test is disabled
 (``eos_token_id=-1`` for that request only), so it generates exactly ``max_new_tokens`` tokens
 whatever it samples; its finish reason is "length". This replays a recorded length
@@ -37,6 +41,9 @@ class ContinuousBatchingEngine(Engine):
 
     def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> None:
         torch.set_num_threads(cfg.threads)
+        from services.generation.varlen_attention import install
+
+        install(varlen=cfg.attention == "varlen")  # transformers' "sdpa" entry is process-wide
         self._model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32)
         self._model.eval()
         if step_delay_s > 0:

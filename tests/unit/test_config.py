@@ -26,6 +26,7 @@ def test_overrides_apply_and_parse_scalars():
         ("trainer.typo=3", "trainer.typo: Extra inputs are not permitted"),
         ("trainer.eta=-1", "trainer.eta: Input should be greater than or equal to 0"),
         ("trainer.partial_rollout=true", "partial_rollout only apply to mode 'bounded'"),
+        ("generation.attention=flash", "generation.attention: Input should be 'varlen' or 'dense'"),
         ("generation.step_delay_ms=[1, 2]", "step_delay_ms has 2 entries for 1 instances"),
         ("task.min_steps=9", None),
     ],

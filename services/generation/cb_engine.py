@@ -11,7 +11,7 @@ they held is freed, so resuming means re-prefilling prompt + partial output with
 ``step_delay_s`` sleeps before every forward pass (straggler emulation in tests).
 
 Attention (``generation.attention``): ``varlen`` (default) runs each sequence against its own
-cached tokens (``services.generation.varlen_attention``), 2.8x the tokens/s of ``dense``
+cached tokens (``services.generation.varlen_attention``), 2.3x the tokens/s of ``dense``
 (transformers' masked SDPA over the whole batch) at 128 running sequences on this CPU.
 
 Forced-length replay (``submit(..., ignore_eos=True)``): the request's stop test is disabled

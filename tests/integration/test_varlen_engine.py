@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.config import GenerationConfig
+from services.generation import varlen_attention
 from services.generation.cb_engine import ContinuousBatchingEngine
 
 
@@ -24,7 +25,8 @@ def generate(checkpoint, attention: str) -> dict:
         engine.close()
 
 
-def test_varlen_and_dense_attention_sample_the_same_tokens(tiny_checkpoint):
+def test_varlen_and_dense_attention_sample_the_same_tokens(tiny_checkpoint, monkeypatch):
+    monkeypatch.setattr(varlen_attention, "DENSE_UP_TO", 0)  # every step through the per-sequence path
     dense, varlen = generate(tiny_checkpoint, "dense"), generate(tiny_checkpoint, "varlen")
     for rid, d in dense.items():
         v = varlen[rid]

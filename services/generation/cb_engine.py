@@ -32,6 +32,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from services.common.config import GenerationConfig
 from services.common.weights import TensorSpec, specs_of
 from services.generation.engine import Engine, EngineOutput, register_engine
+from services.generation.varlen_attention import install as install_varlen
 
 
 class ContinuousBatchingEngine(Engine):
@@ -41,9 +42,7 @@ class ContinuousBatchingEngine(Engine):
 
     def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> None:
         torch.set_num_threads(cfg.threads)
-        from services.generation.varlen_attention import install
-
-        install(varlen=cfg.attention == "varlen")  # transformers' "sdpa" entry is process-wide
+        install_varlen(varlen=cfg.attention == "varlen")  # transformers' "sdpa" entry is process-wide
         self._model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32)
         self._model.eval()
         if step_delay_s > 0:

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 # Up to this many sequences in a step the stock path is used: it is as fast or faster there
 # (engine alone, tiny model, this repository's CPU, medians of three runs: the padded path gave
@@ -57,9 +60,6 @@ def padded_attention(
 def varlen_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                 position_bias=None, cache=None, **kwargs):
     """transformers attention function (the ``"sdpa"`` signature), per sequence for CB steps."""
-    from transformers.generation.continuous_batching.cache import PagedAttentionCache
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if isinstance(cu_k, dict):
         cu_k = cu_k.get(getattr(module, "layer_type", None) or "full_attention")
@@ -75,7 +75,4 @@ def varlen_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
 def install(varlen: bool = True) -> None:
     """Route transformers' ``"sdpa"`` attention through ``varlen_sdpa`` in this process (or, with
     ``varlen=False``, back to the stock implementation)."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     AttentionInterface.register("sdpa", varlen_sdpa if varlen else sdpa_attention_forward)

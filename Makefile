@@ -7,18 +7,23 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow install proto bench clean server server-stop screenshots
+.PHONY: run test test-slow install lock proto bench clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# torch first, pinned, so pip takes the on-disk CPU wheel and never a CUDA build.
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+# Exactly the committed lock, nothing resolved at install time (--no-deps): a release published
+# tomorrow cannot change what a fresh clone installs. torch==2.13.0+cpu is the on-disk CPU wheel.
+$(STAMP): requirements.lock pyproject.toml | $(PY)
+	$(PY) -m pip install -q --no-deps -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Re-resolve requirements.lock from pyproject.toml (deploy/lock.sh); commit both.
+lock:
+	PYTHON=$(PYTHON) deploy/lock.sh
 
 run: install
 	$(VENV)/bin/braid run --config $(CONFIG)

@@ -1,7 +1,7 @@
 """``braid allocate`` and the ``plan_allocation`` flow: files in, a plan (JSON-able dict) out.
 
 The edge around the pure planner (``allocator.planner``): reads the cluster and workload files
-(``allocator.cluster``), resolves each site's GPU kind (``allocator.hardware`` or the file's
+(``allocator.cluster``), resolves each site's GPU kind (``services.generation.scheduling.hardware`` or the file's
 custom numbers) and the generation PTL profile of kind x model (the site's ``profile`` file,
 else the shipped one in ``allocator/profiles/``, else derived from the spec sheet) and the
 training site's measured step-time profile when it names one (``train_profile``; else the
@@ -25,8 +25,8 @@ from allocator.cluster import (
     load_workload,
     workload_lengths,
 )
-from allocator.hardware import HARDWARE, Hardware
-from allocator.models import MODELS, ModelSpec
+from services.generation.scheduling.hardware import HARDWARE, Hardware
+from services.generation.scheduling.models import MODELS, ModelSpec
 from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
 from allocator.training import MFU, TrainSite, TrainWorkload
 
@@ -63,7 +63,7 @@ def site_hardware(site: SiteSpec, where: str) -> tuple[Hardware, float]:
 def gen_specs(site: SiteSpec, model: ModelSpec, where: str) -> dict:
     """TP degree -> instance spec: the site's or the shipped profile, and for derived profiles
     of a spec-sheet kind also the larger TP degrees within a node (the planner picks)."""
-    from allocator.profiles import derive_profile
+    from services.generation.scheduling.profiles import derive_profile
 
     base = gen_profile(site, model, where)
     specs = {base.tensor_parallel: base.instance_spec()}
@@ -77,7 +77,7 @@ def gen_specs(site: SiteSpec, model: ModelSpec, where: str) -> dict:
 
 def gen_profile(site: SiteSpec, model: ModelSpec, where: str):
     """The generation profile of site kind x model: the file's, shipped, or derived."""
-    from allocator.profiles import PROFILE_DIR, ProfileError, derive_profile, load_profile
+    from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError, derive_profile, load_profile
 
     try:
         if site.profile is not None:
@@ -102,7 +102,7 @@ def train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, where: str):
     site's kind, the model and the workload's algorithm."""
     if site.train_profile is None:
         return None
-    from allocator.profiles import ProfileError
+    from services.generation.scheduling.profiles import ProfileError
     from allocator.train_profile import load_train_profile
 
     path, field = Path(site.train_profile), f"{where}.train_profile"

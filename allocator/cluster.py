@@ -5,7 +5,7 @@ Cluster file (``deploy/clusters/*.yaml``)::
     name: cross-site-32xH20-128xH800
     sites:
       - name: h20-cloud
-        gpu: H20                 # a kind of allocator.hardware, or a custom one with tflops + memory_gb
+        gpu: H20                 # a kind of scheduling.hardware, or a custom one with tflops + memory_gb
         count: 32
         gpus_per_node: 8
         inter_node_gbps: 100     # per GPU
@@ -51,7 +51,7 @@ class SiteSpec(StrictModel):
     """One site of a cluster: a pool of identical GPUs."""
 
     name: str = Field(min_length=1, description="Site name.")
-    gpu: str = Field(min_length=1, description="GPU kind: H20, H800, H100 (allocator.hardware) or a custom kind.")
+    gpu: str = Field(min_length=1, description="GPU kind: H20, H800, H100 (scheduling.hardware) or a custom kind.")
     count: int = Field(ge=1, le=1_000_000, description="GPUs at the site available to this job.")
     gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per node (tensor parallelism stays inside a node).")
     inter_node_gbps: float = Field(200.0, gt=0, le=1e5, description="Inter-node network bandwidth per GPU, Gbit/s.")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator.models import ModelSpec
+from services.generation.scheduling.models import ModelSpec
 
 USABLE_FRACTION = 0.9  # of HBM, after CUDA context / NCCL buffers / fragmentation
 LOGITS_CHUNK_TOKENS = 4096  # chunked cross-entropy: fp32 logits for this many tokens at once

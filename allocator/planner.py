@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from allocator.models import ModelSpec
+from services.generation.scheduling.models import ModelSpec
 from allocator.simulator import generation_time
 from allocator.training import TrainSearch, TrainSite, TrainWorkload, search
 from services.generation.scheduling import InstanceSpec

@@ -1,6 +1,6 @@
 """``braid profile``: measure PTL(batch size) and KV bytes per token on the actual engine.
 
-The engine (the configured one; ``cb`` by default) is driven directly, without the SGS
+The engine (the configured one; ``vllm`` by default) is driven directly, without the SGS
 around it: for each batch size ``bs``, output length ``L`` and prompt length ``P`` of the grid,
 ``bs`` forced-length requests (EOS ignored) are submitted at once and the wall time ``T`` to
 the last completion is measured; PTL(bs) = T / L at a mean context of P + L/2 tokens.
@@ -11,8 +11,8 @@ total time of a measurement is the sum over its L steps of
 ``prefill x bs x P + per_sequence x bs``. The ``max`` is handled by scanning the breakpoint n* = k2/k3 over a grid
 and solving a non-negative least-squares problem (relative error) for each; the best fit wins.
 
-KV bytes per token is read from the engine's allocated cache (bytes / (blocks x page size))
-and checked against the model's architecture (2 x layers x kv_heads x head_dim x dtype bytes).
+KV bytes per token come from the model's architecture (2 x layers x kv_heads x head_dim x dtype
+bytes); the KV capacity is what the engine reports it allocated (``kv_capacity_tokens``).
 """
 
 from __future__ import annotations
@@ -81,18 +81,13 @@ def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
     return coef, err
 
 
-def kv_bytes(engine, capacity_tokens: int) -> float:
-    cache = engine._manager.batch_processor.cache  # the cb engine's paged cache
-    return float(cache.cache_tensor.numel() * cache.cache_tensor.element_size()) / capacity_tokens
-
-
 def run_profile(config_path: str | None, model_dir: str | None, out: str, *, hardware: str, quick: bool) -> dict:
     import tempfile
 
-    from allocator.models import spec_from_hf_config
-    from allocator.profiles import PTLPoint, Profile, ProfileModel, StepCostFields, save_profile
     from services.common.config import load_config
     from services.generation.engine import create_engine
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import PTLPoint, Profile, ProfileModel, StepCostFields, save_profile
 
     cfg = load_config(config_path)
     gen = cfg.generation.model_copy(update={"max_new_tokens": 480})
@@ -116,8 +111,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
         for k, (bs, p, n) in enumerate(grid):
             ms.append(measure(engine, bs, p, n, f"m{k}"))
             print(f"  bs={bs:4d} prompt={p:4d} length={n:4d}: {ms[-1].seconds / n * 1e3:8.2f} ms/step", flush=True)
-        capacity = gen.num_blocks * gen.page_size
-        measured_kv = kv_bytes(engine, capacity)
+        capacity = engine.kv_capacity_tokens() or gen.num_blocks * gen.page_size
     finally:
         engine.close()
         if tmp is not None:
@@ -128,7 +122,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
         hardware=hardware, source="measured", engine=gen.engine,
         model=ProfileModel(name=name, fingerprint=spec.fingerprint()),
         kv_bytes_per_token=kvb, kv_capacity_tokens=capacity, max_batch=gen.max_inflight,
-        watermark=0.15,  # transformers' FIFO scheduler safety margin
+        watermark=0.15,  # admission safety margin of the simulated scheduler
         step_cost=StepCostFields(
             k1=coef["k1b"] / kvb, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
             prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
@@ -137,11 +131,11 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
         fit_rel_rmse=err, created=date.today().isoformat(),
         notes=(
             f"MEASURED by `braid profile` on this host's CPU ({gen.threads} torch thread(s)), engine {gen.engine}, "
-            f"page size {gen.page_size}, {gen.num_blocks} blocks. KV bytes/token: architecture {kvb:.0f}, "
-            f"allocated cache {measured_kv:.0f} (incl. the engine's trash sectors and alignment). Step-cost fit "
+            f"page size {gen.page_size}, {gen.num_blocks} blocks ({capacity} tokens allocated). KV bytes/token "
+            f"{kvb:.0f} (architecture). Step-cost fit "
             f"relative RMSE {err:.3f} over {len(ms)} measurements."
         ),
     )
     path = save_profile(profile, out)
-    return {"out": str(path), "fit_rel_rmse": err, "kv_bytes_per_token": kvb, "allocated_kv_bytes_per_token": measured_kv,
+    return {"out": str(path), "fit_rel_rmse": err, "kv_bytes_per_token": kvb, "kv_capacity_tokens": capacity,
             "step_cost": profile.step_cost.model_dump(), "points": len(ms)}

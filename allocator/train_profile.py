@@ -18,8 +18,8 @@ exactly by trying every support set of the two coefficients (numpy only). The pr
 the fit's max and median relative error over its points.
 
 ``load_train_profile(path, model=...)`` validates the file like the PTL profiles
-(``allocator.profiles``: errors name the file and field) and refuses a profile measured on
-another model, naming both; ``allocator.profiles.save_profile`` writes both kinds. Pure apart
+(``services.generation.scheduling.profiles``: errors name the file and field) and refuses a profile measured on
+another model, naming both; ``services.generation.scheduling.profiles.save_profile`` writes both kinds. Pure apart
 from the loader.
 """
 
@@ -34,8 +34,8 @@ from typing import Literal
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from allocator.models import ModelSpec
-from allocator.profiles import ProfileModel, check_fingerprint, read_validated
+from services.generation.scheduling.models import ModelSpec
+from services.generation.scheduling.profiles import ProfileModel, check_fingerprint, read_validated
 from allocator.training import TrainWorkload, step_flops
 from services.common.config import StrictModel
 

@@ -93,7 +93,7 @@ def time_step(learner, groups: list, micro_batch_groups: int, sync) -> float:
 
 def _policy(cfg, model_dir: str | None):
     """(policy, model name): a checkpoint dir, the config's ``model.path``, or the built model."""
-    from allocator.models import MODELS, spec_from_hf_config
+    from services.generation.scheduling.models import MODELS, spec_from_hf_config
     from services.policy.model import build_policy, load_policy
 
     path = model_dir or cfg.model.path
@@ -145,8 +145,8 @@ def run_train_profile(config_path: str | None, model_dir: str | None, out: str |
     """Measure the grid, fit, write the profile; returns a summary (path, fit, points)."""
     import torch
 
-    from allocator.models import spec_from_hf_config
-    from allocator.profiles import PROFILE_DIR, save_profile
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import PROFILE_DIR, save_profile
     from allocator.train_profile import make_train_profile
     from services.common.config import load_config
     from services.trainer.learner import Learner

@@ -43,9 +43,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from allocator.hardware import Hardware
+from services.generation.scheduling.hardware import Hardware
 from allocator.memory import MemoryEstimate, ParallelConfig, training_memory
-from allocator.models import ModelSpec
+from services.generation.scheduling.models import ModelSpec
 
 if TYPE_CHECKING:
     from allocator.train_profile import TrainProfile

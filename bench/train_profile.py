@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allocator.models import get_model  # noqa: E402
+from services.generation.scheduling.models import get_model  # noqa: E402
 from allocator.train_profile import TrainProfile, load_train_profile  # noqa: E402
 from allocator.training import TrainWorkload, step_flops  # noqa: E402
 from bench.report_io import write_results  # noqa: E402

@@ -180,7 +180,7 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bo
     from bench.weights_lib import Netns
     from flows.launcher import router_enabled
     from services.common.config import load_config
-    from services.weights.certs import make_certs
+    from services.common.certs import make_certs
 
     sites = work / "xsite-sites.yaml"
     sites.write_text(

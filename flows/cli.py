@@ -21,6 +21,7 @@ def prefect_env(cache_dir: str) -> None:
 
 
 def _run(ns: argparse.Namespace) -> int:
+    from flows.registries import check_registries
     from services.common.config import ConfigError, load_config
 
     overrides = list(ns.set or [])
@@ -29,7 +30,7 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.run_id:
         overrides.append(f"run_id={ns.run_id}")
     try:
-        cfg = load_config(ns.config, overrides)  # fail fast, before Prefect starts
+        cfg = check_registries(load_config(ns.config, overrides))  # fail fast, before Prefect starts
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -43,10 +44,11 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def _config(ns: argparse.Namespace) -> int:
+    from flows.registries import check_registries
     from services.common.config import ConfigError, load_config
 
     try:
-        cfg = load_config(ns.config, list(ns.set or []))
+        cfg = check_registries(load_config(ns.config, list(ns.set or [])))
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -56,10 +58,10 @@ def _config(ns: argparse.Namespace) -> int:
 
 def _profile(ns: argparse.Namespace) -> int:
     """Measure a PTL profile on the engine, or write a roofline-derived one (``--derive``)."""
-    from allocator.profiles import ProfileError
+    from services.generation.scheduling.profiles import ProfileError
 
     if ns.derive:
-        from allocator.profiles import derive_profile, save_profile
+        from services.generation.scheduling.profiles import derive_profile, save_profile
 
         hardware, _, model = ns.derive.partition(":")
         try:
@@ -85,7 +87,7 @@ def _profile(ns: argparse.Namespace) -> int:
 
 def _profile_train(ns: argparse.Namespace) -> int:
     """Measure a training step-time profile on the trainer's learner (``allocator.train_profiler``)."""
-    from allocator.profiles import ProfileError
+    from services.generation.scheduling.profiles import ProfileError
     from services.common.config import ConfigError
 
     try:
@@ -150,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay = sub.add_parser("relay", help="run a weight relay process (parameter service)", add_help=False)
     relay.set_defaults(func=lambda ns: _delegate("services.weights.__main__", ns.rest))
     certs = sub.add_parser("certs", help="make a local CA and per-site TLS certificates (--sites FILE)", add_help=False)
-    certs.set_defaults(func=lambda ns: _delegate("services.weights.certs", ns.rest))
+    certs.set_defaults(func=lambda ns: _delegate("services.common.certs", ns.rest))
     for p in (sgs, trainer, relay, certs):
         p.add_argument("rest", nargs=argparse.REMAINDER)
     server = sub.add_parser("server", help="local Prefect server + work pools + deployments + workers (docs/deploy.md)")
@@ -175,7 +177,7 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 _DELEGATED = {
     "sgs": "services.generation.__main__", "trainer": "services.trainer.__main__",
-    "relay": "services.weights.__main__", "certs": "services.weights.certs",
+    "relay": "services.weights.__main__", "certs": "services.common.certs",
 }
 
 

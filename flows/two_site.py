@@ -295,7 +295,7 @@ class PoolUnits:
 def site_scaleout(runs: SiteRuns, run_dir: Path, checkpoint: str, sites: SitesConfig, gen: SiteRun, router: str):
     """The scale-out controller of a two-site run: units on ``gen``'s site, through its router."""
     from flows.scaleout import ScaleoutController
-    from services.weights.certs import site_files
+    from services.common.certs import site_files
 
     cfg = load_config(run_dir / "config.json")
     instances = runs.published(gen, INSTANCES_KEY)

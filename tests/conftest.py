@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Tests whose subject is not the engine (router, trainer, relays, flows' plumbing) run the hf engine:
+# it starts in about a second, vLLM in about ten. The engine contract suite, the SGS service tests and
+# the end-to-end flow tests run vLLM, the default.
+FAST_ENGINE = "generation.engine=hf"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

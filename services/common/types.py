@@ -25,6 +25,9 @@ class GenerateParams:
     min_weight_version: int = 0
     tag: str = ""
     interruptible: bool = False  # partial rollout: return running samples early on a weight update
+    temperature: float = 0.0  # per-request sampling; 0 = the service default
+    top_p: float = 0.0  # 0 = off
+    top_k: int = 0  # 0 = off
 
 
 @dataclass(frozen=True)

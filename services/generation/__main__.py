@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from services.weights.certs import add_tls_args, tls_from_args
+from services.common.certs import add_tls_args, tls_from_args
 
 
 def _cpu_list(text: str) -> list[int]:

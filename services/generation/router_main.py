@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from services.weights.certs import add_tls_args, tls_from_args
+from services.common.certs import add_tls_args, tls_from_args
 
 CPU_PROFILE = "cpu-local-braid-tiny"
 
@@ -26,8 +26,8 @@ CPU_PROFILE = "cpu-local-braid-tiny"
 def load_spec(cfg, model_dir: str):
     """The instance cost model for cost-aware policies: the configured (or shipped CPU) profile,
     refused if fitted to another model; limits are those of the live instances."""
-    from allocator.models import spec_from_hf_config
-    from allocator.profiles import load_profile, shipped_profile
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import load_profile, shipped_profile
 
     config = json.loads((Path(model_dir) / "config.json").read_text())
     path = cfg.dispatch.profile or shipped_profile(CPU_PROFILE)

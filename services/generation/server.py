@@ -24,7 +24,7 @@ from services.generation import convert
 from services.generation.core import CallClosed, GenerationCore
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.weights.certs import TlsFiles, server_credentials
+from services.common.certs import TlsFiles, server_credentials
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.sgs")
@@ -45,8 +45,10 @@ def validate_request(
     *,
     vocab_size: int,
     max_positions: int,
+    kv_capacity: int = 0,
 ) -> None:
-    """Raise ``RequestError`` with a precise message if the request cannot be served."""
+    """Raise ``RequestError`` with a precise message if the request cannot be served
+    (``kv_capacity``: tokens the engine's KV cache holds, 0 = unknown)."""
     if not prompts:
         raise RequestError("request has no prompts")
     if not 1 <= params.samples_per_prompt <= MAX_SAMPLES_PER_PROMPT:
@@ -56,6 +58,11 @@ def validate_request(
         raise RequestError(f"request asks for {total} sequences; the limit is {cfg.max_sequences_per_request}")
     if params.max_new_tokens > cfg.max_new_tokens:
         raise RequestError(f"max_new_tokens {params.max_new_tokens} exceeds the service limit {cfg.max_new_tokens}")
+    if not 0.0 <= params.temperature <= 10.0 or not 0.0 <= params.top_p <= 1.0 or not 0 <= params.top_k <= vocab_size:
+        raise RequestError(
+            f"sampling out of range: temperature {params.temperature} (0 = default, up to 10), top_p {params.top_p} "
+            f"(0 = off, up to 1), top_k {params.top_k} (0 = off, up to the vocabulary {vocab_size})"
+        )
     if params.min_weight_version < 0:
         raise RequestError(f"min_weight_version must be >= 0, got {params.min_weight_version}")
     max_new = params.max_new_tokens or cfg.max_new_tokens
@@ -89,6 +96,11 @@ def validate_request(
             raise RequestError(
                 f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {new} new exceed the model's {max_positions} positions"
             )
+        if kv_capacity and len(p.token_ids) + new > kv_capacity:
+            raise RequestError(
+                f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {new} new exceed the engine's whole KV cache "
+                f"({kv_capacity} tokens = generation.num_blocks x page_size): it could never run"
+            )
         bad = [t for t in p.token_ids if not 0 <= t < vocab_size]
         if bad:
             raise RequestError(f"prompt {p.prompt_id!r} has token ids outside [0, {vocab_size}): {bad[:5]}")
@@ -111,7 +123,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)
         try:
-            validate_request(prompts, params, self.cfg, vocab_size=self.vocab_size, max_positions=self.max_positions)
+            validate_request(prompts, params, self.cfg, vocab_size=self.vocab_size, max_positions=self.max_positions,
+                             kv_capacity=self.core.engine.kv_capacity_tokens())
         except RequestError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         if params.interruptible and not self.core.engine.supports_interrupt:

@@ -32,6 +32,7 @@ SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 class Policy:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerFast
+    chat_template: bool = False  # wrap prompts as a user message in the tokenizer's chat template
 
     @property
     def eos_id(self) -> int:
@@ -46,6 +47,13 @@ class Policy:
         return self.eos_id if pad is None else int(pad)
 
     def encode_prompt(self, text: str) -> list[int]:
+        if self.chat_template:  # the template places any BOS itself
+            if not self.tokenizer.chat_template:
+                raise ValueError("model.chat_template is on but the checkpoint's tokenizer has no chat template")
+            rendered = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+            return [int(i) for i in self.tokenizer.encode(rendered, add_special_tokens=False)]
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         bos = self.tokenizer.bos_token_id
         return ([int(bos)] if bos is not None else []) + [int(i) for i in ids]
@@ -92,15 +100,28 @@ def build_policy(cfg: ModelConfig) -> Policy:
     return Policy(model=model, tokenizer=tok)
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Load a policy from a local checkpoint directory (never the hub)."""
+def load_policy(path: str | Path, chat_template: bool = False) -> Policy:
+    """Load a policy from a local checkpoint directory (never the hub).
+
+    The tokenizer is the directory's ``tokenizer.json`` as written: ``AutoTokenizer`` would rebuild
+    a Qwen2 tokenizer from its vocabulary with Qwen's own pre-tokenizer, ignoring the file's."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a local HF checkpoint (no config.json)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tok_cls = PreTrainedTokenizerFast if (path / "tokenizer.json").is_file() else AutoTokenizer
+    tok = tok_cls.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-    return Policy(model=model, tokenizer=tok)
+    eos = model.config.eos_token_id
+    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])]
+    if tok.eos_token_id is None and eos_ids:  # samples end on the config's EOS; train toward the same
+        tok.eos_token = tok.convert_ids_to_tokens(eos_ids[0])
+    if eos_ids and tok.eos_token_id not in eos_ids:
+        raise ValueError(
+            f"{path}: the tokenizer's eos token id {tok.eos_token_id} is not among config.json's eos_token_id "
+            f"{eos_ids}: generation stops only on the latter, so samples would never end"
+        )
+    return Policy(model=model, tokenizer=tok, chat_template=chat_template)
 
 
 def save_policy(policy: Policy, path: str | Path) -> None:

@@ -29,7 +29,7 @@ from services.tasks.arith import ProblemSampler, demonstration, eval_problems
 
 def cache_key(cfg: RunConfig) -> str:
     payload = {
-        "model": cfg.model.model_dump(mode="json"),
+        "model": cfg.model.model_dump(mode="json", exclude=set() if cfg.model.chat_template else {"chat_template"}),
         "task": cfg.task.distribution(),
         "warmstart": cfg.warmstart.model_dump(mode="json"),
         "eval": cfg.eval.model_dump(mode="json"),
@@ -39,7 +39,7 @@ def cache_key(cfg: RunConfig) -> str:
 
 
 def base_policy(cfg: RunConfig) -> Policy:
-    return load_policy(cfg.model.path) if cfg.model.path else build_policy(cfg.model)
+    return load_policy(cfg.model.path, cfg.model.chat_template) if cfg.model.path else build_policy(cfg.model)
 
 
 def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]:

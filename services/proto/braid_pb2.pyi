@@ -21,20 +21,26 @@ class Prompt(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., estimated_length: _Optional[float] = ..., forced_length: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "samples_per_prompt", "max_new_tokens", "min_weight_version", "request_tag", "interruptible")
+    __slots__ = ("prompts", "samples_per_prompt", "max_new_tokens", "min_weight_version", "request_tag", "interruptible", "temperature", "top_p", "top_k")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TAG_FIELD_NUMBER: _ClassVar[int]
     INTERRUPTIBLE_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     samples_per_prompt: int
     max_new_tokens: int
     min_weight_version: int
     request_tag: str
     interruptible: bool
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., min_weight_version: _Optional[int] = ..., request_tag: _Optional[str] = ..., interruptible: _Optional[bool] = ...) -> None: ...
+    temperature: float
+    top_p: float
+    top_k: int
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., min_weight_version: _Optional[int] = ..., request_tag: _Optional[str] = ..., interruptible: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("prompt_id", "group_id", "sample_index", "prompt_token_ids", "token_ids", "logprobs", "weight_version", "finish_reason", "submitted_at", "started_at", "finished_at")

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.weights.certs import TlsFiles, site_files
+from services.common.certs import TlsFiles, site_files
 
 
 def tls_files(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.weights.transport, cfg.weights, relays=relays, chunk_bytes=cfg.trainer.chunk_bytes,
         training_site=ns.training_site, tls=tls,
     )
-    trainer = RLTrainer(cfg, load_policy(ns.model), clients, run_dir, transport=transport)
+    trainer = RLTrainer(cfg, load_policy(ns.model, cfg.model.chat_template), clients, run_dir, transport=transport)
 
     def progress(k: int, row: dict) -> None:
         logging.info(

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be a port number (0..65535), not {getattr(ns, flag)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s relay %(levelname)s %(message)s")
 
-    from services.weights.certs import TlsFiles
+    from services.common.certs import TlsFiles
     from services.weights.server import RelayServicer, create_server
     from services.weights.store import VersionStore, private_shm_dir
 

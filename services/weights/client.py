@@ -44,7 +44,7 @@ from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.weights import datachan as dc
 from services.weights import datapath
-from services.weights.certs import TlsFiles, open_channel
+from services.common.certs import TlsFiles, open_channel
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import host_id
 from services.weights.values import (

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import grpc
 
-from services.weights.certs import TlsFiles
+from services.common.certs import TlsFiles
 from services.weights.chain import BroadcastPlan, RelayNode, choose_master, plan_broadcast
 from services.weights.client import RelayClient, RelayError
 

@@ -44,7 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.weights.certs import TlsFiles
+from services.common.certs import TlsFiles
 
 log = logging.getLogger("braid.weights.data")
 

@@ -29,7 +29,7 @@ import grpc
 
 from services.common.weights import Manifest, WeightError, check_chunk_digest, chunk_digest, version_digest
 from services.weights import datachan as dc
-from services.weights.certs import TlsFiles
+from services.common.certs import TlsFiles
 from services.weights.values import RelayError
 
 _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}

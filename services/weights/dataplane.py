@@ -35,7 +35,7 @@ import grpc
 from services.common.weights import WeightError
 from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
-from services.weights.certs import TlsFiles
+from services.common.certs import TlsFiles
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import Incoming, VersionStore
 from services.weights.wire import WEIGHT_ERROR_CODES

@@ -37,7 +37,7 @@ import grpc
 from services.common.weights import WeightError, blob_chunk
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.weights.certs import TlsFiles, server_credentials
+from services.common.certs import TlsFiles, server_credentials
 from services.weights.client import RelayClient, RelayError
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END

@@ -9,11 +9,12 @@ import pytest
 
 from flows.launcher import run_processes
 from services.common.config import load_config, write_config
-from tests.conftest import ROOT
+from tests.conftest import FAST_ENGINE, ROOT
 
 
 def _run(tmp_path, checkpoint, overrides, on_poll=None):
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["trainer.mode=bounded", "generation.instances=2", *overrides])
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml",
+                      [FAST_ENGINE, "trainer.mode=bounded", "generation.instances=2", *overrides])
     write_config(cfg, tmp_path / "config.json")
     (tmp_path / "metrics.jsonl").write_text("")
     summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=on_poll, poll_s=0.2).read_text())

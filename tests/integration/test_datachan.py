@@ -169,7 +169,7 @@ def test_a_relay_without_data_channel_is_served_over_grpc(tmp_path, caplog):
 
 
 def test_tls_data_channel_refuses_a_client_without_certificate(tmp_path):
-    from services.weights.certs import make_certs
+    from services.common.certs import make_certs
     from tests.integration.test_weights_tls_sgs import _sites
 
     files = make_certs(_sites(tmp_path))

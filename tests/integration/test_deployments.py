@@ -24,6 +24,7 @@ import yaml
 
 from flows.server import ServerOptions, api_request, start, stop, stop_worker
 from services.common.config import load_config
+from tests.conftest import FAST_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deploy/prefect.yaml"
@@ -40,7 +41,8 @@ class ShortRun:
 
 def _smoke_config(tmp: Path, *overrides: str) -> dict:
     return load_config(
-        ROOT / "deploy/configs/smoke.yaml", [f"runs_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", *overrides]
+        ROOT / "deploy/configs/smoke.yaml",
+        [f"runs_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", FAST_ENGINE, *overrides],
     ).model_dump(mode="json")
 
 
@@ -216,7 +218,7 @@ def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):
     and the master relay the site's relay, over mutual TLS."""
     import json
 
-    from services.weights.certs import make_certs
+    from services.common.certs import make_certs
 
     state, tmp = server
     sites = yaml.safe_load((tmp / "sites.yaml").read_text())

@@ -15,6 +15,7 @@ from ranker.data import load_dataset
 from ranker.genlog import GenerationLog, GenRecord
 from ranker.metrics import spearman
 from ranker.store import RankerStore, RankerWatcher
+from tests.conftest import FAST_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests/fixtures/ranker_small.jsonl"
@@ -144,7 +145,7 @@ def test_sgs_logs_generations_retrain_swaps_the_ranker_the_router_uses(prefect_a
 
     log_path, store_root = tmp_path / "gen.sqlite", tmp_path / "store"
     first = RankerStore(store_root).publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         "generation.instances=2", f"generation.genlog={log_path}", f"generation.ranker_dir={store_root}",
         "generation.dispatch.policy=lpt", "weights.transport=direct",
     ])

@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from services.common.types import GenerateParams, PromptSpec
-from tests.conftest import ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
+from tests.conftest import FAST_ENGINE, ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
 
 OVERRIDES = [
-    "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
+    FAST_ENGINE, "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
     "generation.admission=lpt", "generation.instances=2", "generation.dispatch.policy=lpt",
     "generation.dispatch.min_history=4",
 ]
@@ -210,8 +210,8 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights
     reach the instances through the router either way: each pulls from its relay (relay), or
     the router forwards the trainer's stream (direct)."""
-    from allocator.models import spec_from_hf_config
-    from allocator.profiles import ProfileModel, load_profile, save_profile, shipped_profile
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import ProfileModel, load_profile, save_profile, shipped_profile
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
 
@@ -220,7 +220,7 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     profile = load_profile(shipped_profile("cpu-local-braid-tiny"))
     profile = profile.model_copy(update={"model": ProfileModel(name="smoke", fingerprint=smoke.fingerprint())})
     save_profile(profile, tmp_path / "profile.json")
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         f"trainer.mode={mode}", "generation.instances=2", f"generation.dispatch.policy={policy}", "eval.prompts=8",
         f"generation.dispatch.profile={tmp_path / 'profile.json'}", f"weights.transport={transport}",
     ])

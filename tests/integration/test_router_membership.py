@@ -12,11 +12,11 @@ import grpc
 import pytest
 
 from services.common.types import GenerateParams, PromptSpec
-from tests.conftest import stop_sgs
+from tests.conftest import FAST_ENGINE, stop_sgs
 from tests.integration.test_router import start_instance, start_router
 
 OVERRIDES = [
-    "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
+    FAST_ENGINE, "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
     "generation.dispatch.policy=least_loaded", "scaleout.enabled=true", "scaleout.max_instances=3",
 ]
 

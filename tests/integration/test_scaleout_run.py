@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import ROOT
+from tests.conftest import FAST_ENGINE, ROOT
 
 
 def test_growing_lengths_force_a_scale_out(tmp_path, tiny_checkpoint):
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
 
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         "trainer.mode=one_step", "trainer.iterations=12", "eval.prompts=4", "generation.max_new_tokens=128",
         "generation.forced_lengths=true", "generation.max_inflight=2", "forced_length_ramp.start=24",
         "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded", "weights.transport=direct",
@@ -53,7 +53,7 @@ def test_generation_far_ahead_scales_in_without_losing_work(tmp_path):
     from services.common.config import load_config, write_config
     from services.policy.model import build_policy, save_policy
 
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         "model.hidden_size=128", "model.num_layers=4", "model.intermediate_size=256",
         "trainer.mode=one_step", "trainer.iterations=8", "eval.prompts=4", "generation.instances=2",
         "generation.forced_lengths=true", "forced_length_ramp.start=1", "generation.dispatch.policy=least_loaded",

@@ -123,4 +123,4 @@ def test_bad_weights_are_refused_and_service_keeps_serving(sgs, tiny_checkpoint,
 def test_health_reports_counts_and_version(sgs):
     _, client = sgs
     h = client.health()
-    assert h.engine == "cb" and h.running == 0 and h.waiting == 0 and h.finished > 0 and 0.0 <= h.kv_usage <= 1.0
+    assert h.engine == "vllm" and h.running == 0 and h.waiting == 0 and h.finished > 0 and 0.0 <= h.kv_usage <= 1.0

@@ -16,10 +16,10 @@ import pytest
 
 from services.common.types import GenerateParams, PromptSpec
 from services.generation.client import GenerationClient
-from services.weights.certs import TlsFiles, make_ca, make_site_cert
-from tests.conftest import ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
+from services.common.certs import TlsFiles, make_ca, make_site_cert
+from tests.conftest import FAST_ENGINE, ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
 
-OVERRIDES = ["generation.max_new_tokens=16", "generation.max_inflight=4"]
+OVERRIDES = [FAST_ENGINE, "generation.max_new_tokens=16", "generation.max_inflight=4"]
 
 
 @dataclass(frozen=True)

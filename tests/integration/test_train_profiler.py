@@ -22,7 +22,7 @@ def test_profile_train_quick_writes_a_profile_whose_times_grow_with_tokens(tmp_p
     raw = json.loads(out.read_text())
     assert raw["format"] == FORMAT and raw["hardware"] == "cpu-local" and raw["algorithm"] == "grpo"
     assert raw["device"] == "cpu" and raw["threads"] == 1 and raw["reference_model"] is False
-    assert raw["model"]["fingerprint"]["hidden"] == 32 and raw["model"]["fingerprint"]["layers"] == 1
+    assert raw["model"]["fingerprint"]["hidden"] == 64 and raw["model"]["fingerprint"]["layers"] == 1
     prof = load_train_profile(out)
     assert len(prof.points) == 4 and prof.effective_flops > 0 and prof.fixed_s >= 0
     by_tokens = sorted(prof.points, key=lambda p: p.tokens)

@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from services.policy.model import load_policy
-from services.weights.certs import TlsFiles, make_certs
+from services.common.certs import TlsFiles, make_certs
 from services.weights.client import RelayClient, RelayError, snapshot_blob
-from tests.conftest import ROOT, stop_sgs
+from tests.conftest import FAST_ENGINE, ROOT, stop_sgs
 from tests.integration.relays import model_state, start_relay, wait_for
 
 CHUNK = 16 * 1024
@@ -143,7 +143,7 @@ def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str, overrides
     from services.common.config import load_config, write_config
     from tests.conftest import SGSProcess, spawn_service
 
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["weights.sgs_auto_pull_s=0.5", *overrides])
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, "weights.sgs_auto_pull_s=0.5", *overrides])
     write_config(cfg, workdir / "config.json")
     port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
     proc, ports = spawn_service(

@@ -11,9 +11,9 @@ import pytest
 
 from allocator.allocate import PLAN_FIELDS, build_cost_model, find_model, plan_files
 from allocator.cluster import AllocationInputError, ClusterSpec, WorkloadSpec, load_cluster, load_workload
-from allocator.hardware import get_hardware
+from services.generation.scheduling.hardware import get_hardware
 from allocator.memory import ParallelConfig, training_memory
-from allocator.models import get_model
+from services.generation.scheduling.models import get_model
 from allocator.planner import (
     CostModel,
     GenPool,

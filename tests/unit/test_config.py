@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def test_overrides_apply_and_parse_scalars():
         ("trainer.typo=3", "trainer.typo: Extra inputs are not permitted"),
         ("trainer.eta=-1", "trainer.eta: Input should be greater than or equal to 0"),
         ("trainer.partial_rollout=true", "partial_rollout only apply to mode 'bounded'"),
-        ("generation.attention=flash", "generation.attention: Input should be 'varlen' or 'dense'"),
+        ("generation.dtype=int8", "generation.dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
         ("generation.step_delay_ms=[1, 2]", "step_delay_ms has 2 entries for 1 instances"),
         ("task.min_steps=9", None),
     ],
@@ -62,3 +63,18 @@ def test_cli_refuses_invalid_config_before_starting_anything(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "trainer.lr: Input should be less than or equal to 1" in err
     assert not any(tmp_path.iterdir())  # no run directory was created
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("generation.engine=sglang", "generation.engine 'sglang' is not one of ['hf', 'vllm']"),
+    ("generation.dispatch.policy=fastest", "generation.dispatch.policy 'fastest' is not one of"),
+])
+def test_unknown_registry_keys_fail_when_a_run_is_prepared(override, fragment, capsys):
+    from flows.cli import main
+    from flows.registries import check_registries
+
+    cfg = load_config(None, [override])  # the schema itself knows no registry
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        check_registries(cfg)
+    assert main(["config", "--set", override]) == 2
+    assert fragment in capsys.readouterr().err

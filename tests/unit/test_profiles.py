@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from allocator.models import MODELS, get_model
-from allocator.profiles import PROFILE_DIR, ProfileError, derive_profile, load_profile, save_profile
+from services.generation.scheduling.models import MODELS, get_model
+from services.generation.scheduling.profiles import (
+    PROFILE_DIR,
+    ProfileError,
+    derive_profile,
+    load_profile,
+    save_profile,
+)
 from allocator.simulator import SimSample, generation_time, simulate
 from services.generation.scheduling import InstanceSpec, StepCost
 

@@ -11,10 +11,10 @@ import pytest
 
 from allocator.allocate import format_table, plan_files
 from allocator.cluster import AllocationInputError
-from allocator.hardware import get_hardware
+from services.generation.scheduling.hardware import get_hardware
 from allocator.memory import ParallelConfig
-from allocator.models import get_model
-from allocator.profiles import PROFILE_DIR, ProfileError, save_profile
+from services.generation.scheduling.models import get_model
+from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError, save_profile
 from allocator.train_profile import (
     fit_step_time,
     load_train_profile,

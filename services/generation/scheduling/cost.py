@@ -13,8 +13,8 @@ tokens takes
 - ``k5 * n * kv`` — **not in StaleFlow**: transformers' continuous batching on CPU runs
   attention through SDPA with a dense mask of (all query tokens) x (all cached tokens), so its
   cost grows with n x kv. It is 0 for GPU profiles (paged attention reads each sequence's own
-  KV only) and fitted for the measured CPU profile (``generation.attention = "dense"``; the
-  default per-sequence attention, ``services.generation.varlen_attention``, mostly removes it).
+  KV only) and fitted for the measured CPU profile (transformers' dense continuous-batching
+  attention, the retired ``cb`` engine's; paged attention, as vLLM's, reads each sequence's own KV).
 
 Admitting a sequence adds ``per_sequence`` (request set-up, the scheduler's bookkeeping,
 returning the result: ~3 ms per sequence for the CPU engine behind the SGS core, which

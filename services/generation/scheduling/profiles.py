@@ -28,14 +28,15 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from allocator.hardware import Hardware, get_hardware
-from allocator.models import ModelSpec, get_model
+from services.generation.scheduling.hardware import Hardware, get_hardware
+from services.generation.scheduling.models import ModelSpec, get_model
 from services.common.config import StrictModel
 from services.generation.scheduling.cost import InstanceSpec, StepCost
 
 FORMAT = "braid-ptl-profile/1"
 TRAIN_SUFFIX = "-train"  # shipped training step-time profiles (allocator.train_profile) end in this
-PROFILE_DIR = Path(__file__).parent / "profiles"
+# Shipped profiles (measured on this CPU; derived from spec sheets for GPUs) are data of the allocator.
+PROFILE_DIR = Path(__file__).resolve().parents[3] / "allocator" / "profiles"
 
 BW_EFFICIENCY = 0.8  # achieved / peak HBM bandwidth in decode (GEMV, paged attention)
 FLOPS_EFFICIENCY = 0.6  # achieved / peak BF16 FLOPs in batched decode GEMMs
@@ -56,7 +57,7 @@ class ProfileError(ValueError):
 
 
 class ProfileModel(StrictModel):
-    name: str = Field(description="Model name (allocator.models) or checkpoint label.")
+    name: str = Field(description="Model name (services.generation.scheduling.models) or checkpoint label.")
     fingerprint: dict[str, int | str] = Field(description="Architecture fields the profile depends on.")
 
 

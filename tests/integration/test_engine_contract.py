@@ -1,0 +1,224 @@
+"""The engine contract: every shipped engine (``services.generation.engine.ENGINES`` minus the
+retired ones) passes the same checks, against transformers' reference forward pass of the same
+weights. One engine per module and key (vLLM takes seconds to start).
+
+Checked: each output is handed out the poll its request finishes (streaming order), sampled-token
+log-probs equal the reference's log-softmax at temperature T, per-request temperature changes
+them, forced length ignores EOS, interrupt returns partial tokens with their log-probs and a
+resumed request continues from them, cancel drops a request, a weight update makes greedy
+outputs equal the reference greedy decode of the new weights, and bad checkpoints or requests
+fail with clear errors.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.common.config import GenerationConfig
+from services.generation.checkpoint import CheckpointError
+from services.generation.engine import Engine, Sampling, create_engine
+
+KEYS = ["vllm", "hf"]
+GREEDY = Sampling(temperature=1e-6)  # vLLM samples greedily below 1e-5; the hf engine's softmax is one-hot
+CFG = dict(num_blocks=64, page_size=32, max_inflight=32, seed=7)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, local_files_only=True, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=KEYS)
+def engine(request, tiny_checkpoint):
+    eng = create_engine(request.param, str(tiny_checkpoint), GenerationConfig(engine=request.param, **CFG))
+    yield eng
+    eng.close()
+
+
+def run(engine: Engine, n: int, timeout_s: float = 60.0) -> list:
+    """Poll until ``n`` outputs arrived, then a few more times to show nothing else comes;
+    the outputs in the order the polls returned them."""
+    import time
+
+    outs, deadline = [], time.monotonic() + timeout_s
+    while len(outs) < n:
+        assert time.monotonic() < deadline, f"engine gave {len(outs)} of {n} outputs in {timeout_s} s"
+        outs += engine.poll(0.01)
+    for _ in range(3):
+        outs += engine.poll(0.005)
+    assert len(outs) == n, f"expected {n} outputs, got {[o.request_id for o in outs]}"
+    return outs
+
+
+@torch.no_grad()
+def ref_logprobs(model, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+    ids = torch.tensor([prompt + tokens])
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens).view(-1, 1)).view(-1).tolist()
+
+
+@torch.no_grad()
+def ref_greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+PROMPTS = [[1, 5, 6, 7], [1, 9, 4], [1, 12, 13, 14, 15, 8], [1, 6]]
+
+
+def test_outputs_stream_in_completion_order(engine):
+    for i, n in enumerate([40, 8, 24, 16]):
+        engine.submit(f"order-{i}", PROMPTS[i], n, ignore_eos=True)
+    outs = run(engine, 4)
+    assert [o.request_id for o in outs] == ["order-1", "order-3", "order-2", "order-0"]
+    assert [len(o.token_ids) for o in outs] == [8, 16, 24, 40]
+    assert all(o.finish_reason == "length" and o.error is None for o in outs)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_the_reference_forward(engine, reference, temperature):
+    for i, p in enumerate(PROMPTS):
+        engine.submit(f"lp-{temperature}-{i}", p, 12, ignore_eos=True, sampling=Sampling(temperature=temperature))
+    for out in run(engine, len(PROMPTS)):
+        prompt = PROMPTS[int(out.request_id.rsplit("-", 1)[1])]
+        assert len(out.logprobs) == len(out.token_ids) == 12
+        want = ref_logprobs(reference, prompt, out.token_ids, temperature)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, want)) < 2e-3, (out.logprobs, want)
+
+
+def test_stop_at_eos_unless_forced(engine, tiny_checkpoint):
+    eos = json.loads((tiny_checkpoint / "config.json").read_text())["eos_token_id"]
+    for i in range(16):
+        engine.submit(f"eos-{i}", PROMPTS[i % 4], 60)
+    outs = run(engine, 16)
+    for o in outs:
+        assert (o.finish_reason == "stop") == (o.token_ids[-1] == eos) and eos not in o.token_ids[:-1]
+        assert o.finish_reason == "stop" or len(o.token_ids) == 60
+    assert any(o.finish_reason == "stop" for o in outs), "no sample of 16 ended at EOS: the stop test is untested"
+
+
+def test_interrupt_returns_partial_output_and_resume_continues(engine, reference):
+    engine.submit("part", PROMPTS[0], 50, ignore_eos=True, sampling=Sampling(temperature=1.0))
+    for _ in range(4):
+        assert engine.poll(0) == []
+    partial = engine.interrupt(["part"])["part"]
+    k = len(partial.token_ids)
+    assert partial.finish_reason == "interrupted" and 0 < k < 50 and len(partial.logprobs) == k
+    assert max(abs(a - b) for a, b in zip(partial.logprobs, ref_logprobs(reference, PROMPTS[0], partial.token_ids, 1.0))) < 2e-3
+    assert run(engine, 0) == []  # the interrupted request is gone
+    engine.submit("resume", PROMPTS[0] + partial.token_ids, 50 - k, ignore_eos=True)
+    [rest] = run(engine, 1)
+    assert len(partial.token_ids + rest.token_ids) == 50
+
+
+def test_cancel_drops_a_request(engine):
+    engine.submit("gone", PROMPTS[1], 40, ignore_eos=True)
+    engine.submit("kept", PROMPTS[2], 10, ignore_eos=True)
+    engine.poll(0)
+    engine.cancel("gone")
+    assert [o.request_id for o in run(engine, 1)] == ["kept"]
+
+
+def test_a_request_larger_than_the_kv_cache_is_refused(engine):
+    with pytest.raises(ValueError, match="could never run"):
+        engine.submit("huge", [1] * 100, engine.kv_capacity_tokens())
+
+
+def test_weight_update_gives_the_reference_greedy_decode_of_the_new_weights(engine, reference, tiny_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, local_files_only=True, dtype=torch.float32).eval()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    try:
+        engine.load_weights(new.state_dict())
+        for i, p in enumerate(PROMPTS):
+            engine.submit(f"greedy-{i}", p, 16, ignore_eos=True, sampling=GREEDY)
+        got = {o.request_id: o.token_ids for o in run(engine, len(PROMPTS))}
+        for i, p in enumerate(PROMPTS):
+            assert got[f"greedy-{i}"] == ref_greedy(new, p, 16)
+        assert got != {f"greedy-{i}": ref_greedy(reference, p, 16) for i, p in enumerate(PROMPTS)}
+    finally:
+        engine.load_weights(reference.state_dict())
+    engine.submit("back", PROMPTS[0], 16, ignore_eos=True, sampling=GREEDY)
+    assert run(engine, 1)[0].token_ids == ref_greedy(reference, PROMPTS[0], 16)
+
+
+def test_param_specs_name_every_tensor_of_the_checkpoint(engine, reference):
+    specs = engine.param_specs()
+    state = reference.state_dict()
+    assert set(specs) == set(state)
+    assert all(tuple(state[k].shape) == specs[k].shape for k in state)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_bad_checkpoints_fail_with_a_clear_error(key, tiny_checkpoint, tmp_path):
+    cfg = GenerationConfig(engine=key, **CFG)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        create_engine(key, str(tmp_path / "nowhere"), cfg)
+    with pytest.raises(CheckpointError, match="no config.json"):
+        create_engine(key, str(tmp_path), cfg)
+    bad = tmp_path / "gpt2"
+    shutil.copytree(tiny_checkpoint, bad)
+    conf = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(dict(conf, architectures=["GPT2LMHeadModel"])))
+    with pytest.raises(CheckpointError, match="GPT2LMHeadModel.*not supported"):
+        create_engine(key, str(bad), cfg)
+
+
+def test_vllm_names_an_unsupported_head_size(tiny_checkpoint, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("head sizes are a CPU-backend limit")
+    bad = tmp_path / "h16"
+    shutil.copytree(tiny_checkpoint, bad)
+    conf = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(dict(conf, head_dim=16)))
+    with pytest.raises(CheckpointError, match="head size 16"):
+        create_engine("vllm", str(bad), GenerationConfig(engine="vllm", **CFG))
+
+
+
+PINNED = """
+import os, sys
+from pathlib import Path
+from services.common.affinity import pin_cpus
+pin_cpus([1], "test")  # as the SGS does: before torch is imported and creates threads
+from services.common.config import GenerationConfig
+from services.generation.engine import create_engine
+engine = create_engine("vllm", sys.argv[1], GenerationConfig(num_blocks=64, page_size=32))
+engine.submit("r", [1, 5, 6], 8, ignore_eos=True)
+while not engine.poll(0.01):
+    pass
+cpus = set()
+for task in Path("/proc/self/task").iterdir():
+    cpus |= os.sched_getaffinity(int(task.name))
+print("CPUS", sorted(cpus))
+engine.close()
+"""
+
+
+def test_vllm_threads_stay_on_the_cpus_the_sgs_pinned(tiny_checkpoint):
+    """generation.cpus keeps generation off the trainer's cores: every thread of the process,
+    vLLM's OpenMP workers included, stays on the CPUs the SGS pinned itself to."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available() or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs vLLM's CPU backend and two CPUs")
+    out = subprocess.run([sys.executable, "-c", PINNED, str(tiny_checkpoint)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CPUS [1]" in out.stdout, out.stdout[-2000:]

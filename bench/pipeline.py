@@ -1,20 +1,21 @@
 """Pipeline benchmark: sequential vs sync vs one_step, side by side in one run.
 
 Same warm-started model, task, seeds and iteration count for every mode; each mode runs the
-real SGS and trainer processes on loopback. Reports samples/s (training samples consumed per
-second of RL wall time, warm-up iteration excluded), the ratios against the naive sequential
-loop, and each stage's idle fraction. Writes ``bench/results/pipeline.json`` and
-``bench/results/pipeline.md``.
+real SGS (the config's engine: vLLM by default) and trainer processes on loopback. Rounds
+interleave the modes (sequential, sync, one_step, then again). Reports per mode the median
+[min–max] over rounds of samples/s (training samples consumed per second of RL wall time,
+warm-up iteration excluded), the ratios against the naive sequential loop computed per round
+(then their median and spread), and each stage's idle fraction; the JSON records provenance
+(commit, config hash, engine, package versions, machine). Writes ``bench/results/pipeline.json``
+and ``.md``; ``--quick`` (1 round, 6 iterations) writes to a scratch directory instead.
 
-    python bench/pipeline.py [--config deploy/configs/default.yaml] [--iterations 12]
+    python bench/pipeline.py [--config deploy/configs/default.yaml] [--iterations 12] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import write_results  # noqa: E402
+from bench.report_io import provenance, write_results  # noqa: E402
 
 MODES = ("sequential", "sync", "one_step")
 
@@ -54,48 +55,73 @@ def run_mode(base: list[str], config: str, mode: str, work: Path, checkpoint: st
     }
 
 
+def _spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
 def summarize(per_mode: dict[str, list[dict]], meta: dict) -> dict:
-    """Mean over rounds of every measured quantity, plus the ratios against sequential."""
-    detail = {m: {k: statistics.fmean(r[k] for r in rounds) for k in rounds[0]} for m, rounds in per_mode.items()}
+    """Median over rounds of every measured quantity, and the ratios against sequential taken
+    round by round (the modes of one round ran back to back), with their spread."""
+    detail = {m: {k: statistics.median(r[k] for r in rounds) for k in rounds[0]} for m, rounds in per_mode.items()}
     sps = {m: detail[m]["samples_per_s"] for m in MODES}
+
+    def ratio(a: str, b: str) -> dict:
+        return _spread([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(per_mode[a], per_mode[b])])
+
     return {
         **meta,
         "samples_per_s": sps,
-        "speedup_one_step_vs_sequential": sps["one_step"] / sps["sequential"],
-        "speedup_sync_vs_sequential": sps["sync"] / sps["sequential"],
+        "samples_per_s_spread": {m: _spread([r["samples_per_s"] for r in per_mode[m]]) for m in MODES},
+        "speedup_one_step_vs_sequential": ratio("one_step", "sequential"),
+        "speedup_sync_vs_sequential": ratio("sync", "sequential"),
+        "speedup_one_step_vs_sync": ratio("one_step", "sync"),
         "detail": detail,
         "all_rounds": per_mode,
+        "measured_in_this_run": True,
     }
 
 
 def markdown(result: dict) -> str:
+    p = result["provenance"]
     lines = [
         "# Pipeline benchmark (CPU, tiny model; measured side by side in one run)",
         "",
         f"{result['iterations']} iterations x {result['samples_per_iteration']} samples per mode, "
-        f"{result['repeats']} alternating round(s), mean reported; host: {result['host']}.",
+        f"{result['repeats']} interleaved round(s), median [min–max] over rounds; engine **{result['engine']}**; "
+        f"host: {p['machine']['cpu']}, {p['machine']['cores']} cores, CPU only.",
+        f"Provenance: commit `{p['git_commit'][:12]}`{' (dirty tree)' if p['git_dirty'] else ''}, config hash "
+        f"`{p['config_hash']}`, {p['date_utc']}, versions {p['versions']}.",
         "",
-        "| mode | samples/s | vs sequential | idle generation | idle training | staleness |",
+        "| mode | samples/s | vs sequential (per round) | idle generation | idle training | staleness |",
         "|---|---|---|---|---|---|",
     ]
-    seq = result["samples_per_s"]["sequential"]
     for mode in MODES:
-        d = result["detail"][mode]
+        d, s = result["detail"][mode], result["samples_per_s_spread"][mode]
+        vs = "1.00x" if mode == "sequential" else _cell(result[f"speedup_{mode}_vs_sequential"], "{:.2f}x")
         lines.append(
-            f"| {mode} | {result['samples_per_s'][mode]:.1f} | {result['samples_per_s'][mode] / seq:.2f}x | "
+            f"| {mode} | {_cell(s, '{:.1f}')} | {vs} | "
             f"{d['idle_fraction_generation']:.2f} | {d['idle_fraction_training']:.2f} | {d['staleness_mean']:.2f} |"
         )
+    lines += ["", f"one_step vs sync (per round): {_cell(result['speedup_one_step_vs_sync'], '{:.2f}x')}."]
     return "\n".join(lines) + "\n"
+
+
+def _cell(s: dict, fmt: str) -> str:
+    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}–{fmt.format(s['max'])}]"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--iterations", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=1, help="alternating rounds over the modes")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the modes")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-pipeline"))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 6 iterations, into a scratch directory")
     ns = parser.parse_args()
+    if ns.quick:
+        ns.iterations, ns.repeats = 6, 1
+    out = ns.out or ("/tmp/braid-bench-quick" if ns.quick else str(ROOT / "bench" / "results"))
 
     from services.common.config import load_config
     from services.policy.warmstart import ensure_warmstart
@@ -114,10 +140,12 @@ def main() -> int:
         "iterations": ns.iterations,
         "samples_per_iteration": cfg.trainer.prompts_per_iteration * cfg.trainer.group_size,
         "repeats": ns.repeats,
-        "host": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
+        "engine": cfg.generation.engine,
+        "provenance": provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "overrides": base},
+                                 Path(ns.config).resolve()),
     }
     result = summarize(per_mode, meta)
-    print(write_results(ns.out, "pipeline", result, markdown))
+    print(write_results(out, "pipeline", result, markdown))
     return 0
 
 

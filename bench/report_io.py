@@ -24,6 +24,13 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _shown(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def provenance(script: Path, config: dict, config_file: Path | None = None) -> dict:
     """Where a result came from: commit and dirty flag, the script's and config's hashes, package
     versions, the machine (CPU model, cores, memory), the UTC date and the command line."""
@@ -36,7 +43,7 @@ def provenance(script: Path, config: dict, config_file: Path | None = None) -> d
     return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-            "config": config, "config_file": str(config_file.relative_to(ROOT)) if config_file else None,
+            "config": config, "config_file": _shown(config_file),
             "versions": {p: v for p in PACKAGES if (v := _version(p))},
             "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
                         "cores": os.cpu_count(), "mem_gb": mem_kb / 2**20},

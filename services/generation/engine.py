@@ -98,6 +98,16 @@ class Engine(ABC):
     def close(self) -> None: ...
 
 
+def check_fits(request_id: str, prompt_tokens: int, max_new_tokens: int, capacity_tokens: int) -> None:
+    """Refuse a request that needs more KV cache than the engine has at all (it could never run)."""
+    need = prompt_tokens + max_new_tokens
+    if need > capacity_tokens:
+        raise ValueError(
+            f"request {request_id} needs {need} KV-cache tokens (prompt {prompt_tokens} + {max_new_tokens} new) but the "
+            f"cache holds {capacity_tokens} (generation.num_blocks x page_size): it could never run"
+        )
+
+
 EngineFactory = Callable[..., Engine]  # (model_path, cfg, step_delay_s=0.0) -> Engine
 # key -> "module:factory"; the module is imported when the engine is created, never before.
 ENGINES: dict[str, str] = {

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from services.common.config import GenerationConfig
 from services.common.weights import TensorSpec, specs_of
 from services.generation.checkpoint import inspect_checkpoint
-from services.generation.engine import Engine, EngineOutput, Sampling
+from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
 
 
 @dataclass
@@ -63,12 +63,7 @@ class HFEngine(Engine):
 
     def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False,
                sampling: Sampling | None = None) -> None:
-        need = len(prompt) + max_new_tokens
-        if need > self._capacity_tokens:
-            raise ValueError(
-                f"request {request_id} needs {need} KV-cache tokens (prompt {len(prompt)} + {max_new_tokens} new) but the "
-                f"cache holds {self._capacity_tokens} (generation.num_blocks x page_size): it could never run"
-            )
+        check_fits(request_id, len(prompt), max_new_tokens, self._capacity_tokens)
         self._waiting.append(_Req(request_id, list(prompt), max_new_tokens, ignore_eos, sampling or Sampling()))
 
     def poll(self, timeout: float) -> list[EngineOutput]:

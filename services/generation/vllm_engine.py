@@ -36,7 +36,7 @@ import torch
 from services.common.config import GenerationConfig
 from services.common.weights import TensorSpec
 from services.generation.checkpoint import CheckpointError, inspect_checkpoint, tensor_specs
-from services.generation.engine import Engine, EngineOutput, Sampling
+from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
 
 # vLLM's CPU attention backend (vllm/v1/attention/backends/cpu_attn.py) serves these head sizes.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -142,12 +142,7 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        need = len(prompt) + max_new_tokens
-        if need > self._capacity_tokens:
-            raise ValueError(
-                f"request {request_id} needs {need} KV-cache tokens (prompt {len(prompt)} + {max_new_tokens} new) but the "
-                f"cache holds {self._capacity_tokens} (generation.num_blocks x page_size): it could never run"
-            )
+        check_fits(request_id, len(prompt), max_new_tokens, self._capacity_tokens)
         s = sampling or Sampling()
         params = SamplingParams(
             temperature=s.temperature or self._cfg.temperature,

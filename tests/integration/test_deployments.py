@@ -231,6 +231,9 @@ def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):
         "generation.forced_lengths=true", "generation.max_inflight=2", "forced_length_ramp.start=24",
         "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded", "scaleout.enabled=true",
         "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1", "scaleout.scale_in=false",
+        # instance 0 only: the run must outlast the unit's start (a flow run on the pool's worker, ~10 s
+        # here, more on a busy machine) by enough iterations for the unit to serve some of them
+        "generation.step_delay_ms=[3]",
     )
     params = {"config": config, "sites": _two_sites(tmp, sites_file=str(tmp / "sites-tls.yaml"))}
     status, created = _run_from_deployment(state, "rl-training", params)

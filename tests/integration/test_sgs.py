@@ -74,6 +74,9 @@ def _expect(code, match, fn):
         (prompts(1), GenerateParams(max_new_tokens=10_000), "exceeds the service limit"),
         (prompts(1), GenerateParams(min_weight_version=-1), "min_weight_version"),
         (prompts(40), GenerateParams(samples_per_prompt=1024), "sequences; the limit"),
+        (prompts(1), GenerateParams(temperature=-1.0), "sampling out of range"),
+        (prompts(1), GenerateParams(top_p=1.5), "sampling out of range"),
+        (prompts(1), GenerateParams(top_k=100_000), "sampling out of range"),
     ],
 )
 def test_malformed_generate_requests_are_refused(sgs, ps, params, match):
@@ -124,3 +127,13 @@ def test_health_reports_counts_and_version(sgs):
     _, client = sgs
     h = client.health()
     assert h.engine == "vllm" and h.running == 0 and h.waiting == 0 and h.finished > 0 and 0.0 <= h.kv_usage <= 1.0
+
+
+def test_per_request_temperature_reaches_the_engine(sgs):
+    """A near-zero temperature samples greedily: every sample of a prompt is the same."""
+    _, client = sgs
+    greedy = [s.token_ids for s in client.generate(prompts(1), GenerateParams(samples_per_prompt=6, max_new_tokens=24,
+                                                                               temperature=1e-6))]
+    hot = [s.token_ids for s in client.generate(prompts(1), GenerateParams(samples_per_prompt=6, max_new_tokens=24,
+                                                                            temperature=5.0))]
+    assert len(set(greedy)) == 1 and len(set(hot)) > 1

@@ -78,3 +78,4 @@ def test_unknown_registry_keys_fail_when_a_run_is_prepared(override, fragment, c
         check_registries(cfg)
     assert main(["config", "--set", override]) == 2
     assert fragment in capsys.readouterr().err
+

@@ -1,0 +1,18 @@
+"""The SGS's request validation (``services.generation.server.validate_request``) on hand-made requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.config import load_config
+from services.common.types import GenerateParams, PromptSpec
+from services.generation.server import RequestError, validate_request
+
+OK = dict(vocab_size=19, max_positions=512)
+
+
+def test_a_request_larger_than_the_kv_cache_is_refused_before_it_reaches_the_engine():
+    cfg = load_config(None, []).generation
+    validate_request([PromptSpec("p", (1, 2, 3))], GenerateParams(max_new_tokens=64), cfg, **OK, kv_capacity=67)
+    with pytest.raises(RequestError, match="exceed the engine's whole KV cache .66 tokens"):
+        validate_request([PromptSpec("p", (1, 2, 3))], GenerateParams(max_new_tokens=64), cfg, **OK, kv_capacity=66)

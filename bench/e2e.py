@@ -79,7 +79,7 @@ from e2e_core import (  # noqa: E402  (the pure helpers)
 )
 from e2e_report import markdown, plot  # noqa: E402  (rendering of the results)
 
-from bench.report_io import write_results  # noqa: E402
+from bench.report_io import provenance, write_results  # noqa: E402
 
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "datasets", "accelerate")
 TRL_VENV = ROOT / ".cache" / "bench-trl-venv"
@@ -263,7 +263,7 @@ def main() -> int:
                         help="runs per Braid mode: the scored run plus throughput-only repeats (other sampling "
                              "seeds); samples/s is their mean ± standard error")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-e2e"))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = parser.parse_args()
 
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
@@ -347,9 +347,13 @@ def main() -> int:
             "trl_version": per_mode["trl"]["trl"]["versions"]["trl"] if trl_ok else None,
         },
         "bench_wall_s": time.time() - t_start,
+        "engine": base_cfg.generation.engine,
+        "provenance": provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
+                                                  "modes": modes, "repeats": ns.repeats}, Path(ns.config).resolve()),
     }
     result = assemble(modes, per_mode, target, meta)
-    print(write_results(ns.out, "e2e", result, markdown, plot, png="e2e_curves.png"))
+    out = ns.out or ("/tmp/braid-bench-quick" if ns.quick else str(ROOT / "bench" / "results"))
+    print(write_results(out, "e2e", result, markdown, plot, png="e2e_curves.png"))
     print(f"total {time.time() - t_start:.0f}s")
     failed = [m for m in modes if per_mode[m]["status"] != "ok"]
     return 1 if failed else 0

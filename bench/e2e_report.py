@@ -56,11 +56,14 @@ def markdown(result: dict) -> str:
             f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
             f"Host: {result['host']['summary']}. TRL {result['host'].get('trl_version') or '—'} "
             f"(generation backend: {m['trl_generation']}). Braid: {m['instances']} SGS instance(s) in every mode "
-            f"and the trainer, one torch thread per process"
+            f"and the trainer, one torch thread per process, engine **{result.get('engine', 'cb')}**"
             f"{' (SGS processes pinned to CPU 0, the trainer to CPU 1: disaggregated stages)' if m.get('pinned') else ''}"
             f"; TRL: one process, {m['trl_threads']} threads."
         ),
         "",
+        *([f"Provenance: commit `{p['git_commit'][:12]}`{' (dirty tree)' if p['git_dirty'] else ''}, config hash "
+           f"`{p['config_hash']}`, {p['date_utc']}, {p['machine']['cpu']}, versions {p['versions']}.", ""]
+          if (p := result.get("provenance")) else []),
         (
             f"Target accuracy: **{fmt(result['target_accuracy'], '.3f')}** ({result['target_rule']}); "
             f"warm start {result['warmstart']['accuracy']:.3f} ± {result['warmstart']['stderr']:.3f}."

@@ -18,8 +18,9 @@ One adapter for both builds; only public vLLM API is used (``EngineArgs``, ``LLM
 - **KV budget** from config: ``num_blocks x page_size`` tokens of cache
   (``kv_cache_memory_bytes``, per layer K and V in the serving dtype), ``max_inflight`` sequences,
   ``max_batch_tokens`` per step. A request that could never fit the cache is refused at submit.
-- **Cores**: the process is pinned by the SGS before this runs; vLLM's CPU worker binds its OpenMP
-  threads to the first ``generation.threads`` CPUs of that set (``VLLM_CPU_OMP_THREADS_BIND``).
+- **Cores**: the process is pinned by the SGS before this runs (``generation.cpus``); vLLM's CPU
+  worker binds its OpenMP threads to the first ``generation.threads`` CPUs of that set
+  (``VLLM_CPU_OMP_THREADS_BIND``); an unpinned SGS leaves placement to the OS (``omp_binding``).
 - **Forced-length replay**: ``ignore_eos`` with ``max_tokens = N``.
 - ``step_delay_s`` sleeps before every engine step (straggler emulation).
 """
@@ -50,10 +51,18 @@ def _configure_env(cfg: GenerationConfig) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
-    # Always from this process's affinity (the SGS pinned it to generation.cpus), never inherited:
-    # a parent's setting would bind generation threads onto the trainer's cores.
-    allowed = sorted(os.sched_getaffinity(0))
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in allowed[: cfg.threads])
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_binding(sorted(os.sched_getaffinity(0)), os.cpu_count() or 1,
+                                                          cfg.threads)
+
+
+def omp_binding(allowed: list[int], online: int, threads: int) -> str:
+    """vLLM's CPU thread binding, always from this process's affinity and never inherited (a parent's
+    setting would bind generation onto the trainer's cores): a pinned SGS (``generation.cpus``) binds
+    its ``threads`` OpenMP threads to the first CPUs of its set; an unpinned one leaves placement to the
+    OS (``nobind``), so several unpinned instances do not stack on CPU 0."""
+    if len(allowed) >= online:
+        return "nobind"
+    return ",".join(str(c) for c in allowed[:threads])
 
 
 def serving_dtype(cfg: GenerationConfig, cuda: bool) -> torch.dtype:
@@ -64,7 +73,6 @@ def serving_dtype(cfg: GenerationConfig, cuda: bool) -> torch.dtype:
 
 @dataclass
 class _Running:
-    prompt_len: int
     forced: bool
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -117,7 +125,9 @@ class VLLMEngine(Engine):
         blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or cfg.num_blocks
         self._capacity_tokens = int(blocks) * cfg.page_size
         self._running: dict[str, _Running] = {}
-        self._specs = tensor_specs(model_path, self._dtype)
+        # Weight updates arrive as the trainer holds them (float32 today) and are cast to the serving
+        # dtype on load, so the schema a push is validated against is float32.
+        self._specs = tensor_specs(model_path, torch.float32)
 
     def _stat_logger_factory(self):
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -155,7 +165,7 @@ class VLLMEngine(Engine):
             output_kind=RequestOutputKind.DELTA,
         )
         self._engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
-        self._running[request_id] = _Running(len(prompt), ignore_eos)
+        self._running[request_id] = _Running(ignore_eos)
 
     def poll(self, timeout: float) -> list[EngineOutput]:
         deadline = time.monotonic() + timeout
@@ -199,7 +209,7 @@ class VLLMEngine(Engine):
         if live:
             self._engine.abort_request(live)
         for rid in request_ids:
-            run = self._running.pop(rid, None) or _Running(0, False)
+            run = self._running.pop(rid, None) or _Running(False)
             outputs[rid] = EngineOutput(rid, run.tokens, run.logprobs, "interrupted")
         return outputs
 

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow install lock proto bench clean server server-stop screenshots
+.PHONY: run test test-slow test-gpu install lock proto bench clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
+
+# The CUDA suite (tests/gpu, marked gpu): skipped on a machine without CUDA.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu -rs tests/gpu
 
 bench: install
 	$(PY) bench/pipeline.py

@@ -349,7 +349,8 @@ def main() -> int:
         "bench_wall_s": time.time() - t_start,
         "engine": base_cfg.generation.engine,
         "provenance": provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
-                                                  "modes": modes, "repeats": ns.repeats}, Path(ns.config).resolve()),
+                                                  "modes": modes, "repeats": ns.repeats}, Path(ns.config).resolve(),
+                                 base_cfg.generation.engine),
     }
     result = assemble(modes, per_mode, target, meta)
     out = ns.out or ("/tmp/braid-bench-quick" if ns.quick else str(ROOT / "bench" / "results"))

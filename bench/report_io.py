@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -31,24 +32,45 @@ def _shown(path: Path | None) -> str | None:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def provenance(script: Path, config: dict, config_file: Path | None = None) -> dict:
-    """Where a result came from: commit and dirty flag, the script's and config's hashes, package
-    versions, the machine (CPU model, cores, memory), the UTC date and the command line."""
+def provenance(script: Path, config: dict, config_file: Path | None = None, engine: str | None = None) -> dict:
+    """Where a result came from: commit and dirty flag, the script's and config's hashes, the
+    generation engine, package versions, the machine (CPU model, cores, memory), the UTC date and
+    the command line."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
                   if ln.startswith("MemTotal"))
-    return {"git_commit": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")),
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")), "engine": engine,
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
             "config": config, "config_file": _shown(config_file),
             "versions": {p: v for p in PACKAGES if (v := _version(p))},
             "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
                         "cores": os.cpu_count(), "mem_gb": mem_kb / 2**20},
-            "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": shlex.join([sys.executable, *sys.argv]), "measured_in_this_run": True}
+
+
+def spread(xs: list[float]) -> dict:
+    """Median and range of repeated measurements."""
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def ratio_spread(num: list[float], den: list[float]) -> dict:
+    """Per-repeat ratios num[i] / den[i] (same repeat), then their median and min/max."""
+    if len(num) != len(den):
+        raise ValueError(f"{len(num)} vs {len(den)} repeats")
+    return {**spread([a / b for a, b in zip(num, den)]), "per_repeat": [a / b for a, b in zip(num, den)]}
+
+
+def provenance_line(p: dict) -> str:
+    """One markdown line naming where a result came from (``provenance``'s fields)."""
+    m = p["machine"]
+    return (f"Provenance: commit `{p['commit'][:12]}`{' (dirty tree)' if p['dirty'] else ''}, config hash "
+            f"`{p['config_hash']}`, {p['date']}, {m['cpu']} ({m['cores']} cores, {m['mem_gb']:.0f} GB), "
+            f"versions {p['versions']}.")
 
 
 def write_results(out: str | Path, name: str, result: dict, markdown: Callable[[dict], str],

@@ -175,7 +175,7 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
                     prep.append(time.perf_counter() - t_prep)
                     time.sleep(0.2)
                     t0 = time.perf_counter()
-                    transport.publish(v, transport.snapshot(model))
+                    transport.publish(v, transport.snapshot(model.state_dict()))
                     stalls.append(time.perf_counter() - t0)
                     while transport.pushed < v:
                         transport.raise_if_failed()

@@ -68,7 +68,7 @@ class Supervisor:
 
     def start(
         self, name: str, module: str, args: list[str], *, threads: int, expect_exit: bool = False,
-        tolerate_exit: bool = False,
+        tolerate_exit: bool = False, env: dict[str, str] | None = None,
     ) -> Service:
         log_path = self.run_dir / f"{name}.log"
         log = log_path.open("w")
@@ -76,7 +76,7 @@ class Supervisor:
             [sys.executable, "-m", module, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=child_env(threads),
+            env={**child_env(threads), **(env or {})},
             start_new_session=True,
         )
         log.close()
@@ -206,6 +206,27 @@ def start_router(
     return f"{host}:{sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
 
 
+def start_trainer(sup: Supervisor, cfg, args: list[str]) -> Service:
+    """The trainer: one process, or ``trainer.ranks`` data-parallel ranks with torchrun's
+    environment (rank 0, returned, is the one that reads the stream and writes the summary; the
+    others are supervised like it and exit when it tells them to)."""
+    ranks = cfg.trainer.ranks
+    if ranks == 1:
+        return sup.start("trainer", "services.trainer", args, threads=cfg.trainer.threads, expect_exit=True,
+                         env={"WORLD_SIZE": "1"})  # not a rank of some outer torchrun
+    import socket
+
+    with socket.socket() as s:  # the rendezvous port of this run's process group
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks)}
+    for rank in range(ranks - 1, -1, -1):
+        env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        svc = sup.start("trainer" if rank == 0 else f"trainer-rank{rank}", "services.trainer", args,
+                        threads=cfg.trainer.threads, expect_exit=True, env=env)
+    return svc
+
+
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
     """Start the SGS instances and the trainer for the run in ``run_dir``, supervise them until the
     trainer exits, stop everything, and return the path of ``summary.json``.
@@ -239,11 +260,10 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
                 units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays)
                 controller = ScaleoutController(run_dir, cfg, router, addresses, units, members)
             addresses = [router]
-        trainer = sup.start(
-            "trainer", "services.trainer",
+        trainer = start_trainer(
+            sup, cfg,
             ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)]
             + (["--relays", ",".join(relays)] if relays else []),
-            threads=cfg.trainer.threads, expect_exit=True,
         )
         while trainer.proc.poll() is None:
             sup.check()

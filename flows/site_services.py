@@ -36,7 +36,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled, State
 from pydantic import Field
 
-from flows.launcher import Supervisor, router_enabled, start_instances, start_relay, start_router
+from flows.launcher import Supervisor, router_enabled, start_instances, start_relay, start_router, start_trainer
 from flows.two_site import ENDPOINTS_KEY, FINAL, INSTANCES_KEY, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig
@@ -207,11 +207,10 @@ def training_site(
             links = ["--relays", ",".join([master, *(relays or [])])]
         if sites.tls.enabled:  # the SGS (or its router) and the other sites' relays are across the link
             links += ["--tls-dir", sites.tls.dir, "--sgs-tls"]
-        trainer = sup.start(
-            "trainer", "services.trainer",
+        trainer = start_trainer(
+            sup, config,
             ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd),
              "--training-site", s.name] + links,
-            threads=config.trainer.threads, expect_exit=True,
         )
         logger.info("site %s: trainer started against %s", s.name, ", ".join(sgs))
         while trainer.proc.poll() is None:

@@ -153,7 +153,7 @@ class GenerationConfig(StrictModel):
         description="vLLM: run the model eagerly (no torch.compile / graph capture). Starts in ~2 s instead of "
         "compiling; set false on GPUs for long runs.",
     )
-    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    temperature: float = Field(1.0, gt=0.0, le=2.0, description="Sampling temperature (vLLM serves up to 2).")
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Cap on generated tokens per sample.")
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests admitted to the engine at once.")
     num_blocks: int = Field(512, ge=4, le=1_000_000, description="KV-cache blocks (explicit: the default takes most RAM).")
@@ -265,6 +265,22 @@ class TrainerConfig(StrictModel):
         description="CPU ids the trainer process pins itself to (one-host emulation of a training site; empty = unpinned).",
     )
     seed: int = Field(0, ge=0, description="Trainer seed.")
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$",
+        description="Device the trainer trains on: cpu, cuda (the current CUDA device) or cuda:N.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Compute precision of forward/backward: bfloat16 runs them under autocast while the "
+        "parameters, gradients, optimizer state and pushed weights stay float32 (master weights).",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in backward (less memory, ~30% more compute)."
+    )
+    ranks: int = Field(
+        1, ge=1, le=64,
+        description="Data-parallel trainer processes (FSDP2; gloo on CPU, NCCL on CUDA); rank 0 reads the stream.",
+    )
 
     @model_validator(mode="after")
     def _bounded_only(self) -> TrainerConfig:
@@ -277,6 +293,12 @@ class TrainerConfig(StrictModel):
             ]
             if used:
                 raise ValueError(f"{', '.join(used)} only apply to mode 'bounded' (mode is {self.mode!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_supported(self) -> TrainerConfig:
+        if self.ranks > 1 and self.algorithm.name == "ppo":
+            raise ValueError("trainer.ranks > 1 trains grpo today: PPO's critic is not sharded yet")
         return self
 
     @model_validator(mode="after")

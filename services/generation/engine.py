@@ -28,14 +28,35 @@ from services.common.config import GenerationConfig
 from services.common.weights import TensorSpec
 
 
+MAX_TEMPERATURE = 2.0  # vLLM's bound; every engine keeps to it
+GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM would clamp it to 0.01)
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Per-request sampling parameters; 0 means the service default (``generation.temperature``;
-    top_p 1 and top_k off)."""
+    top_p 1 and top_k off); a temperature below ``GREEDY_BELOW`` means greedy."""
 
     temperature: float = 0.0
     top_p: float = 0.0
     top_k: int = 0
+
+    def problem(self, vocab_size: int) -> str | None:
+        """Why these parameters cannot be served, or None."""
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE and 0.0 <= self.top_p <= 1.0 and 0 <= self.top_k <= vocab_size):
+            return (f"sampling out of range: temperature {self.temperature} (0 = default, up to {MAX_TEMPERATURE:g}), "
+                    f"top_p {self.top_p} (0 = off, up to 1), top_k {self.top_k} (0 = off, up to the vocabulary {vocab_size})")
+        return None
+
+    def temperature_or(self, default: float) -> float:
+        """The temperature to sample at: ``default`` for 0, and 0 (greedy) below ``GREEDY_BELOW``."""
+        t = self.temperature or default
+        return 0.0 if t < GREEDY_BELOW else t
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` (the engine contract for a request it can never serve) when out of range."""
+        if (why := self.problem(vocab_size)) is not None:
+            raise ValueError(why)
 
 
 @dataclass(frozen=True)

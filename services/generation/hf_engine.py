@@ -64,7 +64,9 @@ class HFEngine(Engine):
     def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False,
                sampling: Sampling | None = None) -> None:
         check_fits(request_id, len(prompt), max_new_tokens, self._capacity_tokens)
-        self._waiting.append(_Req(request_id, list(prompt), max_new_tokens, ignore_eos, sampling or Sampling()))
+        sampling = sampling or Sampling()
+        sampling.check(self.vocab_size)
+        self._waiting.append(_Req(request_id, list(prompt), max_new_tokens, ignore_eos, sampling))
 
     def poll(self, timeout: float) -> list[EngineOutput]:
         deadline = time.monotonic() + timeout
@@ -122,8 +124,9 @@ class HFEngine(Engine):
         return finished
 
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        temps = torch.tensor([r.sampling.temperature or self._cfg.temperature for r in self._batch])
-        x = logits / temps.view(-1, 1)
+        temps = torch.tensor([r.sampling.temperature_or(self._cfg.temperature) for r in self._batch])
+        greedy = temps == 0  # argmax; its log-prob from the unscaled distribution, as vLLM reports it
+        x = logits / torch.where(greedy, 1.0, temps).view(-1, 1)
         for row, r in enumerate(self._batch):  # top-k / top-p only where a request asked for them
             s = r.sampling
             if s.top_k:
@@ -136,6 +139,7 @@ class HFEngine(Engine):
                 x[row] = x[row].scatter(0, order, sorted_x.masked_fill(cut, float("-inf")))
         logp = torch.log_softmax(x, -1)
         tokens = torch.multinomial(logp.exp(), 1, generator=self._gen).view(-1)
+        tokens = torch.where(greedy, logp.argmax(-1), tokens)
         return tokens, logp.gather(1, tokens.view(-1, 1)).view(-1)
 
     def _drop(self, request_id: str) -> _Req | None:

@@ -22,6 +22,7 @@ from services.common.types import GenerateParams, PromptSpec
 from services.common.weights import WeightAssembler, WeightError
 from services.generation import convert
 from services.generation.core import CallClosed, GenerationCore
+from services.generation.engine import Sampling
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.common.certs import TlsFiles, server_credentials
@@ -58,11 +59,8 @@ def validate_request(
         raise RequestError(f"request asks for {total} sequences; the limit is {cfg.max_sequences_per_request}")
     if params.max_new_tokens > cfg.max_new_tokens:
         raise RequestError(f"max_new_tokens {params.max_new_tokens} exceeds the service limit {cfg.max_new_tokens}")
-    if not 0.0 <= params.temperature <= 10.0 or not 0.0 <= params.top_p <= 1.0 or not 0 <= params.top_k <= vocab_size:
-        raise RequestError(
-            f"sampling out of range: temperature {params.temperature} (0 = default, up to 10), top_p {params.top_p} "
-            f"(0 = off, up to 1), top_k {params.top_k} (0 = off, up to the vocabulary {vocab_size})"
-        )
+    if (why := Sampling(params.temperature, params.top_p, params.top_k).problem(vocab_size)) is not None:
+        raise RequestError(why)
     if params.min_weight_version < 0:
         raise RequestError(f"min_weight_version must be >= 0, got {params.min_weight_version}")
     max_new = params.max_new_tokens or cfg.max_new_tokens

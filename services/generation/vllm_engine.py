@@ -150,21 +150,26 @@ class VLLMEngine(Engine):
     def submit(self, request_id: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = False,
                sampling: Sampling | None = None) -> None:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMError
         from vllm.sampling_params import RequestOutputKind
 
         check_fits(request_id, len(prompt), max_new_tokens, self._capacity_tokens)
         s = sampling or Sampling()
-        params = SamplingParams(
-            temperature=s.temperature or self._cfg.temperature,
-            top_p=s.top_p or 1.0,
-            top_k=s.top_k or 0,
-            max_tokens=max_new_tokens,
-            ignore_eos=ignore_eos,
-            stop_token_ids=[] if ignore_eos else self._eos,
-            logprobs=0,  # the sampled token's log-prob only
-            output_kind=RequestOutputKind.DELTA,
-        )
-        self._engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+        s.check(self.vocab_size)
+        try:  # vLLM's own refusal fails that request (ValueError, the engine contract); the engine goes on
+            params = SamplingParams(
+                temperature=s.temperature_or(self._cfg.temperature),  # 0: vLLM's greedy
+                top_p=s.top_p or 1.0,
+                top_k=s.top_k or 0,
+                max_tokens=max_new_tokens,
+                ignore_eos=ignore_eos,
+                stop_token_ids=[] if ignore_eos else self._eos,
+                logprobs=0,  # the sampled token's log-prob only
+                output_kind=RequestOutputKind.DELTA,
+            )
+            self._engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+        except VLLMError as err:
+            raise ValueError(f"vLLM refused request {request_id}: {err}") from err
         self._running[request_id] = _Running(ignore_eos)
 
     def poll(self, timeout: float) -> list[EngineOutput]:

@@ -124,8 +124,10 @@ def load_policy(path: str | Path, chat_template: bool = False) -> Policy:
     return Policy(model=model, tokenizer=tok, chat_template=chat_template)
 
 
-def save_policy(policy: Policy, path: str | Path) -> None:
+def save_policy(policy: Policy, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Write the policy as a Hugging Face checkpoint; ``state``: its full weights when the model's
+    own are sharded (a data-parallel trainer's ``Learner.full_state()``)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(path)
+    policy.model.save_pretrained(path, state_dict=state)
     policy.tokenizer.save_pretrained(path)

@@ -36,6 +36,38 @@ def tls_files(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[
     return tls, tls
 
 
+def start_parallel(cfg):
+    """This process's rank when ``trainer.ranks > 1`` (the process group is up), else None."""
+    from services.trainer.device import resolve_device
+    from services.trainer.parallel import context_from_env, init_process_group
+
+    ctx = context_from_env()
+    ranks = cfg.trainer.ranks
+    if (ctx.world if ctx else 1) != ranks:
+        raise SystemExit(f"trainer.ranks is {ranks} but WORLD_SIZE is {ctx.world if ctx else 'unset'}: start the "
+                         f"ranks with `braid run` (the launcher) or torchrun --nproc-per-node {ranks}")
+    if ctx is not None:
+        init_process_group(ctx, resolve_device(cfg.trainer.device, ctx.local_rank))
+    return ctx
+
+
+def follow_leader(cfg, model: str, ctx) -> int:
+    """Ranks 1..N-1: hold a shard of the policy and make rank 0's learner calls on their share."""
+    import torch
+    import torch.distributed as dist
+
+    from services.policy.model import load_policy
+    from services.trainer.learner import Learner
+    from services.trainer.parallel import follow
+
+    torch.set_num_threads(cfg.trainer.threads)
+    learner = Learner(cfg, load_policy(model, cfg.model.chat_template), ctx)
+    served = follow(learner, ctx)
+    logging.info("rank %d: served %d commands of the leader", ctx.rank, served)
+    dist.destroy_process_group()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
@@ -60,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_config(ns.config)
     pin_cpus(cfg.trainer.cpus, "trainer")  # before torch creates its threads
+    parallel = start_parallel(cfg)
+    if parallel is not None and not parallel.leader:
+        return follow_leader(cfg, ns.model, parallel)
 
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
@@ -81,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.weights.transport, cfg.weights, relays=relays, chunk_bytes=cfg.trainer.chunk_bytes,
         training_site=ns.training_site, tls=tls,
     )
-    trainer = RLTrainer(cfg, load_policy(ns.model, cfg.model.chat_template), clients, run_dir, transport=transport)
+    trainer = RLTrainer(cfg, load_policy(ns.model, cfg.model.chat_template), clients, run_dir, transport=transport,
+                        parallel=parallel)
 
     def progress(k: int, row: dict) -> None:
         logging.info(
@@ -99,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
     trainer.write_timeline()
     trainer.publisher.close()
+    if parallel is not None:  # the followers exit too
+        import torch.distributed as dist
+
+        trainer.learner.close()
+        dist.destroy_process_group()
     samples = cfg.trainer.iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     summary = {
         "mode": cfg.trainer.mode,

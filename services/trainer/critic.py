@@ -31,4 +31,4 @@ class ValueModel(nn.Module):
     def values(self, batch: PackedBatch) -> torch.Tensor:
         """input_ids [B, T] -> values [B, T-1] (float32) on the completion grid."""
         out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        return self.head(out.last_hidden_state.float()).squeeze(-1)[:, :-1]
+        return self.head(out.last_hidden_state.float()).float().squeeze(-1)[:, :-1]  # float32 under autocast too

@@ -30,6 +30,8 @@ from services.policy.batch import PackedBatch, completion_values, length_buckets
 from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
 from services.trainer.critic import ValueModel
+from services.trainer.device import compute_context, place_model
+from services.trainer.parallel import ParallelContext, max_across, shard, sum_across
 
 MICRO_BATCH_TOKENS = 4096  # padded tokens per forward/backward: bounds activation memory
 
@@ -64,13 +66,25 @@ class StepStats:
 
 
 class Learner:
-    def __init__(self, cfg: RunConfig, policy: Policy) -> None:
+    """``parallel``: this rank of a data-parallel trainer (``services.trainer.parallel``; the process
+    group is up): the model is sharded over the ranks, and each call is made by every rank on its
+    own groups. Gradients, the normaliser and the statistics are summed over ranks at ``step``."""
+
+    def __init__(self, cfg: RunConfig, policy: Policy, parallel: ParallelContext | None = None) -> None:
         tc = cfg.trainer
         self.cfg = cfg
         self.policy = policy
+        self.parallel = parallel
+        # float32 master weights on trainer.device (cuda: this rank's GPU)
+        self.device = place_model(policy.model, tc, parallel.local_rank if parallel else None)
+        # the KL reference: a frozen copy of the starting weights (sharded like the policy)
+        self.ref = copy.deepcopy(policy.model).eval().requires_grad_(False) if tc.kl_coef > 0 else None
+        if parallel is not None:
+            for module in (policy.model, self.ref):
+                if module is not None:
+                    shard(module, parallel, self.device)
         self.model = policy.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if tc.kl_coef > 0 else None
         self.algo = tc.algorithm
         self.objective = get_algorithm(self.algo.name)
         self.params = ObjectiveParams.from_config(tc)
@@ -105,9 +119,26 @@ class Learner:
                 continue
             chosen.extend(zip(group.samples, signal.tolist(), strict=True))
         lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s, _ in chosen]
-        for idx in length_buckets(lengths, MICRO_BATCH_TOKENS):
+        buckets = length_buckets(lengths, MICRO_BATCH_TOKENS)
+        # data parallel: every rank makes as many passes as the busiest (agreed before any pass)
+        passes = len(buckets) if self.parallel is None else max_across(len(buckets))
+        for idx in buckets:
             self._loss_backward([chosen[i] for i in idx])
+        for _ in range(passes - len(buckets)):
+            self._idle_pass()
         self.stats.busy.append((t0, time.time()))
+
+    def _idle_pass(self) -> None:
+        """A forward/backward that adds nothing (loss x 0): FSDP's all-gathers and reduce-scatters
+        need every rank in every pass."""
+        ids = torch.full((1, 2), self.policy.pad_id, dtype=torch.long, device=self.device)
+        batch = PackedBatch(ids, torch.ones_like(ids), torch.zeros(1, 2, device=self.device))
+        with compute_context(self.device, self.cfg.trainer.dtype):
+            logp = token_logprobs(self.model, batch)
+            if self.ref is not None:  # its all-gathers too
+                with torch.no_grad():
+                    token_logprobs(self.ref, batch)
+        (logp.sum() * 0.0).backward()
 
     def _weight(self, samples: list[SampleRecord]) -> float:
         if self.algo.loss_agg == "token_mean":
@@ -116,15 +147,18 @@ class Learner:
 
     def _loss_backward(self, items: list[tuple[SampleRecord, float]]) -> None:
         """items: (sample, its group signal); one forward/backward of the policy (and critic)."""
-        device = next(self.model.parameters()).device
+        device = self.device
         prompts = [list(s.prompt_token_ids) for s, _ in items]
         batch = _to(pack(prompts, [list(s.token_ids) for s, _ in items], self.policy.pad_id), device)
         behav = completion_values(batch, [len(p) for p in prompts], [list(s.logprobs) for s, _ in items])
-        logp = token_logprobs(self.model, batch)
-        logp_ref = None
-        if self.ref is not None:
-            with torch.no_grad():
-                logp_ref = token_logprobs(self.ref, batch)
+        logp_ref, values = None, None
+        with compute_context(device, self.cfg.trainer.dtype):  # log-probs and values come out float32
+            logp = token_logprobs(self.model, batch)
+            if self.ref is not None:
+                with torch.no_grad():
+                    logp_ref = token_logprobs(self.ref, batch)
+            if self.critic is not None:
+                values = self.critic.values(batch)
         mask = batch.completion_mask
         mb = MicroBatch(
             logp=logp,
@@ -132,7 +166,7 @@ class Learner:
             mask=mask,
             signal=torch.tensor([v for _, v in items], dtype=torch.float32, device=device),
             logp_ref=logp_ref,
-            values=self.critic.values(batch) if self.critic is not None else None,
+            values=values,
         )
         out = self.objective.loss(mb, self.params)
         out.loss.backward()
@@ -150,15 +184,48 @@ class Learner:
     def step(self) -> float:
         """Normalise the accumulated gradients, clip, apply; returns the policy's pre-clip gradient norm."""
         t0 = time.time()
-        scale = 1.0 / self._normaliser if self._normaliser > 0 else 1.0
+        normaliser, ranks = self._normaliser, 1
+        if self.parallel is not None:
+            normaliser, ranks = self._sum_stats(), self.parallel.world
+        scale = 1.0 / normaliser if normaliser > 0 else 1.0
         max_norm = self.cfg.trainer.max_grad_norm
-        grad_norm = _apply(self.model, self.opt, scale, max_norm)
+        # FSDP averaged the gradients over ranks: x ranks makes them the sum the normaliser divides
+        grad_norm = _apply(self.model, self.opt, scale * ranks, max_norm)
         if self.critic is not None:
             self.stats.critic_grad_norm = _apply(self.critic, self.critic_opt, scale, max_norm)
         self.stats.loss *= scale
         self.stats.value_loss *= scale
         self.stats.busy.append((t0, time.time()))
         return grad_norm
+
+
+    def _sum_stats(self) -> float:
+        """Sum this step's statistics and normaliser over the ranks; returns the normaliser."""
+        st = self.stats
+        names = [n for n in _SUMMED if isinstance(getattr(st, n), int | float)]
+        totals = sum_across([float(getattr(st, n)) for n in names] + [self._normaliser])
+        for n, v in zip(names, totals):
+            setattr(st, n, type(getattr(st, n))(v))
+        return totals[-1]
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights by Hugging Face name. One process: the live tensors (the weight
+        transport copies them out). Data parallel: all-gathered tensor by tensor, a collective every
+        rank makes in the same order; the leader keeps a float32 host copy of each, a follower drops
+        it, so no rank holds more than one full tensor besides the leader's copy."""
+        state = self.model.state_dict()
+        if self.parallel is None:
+            return state
+        out: dict[str, torch.Tensor] = {}
+        for name, value in state.items():
+            full = value.full_tensor() if hasattr(value, "full_tensor") else value
+            if self.parallel.leader:
+                out[name] = full.detach().to("cpu", copy=True)
+        return out
+
+
+_SUMMED = ("trained_samples", "zero_adv_groups", "loss", "clip_fraction", "kl", "micro_batches", "filtered_groups",
+           "ratio", "is_weight", "is_capped", "value_loss")
 
 
 def _to(batch: PackedBatch, device: torch.device) -> PackedBatch:
@@ -170,6 +237,7 @@ def _apply(module: torch.nn.Module, opt: torch.optim.Optimizer, scale: float, ma
     for p in module.parameters():
         if p.grad is not None:
             p.grad.mul_(scale)
-    norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    total = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: the global norm
     opt.step()
-    return norm
+    return total

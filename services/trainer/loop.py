@@ -34,6 +34,7 @@ from services.tasks.arith import Problem, ProblemSampler, eval_problems, reward
 from services.trainer.batching import DynamicBatcher
 from services.trainer.evaluate import EvalResult, score
 from services.trainer.learner import Group, Learner, StepStats
+from services.trainer.parallel import Leader, ParallelContext
 from services.trainer.streams import SampleStream, WeightPublisher
 from services.trainer.timeline import idle
 
@@ -52,14 +53,16 @@ class Accumulator:
 
 class RLTrainer:
     def __init__(
-        self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None
+        self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None,
+        parallel: ParallelContext | None = None,
     ) -> None:
         tc = cfg.trainer
         torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
         self.cfg = cfg
         self.policy = policy
-        self.learner = Learner(cfg, policy)
+        learner = Learner(cfg, policy, parallel)  # rank 0 of a data-parallel trainer leads the others
+        self.learner = learner if parallel is None else Leader(learner, parallel)
         self.model = self.learner.model
         self.clients = clients
         self.run_dir = run_dir
@@ -138,7 +141,7 @@ class RLTrainer:
         grad_norm = self.learner.step()
         self.version += 1
         t0 = time.time()
-        stall = self.publisher.publish(self.model, self.version)
+        stall = self.publisher.publish(self.learner.full_state(), self.version)
         stats.busy.append((t0, time.time()))
         self.maybe_checkpoint()
         return self.record(iteration, t_start, time.time(), acc, stats, grad_norm, stall)
@@ -151,7 +154,8 @@ class RLTrainer:
         every = self.cfg.trainer.checkpoint_every
         if every and self.version % every == 0:
             out = self.run_dir / "checkpoints" / f"v{self.version:05d}"
-            save_policy(self.policy, out)
+            sharded = isinstance(self.learner, Leader)  # its model holds shards: gather the full weights
+            save_policy(self.policy, out, self.learner.full_state() if sharded else None)
             with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
                 f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
@@ -64,10 +64,6 @@ class SampleStream:
             raise RuntimeError(f"stream ended after {received} of {self.expected} samples")
 
 
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 class WeightPublisher:
     """Fan-out of weight versions to every SGS instance (one ``WeightPusher`` each)."""
 
@@ -78,25 +74,26 @@ class WeightPublisher:
 
             transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
         self.transport = transport
-        self.pushers = [WeightPusher(c, chunk_bytes, deliver=self._deliverer(c)) for c in clients]
+        self.pushers = [WeightPusher(self._deliverer(c)) for c in clients]
 
     def _deliverer(self, client: GenerationClient):
         return lambda version, snap: self.transport.deliver(client, version, snap)
 
-    def snapshot(self, model: torch.nn.Module, version: int):
-        """Copy the weights out (the trainer's stall) and hand the version to the transport."""
+    def snapshot(self, state: Mapping[str, torch.Tensor], version: int):
+        """Copy the weights (``Learner.full_state()``) out, the trainer's stall, and hand the
+        version to the transport."""
         self.raise_if_failed()
-        snap = self.transport.snapshot(model)
+        snap = self.transport.snapshot(state)
         self.transport.publish(version, snap)
         return snap
 
-    def publish(self, model: torch.nn.Module, version: int) -> float:
-        """Snapshot ``model``'s weights for ``version``, offer them to every instance, and
-        return the trainer-side stall (s)."""
+    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> float:
+        """Snapshot the weights for ``version``, offer them to every instance, and return the
+        trainer-side stall (s)."""
         t0 = time.perf_counter()
-        state = self.snapshot(model, version)
+        snap = self.snapshot(state, version)
         for p in self.pushers:
-            p.offer(version, state)
+            p.offer(version, snap)
         return time.perf_counter() - t0
 
     @property
@@ -124,18 +121,15 @@ class WeightPublisher:
 
 class WeightPusher:
     """Brings one SGS instance to the newest offered version from a background thread
-    (``deliver(version, snapshot)``; default: stream it with ``UpdateWeights``); a version
+    (``deliver(version, snapshot)``: the transport's delivery to that instance); a version
     superseded before it was sent is skipped (``services.common.newest``)."""
 
-    def __init__(self, client: GenerationClient, chunk_bytes: int, deliver=None) -> None:
+    def __init__(self, deliver: Callable[[int, object], None]) -> None:
         from services.common.newest import NewestSender
 
-        self._client = client
-        self._chunk_bytes = chunk_bytes
-        deliver = deliver or (lambda v, s: client.update_weights(s, v, chunk_bytes=chunk_bytes))
-        self._sender: NewestSender[dict[str, torch.Tensor]] = NewestSender(deliver, name="weight-publisher")
+        self._sender: NewestSender[object] = NewestSender(deliver, name="weight-publisher")
 
-    def offer(self, version: int, state: dict[str, torch.Tensor]) -> None:
+    def offer(self, version: int, state) -> None:  # the transport's snapshot
         """Hand a version over; it replaces an older one not yet sent."""
         self.raise_if_failed()
         self._sender.offer(version, state)

@@ -3,7 +3,8 @@
 DESIGN §3.3 (prime-rl's ``transports/base.py``): the trainer's ``WeightPublisher`` asks the
 configured transport (``weights.transport``, a registry key) for three things:
 
-- ``snapshot(model)`` — copy the weights out of the model: the trainer's only stall;
+- ``snapshot(state)`` — copy the weights (a Hugging Face–named state dict) out: the trainer's
+  only stall;
 - ``publish(version, snap)`` — hand the version over without waiting (the trainer goes on);
 - ``deliver(client, version, snap)`` — bring one SGS instance to ``version`` or newer; called
   on that instance's pusher thread, so it may block.
@@ -22,7 +23,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ class WeightTransport(ABC):
     name: str
 
     @abstractmethod
-    def snapshot(self, model: torch.nn.Module): ...
+    def snapshot(self, state: Mapping[str, torch.Tensor]): ...
 
     def publish(self, version: int, snap) -> None:
         """Hand a version over (non-blocking). Default: nothing (``deliver`` sends it)."""
@@ -82,8 +83,9 @@ class DirectTransport(WeightTransport):
     def __init__(self, cfg: WeightsConfig, *, chunk_bytes: int | None = None, **_) -> None:
         self.chunk_bytes = chunk_bytes or cfg.chunk_bytes
 
-    def snapshot(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    def snapshot(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # a host copy whatever the trainer's device: the gRPC stream reads host memory
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def deliver(self, client: GenerationClient, version: int, snap) -> None:
         client.update_weights(snap, version, chunk_bytes=self.chunk_bytes)
@@ -143,12 +145,12 @@ class RelayTransport(WeightTransport):
         if old is not None:
             old.close()
 
-    def snapshot(self, model: torch.nn.Module):
+    def snapshot(self, state: Mapping[str, torch.Tensor]):
         from services.weights.client import snapshot_blob
 
         with self._cond:
             spare, self._spare = self._spare, None
-        return snapshot_blob(model.state_dict(), self.cfg.chunk_bytes, self._shm_dir, spare)
+        return snapshot_blob(dict(state), self.cfg.chunk_bytes, self._shm_dir, spare)
 
     @property
     def _shm_dir(self) -> Path | None:

@@ -76,17 +76,17 @@ def test_master_replaced_and_restarted_relay_catches_up(tmp_path: Path):
                 self.register_buffer(k.replace(".", "_"), v)
 
     try:
-        transport.publish(1, transport.snapshot(Model(1.0)))
+        transport.publish(1, transport.snapshot(Model(1.0).state_dict()))
         wait_for(lambda: all(_holds(c, 1) for c in clients), 60, "every relay holds version 1")
         relays[0].kill()  # the master
         wait_for(lambda: transport.controller.master == relays[1].address, 30, "a new master")
-        transport.publish(2, transport.snapshot(Model(2.0)))
+        transport.publish(2, transport.snapshot(Model(2.0).state_dict()))
         wait_for(lambda: all(_holds(c, 2) for c in clients[1:]), 60, "survivors hold version 2")
         assert transport.pushed == 2
         port = int(relays[2].address.rsplit(":", 1)[1])
         relays[2].kill()
         wait_for(lambda: relays[2].address not in transport.controller.live(), 30, "m2 cut out")
-        transport.publish(3, transport.snapshot(Model(3.0)))
+        transport.publish(3, transport.snapshot(Model(3.0).state_dict()))
         wait_for(lambda: _holds(clients[1], 3), 60, "master holds version 3")
         relays[2] = start_relay(tmp_path, "m2", port=port)  # restarted empty, same address
         wait_for(lambda: _holds(clients[2], 3), 60, "the restarted relay catches up from its neighbour")

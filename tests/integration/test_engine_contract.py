@@ -24,7 +24,7 @@ from services.generation.checkpoint import CheckpointError
 from services.generation.engine import Engine, Sampling, create_engine
 
 KEYS = ["vllm", "hf"]
-GREEDY = Sampling(temperature=1e-6)  # vLLM samples greedily below 1e-5; the hf engine's softmax is one-hot
+GREEDY = Sampling(temperature=1e-6)  # below engine.GREEDY_BELOW: argmax in every engine
 CFG = dict(num_blocks=64, page_size=32, max_inflight=32, seed=7)
 
 
@@ -96,6 +96,16 @@ def test_logprobs_match_the_reference_forward(engine, reference, temperature):
         assert max(abs(a - b) for a, b in zip(out.logprobs, want)) < 2e-3, (out.logprobs, want)
 
 
+def test_greedy_decodes_the_reference_argmax_with_unscaled_logprobs(engine, reference):
+    for i, p in enumerate(PROMPTS):
+        engine.submit(f"greedy-lp-{i}", p, 12, ignore_eos=True, sampling=GREEDY)
+    for out in run(engine, len(PROMPTS)):
+        prompt = PROMPTS[int(out.request_id.rsplit("-", 1)[1])]
+        assert out.token_ids == ref_greedy(reference, prompt, 12)
+        want = ref_logprobs(reference, prompt, out.token_ids, 1.0)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, want)) < 2e-3, (out.logprobs, want)
+
+
 def test_stop_at_eos_unless_forced(engine, tiny_checkpoint):
     eos = json.loads((tiny_checkpoint / "config.json").read_text())["eos_token_id"]
     for i in range(16):
@@ -132,6 +142,14 @@ def test_cancel_drops_a_request(engine):
 def test_a_request_larger_than_the_kv_cache_is_refused(engine):
     with pytest.raises(ValueError, match="could never run"):
         engine.submit("huge", [1] * 100, engine.kv_capacity_tokens())
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=2.5), Sampling(top_p=1.5), Sampling(top_k=10_000)])
+def test_sampling_out_of_range_is_refused_and_the_engine_goes_on(engine, sampling):
+    with pytest.raises(ValueError, match="sampling out of range"):
+        engine.submit("bad", PROMPTS[0], 4, sampling=sampling)
+    engine.submit("after", PROMPTS[0], 3, ignore_eos=True, sampling=Sampling(temperature=2.0))
+    assert [(o.request_id, len(o.token_ids)) for o in run(engine, 1)] == [("after", 3)]
 
 
 def test_weight_update_gives_the_reference_greedy_decode_of_the_new_weights(engine, reference, tiny_checkpoint):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
@@ -22,12 +23,13 @@ def prefect_api():
 def _run(tmp_path: Path, mode: str, extra: tuple[str, ...] = ()) -> tuple[dict, Path]:
     from flows.rl_training import rl_training
 
-    overrides = [*extra,
+    overrides = [
         f"runs_dir={tmp_path / 'runs'}",
         f"cache_dir={tmp_path / 'cache'}",
         f"run_id={mode}",
         f"trainer.mode={mode}",
         "trainer.kl_coef=0.01",  # every group is trained (none skipped), so training time is real
+        *extra,
     ]
     result = rl_training(config_path=SMOKE, overrides=overrides)
     return result, Path(result["run_dir"])
@@ -82,3 +84,23 @@ def test_sync_flow_from_a_local_checkpoint_waits_for_new_weights(prefect_api, tm
     timeline = json.loads((run_dir / "timeline.json").read_text())
     gen, train = _spans(timeline, "generation"), _spans(timeline, "training")
     assert gen[1][0] >= train[0][1]  # iteration 1 generated only after iteration 0's step
+
+
+def test_a_two_rank_trainer_runs_the_flow_and_its_weights_generate_through_vllm(prefect_api, tmp_path):
+    """trainer.ranks=2: two FSDP2 ranks over gloo; rank 0 streams, both train, the gathered
+    weights reach the vLLM SGS every version and are checkpointed."""
+    from services.policy.model import load_policy
+
+    _, run_dir = _run(tmp_path, "one_step", ("trainer.ranks=2", "trainer.checkpoint_every=1"))  # KL: every group trains
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in rows] == [1, 2]
+    assert sum(r["trained_samples"] for r in rows) == 2 * 4 * 4  # with a KL term every sample trains
+    assert "served" in (run_dir / "trainer-rank1.log").read_text()  # rank 1 followed to the end
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_weight_version"] == 2 and summary["eval_prompts"] == 32  # evaluated on version 2
+    # the gathered checkpoint is a whole model (that 2 ranks make the 1-process update is
+    # tests/integration/test_data_parallel.py's subject; here rewards may all be 0)
+    start = load_policy((run_dir / "warmstart.path").read_text().strip()).model.state_dict()
+    final = load_policy(run_dir / "checkpoints" / "v00002").model.state_dict()
+    assert final.keys() == start.keys()
+    assert all(final[k].shape == start[k].shape and bool(torch.isfinite(final[k]).all()) for k in start)

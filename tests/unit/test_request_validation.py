@@ -16,3 +16,11 @@ def test_a_request_larger_than_the_kv_cache_is_refused_before_it_reaches_the_eng
     validate_request([PromptSpec("p", (1, 2, 3))], GenerateParams(max_new_tokens=64), cfg, **OK, kv_capacity=67)
     with pytest.raises(RequestError, match="exceed the engine's whole KV cache .66 tokens"):
         validate_request([PromptSpec("p", (1, 2, 3))], GenerateParams(max_new_tokens=64), cfg, **OK, kv_capacity=66)
+
+
+@pytest.mark.parametrize("params", [dict(temperature=2.01), dict(top_p=1.01), dict(top_k=20), dict(temperature=-1.0)])
+def test_sampling_outside_what_the_engines_serve_is_refused(params):
+    cfg = load_config(None, []).generation
+    validate_request([PromptSpec("p", (1, 2))], GenerateParams(max_new_tokens=4, temperature=2.0, top_k=19), cfg, **OK)
+    with pytest.raises(RequestError, match="sampling out of range"):
+        validate_request([PromptSpec("p", (1, 2))], GenerateParams(max_new_tokens=4, **params), cfg, **OK)

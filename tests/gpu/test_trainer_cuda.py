@@ -1,0 +1,40 @@
+"""The trainer on a CUDA device (skipped without one; ``make test-gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.common.config import WeightsConfig
+from services.weights.transport import DirectTransport
+from tests.unit.test_learner import _groups, _step
+from tests.unit.test_trainer_device import _learner
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_cuda_step_matches_the_cpu_step(dtype):
+    g = _groups()
+    _, on_cpu = _step(_learner(), [g])
+    learner = _learner(device="cuda", dtype=dtype)
+    assert next(learner.model.parameters()).device.type == "cuda"
+    _, on_cuda = _step(learner, [g])
+    flat_cpu = torch.cat([v.flatten() for v in on_cpu.values()])
+    flat_cuda = torch.cat([v.flatten().cpu() for v in on_cuda.values()])
+    assert all(v.dtype == torch.float32 for v in on_cuda.values())  # master weights and gradients
+    assert torch.nn.functional.cosine_similarity(flat_cpu, flat_cuda, dim=0) > (0.9999 if dtype == "float32" else 0.99)
+
+
+def test_activation_checkpointing_on_cuda_in_bfloat16():
+    g = _groups()
+    _, plain = _step(_learner(device="cuda", dtype="bfloat16"), [g])
+    _, recomputed = _step(_learner(device="cuda", dtype="bfloat16", activation_checkpointing=True), [g])
+    for k in plain:
+        assert torch.allclose(recomputed[k], plain[k], atol=1e-3, rtol=1e-2), k
+
+
+def test_weights_leave_a_cuda_trainer_as_float32_host_tensors():
+    learner = _learner(device="cuda", dtype="bfloat16")
+    snap = DirectTransport(WeightsConfig()).snapshot(learner.full_state())
+    assert all(v.device.type == "cpu" and v.dtype == torch.float32 for v in snap.values())

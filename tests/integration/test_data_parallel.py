@@ -1,0 +1,97 @@
+"""Data parallelism: 2 trainer ranks (gloo, FSDP2 on CPU) make the update one process makes."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from services.common.config import RunConfig
+from services.policy.model import build_policy
+from services.trainer.learner import Group, Learner
+from services.trainer.parallel import Leader, context_from_env, follow, init_process_group
+from tests.unit.test_learner import MODEL, _groups, _sample
+
+TRAINER = {"lr": 1e-2, "algorithm": {"loss_agg": "token_mean"}}
+
+
+def _batches() -> list[list[Group]]:
+    """Two backward calls: the first splits 3 groups of unequal size over 2 ranks (one holds the
+    zero-advantage group, so the ranks make different numbers of passes), the second one group
+    (a rank with nothing to do)."""
+    extra = Group([_sample("d", 0, 9), _sample("d", 1, 2), _sample("d", 2, 6)], [0.0, 1.0, 0.0])
+    return [_groups(), [extra]]
+
+
+def _config(**trainer) -> RunConfig:
+    return RunConfig.model_validate({"model": MODEL, "trainer": {**TRAINER, **trainer}})
+
+
+def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    ctx = context_from_env()
+    init_process_group(ctx, torch.device("cpu"))
+    cfg = _config(ranks=world, kl_coef=kl_coef)
+    torch.manual_seed(0)
+    learner = Learner(cfg, build_policy(cfg.model), ctx)
+    if not ctx.leader:
+        follow(learner, ctx)
+        return
+    leader = Leader(learner, ctx)
+    stats = leader.begin()
+    for batch in _batches():
+        leader.backward(batch)
+    grad_norm = leader.step()
+    state = leader.full_state()
+    leader.close()
+    torch.save({"state": state, "grad_norm": grad_norm, "loss": stats.loss, "trained": stats.trained_samples,
+                "zero_adv": stats.zero_adv_groups, "micro_batches": stats.micro_batches}, out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])  # with a KL term the reference model is sharded too
+def test_two_ranks_make_the_single_process_update(tmp_path, kl_coef):
+    out = tmp_path / "rank0.pt"
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(out), kl_coef)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0, f"a rank failed (exit {p.exitcode})"
+    dp = torch.load(out)
+
+    cfg = _config(kl_coef=kl_coef)
+    torch.manual_seed(0)
+    single = Learner(cfg, build_policy(cfg.model))
+    stats = single.begin()
+    for batch in _batches():
+        single.backward(batch)
+    grad_norm = single.step()
+
+    # without KL the zero-advantage group is skipped; with it every group trains
+    assert dp["trained"] == stats.trained_samples == (8 if kl_coef == 0 else 10)
+    assert dp["zero_adv"] == stats.zero_adv_groups == (1 if kl_coef == 0 else 0)
+    assert dp["loss"] == pytest.approx(stats.loss, rel=1e-5, abs=1e-7)
+    assert dp["grad_norm"] == pytest.approx(grad_norm, rel=1e-5)
+    state = single.model.state_dict()
+    grads = {n: p.grad for n, p in single.model.named_parameters()}
+    assert dp["state"].keys() == state.keys()
+    for name, value in state.items():
+        assert dp["state"][name].dtype == torch.float32
+        # AdamW's first update is lr * g / (|g| + 1e-8): where g is round-off (exactly 0 in exact
+        # arithmetic) it moves by +-lr either way, so compare where the gradient is real
+        real = grads[name if name in grads else "model.embed_tokens.weight"].abs() > 1e-6
+        assert torch.allclose(dp["state"][name][real], value[real], atol=1e-6, rtol=1e-5), name
+    moved = build_policy(cfg.model).model.state_dict()  # not vacuous: the step moved the weights
+    assert any(not torch.allclose(moved[n], state[n]) for n in state)

@@ -1,0 +1,72 @@
+"""trainer.device / dtype / activation_checkpointing on a tiny model (CPU; CUDA in tests/gpu)."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import torch
+
+from services.common.config import RunConfig, TrainerConfig, WeightsConfig
+from services.policy.model import build_policy
+from services.trainer.device import DeviceError, resolve_device
+from services.trainer.learner import Learner
+from services.weights.transport import DirectTransport
+from tests.unit.test_learner import MODEL, _groups, _step
+
+
+def _learner(**trainer) -> Learner:
+    cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"lr": 1e-2, **trainer}})
+    torch.manual_seed(0)
+    return Learner(cfg, build_policy(cfg.model))
+
+
+def test_device_settings_are_validated_by_the_schema():
+    for ok in ("cpu", "cuda", "cuda:1"):
+        assert TrainerConfig(device=ok).device == ok
+    for bad in ("gpu", "cuda:", "cuda:x", "CPU", "mps"):
+        with pytest.raises(pydantic.ValidationError, match="device"):
+            TrainerConfig(device=bad)
+    with pytest.raises(pydantic.ValidationError, match="dtype"):
+        TrainerConfig(dtype="float16")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
+def test_an_absent_cuda_device_is_a_clear_error(spec):
+    with pytest.raises(DeviceError, match=f"trainer.device is '{spec}' but this machine has no usable CUDA device"):
+        resolve_device(spec)
+    with pytest.raises(DeviceError, match="no usable CUDA device"):
+        _learner(device=spec)
+
+
+def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights():
+    g = _groups()
+    params32, grads32 = _step(_learner(), [g])
+    params16, grads16 = _step(_learner(dtype="bfloat16"), [g])
+    for k in grads32:
+        assert params16[k].dtype == torch.float32 and grads16[k].dtype == torch.float32, k
+    flat32 = torch.cat([v.flatten() for v in grads32.values()])
+    flat16 = torch.cat([v.flatten() for v in grads16.values()])
+    # the same gradient up to bfloat16 rounding (8 mantissa bits), but not bit-identical: autocast ran
+    assert torch.nn.functional.cosine_similarity(flat32, flat16, dim=0) > 0.99
+    assert not torch.equal(flat32, flat16)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    g = _groups()
+    learner = _learner(activation_checkpointing=True)
+    assert learner.model.is_gradient_checkpointing
+    _, plain = _step(_learner(), [g])
+    _, recomputed = _step(learner, [g])
+    for k in plain:
+        assert torch.allclose(recomputed[k], plain[k], atol=1e-7, rtol=1e-5), k
+
+
+def test_the_direct_transport_snapshots_to_host_memory():
+    learner = _learner()
+    snap = DirectTransport(WeightsConfig()).snapshot(learner.full_state())
+    state = learner.model.state_dict()
+    assert snap.keys() == state.keys()
+    for k, v in snap.items():
+        assert v.device.type == "cpu" and v.dtype == torch.float32
+        assert v.data_ptr() != state[k].data_ptr()  # a copy, not a view of the live weights

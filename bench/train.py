@@ -7,9 +7,10 @@ group trains) for 1 rank on 1 core and 2 ranks on 2 cores, one torch thread each
 second of ``begin``/``backward``/``step``) over the timed steps; the ratio is taken per round.
 
 Weight push from the sharded model: during ``Learner.full_state()`` (what a weight push or a
-checkpoint gathers) each rank's peak resident memory above its level before the gather, as a
-fraction of the model's float32 size (``/proc/self/clear_refs`` resets the peak). Rank 0 keeps the
-host copy the transport sends (about 1.0); the other ranks hold one gathered tensor at a time.
+checkpoint gathers) each rank's peak heap in use above its level before the gather (glibc's
+``mallinfo2``, sampled while each gathered tensor is alive), as a fraction of the model's float32
+size. Rank 0 keeps the host copy the transport sends (about 1.0); the other ranks hold one
+gathered tensor at a time. A single process's ``full_state()`` hands out the live tensors (0).
 
 Writes ``bench/results/train.json``, ``.md`` and ``.png``; ``--quick`` writes to a scratch directory.
 
@@ -62,14 +63,34 @@ def batch(cfg, policy, seed: int) -> list:
     return groups
 
 
-def _peak_rss_reset() -> int:
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-    return _status_kb("VmRSS")
+def heap_in_use() -> int:
+    """Bytes malloc has handed out and not taken back (glibc ``mallinfo2``: arena + mmapped
+    blocks): torch's CPU tensors included, unlike resident memory, which freed-and-reused
+    pages hide."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
 
 
-def _status_kb(key: str) -> int:
-    line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith(key + ":"))
-    return int(line.split()[1])
+def measured_gather(learner) -> int:
+    """Peak heap bytes above the level before ``learner.full_state()``, sampled while each gathered
+    tensor is alive and once more after (rank 0 then holds its copy)."""
+    base, peak = heap_in_use(), [0]
+
+    def observe() -> None:
+        peak[0] = max(peak[0], heap_in_use() - base)
+
+    state = learner.full_state(observe)
+    observe()
+    del state
+    return peak[0]
 
 
 def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) -> None:
@@ -97,10 +118,8 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
     learner = Learner(cfg, policy, ctx)
     if ctx is not None and not ctx.leader:
         follow(learner, ctx)
-        base = _peak_rss_reset()
-        learner.full_state()  # the measured gather (after the leader's stop, both ranks call it directly)
-        Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps(
-            {"push_peak_kb": _status_kb("VmHWM") - base, "model_bytes": model_bytes}))
+        peak = measured_gather(learner)  # after the leader's stop both ranks call it directly
+        Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps({"push_peak_bytes": peak, "model_bytes": model_bytes}))
         return
     lead = learner if ctx is None else Leader(learner, ctx)
     groups = [batch(cfg, policy, seed) for seed in range(steps + 1)]
@@ -116,11 +135,10 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
             tokens += sum(len(s.prompt_token_ids) + len(s.token_ids) for grp in g for s in grp.samples)
     if ctx is not None:
         lead.close()
-    base = _peak_rss_reset()
-    learner.full_state()
+    peak = measured_gather(learner)
     Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps(
-        {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds,
-         "push_peak_kb": _status_kb("VmHWM") - base, "model_bytes": model_bytes}))
+        {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "push_peak_bytes": peak,
+         "model_bytes": model_bytes}))
 
 
 def run_variant(world: int, size: str, steps: int) -> dict:
@@ -142,7 +160,7 @@ def run_variant(world: int, size: str, steps: int) -> dict:
         if p.exitcode != 0:
             raise RuntimeError(f"dp{world} {size}: a rank exited with {p.exitcode}")
     ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in range(world)]
-    return {**ranks[0], "push_peak_fraction": [r["push_peak_kb"] * 1024 / r["model_bytes"] for r in ranks]}
+    return {**ranks[0], "push_peak_fraction": [r["push_peak_bytes"] / r["model_bytes"] for r in ranks]}
 
 
 def summarise(runs: dict[str, dict[int, list[dict]]]) -> dict:
@@ -175,10 +193,11 @@ def markdown(result: dict) -> str:
         pk = r["push_peak_fraction"]
         lines.append(f"| {size} | {r['model_bytes'] / 2**20:.1f} MiB | {f(r['dp1_tokens_per_s'])} | {f(r['dp2_tokens_per_s'])} | "
                      f"**{f(r['dp2_vs_dp1'], '.2f')}x** | {f(pk['rank0'], '.2f')} | {f(pk['rank1'], '.2f')} |")
-    lines += ["", "*push peak*: a rank's peak resident memory during `Learner.full_state()` (the gather behind every "
-              "weight push and checkpoint) above its level before it, as a fraction of the model's float32 size. "
-              "Rank 0 keeps the host copy the weight transport sends; the other ranks one gathered tensor at a time. "
-              "Resident memory moves in pages and allocator arenas, so fractions of a few-MiB model are noise.", ""]
+    lines += ["", "*push peak*: a rank's peak heap in use during `Learner.full_state()` (the gather behind every "
+              "weight push and checkpoint) above its level before it (glibc `mallinfo2`, sampled while each "
+              "gathered tensor is alive), as a fraction of the model's float32 size. Rank 0 keeps the host copy "
+              "the weight transport sends (1.0 by construction); the other ranks hold one gathered tensor at a time.",
+              ""]
     return "\n".join(lines)
 
 

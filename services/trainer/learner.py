@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -208,11 +209,12 @@ class Learner:
             setattr(st, n, type(getattr(st, n))(v))
         return totals[-1]
 
-    def full_state(self) -> dict[str, torch.Tensor]:
+    def full_state(self, observe: Callable[[], None] | None = None) -> dict[str, torch.Tensor]:
         """The policy's full weights by Hugging Face name. One process: the live tensors (the weight
         transport copies them out). Data parallel: all-gathered tensor by tensor, a collective every
         rank makes in the same order; the leader keeps a float32 host copy of each, a follower drops
-        it, so no rank holds more than one full tensor besides the leader's copy."""
+        it, so no rank holds more than one full tensor besides the leader's copy. ``observe()`` is
+        called while each gathered tensor is alive (``bench/train.py`` measures memory there)."""
         state = self.model.state_dict()
         if self.parallel is None:
             return state
@@ -221,6 +223,8 @@ class Learner:
             full = value.full_tensor() if hasattr(value, "full_tensor") else value
             if self.parallel.leader:
                 out[name] = full.detach().to("cpu", copy=True)
+            if observe is not None:
+                observe()
         return out
 
 

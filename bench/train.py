@@ -104,7 +104,7 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
     from services.common.config import load_config
     from services.policy.model import build_policy
     from services.trainer.learner import Learner
-    from services.trainer.parallel import Leader, context_from_env, follow, init_process_group
+    from services.trainer.parallel import Leader, context_from_env, follow, init_process_group, shutdown
 
     cfg = load_config(CONFIG, [f"model.{k}={v}" for k, v in SIZES[size].items()] + [f"trainer.ranks={world}"])
     ctx = None
@@ -120,6 +120,7 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
         follow(learner, ctx)
         peak = measured_gather(learner)  # after the leader's stop both ranks call it directly
         Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps({"push_peak_bytes": peak, "model_bytes": model_bytes}))
+        shutdown()
         return
     lead = learner if ctx is None else Leader(learner, ctx)
     groups = [batch(cfg, policy, seed) for seed in range(steps + 1)]
@@ -139,6 +140,7 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
     Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps(
         {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "push_peak_bytes": peak,
          "model_bytes": model_bytes}))
+    shutdown()
 
 
 def run_variant(world: int, size: str, steps: int) -> dict:

@@ -275,7 +275,7 @@ class TrainerConfig(StrictModel):
         "parameters, gradients, optimizer state and pushed weights stay float32 (master weights).",
     )
     activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer's activations in backward (less memory, ~30% more compute)."
+        False, description="Recompute each decoder layer's activations in backward (less memory; one more forward of each layer)."
     )
     ranks: int = Field(
         1, ge=1, le=64,

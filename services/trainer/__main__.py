@@ -54,17 +54,16 @@ def start_parallel(cfg):
 def follow_leader(cfg, model: str, ctx) -> int:
     """Ranks 1..N-1: hold a shard of the policy and make rank 0's learner calls on their share."""
     import torch
-    import torch.distributed as dist
 
     from services.policy.model import load_policy
     from services.trainer.learner import Learner
-    from services.trainer.parallel import follow
+    from services.trainer.parallel import follow, shutdown
 
     torch.set_num_threads(cfg.trainer.threads)
     learner = Learner(cfg, load_policy(model, cfg.model.chat_template), ctx)
     served = follow(learner, ctx)
     logging.info("rank %d: served %d commands of the leader", ctx.rank, served)
-    dist.destroy_process_group()
+    shutdown()
     return 0
 
 
@@ -136,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     trainer.write_timeline()
     trainer.publisher.close()
     if parallel is not None:  # the followers exit too
-        import torch.distributed as dist
+        from services.trainer.parallel import shutdown
 
         trainer.learner.close()
-        dist.destroy_process_group()
+        shutdown()
     samples = cfg.trainer.iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     summary = {
         "mode": cfg.trainer.mode,

@@ -59,6 +59,15 @@ def init_process_group(ctx: ParallelContext, device: torch.device) -> None:
     log.info("rank %d of %d (%s on %s)", ctx.rank, ctx.world, backend, device)
 
 
+def shutdown() -> None:
+    """Leave the process group (every rank, at the end): exiting with gloo's threads still running
+    aborts the process ("terminate called without an active exception")."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def shard(model: torch.nn.Module, ctx: ParallelContext, device: torch.device) -> None:
     """FSDP2 over all ranks: one unit per decoder layer, the embeddings, norm and head in the root."""
     from torch.distributed.device_mesh import init_device_mesh

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from services.common.config import RunConfig
 from services.policy.model import build_policy
 from services.trainer.learner import Group, Learner
-from services.trainer.parallel import Leader, context_from_env, follow, init_process_group
+from services.trainer.parallel import Leader, context_from_env, follow, init_process_group, shutdown
 from tests.unit.test_learner import MODEL, _groups, _sample
 
 TRAINER = {"lr": 1e-2, "algorithm": {"loss_agg": "token_mean"}}
@@ -40,6 +40,7 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0) -> N
     learner = Learner(cfg, build_policy(cfg.model), ctx)
     if not ctx.leader:
         follow(learner, ctx)
+        shutdown()
         return
     leader = Leader(learner, ctx)
     stats = leader.begin()
@@ -48,6 +49,7 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0) -> N
     grad_norm = leader.step()
     state = leader.full_state()
     leader.close()
+    shutdown()
     torch.save({"state": state, "grad_norm": grad_norm, "loss": stats.loss, "trained": stats.trained_samples,
                 "zero_adv": stats.zero_adv_groups, "micro_batches": stats.micro_batches}, out)
 

@@ -120,8 +120,7 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
         follow(learner, ctx)
         peak = measured_gather(learner)  # after the leader's stop both ranks call it directly
         Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps({"push_peak_bytes": peak, "model_bytes": model_bytes}))
-        shutdown()
-        return
+        shutdown()  # exits
     lead = learner if ctx is None else Leader(learner, ctx)
     groups = [batch(cfg, policy, seed) for seed in range(steps + 1)]
     tokens, seconds = 0, 0.0

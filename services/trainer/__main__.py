@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from services.common.certs import TlsFiles, site_files
 
@@ -51,7 +52,7 @@ def start_parallel(cfg):
     return ctx
 
 
-def follow_leader(cfg, model: str, ctx) -> int:
+def follow_leader(cfg, model: str, ctx) -> NoReturn:
     """Ranks 1..N-1: hold a shard of the policy and make rank 0's learner calls on their share."""
     import torch
 
@@ -63,8 +64,7 @@ def follow_leader(cfg, model: str, ctx) -> int:
     learner = Learner(cfg, load_policy(model, cfg.model.chat_template), ctx)
     served = follow(learner, ctx)
     logging.info("rank %d: served %d commands of the leader", ctx.rank, served)
-    shutdown()
-    return 0
+    shutdown(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,11 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
     trainer.write_timeline()
     trainer.publisher.close()
-    if parallel is not None:  # the followers exit too
-        from services.trainer.parallel import shutdown
-
-        trainer.learner.close()
-        shutdown()
+    if parallel is not None:
+        trainer.learner.close()  # the followers stop following and wait in shutdown()
     samples = cfg.trainer.iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     summary = {
         "mode": cfg.trainer.mode,
@@ -161,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     for client in clients:
         client.close()
+    if parallel is not None:
+        from services.trainer.parallel import shutdown
+
+        shutdown(0)
     return 0
 
 

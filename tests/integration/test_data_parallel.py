@@ -40,8 +40,7 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0) -> N
     learner = Learner(cfg, build_policy(cfg.model), ctx)
     if not ctx.leader:
         follow(learner, ctx)
-        shutdown()
-        return
+        shutdown()  # exits
     leader = Leader(learner, ctx)
     stats = leader.begin()
     for batch in _batches():
@@ -49,9 +48,9 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0) -> N
     grad_norm = leader.step()
     state = leader.full_state()
     leader.close()
-    shutdown()
     torch.save({"state": state, "grad_norm": grad_norm, "loss": stats.loss, "trained": stats.trained_samples,
                 "zero_adv": stats.zero_adv_groups, "micro_batches": stats.micro_batches}, out)
+    shutdown()
 
 
 def _free_port() -> int:

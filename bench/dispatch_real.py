@@ -134,7 +134,7 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     from dataclasses import replace as dc_replace
 
     from services.generation.scheduling.profiles import load_profile, shipped_profile
-    from flows.launcher import Supervisor, start_instances
+    from flows.processes import Supervisor, start_instances
     from services.common.config import load_config, write_config
     from services.policy.model import build_policy, save_policy
 
@@ -205,7 +205,7 @@ class _Ctx:
 def _start_routers(names, c: _Ctx) -> dict:
     """One router process per configuration, all up at once (the instances are shared), each
     warmed with a request drawn from the rows outside the batch."""
-    from flows.launcher import start_router
+    from flows.processes import start_router
     from services.common.config import load_config, write_config
     from services.common.types import GenerateParams
     from services.generation.client import GenerationClient

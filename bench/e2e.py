@@ -142,7 +142,7 @@ def run_braid(run_dir: Path, checkpoint: str) -> None:
 
 
 def run_trl(run_dir: Path, checkpoint: str, threads: int, generation: str) -> None:
-    from flows.launcher import child_env
+    from flows.processes import child_env
 
     py = ensure_trl_venv()
     env = child_env(threads)

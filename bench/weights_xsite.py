@@ -5,7 +5,7 @@ Two network namespaces stand in for the sites, joined by one veth pair:
 - ``train`` (10.98.0.1): the trainer and the master relay (the trainer hands each version over
   through shared memory);
 - ``gen`` (10.98.0.2): two SGS instances and their local relay, which they pull from through
-  shared memory, behind the SGS router when the config routes (``flows.launcher.router_enabled``:
+  shared memory, behind the SGS router when the config routes (``flows.processes.router_enabled``:
   the default for one_step with two instances), as a deployed generation site runs them.
 
 CPUs: the SGS instances get the machine's last CPU to themselves (standing in for the generation
@@ -130,7 +130,7 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
             procs.append(s)
             (s_port,) = _port(run_dir / f"s{i}.port", s)
             local.append(f"{GEN_IP}:{s_port}")
-        if router:  # the run's default front (flows.launcher.router_enabled): the trainer reaches the router only
+        if router:  # the run's default front (flows.processes.router_enabled): the trainer reaches the router only
             r = _spawn(ns_gen, ["-m", "services.generation.router_main", "--config", str(config), "--model", str(checkpoint),
                                 "--instances", ",".join(local), "--host", GEN_IP, "--port", "0", "--port-file",
                                 str(run_dir / "router.port"), "--timeline", str(run_dir / "router-timeline.jsonl")],
@@ -178,7 +178,7 @@ def split_cpus(cpus: set[int]) -> tuple[set[int], set[int]] | None:
 
 def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bool = True) -> dict:
     from bench.weights_lib import Netns
-    from flows.launcher import router_enabled
+    from flows.processes import router_enabled
     from services.common.config import load_config
     from services.common.certs import make_certs
 

@@ -31,7 +31,8 @@ from prefect.artifacts import (
 from tqdm import tqdm
 
 from flows.artifacts import embed_images, metrics_table
-from flows.launcher import child_env, run_processes
+from flows.launcher import run_processes
+from flows.processes import child_env
 from flows.report import write_report
 from flows.registries import check_registries
 from flows.two_site import TwoSiteConfig, run_two_sites

@@ -59,7 +59,7 @@ class ProcessUnits:
         self.sup, self.run_dir, self.cfg, self.checkpoint, self.relays = sup, run_dir, cfg, checkpoint, relays
 
     def start(self, index: int) -> tuple[str, object, dict]:
-        from flows.launcher import start_instances
+        from flows.processes import start_instances
 
         cpus = self.cfg.scaleout.cpus or self.cfg.generation.cpus
         (address,) = start_instances(self.sup, self.run_dir, self.checkpoint, 1, self.cfg.generation.threads,
@@ -158,7 +158,7 @@ class ScaleoutController:
         self.last_change = max(iteration, self.history[-1].iteration)
 
     def _scale_out(self, iteration: int) -> None:
-        from flows.launcher import SGS_READY_TIMEOUT_S
+        from flows.processes import SGS_READY_TIMEOUT_S
 
         t0 = time.time()
         i = self.next_index

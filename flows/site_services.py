@@ -8,7 +8,7 @@ people), then serves until told to stop. With ``unit`` k >= 1 it is a scale-out 
 one more SGS instance, started by the controller's scale-out and taken in by the router.
 With ``tls.enabled`` whatever faces the other sites serves mutual TLS. ``training_site``
 starts the trainer against the SGS addresses it is given and finishes when the trainer does.
-Both supervise their processes with ``flows.launcher.Supervisor``: a dead process fails the
+Both supervise their processes with ``flows.processes.Supervisor``: a dead process fails the
 site's flow run with its log tail, which the controller (``flows/two_site.py``) reports.
 
 A site stops its services when the controller writes the flow-run input ``stop`` to it, or when
@@ -19,7 +19,7 @@ caused it). Prefect turns a SIGTERM (a cancelled run, a stopped
 worker) into an exception, and the ``finally`` blocks stop the processes then too.
 
 With the relay weight transport (``weights.transport: relay``, the default) each site also runs
-one weight relay (``flows.launcher.start_relay``): the training site's is the master the trainer
+one weight relay (``flows.processes.start_relay``): the training site's is the master the trainer
 pushes to; a generation site's relay serves its SGS instances, which pull from it, and other
 sites at ``relay_tls_port`` (mutual TLS when ``tls.enabled``). The generation site publishes its
 relay as flow-run input ``relay-endpoint``, so the trainer's chain controller links master ->
@@ -36,7 +36,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled, State
 from pydantic import Field
 
-from flows.launcher import Supervisor, router_enabled, start_instances, start_relay, start_router, start_trainer
+from flows.processes import Supervisor, router_enabled, start_instances, start_relay, start_router, start_trainer
 from flows.two_site import ENDPOINTS_KEY, FINAL, INSTANCES_KEY, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig

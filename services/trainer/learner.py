@@ -199,7 +199,6 @@ class Learner:
         self.stats.busy.append((t0, time.time()))
         return grad_norm
 
-
     def _sum_stats(self) -> float:
         """Sum this step's statistics and normaliser over the ranks; returns the normaliser."""
         st = self.stats

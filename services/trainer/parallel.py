@@ -57,6 +57,8 @@ def init_process_group(ctx: ParallelContext, device: torch.device) -> None:
     import torch.distributed as dist
 
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's buffers and object collectives use the current device
     dist.init_process_group(backend, rank=ctx.rank, world_size=ctx.world, timeout=COMMAND_TIMEOUT)
     log.info("rank %d of %d (%s on %s)", ctx.rank, ctx.world, backend, device)
 
@@ -106,10 +108,17 @@ def split_groups(groups: list, world: int, size=None) -> list[list]:
     return [[g for i, g in enumerate(groups) if owner[i] == r] for r in range(world)]
 
 
+def _comm_device() -> torch.device:
+    """Where small collective tensors live: NCCL reduces only CUDA tensors, gloo host ones."""
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def sum_across(values: list[float]) -> list[float]:
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
@@ -117,7 +126,7 @@ def sum_across(values: list[float]) -> list[float]:
 def max_across(value: int) -> int:
     import torch.distributed as dist
 
-    t = torch.tensor([value], dtype=torch.int64)
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 

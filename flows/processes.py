@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,13 @@ class Service:
 
     def describe_exit(self) -> str:
         return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{tail(self.log_path)}"
+
+
+def free_port() -> int:
+    """A loopback port free now (for a listener that cannot take port 0 and report back)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -217,12 +225,8 @@ def start_trainer(sup: Supervisor, cfg, args: list[str]) -> Service:
     if ranks == 1:
         return sup.start("trainer", "services.trainer", args, threads=cfg.trainer.threads, expect_exit=True,
                          env={"WORLD_SIZE": "1"})  # not a rank of some outer torchrun
-    import socket
-
-    with socket.socket() as s:  # the rendezvous port of this run's process group
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks)}
+    # the rendezvous port of this run's process group
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)}
     for rank in range(ranks - 1, -1, -1):
         env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         svc = sup.start("trainer" if rank == 0 else f"trainer-rank{rank}", "services.trainer", args,

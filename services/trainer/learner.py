@@ -202,9 +202,8 @@ class Learner:
     def _sum_stats(self) -> float:
         """Sum this step's statistics and normaliser over the ranks; returns the normaliser."""
         st = self.stats
-        names = [n for n in _SUMMED if isinstance(getattr(st, n), int | float)]
-        totals = sum_across([float(getattr(st, n)) for n in names] + [self._normaliser])
-        for n, v in zip(names, totals):
+        totals = sum_across([float(getattr(st, n)) for n in _SUMMED] + [self._normaliser])
+        for n, v in zip(_SUMMED, totals):
             setattr(st, n, type(getattr(st, n))(v))
         return totals[-1]
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from flows.processes import free_port
 from services.common.config import RunConfig
 from services.policy.model import build_policy
 from services.trainer.device import resolve_device
@@ -55,11 +55,6 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, devi
     shutdown()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.05])  # with a KL term the reference model is sharded too
 def test_two_ranks_make_the_single_process_update(tmp_path, kl_coef):
@@ -70,7 +65,7 @@ def check_two_ranks(tmp_path, kl_coef: float, device: str) -> None:
     """2 ranks on ``device`` (gloo on CPU, NCCL on 2 GPUs) against one CPU process."""
     out = tmp_path / "rank0.pt"
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, str(out), kl_coef, device)) for r in range(2)]
     for p in procs:
         p.start()

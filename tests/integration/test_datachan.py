@@ -14,6 +14,7 @@ import grpc
 import pytest
 import torch
 
+from flows.processes import free_port
 from services.common.weights import chunk_digest, version_digest
 from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
@@ -200,11 +201,6 @@ def test_tls_data_channel_refuses_a_client_without_certificate(tmp_path):
         relay.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class _Forwarder:
     """A plain TCP port forward (as a NAT or proxy in front of the relay would be); counts connections."""
@@ -254,7 +250,7 @@ class _Forwarder:
 @contextmanager
 def _relay_behind_forward(tmp_path, name: str):
     """A relay whose data port sits behind a port forward it advertises; (forward, relay, client)."""
-    bound = _free_port()
+    bound = free_port()
     forward = _Forwarder(bound)
     relay = start_relay(tmp_path, name, "--data-port", str(bound), "--advertise-data-port", str(forward.port))
     client = RelayClient(relay.address)

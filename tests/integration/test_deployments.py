@@ -12,7 +12,6 @@ them, and its two-site run covers them.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import psutil
 import pytest
 import yaml
 
+from flows.processes import free_port
 from flows.server import ServerOptions, api_request, start, stop, stop_worker
 from services.common.config import load_config
 from tests.conftest import FAST_ENGINE
@@ -90,11 +90,6 @@ def _deployments() -> list[dict]:
     return yaml.safe_load(PREFECT_FILE.read_text())["deployments"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -106,7 +101,7 @@ def server(tmp_path_factory):
     (tmp / "sites.yaml").write_text(yaml.safe_dump(sites))
     saved = os.environ.get("PREFECT_SERVER_API_AUTH_STRING")
     os.environ["PREFECT_SERVER_API_AUTH_STRING"] = AUTH
-    opts = ServerOptions(port=_free_port(), sites_file=str(tmp / "sites.yaml"), state_dir=str(tmp / "state"), root=str(ROOT))
+    opts = ServerOptions(port=free_port(), sites_file=str(tmp / "sites.yaml"), state_dir=str(tmp / "state"), root=str(ROOT))
     try:
         state = start(opts)
         yield state, tmp

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import threading
 import time
 
 import grpc
 import pytest
 
+from flows.processes import free_port
 from services.common.types import GenerateParams, PromptSpec
 from tests.conftest import FAST_ENGINE, stop_sgs
 from tests.integration.test_router import start_instance, start_router
@@ -40,11 +40,6 @@ def _prompts(tag: str, lengths: list[int]) -> list[PromptSpec]:
     return [PromptSpec(f"{tag}{i}", (1, 5, 6, 7), "", 0.0, n) for i, n in enumerate(lengths)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize(
     "address, wait_s, match",
@@ -64,7 +59,7 @@ def test_refused_membership_changes_name_the_reason(router):
     client, first = router[0], router[1]
     cases = [
         (lambda: client.add_instance(first.address, wait_s=5), grpc.StatusCode.ALREADY_EXISTS, "already routed"),
-        (lambda: client.add_instance(f"127.0.0.1:{_free_port()}", wait_s=1), grpc.StatusCode.UNAVAILABLE, "did not answer"),
+        (lambda: client.add_instance(f"127.0.0.1:{free_port()}", wait_s=1), grpc.StatusCode.UNAVAILABLE, "did not answer"),
         (lambda: client.add_instance(client.address, wait_s=5), grpc.StatusCode.INVALID_ARGUMENT, "is an SGS router"),
         (lambda: client.remove_instance("127.0.0.1:1", wait_s=1), grpc.StatusCode.NOT_FOUND, "no routed instance"),
         (lambda: client.remove_instance(first.address, wait_s=1), grpc.StatusCode.FAILED_PRECONDITION, "last instance"),

@@ -281,6 +281,11 @@ class TrainerConfig(StrictModel):
         1, ge=1, le=64,
         description="Data-parallel trainer processes (FSDP2; gloo on CPU, NCCL on CUDA); rank 0 reads the stream.",
     )
+    backend: Literal["torch", "megatron"] = Field(
+        "torch",
+        description="What trains the policy (services.trainer.backends): torch (the Hugging Face model, FSDP2 when "
+        "ranks > 1) or megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names).",
+    )
 
     @model_validator(mode="after")
     def _bounded_only(self) -> TrainerConfig:
@@ -299,6 +304,8 @@ class TrainerConfig(StrictModel):
     def _parallel_supported(self) -> TrainerConfig:
         if self.ranks > 1 and self.algorithm.name == "ppo":
             raise ValueError("trainer.ranks > 1 trains grpo today: PPO's critic is not sharded yet")
+        if self.ranks > 1 and self.backend == "megatron":
+            raise ValueError("trainer.backend megatron trains one rank today (its data parallelism is not wired up)")
         return self
 
     @model_validator(mode="after")

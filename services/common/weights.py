@@ -189,25 +189,62 @@ class Manifest:
             pos += t.nbytes
 
 
-def manifest_of(state: dict[str, torch.Tensor], chunk_bytes: int) -> Manifest:
+def manifest_of(state: dict[str, torch.Tensor] | dict[str, TensorSpec], chunk_bytes: int) -> Manifest:
+    """The tensor table of ``state`` (tensors, or their specs: a ``WeightStream``'s) in its order."""
     entries, pos = [], 0
     for name, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        entries.append(TensorEntry(name, dtype_name(t.dtype), tuple(t.shape), nbytes, pos))
-        pos += nbytes
+        spec = t if isinstance(t, TensorSpec) else TensorSpec(dtype_name(t.dtype), tuple(t.shape))
+        entries.append(TensorEntry(name, spec.dtype, spec.shape, spec.nbytes, pos))
+        pos += spec.nbytes
     return Manifest(tuple(entries), chunk_bytes)
 
 
-def flatten_into(state: dict[str, torch.Tensor], manifest: Manifest, blob) -> None:
-    """Copy ``state``'s tensors into ``blob`` (a writable buffer of ``total_bytes``) in plan order.
-    Contiguous CPU tensors go by ``memmove`` (GIL released; ~10x faster here than ``Tensor.copy_``
-    into a byte view), others through torch."""
-    if not manifest.total_bytes:
-        return
-    base = ctypes.addressof(ctypes.c_char.from_buffer(blob))
+@dataclass
+class WeightStream:
+    """A version's full tensors by name, produced one at a time (a sharded trainer gathers each as
+    it is drawn): ``specs`` (name, dtype, shape; no data) in stream order, then ``tensors`` in the
+    same order, each valid only until the next is drawn. Every tensor must be drawn: under data
+    parallelism each is a collective of all ranks."""
+
+    specs: dict[str, TensorSpec]
+    tensors: Iterator[tuple[str, torch.Tensor]]
+
+    @classmethod
+    def of(cls, state) -> WeightStream:
+        """``state`` as a stream: a stream passes through, a state dict is streamed as it is."""
+        if isinstance(state, WeightStream):
+            return state
+        return cls(specs_of(state), iter(state.items()))
+
+    def host_copies(self) -> dict[str, torch.Tensor]:
+        """Draw the whole stream into a dict of host copies (one full copy of the model)."""
+        return {name: t.detach().to("cpu", copy=True) for name, t in self.checked()}
+
+    def checked(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors, each checked against its spec (a backend that streams out of order or off
+        its own table would corrupt the version silently)."""
+        names = iter(self.specs.items())
+        for name, tensor in self.tensors:
+            want, spec = next(names, (None, None))
+            got = TensorSpec(dtype_name(tensor.dtype), tuple(tensor.shape))
+            if name != want or got != spec:
+                raise WeightError("argument", f"weight stream gave {name} {got}, its table says {want} {spec}")
+            yield name, tensor
+        missing = [name for name, _ in names]
+        if missing:
+            raise WeightError("argument", f"weight stream ended before {len(missing)} tensors (first: {missing[0]})")
+
+
+def flatten_into(state, manifest: Manifest, blob) -> None:
+    """Copy ``state``'s tensors (a state dict, or a ``WeightStream`` drawn tensor by tensor) into
+    ``blob`` (a writable buffer of ``total_bytes``) in plan order. Contiguous CPU tensors go by
+    ``memmove`` (GIL released; ~10x faster here than ``Tensor.copy_`` into a byte view), others
+    through torch."""
+    stream = WeightStream.of(state)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(blob)) if manifest.total_bytes else 0
     out = None
-    for t in manifest.tensors:
-        src = state[t.name].detach()
+    for t, (_, tensor) in zip(manifest.tensors, stream.checked(), strict=True):
+        src = tensor.detach()
         if not t.nbytes:
             continue
         if src.device.type == "cpu" and src.is_contiguous():

@@ -126,7 +126,7 @@ def load_policy(path: str | Path, chat_template: bool = False) -> Policy:
 
 def save_policy(policy: Policy, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """Write the policy as a Hugging Face checkpoint; ``state``: its full weights when the model's
-    own are sharded (a data-parallel trainer's ``Learner.full_state()``)."""
+    own are not them (sharded, or trained by another backend: ``Learner.weights().host_copies()``)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     policy.model.save_pretrained(path, state_dict=state)

@@ -312,7 +312,7 @@ class BoundedRunner:
         stats = self.t.learner.stats
         self.t.version += 1
         t0 = time.time()
-        self.latest = (self.t.version, self.t.publisher.snapshot(self.t.learner.full_state(), self.t.version))
+        self.latest = (self.t.version, self.t.publisher.snapshot(self.t.learner.weights(), self.t.version))
         stall = time.time() - t0
         stats.busy.append((t0, time.time()))
         self.t.maybe_checkpoint()

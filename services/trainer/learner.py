@@ -18,9 +18,7 @@ are all equal are dropped (counted in ``filtered_groups``, left out of the norma
 
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -31,8 +29,10 @@ from services.policy.batch import PackedBatch, completion_values, length_buckets
 from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
 from services.trainer.critic import ValueModel
-from services.trainer.device import compute_context, place_model
-from services.trainer.parallel import ParallelContext, max_across, shard, sum_across
+from services.common.weights import WeightStream
+from services.trainer.backends import create_backend
+from services.trainer.device import compute_context
+from services.trainer.parallel import ParallelContext, max_across, sum_across
 
 MICRO_BATCH_TOKENS = 4096  # padded tokens per forward/backward: bounds activation memory
 
@@ -76,22 +76,20 @@ class Learner:
         self.cfg = cfg
         self.policy = policy
         self.parallel = parallel
-        # float32 master weights on trainer.device (cuda: this rank's GPU)
-        self.device = place_model(policy.model, tc, parallel.local_rank if parallel else None)
-        # the KL reference: a frozen copy of the starting weights (sharded like the policy)
-        self.ref = copy.deepcopy(policy.model).eval().requires_grad_(False) if tc.kl_coef > 0 else None
-        if parallel is not None:
-            for module in (policy.model, self.ref):
-                if module is not None:
-                    shard(module, parallel, self.device)
-        self.model = policy.model.train()
+        # float32 master weights on trainer.device (cuda: this rank's GPU), in the backend's layout;
+        # the KL reference is a frozen copy of the starting weights (sharded like the policy)
+        self.backend = create_backend(cfg, policy, parallel)
+        self.device = self.backend.device
+        self.ref = self.backend.ref
+        self.model = self.backend.module.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.algo = tc.algorithm
         self.objective = get_algorithm(self.algo.name)
         self.params = ObjectiveParams.from_config(tc)
         self.critic: ValueModel | None = None
         if self.objective.uses_critic:
-            self.critic = ValueModel(self.model).train()
+            # a Hugging Face backbone whatever the policy's backend (its own parameters and optimizer)
+            self.critic = ValueModel(policy.model).to(self.device).train()
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=self.algo.critic_lr)
         self._normaliser = 0.0
         self.stats = StepStats()
@@ -207,23 +205,13 @@ class Learner:
             setattr(st, n, type(getattr(st, n))(v))
         return totals[-1]
 
-    def full_state(self, observe: Callable[[], None] | None = None) -> dict[str, torch.Tensor]:
-        """The policy's full weights by Hugging Face name. One process: the live tensors (the weight
-        transport copies them out). Data parallel: all-gathered tensor by tensor, a collective every
-        rank makes in the same order; the leader keeps a float32 host copy of each, a follower drops
-        it, so no rank holds more than one full tensor besides the leader's copy. ``observe()`` is
-        called while each gathered tensor is alive (``bench/train.py`` measures memory there)."""
-        state = self.model.state_dict()
-        if self.parallel is None:
-            return state
-        out: dict[str, torch.Tensor] = {}
-        for name, value in state.items():
-            full = value.full_tensor() if hasattr(value, "full_tensor") else value
-            if self.parallel.leader:
-                out[name] = full.detach().to("cpu", copy=True)
-            if observe is not None:
-                observe()
-        return out
+    def weights(self) -> WeightStream:
+        """The policy's full weights by Hugging Face name, tensor by tensor (``backends``): one
+        process on the torch backend hands out the live tensors (the weight transport copies them
+        out); data parallel, each is all-gathered as it is drawn, a collective every rank makes in
+        the same order, so no rank holds more than one full tensor at a time besides what the
+        consumer keeps."""
+        return self.backend.weights()
 
 
 _SUMMED = ("trained_samples", "zero_adv_groups", "loss", "clip_fraction", "kl", "micro_batches", "filtered_groups",

@@ -141,7 +141,7 @@ class RLTrainer:
         grad_norm = self.learner.step()
         self.version += 1
         t0 = time.time()
-        stall = self.publisher.publish(self.learner.full_state(), self.version)
+        stall = self.publisher.publish(self.learner.weights(), self.version)
         stats.busy.append((t0, time.time()))
         self.maybe_checkpoint()
         return self.record(iteration, t_start, time.time(), acc, stats, grad_norm, stall)
@@ -154,8 +154,8 @@ class RLTrainer:
         every = self.cfg.trainer.checkpoint_every
         if every and self.version % every == 0:
             out = self.run_dir / "checkpoints" / f"v{self.version:05d}"
-            sharded = isinstance(self.learner, Leader)  # its model holds shards: gather the full weights
-            save_policy(self.policy, out, self.learner.full_state() if sharded else None)
+            # the backend's full weights (gathered when sharded, converted from Megatron's layout)
+            save_policy(self.policy, out, self.learner.weights().host_copies())
             with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
                 f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
 

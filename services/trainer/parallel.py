@@ -7,7 +7,7 @@ policy: each decoder layer is one unit, the rest of the model the root.
 
 Rank 0, the *leader*, is the trainer as with one process: it reads the sample stream, scores
 groups, keeps the staleness protocol, batches dynamically and publishes weights. Its learner is
-a ``Leader``: each call (``begin``, ``backward``, ``step``, ``full_state``) is broadcast to the
+a ``Leader``: each call (``begin``, ``backward``, ``step``, ``weights``) is broadcast to the
 *followers* (ranks 1..N-1, ``follow``), which make the same call on their share of the groups.
 ``split_groups`` deals complete groups out by tokens (longest first to the least-loaded rank), so
 no sample is lost or trained twice, and the learner's normalisation at ``step`` (the global
@@ -166,9 +166,10 @@ class Leader:
         _broadcast(("step",))
         return self.learner.step()
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        _broadcast(("full_state",))
-        return self.learner.full_state()
+    def weights(self):
+        """The full weights as a ``WeightStream``: draw all of it (each tensor is a collective)."""
+        _broadcast(("weights",))
+        return self.learner.weights()
 
     def close(self) -> None:
         _broadcast(("stop",))
@@ -190,7 +191,8 @@ def follow(learner, ctx: ParallelContext) -> int:
             learner.backward(command[1][ctx.rank])
         elif name == "step":
             learner.step()
-        elif name == "full_state":
-            learner.full_state()  # the all-gathers; only the leader keeps the tensors
+        elif name == "weights":
+            for _ in learner.weights().tensors:  # the all-gathers; only the leader keeps the tensors
+                pass
         else:
             raise RuntimeError(f"rank {ctx.rank}: unknown command {name!r} from the leader")

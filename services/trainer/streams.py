@@ -80,7 +80,7 @@ class WeightPublisher:
         return lambda version, snap: self.transport.deliver(client, version, snap)
 
     def snapshot(self, state: Mapping[str, torch.Tensor], version: int):
-        """Copy the weights (``Learner.full_state()``) out, the trainer's stall, and hand the
+        """Copy the weights (``Learner.weights()``) out, the trainer's stall, and hand the
         version to the transport."""
         self.raise_if_failed()
         snap = self.transport.snapshot(state)

@@ -3,8 +3,8 @@
 DESIGN §3.3 (prime-rl's ``transports/base.py``): the trainer's ``WeightPublisher`` asks the
 configured transport (``weights.transport``, a registry key) for three things:
 
-- ``snapshot(state)`` — copy the weights (a Hugging Face–named state dict) out: the trainer's
-  only stall;
+- ``snapshot(state)`` — copy the weights (Hugging Face–named: a state dict, or a ``WeightStream``
+  a sharded trainer gathers tensor by tensor as it is drawn) out: the trainer's only stall;
 - ``publish(version, snap)`` — hand the version over without waiting (the trainer goes on);
 - ``deliver(client, version, snap)`` — bring one SGS instance to ``version`` or newer; called
   on that instance's pusher thread, so it may block.
@@ -30,6 +30,7 @@ import torch
 
 from services.common.config import WeightsConfig
 from services.common.newest import NewestSender
+from services.common.weights import WeightStream
 from services.generation.client import GenerationClient
 
 log = logging.getLogger("braid.weights.transport")
@@ -40,7 +41,7 @@ class WeightTransport(ABC):
     name: str
 
     @abstractmethod
-    def snapshot(self, state: Mapping[str, torch.Tensor]): ...
+    def snapshot(self, state: Mapping[str, torch.Tensor] | WeightStream): ...
 
     def publish(self, version: int, snap) -> None:
         """Hand a version over (non-blocking). Default: nothing (``deliver`` sends it)."""
@@ -83,9 +84,9 @@ class DirectTransport(WeightTransport):
     def __init__(self, cfg: WeightsConfig, *, chunk_bytes: int | None = None, **_) -> None:
         self.chunk_bytes = chunk_bytes or cfg.chunk_bytes
 
-    def snapshot(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def snapshot(self, state: Mapping[str, torch.Tensor] | WeightStream) -> dict[str, torch.Tensor]:
         # a host copy whatever the trainer's device: the gRPC stream reads host memory
-        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        return WeightStream.of(state).host_copies()
 
     def deliver(self, client: GenerationClient, version: int, snap) -> None:
         client.update_weights(snap, version, chunk_bytes=self.chunk_bytes)
@@ -145,12 +146,14 @@ class RelayTransport(WeightTransport):
         if old is not None:
             old.close()
 
-    def snapshot(self, state: Mapping[str, torch.Tensor]):
+    def snapshot(self, state: Mapping[str, torch.Tensor] | WeightStream):
+        """Tensor by tensor into one blob (shared memory the master relay adopts on this host):
+        a stream from a sharded trainer never exists as a second full copy on any rank."""
         from services.weights.client import snapshot_blob
 
         with self._cond:
             spare, self._spare = self._spare, None
-        return snapshot_blob(dict(state), self.cfg.chunk_bytes, self._shm_dir, spare)
+        return snapshot_blob(state, self.cfg.chunk_bytes, self._shm_dir, spare)
 
     @property
     def _shm_dir(self) -> Path | None:

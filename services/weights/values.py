@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from services.common.weights import Manifest, flatten_into, manifest_of
+from services.common.weights import Manifest, WeightStream, flatten_into, manifest_of
 from services.proto import braid_pb2 as pb
 from services.weights.store import Blob
 
@@ -57,10 +57,12 @@ class WeightBlob:
     blob: Blob
 
 
-def snapshot_blob(state: dict, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
-    """Copy ``state`` into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
+def snapshot_blob(state, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
+    """Copy ``state`` (a state dict or a ``WeightStream``, drawn tensor by tensor straight into the
+    blob) into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
     ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
-    manifest = manifest_of(state, chunk_bytes)
+    state = WeightStream.of(state)
+    manifest = manifest_of(state.specs, chunk_bytes)
     fits = spare is not None and spare.size == manifest.total_bytes and (spare.path is not None) == (shm_dir is not None)
     blob = spare if fits else Blob(manifest.total_bytes, shm_dir)
     flatten_into(state, manifest, blob.view)

@@ -36,7 +36,7 @@ def test_activation_checkpointing_on_cuda_in_bfloat16():
 
 def test_weights_leave_a_cuda_trainer_as_float32_host_tensors():
     learner = _learner(device="cuda", dtype="bfloat16")
-    snap = DirectTransport(WeightsConfig()).snapshot(learner.full_state())
+    snap = DirectTransport(WeightsConfig()).snapshot(learner.weights())
     assert all(v.device.type == "cpu" and v.dtype == torch.float32 for v in snap.values())
 
 

@@ -48,7 +48,7 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, devi
     for batch in _batches():
         leader.backward(batch)
     grad_norm = leader.step()
-    state = leader.full_state()
+    state = leader.weights().host_copies()
     leader.close()
     torch.save({"state": state, "grad_norm": grad_norm, "loss": stats.loss, "trained": stats.trained_samples,
                 "zero_adv": stats.zero_adv_groups, "micro_batches": stats.micro_batches}, out)

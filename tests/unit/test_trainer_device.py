@@ -64,7 +64,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
 
 def test_the_direct_transport_snapshots_to_host_memory():
     learner = _learner()
-    snap = DirectTransport(WeightsConfig()).snapshot(learner.full_state())
+    snap = DirectTransport(WeightsConfig()).snapshot(learner.weights())
     state = learner.model.state_dict()
     assert snap.keys() == state.keys()
     for k, v in snap.items():

@@ -6,11 +6,13 @@ group trains) for 1 rank on 1 core and 2 ranks on 2 cores, one torch thread each
 (dp1, dp2, dp2, dp1, ...). Per variant: training tokens/s (prompt + response tokens trained per
 second of ``begin``/``backward``/``step``) over the timed steps; the ratio is taken per round.
 
-Weight push from the sharded model: during ``Learner.full_state()`` (what a weight push or a
-checkpoint gathers) each rank's peak heap in use above its level before the gather (glibc's
-``mallinfo2``, sampled while each gathered tensor is alive), as a fraction of the model's float32
-size. Rank 0 keeps the host copy the transport sends (about 1.0); the other ranks hold one
-gathered tensor at a time. A single process's ``full_state()`` hands out the live tensors (0).
+Weight push from the sharded model, as the relay transport makes it: rank 0 draws
+``Learner.weights()`` (each tensor all-gathered as it is drawn) straight into the version's
+snapshot blob in ``/dev/shm`` (the one the master relay adopts in place on this host), the other
+ranks draw and drop. Per rank: the peak heap in use above its level before the push (glibc's
+``mallinfo2``, sampled while each gathered tensor is alive) plus the snapshot blob it wrote, as a
+fraction of the model's float32 size. Rank 0 holds one full copy (the snapshot itself, about 1.0),
+never a second; the other ranks one gathered tensor at a time.
 
 Writes ``bench/results/train.json``, ``.md`` and ``.png``; ``--quick`` writes to a scratch directory.
 
@@ -79,18 +81,37 @@ def heap_in_use() -> int:
     return info.uordblks + info.hblkhd
 
 
-def measured_gather(learner) -> int:
-    """Peak heap bytes above the level before ``learner.full_state()``, sampled while each gathered
-    tensor is alive and once more after (rank 0 then holds its copy)."""
+def measured_push(learner, leader: bool) -> int:
+    """Peak bytes a weight push adds on this rank: heap above its level before the push, sampled
+    while each drawn tensor is alive, plus the shared-memory snapshot blob (rank 0 only)."""
+    from services.weights.store import private_shm_dir
+    from services.weights.values import snapshot_blob
+
     base, peak = heap_in_use(), [0]
+    stream = learner.weights()
+    drawn = stream.tensors
 
-    def observe() -> None:
+    def observed():
+        for item in drawn:
+            yield item
+            peak[0] = max(peak[0], heap_in_use() - base)
+
+    stream.tensors = observed()
+    if not leader:
+        for _ in stream.tensors:
+            pass
+        return peak[0]
+    shm = private_shm_dir("bench-train")
+    try:
+        snap = snapshot_blob(stream, 1 << 20, shm)
         peak[0] = max(peak[0], heap_in_use() - base)
+        blob_bytes = snap.blob.size
+        snap.blob.release()
+    finally:
+        import shutil
 
-    state = learner.full_state(observe)
-    observe()
-    del state
-    return peak[0]
+        shutil.rmtree(shm, ignore_errors=True)
+    return peak[0] + blob_bytes
 
 
 def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) -> None:
@@ -116,7 +137,7 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
     learner = Learner(cfg, policy, ctx)
     if ctx is not None and not ctx.leader:
         follow(learner, ctx)
-        peak = measured_gather(learner)  # after the leader's stop both ranks call it directly
+        peak = measured_push(learner, leader=False)  # after the leader's stop both ranks call it directly
         Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps({"push_peak_bytes": peak, "model_bytes": model_bytes}))
         shutdown()  # exits
     lead = learner if ctx is None else Leader(learner, ctx)
@@ -133,7 +154,7 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
             tokens += sum(len(s.prompt_token_ids) + len(s.token_ids) for grp in g for s in grp.samples)
     if ctx is not None:
         lead.close()
-    peak = measured_gather(learner)
+    peak = measured_push(learner, leader=True)
     Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps(
         {"tokens_per_s": tokens / seconds, "tokens": tokens, "seconds": seconds, "push_peak_bytes": peak,
          "model_bytes": model_bytes}))
@@ -172,7 +193,7 @@ def summarise(runs: dict[str, dict[int, list[dict]]]) -> dict:
             "dp2_tokens_per_s": spread([r["tokens_per_s"] for r in dp2]),
             "dp2_vs_dp1": ratio_spread([r["tokens_per_s"] for r in dp2], [r["tokens_per_s"] for r in dp1]),
             "push_peak_fraction": {f"rank{k}": spread([r["push_peak_fraction"][k] for r in dp2]) for k in range(2)},
-            "single_process_gather_fraction": spread([r["push_peak_fraction"][0] for r in dp1]),
+            "single_process_push_fraction": spread([r["push_peak_fraction"][0] for r in dp1]),
         }
     return sizes
 
@@ -191,10 +212,11 @@ def markdown(result: dict) -> str:
         pk = r["push_peak_fraction"]
         lines.append(f"| {size} | {r['model_bytes'] / 2**20:.1f} MiB | {f(r['dp1_tokens_per_s'])} | {f(r['dp2_tokens_per_s'])} | "
                      f"**{f(r['dp2_vs_dp1'], '.2f')}x** | {f(pk['rank0'], '.2f')} | {f(pk['rank1'], '.2f')} |")
-    lines += ["", "*push peak*: a rank's peak heap in use during `Learner.full_state()` (the gather behind every "
-              "weight push and checkpoint) above its level before it (glibc `mallinfo2`, sampled while each "
-              "gathered tensor is alive), as a fraction of the model's float32 size. Rank 0 keeps the host copy "
-              "the weight transport sends (1.0 by construction); the other ranks hold one gathered tensor at a time.",
+    lines += ["", "*push peak*: what a weight push through the relay transport adds on a rank, as a fraction of the "
+              "model's float32 size: the peak heap in use above its level before the push (glibc `mallinfo2`, sampled "
+              "while each gathered tensor is alive) plus the snapshot blob in `/dev/shm` that rank 0 draws "
+              "`Learner.weights()` into, tensor by tensor (the blob the master relay adopts in place). Rank 0 holds "
+              "that one full copy and no second; the other ranks one gathered tensor at a time.",
               ""]
     return "\n".join(lines)
 

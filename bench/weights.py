@@ -152,7 +152,7 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
     from bench.weights_lib import start_relay, stop
     from services.common.config import WeightsConfig
     from services.weights.client import RelayClient
-    from services.weights.transport import RelayTransport
+    from services.trainer.transport import RelayTransport
 
     rows = {}
     for mb in sizes:

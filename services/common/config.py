@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, model_validator
+from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from services.common.strict import StrictModel
+from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -201,121 +200,6 @@ class GenerationConfig(StrictModel):
 
     def delay_of(self, instance: int) -> float:
         return self.step_delay_ms[instance] if instance < len(self.step_delay_ms) else 0.0
-
-
-class AlgorithmConfig(StrictModel):
-    """The RL objective (``services.trainer.algorithms``): GRPO with DAPO options, or PPO with a critic."""
-
-    name: Literal["grpo", "ppo"] = Field("grpo", description="Objective: grpo (group baseline) or ppo (critic + GAE).")
-    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="GRPO advantage estimator (ignored by ppo).")
-    clip_high: float | None = Field(
-        None, gt=0.0, le=10.0, description="Upper ratio clip (DAPO clip-higher, e.g. 0.28); None = trainer.clip_eps."
-    )
-    loss_agg: Literal["sample_mean", "token_mean"] = Field(
-        "sample_mean", description="sample_mean (mean over tokens, then samples) or token_mean (DAPO token-level loss)."
-    )
-    dynamic_sampling: bool = Field(False, description="DAPO dynamic sampling: drop groups whose rewards are all equal.")
-    off_policy: Literal["none", "tis", "decoupled"] = Field(
-        "none",
-        description="Correction for stale samples: none, tis (truncated importance sampling), "
-        "decoupled (decoupled PPO against the proximal policy).",
-    )
-    is_cap: float = Field(2.0, ge=1.0, le=1000.0, description="Truncation of the behaviour importance weight (tis, decoupled).")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO discount.")
-    lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO GAE lambda.")
-    vf_coef: float = Field(0.5, gt=0.0, le=100.0, description="PPO value-loss coefficient.")
-    value_clip: float = Field(0.2, gt=0.0, le=100.0, description="PPO value clip around the rollout-time values.")
-    critic_lr: float = Field(1e-4, gt=0.0, le=1.0, description="PPO critic learning rate.")
-
-
-class TrainerConfig(StrictModel):
-    """The trainer: pipeline mode, RL objective, dynamic batching, staleness bound, weight publication."""
-
-    mode: Literal["sequential", "sync", "one_step", "bounded"] = Field(
-        "one_step",
-        description="Pipeline mode: sequential (baseline: generate all, then train), sync (on-policy, "
-        "training starts on complete groups while generation runs), one_step (generation of k+1 overlaps training on k), "
-        "bounded (trajectory-level asynchrony: instances run different versions, every trajectory within eta).",
-    )
-    eta: int = Field(1, ge=0, le=64, description="Staleness bound of bounded mode: V_traj + eta >= V_buf for every trained trajectory.")
-    partial_rollout: bool = Field(
-        False, description="bounded mode: interrupt in-flight trajectories on a new version, re-prefill, continue."
-    )
-    async_bound: int | None = Field(
-        None, ge=0, le=64, description="RollArt's per-trajectory bound alpha: abort tracked trajectories older than n - alpha."
-    )
-    redundancy_groups: int = Field(0, ge=0, le=100_000, description="Batch-level redundancy: extra groups per buffer (surplus aborted).")
-    redundancy_samples: int = Field(0, ge=0, le=1024, description="Group-level redundancy: extra samples per group (surplus aborted).")
-    max_inflight_groups: int = Field(16, ge=1, le=100_000, description="bounded mode: groups in flight per SGS instance.")
-    checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    iterations: int = Field(40, ge=1, le=1_000_000, description="RL iterations (optimizer steps).")
-    prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
-    group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")
-    micro_batch_groups: int = Field(8, ge=1, le=100_000, description="Complete groups that trigger a forward/backward.")
-    lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
-    clip_eps: float = Field(0.2, gt=0.0, le=10.0, description="PPO-style ratio clip.")
-    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference coefficient (0 = no reference model).")
-    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="Gradient clipping norm.")
-    chunk_bytes: int = Field(1 << 20, ge=1024, le=1 << 30, description="Weight stream chunk size.")
-    threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the trainer process.")
-    cpus: list[NonNegativeInt] = Field(
-        default_factory=list,
-        description="CPU ids the trainer process pins itself to (one-host emulation of a training site; empty = unpinned).",
-    )
-    seed: int = Field(0, ge=0, description="Trainer seed.")
-    device: str = Field(
-        "cpu", pattern=r"^(cpu|cuda(:[0-9]{1,2})?)$",
-        description="Device the trainer trains on: cpu, cuda (the current CUDA device) or cuda:N.",
-    )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32",
-        description="Compute precision of forward/backward: bfloat16 runs them under autocast while the "
-        "parameters, gradients, optimizer state and pushed weights stay float32 (master weights).",
-    )
-    activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer's activations in backward (less memory; one more forward of each layer)."
-    )
-    ranks: int = Field(
-        1, ge=1, le=64,
-        description="Data-parallel trainer processes (FSDP2; gloo on CPU, NCCL on CUDA); rank 0 reads the stream.",
-    )
-    backend: Literal["torch", "megatron"] = Field(
-        "torch",
-        description="What trains the policy (services.trainer.backends): torch (the Hugging Face model, FSDP2 when "
-        "ranks > 1) or megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names).",
-    )
-
-    @model_validator(mode="after")
-    def _bounded_only(self) -> TrainerConfig:
-        if self.mode != "bounded":
-            used = [
-                name for name, on in (
-                    ("partial_rollout", self.partial_rollout), ("async_bound", self.async_bound is not None),
-                    ("redundancy_groups", self.redundancy_groups > 0), ("redundancy_samples", self.redundancy_samples > 0),
-                ) if on
-            ]
-            if used:
-                raise ValueError(f"{', '.join(used)} only apply to mode 'bounded' (mode is {self.mode!r})")
-        return self
-
-    @model_validator(mode="after")
-    def _parallel_supported(self) -> TrainerConfig:
-        if self.ranks > 1 and self.algorithm.name == "ppo":
-            raise ValueError("trainer.ranks > 1 trains grpo today: PPO's critic is not sharded yet")
-        if self.ranks > 1 and self.backend == "megatron":
-            raise ValueError("trainer.backend megatron trains one rank today (its data parallelism is not wired up)")
-        return self
-
-    @model_validator(mode="after")
-    def _groups_fit(self) -> TrainerConfig:
-        if self.micro_batch_groups > self.prompts_per_iteration:
-            raise ValueError(
-                f"micro_batch_groups ({self.micro_batch_groups}) must be <= "
-                f"prompts_per_iteration ({self.prompts_per_iteration})"
-            )
-        return self
 
 
 class WeightsConfig(StrictModel):

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for client in clients:
         client.wait_ready(timeout_s=120)
-    from services.weights.transport import create_transport
+    from services.trainer.transport import create_transport
 
     relays = [a for a in ns.relays.split(",") if a]
     if cfg.weights.transport == "relay" and not relays:

@@ -49,7 +49,7 @@ from services.generation.client import GenerateCall
 from services.tasks.arith import Problem
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
-from services.trainer.loop import Accumulator, RLTrainer
+from services.trainer.runtime import Accumulator, TrainerRuntime
 
 log = logging.getLogger("braid.bounded")
 
@@ -81,7 +81,9 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
 
 
 class BoundedRunner:
-    def __init__(self, trainer: RLTrainer) -> None:
+    """The coordinator over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
+
+    def __init__(self, trainer: TrainerRuntime) -> None:
         tc = trainer.cfg.trainer
         self.t = trainer
         self.tc = tc
@@ -308,14 +310,9 @@ class BoundedRunner:
         if untrained:
             self.t.learner.backward([by_key[key] for key in untrained])
         self._drop(result.aborted)
-        grad_norm = self.t.learner.step()
         stats = self.t.learner.stats
-        self.t.version += 1
-        t0 = time.time()
-        self.latest = (self.t.version, self.t.publisher.snapshot(self.t.learner.weights(), self.t.version))
-        stall = time.time() - t0
-        stats.busy.append((t0, time.time()))
-        self.t.maybe_checkpoint()
+        out = self.t.step_and_snapshot(stats, offer=False)  # instances take it when routing says so
+        self.latest = (out.version, out.snapshot)
         acc = Accumulator()
         for g in groups:
             for s, r in zip(g.samples, g.rewards):
@@ -327,7 +324,7 @@ class BoundedRunner:
         self.gen_busy += open_call_intervals(self.groups.values(), t_end)
         self.t.gen_busy.extend(self.gen_busy)
         self.gen_busy = []
-        row = self.t.record(k, t_start, t_end, acc, stats, grad_norm, stall, self._extra(result))
+        row = self.t.record(k, t_start, t_end, acc, stats, out.grad_norm, out.stall_s, self._extra(result))
         self.t.learner.begin()
         return row
 

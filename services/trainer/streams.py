@@ -6,7 +6,7 @@ thread and merges the samples into one queue in completion order, so two iterati
 can be open at once (one-step asynchrony). ``WeightPusher`` brings one instance to the newest
 offered version from a background thread (a newer version supersedes one not yet sent);
 ``WeightPublisher`` snapshots the model once per version through the configured weight
-transport (``services.weights.transport``: ``direct`` streams to every instance, ``relay``
+transport (``services.trainer.transport``: ``direct`` streams to every instance, ``relay``
 pushes once to the master relay and tells each instance to pull) and offers it to every
 instance's pusher, so the trainer pays only for the snapshot copy. A failure on any thread is
 re-raised in the trainer at its next call.
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.common.weights import WeightStream
 from services.generation.client import GenerationClient
 
 _END = object()
@@ -70,7 +71,7 @@ class WeightPublisher:
     def __init__(self, clients: list[GenerationClient], chunk_bytes: int, transport=None) -> None:
         if transport is None:
             from services.common.config import WeightsConfig
-            from services.weights.transport import create_transport
+            from services.trainer.transport import create_transport
 
             transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
         self.transport = transport
@@ -79,7 +80,7 @@ class WeightPublisher:
     def _deliverer(self, client: GenerationClient):
         return lambda version, snap: self.transport.deliver(client, version, snap)
 
-    def snapshot(self, state: Mapping[str, torch.Tensor], version: int):
+    def snapshot(self, state: Mapping[str, torch.Tensor] | WeightStream, version: int):
         """Copy the weights (``Learner.weights()``) out, the trainer's stall, and hand the
         version to the transport."""
         self.raise_if_failed()
@@ -87,14 +88,10 @@ class WeightPublisher:
         self.transport.publish(version, snap)
         return snap
 
-    def publish(self, state: Mapping[str, torch.Tensor], version: int) -> float:
-        """Snapshot the weights for ``version``, offer them to every instance, and return the
-        trainer-side stall (s)."""
-        t0 = time.perf_counter()
-        snap = self.snapshot(state, version)
+    def offer(self, version: int, snap) -> None:
+        """Offer a snapshot to every instance (each pusher sends the newest it was offered)."""
         for p in self.pushers:
             p.offer(version, snap)
-        return time.perf_counter() - t0
 
     @property
     def published(self) -> int:

@@ -13,7 +13,7 @@ from services.common.config import WeightsConfig
 from services.weights.chain import RelayNode
 from services.weights.client import RelayClient, snapshot_blob
 from services.weights.controller import ChainController
-from services.weights.transport import RelayTransport
+from services.trainer.transport import RelayTransport
 from tests.integration.relays import model_state, start_relay, wait_for
 
 CHUNK = 16 * 1024

@@ -1,0 +1,190 @@
+"""What every pipeline-mode runner works with: the trainer's state and the steps they share.
+
+``TrainerRuntime`` holds the run (config, policy, learner, SGS clients, weight publisher, the
+current weight version, the task's prompt sampler and held-out set, the stage timeline, the
+metrics file) and the steps every mode takes: prompt specs, scoring, tallying a trained sample,
+``step_and_snapshot`` (the optimizer step, version + 1, the weights copied out through the
+weight transport, the checkpoint when due), recording an iteration's metrics, evaluation.
+
+The runners are peers over this one interface, none imports another: ``lockstep``
+(``sequential``, ``sync``, ``one_step``: whole iterations in lock step with generation) and
+``bounded`` (trajectory-level asynchrony under the staleness bound). ``loop.RLTrainer`` picks
+the runner of ``trainer.mode``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from services.common.config import RunConfig
+from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.generation.client import GenerationClient
+from services.policy.model import Policy, save_policy
+from services.tasks.arith import Problem, ProblemSampler, eval_problems, reward
+from services.trainer.evaluate import EvalResult, score
+from services.trainer.learner import Learner, StepStats
+from services.trainer.parallel import Leader, ParallelContext
+from services.trainer.streams import SampleStream, WeightPublisher
+from services.trainer.timeline import idle
+
+
+@dataclass
+class Accumulator:
+    samples: int = 0
+    tokens: int = 0
+    rewards: float = 0.0
+    correct: int = 0
+    lengths: list[int] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+    gen_first_start: float = float("inf")
+    gen_last_finish: float = 0.0
+
+
+@dataclass(frozen=True)
+class Published:
+    """One optimizer step's outcome: the version's transport snapshot, the gradient norm, the
+    trainer's stall while the weights were copied out."""
+
+    version: int
+    snapshot: object
+    grad_norm: float
+    stall_s: float
+
+
+class TrainerRuntime:
+    def __init__(
+        self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None,
+        parallel: ParallelContext | None = None,
+    ) -> None:
+        tc = cfg.trainer
+        torch.set_num_threads(tc.threads)
+        torch.manual_seed(tc.seed)
+        self.cfg = cfg
+        self.policy = policy
+        learner = Learner(cfg, policy, parallel)  # rank 0 of a data-parallel trainer leads the others
+        self.learner = learner if parallel is None else Leader(learner, parallel)
+        self.clients = clients
+        self.run_dir = run_dir
+        self.version = 0
+        dist = cfg.task.distribution()
+        self.eval_set = eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist)
+        held_out = frozenset(p.prompt for p in self.eval_set)
+        self.sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)  # type: ignore[arg-type]
+        self.problems: dict[str, Problem] = {}
+        self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport)
+        self.gen_busy: list[tuple[float, float]] = []
+        self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
+        self.metrics_path = run_dir / "metrics.jsonl"
+
+    def prompt_specs(self, problems: list[Problem], forced_length: int = 0) -> list[PromptSpec]:
+        for p in problems:
+            self.problems[p.prompt_id] = p
+        return [
+            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt)), forced_length=forced_length)
+            for p in problems
+        ]
+
+    def evaluate(self, tag: str) -> EvalResult:
+        t0 = time.time()
+        self.publisher.wait(self.version)
+        stream = SampleStream(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
+        samples = list(stream)
+        self.timeline["eval"].append([-1, t0, time.time()])
+        return score(self.eval_set, samples, self.policy, self.version)
+
+    def step_and_snapshot(self, stats: StepStats, offer: bool) -> Published:
+        """The batch's optimizer step; version + 1; the weights copied out through the transport
+        (offered to every instance when ``offer``: the bounded runner offers lazily); a checkpoint
+        when due."""
+        grad_norm = self.learner.step()
+        self.version += 1
+        t0 = time.time()
+        snap = self.publisher.snapshot(self.learner.weights(), self.version)
+        if offer:
+            self.publisher.offer(self.version, snap)
+        stall = time.time() - t0
+        stats.busy.append((t0, time.time()))
+        self.maybe_checkpoint()
+        return Published(self.version, snap, grad_norm, stall)
+
+    def maybe_checkpoint(self) -> None:
+        """Every ``checkpoint_every`` versions, save the policy (for offline evaluation over time)."""
+        every = self.cfg.trainer.checkpoint_every
+        if every and self.version % every == 0:
+            out = self.run_dir / "checkpoints" / f"v{self.version:05d}"
+            # the backend's full weights (gathered when sharded, converted from Megatron's layout)
+            save_policy(self.policy, out, self.learner.weights().host_copies())
+            with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
+                f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
+
+    def score(self, sample: SampleRecord) -> float:
+        return reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
+
+    def tally(self, sample: SampleRecord, r: float, staleness: int, acc: Accumulator) -> None:
+        acc.samples += 1
+        acc.tokens += len(sample.token_ids)
+        acc.rewards += r
+        acc.correct += int(r == 1.0)
+        acc.lengths.append(len(sample.token_ids))
+        acc.staleness.append(staleness)
+        acc.gen_first_start = min(acc.gen_first_start, sample.started_at)
+        acc.gen_last_finish = max(acc.gen_last_finish, sample.finished_at)
+        self.gen_busy.append((sample.started_at, sample.finished_at))
+
+    # ------------------------------------------------------------------ metrics
+    def record(
+        self, k: int, t_start: float, t_end: float, acc: Accumulator, st: StepStats, grad_norm: float, stall: float,
+        extra: dict | None = None,
+    ) -> dict:
+        window = (t_start, t_end)
+        wall = t_end - t_start
+        mb = max(1, st.micro_batches)
+        row = {
+            "iteration": k,
+            "mode": self.cfg.trainer.mode,
+            "weight_version": self.version,
+            "reward_mean": acc.rewards / acc.samples,
+            "accuracy": acc.correct / acc.samples,
+            "samples": acc.samples,
+            "trained_samples": st.trained_samples,
+            "zero_advantage_groups": st.zero_adv_groups,
+            "loss": st.loss,
+            "clip_fraction": st.clip_fraction / mb,
+            "kl": st.kl / mb,
+            "is_weight_mean": st.is_weight / mb,
+            "is_capped_fraction": st.is_capped / mb,
+            "value_loss": st.value_loss,
+            "filtered_groups": st.filtered_groups,
+            "grad_norm": grad_norm,
+            "gen_time_s": acc.gen_last_finish - acc.gen_first_start,
+            "gen_first_start": acc.gen_first_start,  # absolute (epoch s): the scale-out controller's T_gen
+            "gen_last_finish": acc.gen_last_finish,
+            "train_time_s": sum(e - s for s, e in st.busy),
+            "iteration_time_s": wall,
+            "idle_gen_s": idle(self.gen_busy, window),
+            "idle_train_s": idle(st.busy, window),
+            "samples_per_s": acc.samples / wall,
+            "tokens_per_s": acc.tokens / wall,
+            "response_len_mean": sum(acc.lengths) / len(acc.lengths),
+            "response_len_max": max(acc.lengths),
+            "response_lens": list(acc.lengths),  # per sample, for the report's length distribution
+            "staleness_mean": sum(acc.staleness) / len(acc.staleness),
+            "staleness_max": max(acc.staleness),
+            "push_stall_s": stall,
+            "t_start": t_start,
+            "t_end": t_end,
+            **(extra or {}),
+        }
+        self.timeline["generation"].append([k, acc.gen_first_start, acc.gen_last_finish])
+        self.timeline["training"].extend([[k, s, e] for s, e in st.busy])
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+    def write_timeline(self) -> None:
+        (self.run_dir / "timeline.json").write_text(json.dumps(self.timeline) + "\n")

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from services.common.weights import Chunk, WeightAssembler, WeightError, iter_chunks, specs_of
+from services.common.weights import Chunk, WeightAssembler, WeightError, WeightStream, iter_chunks, specs_of
 
 
 def state():
@@ -56,3 +56,36 @@ def test_old_version_is_refused():
     with pytest.raises(WeightError, match="not newer") as err:
         _feed(list(iter_chunks(state(), version=2, chunk_bytes=512)), installed=2)
     assert err.value.kind == "precondition"
+
+
+def _stream(items, specs=None):
+    return WeightStream(specs or specs_of(state()), iter(items))
+
+
+def test_a_stream_drawn_into_a_blob_equals_the_state_dict_snapshot():
+    from services.weights.values import snapshot_blob
+
+    sd = state()
+    drawn = []
+
+    def tensors():  # one at a time, each a fresh copy (as a gather makes it)
+        for name, t in sd.items():
+            drawn.append(name)
+            yield name, t.clone()
+
+    from_stream = snapshot_blob(WeightStream(specs_of(sd), tensors()), 64, None)
+    from_dict = snapshot_blob(sd, 64, None)
+    assert drawn == list(sd) and from_stream.manifest == from_dict.manifest
+    assert bytes(from_stream.blob.view) == bytes(from_dict.blob.view)
+
+
+@pytest.mark.parametrize("items, match", [
+    (lambda sd: [("b", sd["b"]), ("a", sd["a"]), ("c", sd["c"])], "gave b"),  # out of table order
+    (lambda sd: [("a", sd["a"]), ("b", sd["b"][:2]), ("c", sd["c"])], "gave b"),  # wrong shape
+    (lambda sd: [("a", sd["a"]), ("b", sd["b"].double()), ("c", sd["c"])], "gave b"),  # wrong dtype
+    (lambda sd: [("a", sd["a"]), ("b", sd["b"])], "ended before 1 tensors"),  # short
+])
+def test_a_stream_that_breaks_its_own_table_is_refused(items, match):
+    sd = state()
+    with pytest.raises(WeightError, match=match):
+        _stream(items(sd)).host_copies()

@@ -45,3 +45,37 @@ def test_two_nccl_ranks_make_the_single_process_update(tmp_path):
     from tests.integration.test_data_parallel import check_two_ranks
 
     check_two_ranks(tmp_path, 0.05, "cuda")
+
+
+def test_fsdp_on_one_gpu_makes_the_plain_cuda_update(monkeypatch):
+    """FSDP2 over a one-rank NCCL group: the sharding, the summed statistics and the gathered
+    weights, without a second GPU."""
+    import torch.distributed as dist
+
+    from flows.processes import free_port
+    from services.trainer.parallel import ParallelContext, init_process_group
+
+    g = _groups()
+    plain = _learner(device="cuda")
+    _step(plain, [g])
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    ctx = ParallelContext(rank=0, world=1, local_rank=0)
+    init_process_group(ctx, torch.device("cuda", 0))
+    try:
+        sharded = _learner(ctx, device="cuda")
+        assert all(hasattr(p, "full_tensor") for p in sharded.model.parameters())  # DTensor shards
+        sharded.begin()
+        sharded.backward(g)
+        sharded.step()
+        want, got = plain.weights().host_copies(), sharded.weights().host_copies()
+    finally:
+        dist.destroy_process_group()
+    for k in want:
+        assert torch.allclose(got[k], want[k], atol=1e-5, rtol=1e-4), k
+
+
+def test_a_cuda_trainer_pushes_to_a_relay(tmp_path):
+    from tests.integration.test_trainer_push import check_push_to_relay
+
+    check_push_to_relay(tmp_path, device="cuda", dtype="bfloat16")

@@ -14,10 +14,10 @@ from services.trainer.transport import DirectTransport
 from tests.unit.test_learner import MODEL, _groups, _step
 
 
-def _learner(**trainer) -> Learner:
+def _learner(parallel=None, **trainer) -> Learner:
     cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"lr": 1e-2, **trainer}})
     torch.manual_seed(0)
-    return Learner(cfg, build_policy(cfg.model))
+    return Learner(cfg, build_policy(cfg.model), parallel)
 
 
 def test_device_settings_are_validated_by_the_schema():

@@ -1,0 +1,101 @@
+"""Headline numbers in the prose, checked against the results files they come from.
+
+A number quoted in README.md or docs/*.md from a benchmark carries an invisible marker right
+after it (before any unit):
+
+    one_step **1.88<!--@pipeline.json speedup_one_step_vs_sequential.median .2f-->x** sequential
+
+``check(text)`` formats the value at that key path of ``bench/results/<file>`` with the format
+spec and reports every marker whose number in the text differs, or whose file or key is gone.
+``tests/unit/test_headlines.py`` runs it over the README and the docs, so a re-run benchmark
+whose numbers moved fails the tests until the prose says what the results say.
+
+    python bench/headlines.py            # list every marked number and whether it agrees
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+MARKER = re.compile(r"<!--@(?P<file>[\w.-]+\.json) (?P<key>[^\s>]+) (?P<fmt>[^\s>]+)-->")
+UNITS = " x*"  # what may stand between the number and its marker
+DOCS = ("README.md", "docs/*.md")
+
+
+@dataclass(frozen=True)
+class Headline:
+    where: str  # path:line
+    file: str
+    key: str
+    fmt: str
+    quoted: str  # the text just before the marker
+    expected: str | None  # the formatted value; None when the file or key is missing
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem
+
+
+def lookup(data, key: str):
+    """``a.b.0.c`` into nested dicts and lists."""
+    for part in key.split("."):
+        if isinstance(data, list):
+            data = data[int(part)]
+        else:
+            data = data[part]
+    return data
+
+
+def _judge(file: str, key: str, fmt: str, before: str, results: Path) -> tuple[str | None, str]:
+    path = results / file
+    if not path.is_file():
+        return None, f"no results file {file}"
+    try:
+        value = lookup(json.loads(path.read_text()), key)
+        expected = format(value, fmt)
+    except (KeyError, IndexError, ValueError, TypeError) as err:
+        return None, f"{file} has no number at {key} ({type(err).__name__}: {err})"
+    quoted = before.rstrip(UNITS)
+    start = len(quoted) - len(expected)
+    if not quoted.endswith(expected) or (start > 0 and (quoted[start - 1].isdigit() or quoted[start - 1] == ".")):
+        return expected, f"the text says {quoted[-12:]!r}, {file} {key} is {expected}"
+    return expected, ""
+
+
+def check(text: str, where: str = "", results: Path = RESULTS) -> list[Headline]:
+    """Every marked number in ``text`` against its results file."""
+    out = []
+    for m in MARKER.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        before = text[max(0, m.start() - 40) : m.start()]
+        expected, problem = _judge(m["file"], m["key"], m["fmt"], before, results)
+        out.append(Headline(f"{where}:{line}", m["file"], m["key"], m["fmt"], before.rstrip(UNITS)[-12:], expected, problem))
+    return out
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    return sorted(p for pattern in DOCS for p in root.glob(pattern))
+
+
+def check_all(root: Path = ROOT) -> list[Headline]:
+    return [h for doc in documents(root) for h in check(doc.read_text(), str(doc.relative_to(root)), root / "bench" / "results")]
+
+
+def main() -> int:
+    headlines = check_all()
+    for h in headlines:
+        print(f"{'ok ' if h.ok else 'BAD'} {h.where}: {h.file} {h.key} = {h.expected}" + (f"  ({h.problem})" if h.problem else ""))
+    bad = sum(not h.ok for h in headlines)
+    print(f"{len(headlines)} marked numbers, {bad} disagree")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

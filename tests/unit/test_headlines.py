@@ -1,0 +1,47 @@
+"""The headline numbers in README.md and docs/ agree with the results files they quote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.headlines import check, check_all
+
+
+@pytest.fixture
+def results(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"a": {"b": 1.5, "list": [0.25]}, "n": 3}))
+    return tmp_path
+
+
+@pytest.mark.parametrize("text", [
+    "ratio **1.50<!--@r.json a.b .2f-->x** here",
+    "ratio 1.50 x<!--@r.json a.b .2f--> here",
+    "share 25%<!--@r.json a.list.0 .0%-->",
+    "n = 3<!--@r.json n d-->",
+])
+def test_a_number_that_matches_its_results_passes(text, results):
+    (h,) = check(text, "t", results)
+    assert h.ok, h.problem
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("ratio 1.60<!--@r.json a.b .2f-->x", "the text says"),
+    ("ratio 11.50<!--@r.json a.b .2f-->x", "the text says"),  # a longer number ending the same way
+    ("ratio 1.50<!--@r.json a.c .2f-->x", "no number at a.c"),
+    ("ratio 1.50<!--@gone.json a.b .2f-->x", "no results file gone.json"),
+    ("ratio 1.50<!--@r.json a .2f-->x", "no number at a"),  # a dict, not a number
+])
+def test_a_number_that_disagrees_or_has_no_source_fails(text, problem, results):
+    (h,) = check(text, "t", results)
+    assert not h.ok and problem in h.problem
+
+
+def test_every_marked_headline_agrees_with_its_results():
+    headlines = check_all()
+    assert len(headlines) >= 10, "the README's headline numbers lost their markers"
+    bad = [f"{h.where}: {h.problem}" for h in headlines if not h.ok]
+    assert not bad, "headline numbers disagree with bench/results (re-run bench/headlines.py):\n" + "\n".join(bad)
+    quoted = {h.file for h in headlines}
+    assert {"pipeline.json", "e2e.json", "engine.json"} <= quoted

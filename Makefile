@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow test-gpu install lock proto bench clean server server-stop screenshots
+.PHONY: run test test-slow test-gpu gpu-wheels install lock proto bench clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test-slow: install
 # The CUDA suite (tests/gpu, marked gpu): skipped on a machine without CUDA.
 test-gpu: install
 	$(PY) -m pytest -q -m gpu -rs tests/gpu
+
+# Wheels the lent GPU machine lacks (no network there), for its Python 3.12 (docs/gpu.md).
+gpu-wheels:
+	deploy/gpu_wheels.sh
 
 bench: install
 	$(PY) bench/pipeline.py

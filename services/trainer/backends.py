@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from services.common.registry import Registry
 from services.common.weights import TensorSpec, WeightStream, dtype_name
 from services.trainer.device import place_model
 
@@ -55,17 +56,8 @@ class TrainBackend(ABC):
         return WeightStream(self.hf_specs(), self.hf_tensors())
 
 
-_BACKENDS: dict[str, Callable[..., TrainBackend]] = {}
-
-
-def register_backend(name: str):
-    def deco(factory):
-        if name in _BACKENDS:
-            raise ValueError(f"trainer backend {name!r} registered twice")
-        _BACKENDS[name] = factory
-        return factory
-
-    return deco
+BACKENDS: Registry[Callable[..., TrainBackend]] = Registry("trainer backend")
+register_backend = BACKENDS.register
 
 
 def create_backend(cfg: RunConfig, policy: Policy, parallel: ParallelContext | None = None) -> TrainBackend:
@@ -73,9 +65,7 @@ def create_backend(cfg: RunConfig, policy: Policy, parallel: ParallelContext | N
     name = cfg.trainer.backend
     if name == "megatron":
         import services.trainer.megatron  # noqa: F401  (registers itself; imports megatron-core)
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown trainer backend {name!r}; registered: {sorted(_BACKENDS)}")
-    return _BACKENDS[name](cfg, policy, parallel)
+    return BACKENDS[name](cfg, policy, parallel)
 
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:

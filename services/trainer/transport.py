@@ -30,6 +30,7 @@ import torch
 
 from services.common.config import WeightsConfig
 from services.common.newest import NewestSender
+from services.common.registry import Registry
 from services.common.weights import WeightStream
 from services.generation.client import GenerationClient
 
@@ -56,23 +57,12 @@ class WeightTransport(ABC):
         """Stop background work."""
 
 
-_TRANSPORTS: dict[str, Callable[..., WeightTransport]] = {}
-
-
-def register_transport(key: str):
-    def deco(factory):
-        if key in _TRANSPORTS:
-            raise ValueError(f"weight transport {key!r} registered twice")
-        _TRANSPORTS[key] = factory
-        return factory
-
-    return deco
+TRANSPORTS: Registry[Callable[..., WeightTransport]] = Registry("weight transport")
+register_transport = TRANSPORTS.register
 
 
 def create_transport(key: str, cfg: WeightsConfig, **kwargs) -> WeightTransport:
-    if key not in _TRANSPORTS:
-        raise ValueError(f"unknown weight transport {key!r}; registered: {sorted(_TRANSPORTS)}")
-    return _TRANSPORTS[key](cfg, **kwargs)
+    return TRANSPORTS[key](cfg, **kwargs)
 
 
 @register_transport("direct")

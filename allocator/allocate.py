@@ -4,8 +4,13 @@ The edge around the pure planner (``allocator.planner``): reads the cluster and 
 (``allocator.cluster``), resolves each site's GPU kind (``services.generation.scheduling.hardware`` or the file's
 custom numbers) and the generation PTL profile of kind x model (the site's ``profile`` file,
 else the shipped one in ``allocator/profiles/``, else derived from the spec sheet) and the
-training site's measured step-time profile when it names one (``train_profile``; else the
-roofline), builds the memoised cost model, plans, and formats the result as JSON or a table.
+training site's measured step-time profile (the one it names in ``train_profile``, else the
+shipped one of its kind, the model, the workload's algorithm and its ``train_backend``, else the
+roofline; ``train_profile: roofline`` forces the roofline), builds the memoised cost model,
+plans, and formats the result as JSON or a table. The training workload carries the padded
+work the learner computes (``allocator.padding.expected_work``: the workload's lengths dealt
+into groups of the profile's ``group_size``, ``micro_batch_groups`` per backward call), which a
+measured profile prices.
 
 Every input problem raises ``AllocationInputError`` saying what is missing: the file and field,
 the known GPU kinds or models, or the memory needed vs available per GPU.
@@ -27,6 +32,7 @@ from allocator.cluster import (
 )
 from services.generation.scheduling.hardware import HARDWARE, Hardware
 from services.generation.scheduling.models import MODELS, ModelSpec
+from allocator.padding import expected_work
 from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
 from allocator.training import MFU, TrainSite, TrainWorkload
 
@@ -97,15 +103,27 @@ def gen_profile(site: SiteSpec, model: ModelSpec, where: str):
         raise AllocationInputError(f"{where}: generation cannot run: {err}") from None
 
 
-def train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, where: str):
-    """The training site's measured step-time profile (None: the roofline), checked against the
-    site's kind, the model and the workload's algorithm."""
-    if site.train_profile is None:
-        return None
-    from services.generation.scheduling.profiles import ProfileError
-    from allocator.train_profile import load_train_profile
+ROOFLINE = "roofline"  # train_profile: roofline asks for the roofline even where a profile is shipped
 
-    path, field = Path(site.train_profile), f"{where}.train_profile"
+
+def resolve_train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, where: str):
+    """(profile, its path) of the training site: the file it names, checked against the site's
+    kind and backend, the model and the workload's algorithm; else the shipped profile matching
+    them (``allocator/profiles/``); else (None, None): the roofline."""
+    from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError
+    from allocator.train_profile import find_train_profile, load_train_profile
+
+    field = f"{where}.train_profile"
+    if site.train_profile == ROOFLINE:
+        return None, None
+    if site.train_profile is None:
+        try:
+            path = find_train_profile(PROFILE_DIR, hardware=site.gpu, model=model, algorithm=algorithm,
+                                      backend=site.train_backend)
+        except ProfileError as err:
+            raise AllocationInputError(f"{field}: a shipped profile is unreadable: {err}") from None
+        return (None, None) if path is None else (load_train_profile(path, model=model), path)
+    path = Path(site.train_profile)
     if not path.is_file():
         raise AllocationInputError(f"{field}: no such file {str(path)!r} (measure one with `braid profile-train`)")
     try:
@@ -116,14 +134,38 @@ def train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, where: str):
         raise AllocationInputError(f"{field}: {path} was measured on {prof.hardware!r}, the site's gpu is {site.gpu!r}")
     if prof.algorithm != algorithm:
         raise AllocationInputError(f"{field}: {path} was measured with {prof.algorithm}, the workload runs {algorithm}")
-    return prof
+    if prof.backend != site.train_backend:
+        raise AllocationInputError(f"{field}: {path} was measured on the {prof.backend} backend, the site trains "
+                                   f"with train_backend {site.train_backend!r}")
+    return prof, path
 
 
-def train_source(site: SiteSpec) -> str:
+def train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, where: str):
+    """The training site's measured step-time profile (None: the roofline); see ``resolve_train_profile``."""
+    return resolve_train_profile(site, model, algorithm, where)[0]
+
+
+def train_source(path: Path | None) -> str:
     """Where the training times of a plan come from (the plan's ``train_source``)."""
-    if site.train_profile is not None:
-        return f"measured profile {site.train_profile}"
+    if path is not None:
+        return f"measured profile {_shown(path)}"
     return f"roofline (MFU {MFU:.2f})"
+
+
+def _shown(path: Path) -> str:
+    """A shipped profile relative to the repository, a named one as the cluster file names it."""
+    from services.generation.scheduling.profiles import PROFILE_DIR
+
+    root = PROFILE_DIR.resolve().parents[1]
+    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(PROFILE_DIR.resolve()) else str(path)
+
+
+def train_workload(prompts: list[int], outputs: list[int], algorithm: str, profile) -> TrainWorkload:
+    """One iteration's training workload: its tokens and the learner's expected padded work
+    (grouped as the profile's trainer config was; the trainer defaults without a profile)."""
+    seq = [p + o for p, o in zip(prompts, outputs)]
+    group_size, mbg = (profile.group_size, profile.micro_batch_groups) if profile is not None else (8, 8)
+    return TrainWorkload.from_work(expected_work(seq, group_size, mbg), algorithm)
 
 
 def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: WorkloadSpec) -> CostModel:
@@ -138,10 +180,9 @@ def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: Wo
     thw, tcost = site_hardware(tsite, twhere)
     specs = gen_specs(gsite, model, gwhere)
     prompts, outputs = workload_lengths(wl)
-    seq = [p + o for p, o in zip(prompts, outputs)]
-    train_wl = TrainWorkload(tokens=sum(seq), attn_sq=float(sum(s * s for s in seq)), mb_tokens=max(seq), algorithm=wl.algorithm)
-    site = TrainSite(thw, tsite.gpus_per_node, tsite.inter_node_gbps / 8.0, tflops=tsite.tflops,
-                     profile=train_profile(tsite, model, wl.algorithm, twhere))
+    prof = train_profile(tsite, model, wl.algorithm, twhere)
+    train_wl = train_workload(prompts, outputs, wl.algorithm, prof)
+    site = TrainSite(thw, tsite.gpus_per_node, tsite.inter_node_gbps / 8.0, tflops=tsite.tflops, profile=prof)
     return CostModel(
         model=model,
         gen=GenPool(gsite.gpu, gsite.count, gcost, specs, _step(gsite, min(specs))),
@@ -174,7 +215,8 @@ def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | P
     elapsed = time.perf_counter() - t0
     out = {**plan.__dict__, "planning_time_s": elapsed, "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name, "cluster": cluster.name,
            "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm,
-           "train_source": train_source(cluster.site("training"))}
+           "train_source": train_source(resolve_train_profile(cluster.site("training"), model, wl.algorithm, "")[1]),
+           "train_pad_factor": cm.train_wl.padded_tokens / cm.train_wl.tokens}
     best = cm.train_search(plan.train_gpus).best
     assert best is not None
     out["train_memory_gb_per_gpu"] = round(best.memory.needed / 1e9, 2)

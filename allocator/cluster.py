@@ -18,7 +18,10 @@ Cluster file (``deploy/clusters/*.yaml``)::
       - {sites: [h20-cloud, h800-dc], gbps: 80}
 
 A site may name a generation ``profile`` (PTL JSON, ``braid profile``) and, on the training site,
-a ``train_profile`` (step-time JSON, ``braid profile-train``) that replaces the training roofline.
+a ``train_profile`` (step-time JSON, ``braid profile-train``) that replaces the training roofline;
+without one, a shipped profile of the site's kind, the model, the workload's algorithm and the
+site's ``train_backend`` (default torch) is used when ``allocator/profiles/`` has one, else the
+roofline; ``train_profile: roofline`` asks for the roofline.
 
 One site with both roles = single-site planning (x + y <= count); a generation site and a
 training site = two-site planning (x <= m, y <= n). ``cost_per_gpu`` defaults to the kind's
@@ -62,8 +65,11 @@ class SiteSpec(StrictModel):
     memory_tb_s: float | None = Field(None, gt=0, le=1e3, description="Custom kind: memory bandwidth, TB/s.")
     profile: str | None = Field(None, description="PTL profile JSON of this kind x model (default: shipped, else derived).")
     train_profile: str | None = Field(
-        None, description="Training step-time profile JSON of this kind x model (`braid profile-train`); "
-        "training site only; default: the roofline (MFU 0.40).")
+        None, description="Training step-time profile JSON of this kind x model (`braid profile-train`), or "
+        "'roofline'; training site only; default: the shipped profile of this kind, model, algorithm and "
+        "train_backend when there is one, else the roofline (MFU 0.40).")
+    train_backend: Literal["torch", "megatron"] = Field(
+        "torch", description="trainer.backend the site trains with (picks the measured profile).")
     allocation_step: Literal["node", "instance"] | None = Field(
         None, description="GPUs move between the stages by whole nodes or by single instances "
         "(default: node on multi-node sites, instance otherwise).")

@@ -31,16 +31,21 @@ memory (``allocator.memory``) does not fit; returns the fastest, or the closest 
 vs available GB per GPU) when nothing fits. Pure: no I/O.
 
 **Measured profile** (``TrainSite.profile``, ``allocator.train_profile``): when the site has a
-step-time profile measured on its hardware, the compute term is ``step_flops / (gpus x
-effective_flops) + fixed_s``: the fitted per-device throughput (of the same FLOP count)
-replaces peak x MFU, and ``fixed_s`` (optimizer step and per-step overhead) is added once per
-step. The communication terms are unchanged.
+step-time profile measured on its hardware, the compute term is ``padded_step_flops / (gpus x
+effective_flops) + fixed_s``: the fitted per-device throughput replaces peak x MFU, and
+``fixed_s`` (optimizer step and per-step overhead) is added once per step. The FLOPs are those
+of what the measured learner computes: its micro-batches are right-padded to their longest
+sequence (``allocator.padding``), so matmuls run on the workload's ``padded_tokens`` and the
+attention on ``padded_attn_sq`` (1.6-2x the useful FLOPs on the count-down task's long-tailed
+lengths); a profile is fitted on the same padded count. The roofline keeps the useful FLOPs
+(MFU is defined on them, for a trainer that packs sequences; this learner's padding on the
+codemath workloads is 1.003-1.02x). The communication terms are unchanged.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from services.generation.scheduling.hardware import Hardware
@@ -48,6 +53,7 @@ from allocator.memory import MemoryEstimate, ParallelConfig, training_memory
 from services.generation.scheduling.models import ModelSpec
 
 if TYPE_CHECKING:
+    from allocator.padding import PaddedWork
     from allocator.train_profile import TrainProfile
 
 MFU = 0.40  # useful model FLOPs / BF16 peak for Megatron-style dense training (see docstring)
@@ -74,10 +80,24 @@ class TrainSite:
 
 @dataclass(frozen=True)
 class TrainWorkload:
-    tokens: int  # prompt + response tokens of the whole global batch
+    tokens: float  # prompt + response tokens of the whole global batch
     attn_sq: float  # sum over sequences of (prompt + response)^2
     mb_tokens: int  # tokens per micro-batch (>= the longest sequence: one packed micro-batch)
     algorithm: str = "grpo"
+    # what the learner computes: sum over its micro-batches of size x width (and x width^2),
+    # allocator.padding; 0: unknown, the useful tokens (no padding)
+    padded_tokens: float = 0.0
+    padded_attn_sq: float = 0.0
+
+    @classmethod
+    def from_work(cls, work: PaddedWork, algorithm: str = "grpo") -> TrainWorkload:
+        """The workload of a step whose (real or expected) micro-batches are ``work``."""
+        return cls(tokens=work.tokens, attn_sq=work.attn_sq, mb_tokens=work.longest, algorithm=algorithm,
+                   padded_tokens=work.padded_tokens, padded_attn_sq=work.padded_attn_sq)
+
+    def padded(self) -> TrainWorkload:
+        """The same step with the padded tokens as its tokens (what the learner's matmuls see)."""
+        return replace(self, tokens=self.padded_tokens or self.tokens, attn_sq=self.padded_attn_sq or self.attn_sq)
 
     @property
     def fwd_equivalents(self) -> float:
@@ -126,15 +146,20 @@ def step_flops(model: ModelSpec, wl: TrainWorkload) -> float:
     return wl.fwd_equivalents * (2.0 * matmul_params * wl.tokens + 2.0 * h * model.layers * wl.attn_sq)
 
 
+def padded_step_flops(model: ModelSpec, wl: TrainWorkload) -> float:
+    """``step_flops`` of what the learner computes: its padded micro-batches (the useful FLOPs
+    when the workload carries no padding)."""
+    return step_flops(model, wl.padded())
+
+
 def step_time(model: ModelSpec, cfg: ParallelConfig, site: TrainSite, wl: TrainWorkload) -> StepTime:
     """Predicted seconds of one training step of ``wl`` with ``cfg`` (see the module docstring)."""
     h, fe = model.hidden, wl.fwd_equivalents
-    flops = step_flops(model, wl)
     prof = site.profile
     if prof is None:
-        compute, fixed = flops / (cfg.gpus * site.peak_flops * MFU), 0.0
+        compute, fixed = step_flops(model, wl) / (cfg.gpus * site.peak_flops * MFU), 0.0
     else:
-        compute, fixed = flops / (cfg.gpus * prof.effective_flops), prof.fixed_s
+        compute, fixed = padded_step_flops(model, wl) / (cfg.gpus * prof.effective_flops), prof.fixed_s
     replica_tokens = wl.tokens / cfg.dp
     nvlink = site.hw.nvlink_gb_s * 1e9
     net = site.inter_node_gb_s * 1e9

@@ -1,224 +1,442 @@
-"""Measured training profile vs real runs: predicted vs measured training time per iteration.
+"""Training model vs real learner steps: the allocator's predicted step time against the learner timed here.
 
-For each run directory of braid-tiny in ``sync`` or ``one_step`` mode (``config.json``,
-``metrics.jsonl``, ``timeline.json``, ``router-timeline.jsonl``) and each iteration:
+Measured: one optimizer step of the trainer's real learner, run as ``services.trainer.loop``
+runs it (``allocator.train_profiler.time_step``: ``Learner.begin()``, ``backward()`` per
+``micro_batch_groups`` complete groups in the order they completed, ``step()``), on the default
+config's model and trainer settings (``--config``), on batches with real long-tailed lengths:
 
-- **measured**: the learner's busy time in the run: ``timeline.json``'s training intervals
-  (every ``backward`` call and the optimizer ``step``) without the last one, the weight publish
-  (``metrics.jsonl``'s ``train_time_s`` includes it: a few ms).
-- **batches**: the iteration's groups are rebuilt exactly: samples (prompt id, response tokens,
-  finish time) from the router's timeline, prompt lengths by re-drawing the trainer's seeded
-  ``ProblemSampler`` (eval set held out), groups in completion order, ``micro_batch_groups`` per
-  ``backward`` call as the trainer's ``DynamicBatcher`` hands them over.
-- **trained groups**: the learner skips groups whose advantages are all zero
-  (``trained_samples`` of ``samples``); which ones is not logged, so the prediction takes the
-  trained fraction of the iteration's FLOPs, bracketed by the cheapest / dearest groups.
-- **padding**: the learner pads each micro-batch (``length_buckets`` of a ``backward`` call) to
-  its longest sequence; the profile's grid has equal lengths. ``pad_factor`` = padded / real
-  tokens of the rebuilt calls; ``predicted_padded_s`` scales the compute part by it.
-- **replay** (``--replay N`` iterations of the first run): the rebuilt batches (every group
-  trained, alternating rewards) timed on the learner here, alone: separates what the profile
-  misses on real batches from what the run adds (threads of the trainer process on its core).
+- **countdown**: the count-down task's own batches from real runs of the default config
+  (``--data``, default ``bench/results/train_profile.lengths.json``: per iteration its 32 groups
+  of 8, prompt and response tokens of every sample, groups in the order they completed;
+  ``--extract RUN_DIR ...`` rebuilds that file from runs' ``router-timeline.jsonl``), 8 groups per
+  backward call as the default config; two of them also with ``micro_batch_groups`` 1.
+- **tiny-workload**: the batch ``braid allocate`` plans for ``deploy/workloads/tiny.yaml`` (its
+  drawn lengths, dealt into groups of 8 in completion order).
+- **mmlu-pro-cot** (when ``--data`` names ``mmlu_pro_cot_lengths.jsonl.gz``, see its SOURCE.md):
+  a group is one question's chain-of-thought responses from 8 models (tokens = characters / 4,
+  capped at the source's 2048), 16 questions per step.
 
-    python bench/train_profile.py [--profile P] [--replay N] RUN_DIR [RUN_DIR ...]
+Every group is trained (rewards alternate 0/1; a real run also skips groups whose rewards are all
+equal, which the allocator does not model). Each case gets one untimed warm-up step, then
+``--repeats`` rounds of one timed step per case, interleaved: within a round the batches of one
+source follow each other as a run's iterations do, after ``--settle`` untimed steps of the
+source's first batch (the allocator's memory of another source's shapes, e.g. 2000-token
+sequences, costs the first steps after a switch up to ~30 %, which no run of one task sees).
+
+Predicted: the allocator's training model (``allocator.training.step_time`` on one device of
+the training site of ``deploy/clusters/local-cpu.yaml`` with the measured profile the allocator
+picks for it, or ``--profile``):
+
+- **planned**: from the batch's lengths only, as ``braid allocate`` plans
+  (``allocator.allocate.train_workload``: the expected padded work of random groups in
+  completion order); ``model_error`` is its median absolute relative error over the cases,
+  against each case's median measured step (its spread: the same over each round alone);
+- **exact**: from the batch's actual backward calls (``allocator.padding.micro_batch_work``);
+- **unpadded**: the useful FLOPs only (the model before the learner's padding was priced).
+
+``--fresh-profile`` also measures a profile here first (the ``braid profile-train`` grid, not
+written) and reports the planned error with it: what the shipped profile's age costs.
+
+    python bench/train_profile.py [--data FILE ...] [--repeats N] [--fresh-profile] [--quick]
+    python bench/train_profile.py --extract RUN_DIR [RUN_DIR ...]    # rewrite the countdown lengths
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import os
+import random
 import statistics
 import sys
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.generation.scheduling.models import get_model  # noqa: E402
-from allocator.train_profile import TrainProfile, load_train_profile  # noqa: E402
-from allocator.training import TrainWorkload, step_flops  # noqa: E402
-from bench.report_io import write_results  # noqa: E402
+from allocator.padding import backward_calls, completion_order, deal_groups, micro_batch_work  # noqa: E402
+from bench.report_io import provenance, provenance_line, spread, write_results  # noqa: E402
 
 OUT = ROOT / "bench/results"
-PROFILE = ROOT / "allocator/profiles/cpu-local-braid-tiny-train.json"
+LENGTHS = OUT / "train_profile.lengths.json"
+LENGTHS_FORMAT = "braid-train-lengths/1"
+CONFIG = ROOT / "deploy/configs/default.yaml"
+CLUSTER = ROOT / "deploy/clusters/local-cpu.yaml"
+WORKLOAD = ROOT / "deploy/workloads/tiny.yaml"
+TARGET = 0.20
+MMLU_MODELS = ("Meta-Llama-3_1-8B-Instruct", "Meta-Llama-3_1-70B-Instruct", "mathstral-7B", "Mistral-7B-Instruct-v0.2",
+               "Qwen1.5-7B-Chat", "Phi-3-mini-4k-instruct", "Yi-6b-Chat", "gemma-7b")
+MMLU_CAP = 2048  # the source's max_new_tokens
+MMLU_QUESTIONS = 16
 
 
-def prompt_lengths(cfg, iterations: int) -> dict[str, int]:
-    """Prompt id -> token count of every prompt the trainer drew in ``iterations`` iterations."""
+@dataclass(frozen=True)
+class Case:
+    """One batch: groups of (prompt, response) token counts in completion order."""
+
+    name: str
+    source: str
+    groups: tuple[tuple[tuple[int, int], ...], ...]
+    micro_batch_groups: int
+
+    @property
+    def seqs(self) -> list[int]:
+        return [p + r for g in self.groups for p, r in g]
+
+    def calls(self) -> list[list[int]]:
+        return backward_calls([[p + r for p, r in g] for g in self.groups], self.micro_batch_groups)
+
+
+# ---------------------------------------------------------------- data
+
+def extract_run(run_dir: Path) -> list[dict]:
+    """Per iteration of a run: its groups ([prompt tokens, [response tokens...]]) in completion
+    order, from ``router-timeline.jsonl`` (samples by prompt, finish times) and the trainer's
+    seeded prompt sampler (prompt lengths)."""
+    from services.common.config import load_config
     from services.policy.model import Policy, char_tokenizer
     from services.tasks.arith import ProblemSampler, eval_problems
 
+    cfg = load_config(run_dir / "config.json")
+    events = [json.loads(line) for line in (run_dir / "router-timeline.jsonl").read_text().splitlines() if line]
+    tags = {e["call"]: e["tag"] for e in events if e["event"] == "dispatch"}
+    by_iter: dict[int, dict[str, list[tuple[float, int, int]]]] = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        tag = tags.get(e["call"], "") if e["event"] == "sample" else ""
+        if tag.startswith("iter-"):
+            pid, idx = e["seq"].split("/")
+            by_iter[int(tag[5:])][pid].append((e["finished_at"], int(idx), e["tokens"]))
     dist = cfg.task.distribution()
     held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist))
     sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)
     enc = Policy(model=None, tokenizer=char_tokenizer())  # type: ignore[arg-type]  # the tokenizer only
-    return {p.prompt_id: len(enc.encode_prompt(p.prompt))
-            for p in sampler.batch(iterations * cfg.trainer.prompts_per_iteration)}
-
-
-def iteration_groups(run_dir: Path) -> dict[int, list[tuple[str, list[int]]]]:
-    """Iteration -> its groups (prompt id, response token counts), in group completion order."""
-    events = [json.loads(line) for line in (run_dir / "router-timeline.jsonl").read_text().splitlines() if line]
-    tags = {e["call"]: e["tag"] for e in events if e["event"] == "dispatch"}
-    by_iter: dict[int, dict[str, list[tuple[float, int]]]] = defaultdict(lambda: defaultdict(list))
-    for e in events:
-        tag = tags.get(e["call"], "") if e["event"] == "sample" else ""
-        if tag.startswith("iter-"):
-            by_iter[int(tag[5:])][e["seq"].split("/")[0]].append((e["finished_at"], e["tokens"]))
-    return {k: [(pid, [n for _, n in g]) for pid, g in sorted(groups.items(), key=lambda kv: max(t for t, _ in kv[1]))]
-            for k, groups in by_iter.items()}
-
-
-def pad_factor(calls: list[list[int]]) -> float:
-    """Padded / real tokens of ``backward`` calls (sequence lengths each), bucketed as the learner does."""
-    from services.policy.batch import length_buckets
-    from services.trainer.learner import MICRO_BATCH_TOKENS
-
-    padded = sum(len(b) * max(c[j] for j in b) for c in calls for b in length_buckets(c, MICRO_BATCH_TOKENS))
-    return padded / sum(sum(c) for c in calls)
-
-
-def iteration_row(prof: TrainProfile, model, cfg, row: dict, groups: list[list[int]], learner_s: float) -> dict:
-    """Prediction vs measurement of one iteration (``groups``: full sequence lengths)."""
-    def predict(gs: list[list[int]], scale: float = 1.0) -> float:
-        seqs = [n for g in gs for n in g] or [1]
-        wl = TrainWorkload(tokens=round(sum(seqs) * scale), attn_sq=sum(n * n for n in seqs) * scale,
-                           mb_tokens=max(seqs), algorithm=prof.algorithm)
-        return prof.seconds(step_flops(model, wl))
-
-    mbg, frac = cfg.trainer.micro_batch_groups, row["trained_samples"] / row["samples"]
-    pad = pad_factor([[n for g in groups[i:i + mbg] for n in g] for i in range(0, len(groups), mbg)])
-    trained = round(frac * len(groups))
-    by_cost = sorted(groups, key=lambda g: sum(n * n for n in g) + sum(g))
-    est = predict(groups, frac)
-    return {
-        "iteration": row["iteration"], "trained_samples": row["trained_samples"], "samples": row["samples"],
-        "tokens": sum(map(sum, groups)), "pad_factor": pad, "measured_learner_s": learner_s,
-        "predicted_all_s": predict(groups), "predicted_s": est,
-        "predicted_padded_s": prof.fixed_s + (est - prof.fixed_s) * pad,
-        "predicted_low_s": predict(by_cost[:trained]), "predicted_high_s": predict(by_cost[len(groups) - trained:]),
-    }
-
-
-def compare_run(prof: TrainProfile, run_dir: Path) -> tuple[dict, dict[int, list[list[tuple[int, int]]]], object]:
-    """The run's per-iteration rows and summary, its rebuilt groups ((prompt, response) tokens), its config."""
-    from services.common.config import load_config
-
-    cfg = load_config(run_dir / "config.json")
-    if cfg.trainer.mode not in ("sync", "one_step"):
-        raise ValueError(f"{run_dir}: mode {cfg.trainer.mode}: only sync and one_step runs draw prompts per iteration")
-    model = get_model(prof.model.name)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    timeline = json.loads((run_dir / "timeline.json").read_text())["training"]
-    plen = prompt_lengths(cfg, len(rows))
-    groups = {k: [[(plen[pid], n) for n in g] for pid, g in gs] for k, gs in iteration_groups(run_dir).items()}
-    its = []
-    for row in rows:
-        busy = [e - s for k, s, e in timeline if k == row["iteration"]]
-        full = [[p + n for p, n in g] for g in groups[row["iteration"]]]
-        its.append(iteration_row(prof, model, cfg, row, full, sum(busy[:-1])))
-    return {"run": str(run_dir), "mode": cfg.trainer.mode, **summarise(its), "iterations": its}, groups, cfg
-
-
-def replay(cfg, groups: dict[int, list[list[tuple[int, int]]]], n: int) -> list[float]:
-    """Seconds of the learner here on the first ``n`` iterations' rebuilt batches (every group trained)."""
-    import random
-
-    import torch
-
-    from allocator.train_profiler import time_step
-    from services.common.types import SampleRecord
-    from services.policy.model import build_policy
-    from services.trainer.learner import Group, Learner
-
-    torch.set_num_threads(cfg.trainer.threads)
-    policy = build_policy(cfg.model)
-    learner, rng, out, vocab = Learner(cfg, policy), random.Random(0), [], policy.model.config.vocab_size
-    for k in sorted(groups)[:n]:
-        batch = []
-        for gi, g in enumerate(groups[k]):
-            recs = [SampleRecord(f"p{gi}", f"p{gi}", i, tuple(rng.randrange(vocab) for _ in range(p)),
-                                 tuple(rng.randrange(vocab) for _ in range(r)), tuple([-2.9] * r),
-                                 0, "stop", 0.0, 0.0, 0.0) for i, (p, r) in enumerate(g)]
-            batch.append(Group(recs, [float(i % 2) for i in range(len(recs))]))
-        time_step(learner, batch, cfg.trainer.micro_batch_groups, lambda: None)
-        out.append(statistics.median(time_step(learner, batch, cfg.trainer.micro_batch_groups, lambda: None)
-                                     for _ in range(2)))
-        print(f"  replay iteration {k}: {out[-1]:.3f} s", flush=True)
+    plen = {p.prompt_id: len(enc.encode_prompt(p.prompt))
+            for p in sampler.batch((max(by_iter) + 1) * cfg.trainer.prompts_per_iteration)}
+    out = []
+    for k in sorted(by_iter):
+        groups = sorted(by_iter[k].items(), key=lambda kv: max(t for t, _, _ in kv[1]))
+        out.append({"run": run_dir.name, "mode": cfg.trainer.mode, "iteration": k,
+                    "groups": [[plen[pid], [n for _, _, n in sorted(g, key=lambda x: x[1])]] for pid, g in groups]})
     return out
 
 
-def summarise(its: list[dict]) -> dict:
-    def total(key: str) -> float:
-        return sum(r[key] for r in its)
+def write_lengths(run_dirs: list[Path], per_run: int, path: Path) -> dict:
+    """The countdown lengths file: ``per_run`` iterations spread over each run."""
+    iterations = []
+    for run_dir in run_dirs:
+        its = extract_run(run_dir)
+        picks = sorted({round(i * (len(its) - 1) / max(1, per_run - 1)) for i in range(per_run)})
+        iterations += [its[i] for i in picks]
+    data = {"format": LENGTHS_FORMAT,
+            "source": "count-down task batches of real runs of the default config (braid-tiny, 32 prompts x 8 samples, "
+                      "max_new_tokens 192): groups in completion order, prompt and response tokens per sample; "
+                      f"written by `bench/train_profile.py --extract` from {', '.join(str(r) for r in run_dirs)}",
+            "iterations": iterations}
+    path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    return data
 
-    rel = [r["predicted_s"] / r["measured_learner_s"] - 1 for r in its]
-    rel_pad = [r["predicted_padded_s"] / r["measured_learner_s"] - 1 for r in its]
-    return {
-        "n": len(its), "measured_learner_total_s": total("measured_learner_s"),
-        **{f"{k}_total_s": total(f"{k}_s") for k in ("predicted", "predicted_padded", "predicted_low", "predicted_high")},
-        "abs_rel_error_median": statistics.median(abs(x) for x in rel),
-        "padded_abs_rel_error_median": statistics.median(abs(x) for x in rel_pad),
-        "pad_factor_mean": statistics.mean(r["pad_factor"] for r in its),
+
+def countdown_cases(path: Path, micro_batch_groups: int, limit: int | None = None, regroup: int = 2) -> list[Case]:
+    """Cases from a lengths file (``LENGTHS_FORMAT``): each iteration as recorded, and the first
+    ``regroup`` also with one group per backward call."""
+    data = json.loads(path.read_text())
+    if data.get("format") != LENGTHS_FORMAT:
+        raise ValueError(f"{path}: not a {LENGTHS_FORMAT} file (format {data.get('format')!r})")
+    its = data["iterations"][:limit]
+    cases = []
+    for it in its:
+        groups = tuple(tuple((int(p), int(r)) for r in rs) for p, rs in it["groups"])
+        cases.append(Case(f"countdown {it['run']} it{it['iteration']}", str(path), groups, micro_batch_groups))
+    for case in cases[:regroup]:
+        cases.append(Case(case.name + " (1 group/call)", case.source, case.groups, 1))
+    return cases
+
+
+def mmlu_groups(path: Path, questions: int, steps: int, seed: int = 0) -> list[tuple[tuple[tuple[int, int], ...], ...]]:
+    """``steps`` batches of ``questions`` groups: one question's responses from ``MMLU_MODELS``
+    (tokens = characters / 4, capped at ``MMLU_CAP``; prompt = question + options / 4), in
+    completion order (by the longest response)."""
+    rows = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            chars = row["resp_chars"]
+            if all(m in chars for m in MMLU_MODELS):
+                prompt = max(1, round((len(row["question"]) + sum(len(o) for o in row["options"])) / 4))
+                rows.append(tuple((prompt, max(1, min(MMLU_CAP, round(chars[m] / 4)))) for m in MMLU_MODELS))
+    if len(rows) < questions * steps:
+        raise ValueError(f"{path}: {len(rows)} questions with all of {MMLU_MODELS}, need {questions * steps}")
+    picked = random.Random(seed).sample(rows, questions * steps)
+    return [tuple(sorted(picked[i:i + questions], key=lambda g: max(p + r for p, r in g)))
+            for i in range(0, len(picked), questions)]
+
+
+def mmlu_cases(path: Path, micro_batch_groups: int, steps: int) -> list[Case]:
+    return [Case(f"mmlu-pro-cot batch {i}", str(path), groups, micro_batch_groups)
+            for i, groups in enumerate(mmlu_groups(path, MMLU_QUESTIONS, steps))]
+
+
+def workload_case(path: Path, group_size: int, micro_batch_groups: int) -> Case:
+    """The batch the allocator plans for ``path`` (its drawn lengths), dealt into groups."""
+    from allocator.cluster import load_workload, workload_lengths
+
+    wl = load_workload(path)
+    prompts, outputs = workload_lengths(wl)
+    pairs = list(zip(prompts, outputs))
+    dealt = deal_groups(list(range(len(pairs))), group_size, random.Random(1))
+    groups = sorted((tuple(pairs[i] for i in g) for g in dealt), key=lambda g: max(p + r for p, r in g))
+    return Case(f"{wl.name} workload", str(path), tuple(groups), micro_batch_groups)
+
+
+def load_cases(data: list[Path], micro_batch_groups: int, group_size: int, quick: bool) -> list[Case]:
+    cases: list[Case] = []
+    for path in data:
+        if path.name.endswith(".jsonl.gz"):
+            cases += mmlu_cases(path, micro_batch_groups, 1 if quick else 2)
+        else:
+            cases += countdown_cases(path, micro_batch_groups, 2 if quick else None, 1 if quick else 2)
+    cases.append(workload_case(WORKLOAD, group_size, micro_batch_groups))
+    return cases
+
+
+# ---------------------------------------------------------------- model and measurement
+
+def predictions(case: Case, prof, model, site) -> dict:
+    """The allocator's predicted seconds of the case's step: planned (lengths only), exact
+    (its backward calls), unpadded (useful FLOPs)."""
+    from dataclasses import replace
+
+    from allocator.allocate import train_workload
+    from allocator.memory import ParallelConfig
+    from allocator.training import TrainWorkload, step_time
+
+    one = ParallelConfig(dp=1, tp=1, pp=1)
+    prompts = [p for g in case.groups for p, _ in g]
+    responses = [r for g in case.groups for _, r in g]
+    planned = train_workload(prompts, responses, prof.algorithm, prof)
+    exact = TrainWorkload.from_work(micro_batch_work(case.calls()), prof.algorithm)
+    unpadded = replace(exact, padded_tokens=0.0, padded_attn_sq=0.0)
+    work = micro_batch_work(case.calls())
+    return {"planned_s": step_time(model, one, site, planned).total_s,
+            "exact_s": step_time(model, one, site, exact).total_s,
+            "unpadded_s": step_time(model, one, site, unpadded).total_s,
+            "pad_factor": work.pad_factor, "expected_pad_factor": planned.padded_tokens / planned.tokens,
+            "micro_batches": work.micro_batches}
+
+
+def allocator_site(profile_path: str | None, model):
+    """The local cluster's training site as the allocator builds it, and its profile and path."""
+    from allocator.allocate import resolve_train_profile, site_hardware
+    from allocator.cluster import load_cluster
+    from allocator.train_profile import load_train_profile
+    from allocator.training import TrainSite
+
+    tsite = load_cluster(CLUSTER).site("training")
+    named = profile_path or tsite.train_profile  # the cluster file's paths are relative to the repository
+    if named is not None and named != "roofline" and not Path(named).is_absolute():
+        named = str(ROOT / named)
+    tsite = tsite.model_copy(update={"train_profile": named})
+    prof, path = resolve_train_profile(tsite, model, "grpo", str(CLUSTER))
+    if prof is None:
+        raise ValueError(f"{CLUSTER}: no measured training profile of {model.name} (measure one: braid profile-train)")
+    hw, _ = site_hardware(tsite, str(CLUSTER))
+    site = TrainSite(hw, tsite.gpus_per_node, tsite.inter_node_gbps / 8.0, tflops=tsite.tflops, profile=prof)
+    return site, load_train_profile(path), path
+
+
+def fresh_profile(learner, cfg, spec, quick: bool):
+    """A profile measured here now on the ``braid profile-train`` grid (not written)."""
+    from allocator import train_profiler as tp
+    from allocator.train_profile import make_train_profile
+
+    tc = cfg.trainer
+    samples, responses = (tp.QUICK_SAMPLES, tp.QUICK_RESPONSES) if quick else (tp.DEFAULT_SAMPLES, tp.DEFAULT_RESPONSES)
+    sigmas = (0.0,) if quick else (0.0, tp.RESPONSE_SIGMA)
+    points = tp.measure_grid(learner, tc, spec.vocab, [(s, r, sg) for sg in sigmas for s in samples for r in responses],
+                             repeats=tp.QUICK_REPEATS if quick else tp.REPEATS, cap=cfg.generation.max_new_tokens,
+                             sync=lambda: None)
+    return make_train_profile(spec, points, hardware="cpu-local", algorithm=tc.algorithm.name,
+                              reference_model=tc.kl_coef > 0, device="cpu", threads=tc.threads, response_sigma=max(sigmas),
+                              group_size=tc.group_size, micro_batch_groups=tc.micro_batch_groups,
+                              notes="MEASURED by bench/train_profile.py --fresh-profile")
+
+
+def rel(pred: float, meas: float) -> float:
+    return pred / meas - 1
+
+
+def summarise(rows: list[dict], repeats: int, key: str) -> dict:
+    """Median |key / measured - 1| over the cases (per-case medians), and its spread over rounds."""
+    errs = [abs(rel(r[key], r["measured_s"]["median"])) for r in rows]
+    per_round = [statistics.median(abs(rel(r[key], r["measured_runs"][i])) for r in rows) for i in range(repeats)]
+    return {"median_abs_rel_error": statistics.median(errs), "per_round": spread(per_round),
+            "mean_rel_error": statistics.mean(rel(r[key], r["measured_s"]["median"]) for r in rows)}
+
+
+def run(ns: argparse.Namespace) -> dict:
+    import torch
+
+    from allocator.train_profiler import build_learner, make_groups, time_step
+    from services.common.config import load_config
+    from services.generation.scheduling.models import get_model, spec_from_hf_config
+    from services.policy.model import build_policy
+
+    t_start, load_start = time.perf_counter(), os.getloadavg()
+    cfg = load_config(ns.config)
+    tc = cfg.trainer
+    torch.set_num_threads(tc.threads)
+    torch.manual_seed(tc.seed)
+    policy = build_policy(cfg.model)
+    spec = spec_from_hf_config("braid-tiny", policy.model.config.to_dict(), dtype_bytes=4)
+    model = get_model("braid-tiny")
+    if spec.fingerprint() != model.fingerprint():
+        raise ValueError(f"{ns.config}: the bench's model must be braid-tiny (the local cluster's), got {spec.fingerprint()}")
+    site, prof, prof_path = allocator_site(ns.profile, model)
+    learner = build_learner(cfg, policy)
+    vocab = policy.model.config.vocab_size
+    cases = load_cases([Path(p) for p in ns.data], tc.micro_batch_groups, tc.group_size, ns.quick)
+    rng = random.Random(tc.seed)
+    batches = [make_groups([list(g) for g in c.groups], vocab, rng) for c in cases]
+    print(f"{len(cases)} cases, {ns.repeats} rounds; profile {prof_path}", flush=True)
+    for c, b in zip(cases, batches):  # warm-up: new shapes
+        time_step(learner, b, c.micro_batch_groups, lambda: None)
+    runs: list[list[float]] = [[] for _ in cases]
+    round_loads = []
+    for r in range(ns.repeats):
+        for i, (c, b) in enumerate(zip(cases, batches)):
+            if i == 0 or c.source != cases[i - 1].source:  # a new source: one untimed step of its first batch
+                for _ in range(ns.settle):
+                    time_step(learner, b, c.micro_batch_groups, lambda: None)
+            runs[i].append(time_step(learner, b, c.micro_batch_groups, lambda: None))
+        round_loads.append(os.getloadavg()[0])
+        print(f"  round {r} (load {round_loads[-1]:.2f}): " + ", ".join(f"{t[-1]:.2f}" for t in runs) + " s", flush=True)
+    fresh = fresh_profile(learner, cfg, spec, ns.quick) if ns.fresh_profile else None
+    rows = []
+    for c, ts in zip(cases, runs):
+        row = {"case": c.name, "source": c.source, "groups": len(c.groups), "samples": len(c.seqs),
+               "micro_batch_groups": c.micro_batch_groups, "tokens": sum(c.seqs), "longest": max(c.seqs),
+               "measured_s": spread(ts), "measured_runs": ts, **predictions(c, prof, model, site)}
+        if fresh is not None:
+            from dataclasses import replace as _replace
+
+            row["planned_fresh_profile_s"] = predictions(c, fresh, model, _replace(site, profile=fresh))["planned_s"]
+        for k in ("planned", "exact", "unpadded") + (("planned_fresh_profile",) if fresh is not None else ()):
+            row[f"error_{k}"] = rel(row[f"{k}_s"], row["measured_s"]["median"])
+        rows.append(row)
+        print(f"  {c.name}: measured {row['measured_s']['median']:.3f} s, planned {row['planned_s']:.3f} "
+              f"({row['error_planned']:+.1%}), exact {row['exact_s']:.3f} ({row['error_exact']:+.1%}), "
+              f"unpadded {row['unpadded_s']:.3f} ({row['error_unpadded']:+.1%})", flush=True)
+    planned = summarise(rows, ns.repeats, "planned_s")
+    result = {
+        "model_error": planned["median_abs_rel_error"],
+        "model_error_spread": planned["per_round"],
+        "model_error_definition": "median over the cases of |planned / measured - 1|: the allocator's predicted step "
+                                  "time from the batch's lengths (braid allocate's training model with the measured "
+                                  "profile) vs the median of the learner's measured steps",
+        "target": TARGET, "passed": planned["median_abs_rel_error"] <= TARGET,
+        "errors": {"planned": planned, "exact": summarise(rows, ns.repeats, "exact_s"),
+                   "unpadded": summarise(rows, ns.repeats, "unpadded_s"),
+                   **({"planned_fresh_profile": summarise(rows, ns.repeats, "planned_fresh_profile_s")}
+                      if fresh is not None else {})},
+        "profile": {"path": str(Path(prof_path).resolve().relative_to(ROOT)) if Path(prof_path).resolve().is_relative_to(ROOT)
+                    else str(prof_path), "created": prof.created, "backend": prof.backend, "device": prof.device,
+                    "dtype": prof.dtype, "threads": prof.threads, "fixed_s": prof.fixed_s,
+                    "effective_gflops": prof.effective_flops / 1e9, "fit_median_rel_error": prof.fit_median_rel_error,
+                    "fit_max_rel_error": prof.fit_max_rel_error},
+        **({"fresh_profile": {"fixed_s": fresh.fixed_s, "effective_gflops": fresh.effective_flops / 1e9,
+                              "fit_median_rel_error": fresh.fit_median_rel_error,
+                              "fit_max_rel_error": fresh.fit_max_rel_error}} if fresh is not None else {}),
+        "cases": rows, "repeats": ns.repeats, "quick": ns.quick,
+        "trainer": {"threads": tc.threads, "group_size": tc.group_size, "micro_batch_groups": tc.micro_batch_groups,
+                    "algorithm": tc.algorithm.name, "backend": tc.backend, "device": tc.device, "dtype": tc.dtype},
+        "loadavg": {"start": list(load_start), "end": list(os.getloadavg()), "after_each_round": round_loads},
+        "wall_s": time.perf_counter() - t_start,
+        "provenance": provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "data": ns.data,
+                                                  "repeats": ns.repeats, "quick": ns.quick}, Path(ns.config)),
     }
+    result["provenance"]["loadavg"] = result["loadavg"]
+    return result
 
 
 def markdown(result: dict) -> str:
-    prof = result["profile"]
+    prof, err = result["profile"], result["errors"]
+
+    def e(key: str) -> str:
+        s = err[key]
+        return (f"{s['median_abs_rel_error']:.1%} (per round {s['per_round']['min']:.1%}-{s['per_round']['max']:.1%}; "
+                f"mean signed {s['mean_rel_error']:+.1%})")
+
     lines = [
-        "# Measured training profile vs real runs", "",
-        f"Profile `{prof['path']}`: fixed {prof['fixed_s'] * 1e3:.1f} ms/step, {prof['effective_gflops']:.1f} "
-        f"effective GFLOP/s, fit error median {prof['fit_median_rel_error']:.1%} / max {prof['fit_max_rel_error']:.1%}.",
-        "", "Learner time summed over the run's iterations (error: predicted / measured - 1).", "",
-        "| run | iterations | measured | predicted | bracket (cheapest-dearest groups) | padding x | "
-        "predicted with padding | median abs. error per iteration (with padding) |",
-        "|---|---|---|---|---|---|---|---|",
+        "# Training model vs the learner's real steps", "",
+        f"**model_error {result['model_error']:.1%}** (target <= {result['target']:.0%}: "
+        f"{'met' if result['passed'] else 'NOT met'}): the allocator's planned step time from each batch's lengths "
+        f"vs the median of {result['repeats']} measured steps of the trainer's learner, median over "
+        f"{len(result['cases'])} cases; per round {result['model_error_spread']['min']:.1%}-"
+        f"{result['model_error_spread']['max']:.1%}.", "",
+        f"Profile `{prof['path']}` ({prof['created']}, {prof['backend']} on {prof['device']}, {prof['dtype']}, "
+        f"{prof['threads']} thread): fixed {prof['fixed_s'] * 1e3:.1f} ms/step, {prof['effective_gflops']:.1f} "
+        f"effective GFLOP/s, fit error median {prof['fit_median_rel_error']:.1%} / max {prof['fit_max_rel_error']:.1%}.", "",
+        "| prediction | median abs. error over cases |", "|---|---|",
+        f"| planned (lengths only: braid allocate) | {e('planned')} |",
+        f"| exact (the batch's backward calls) | {e('exact')} |",
+        f"| unpadded (useful FLOPs: the model before) | {e('unpadded')} |",
     ]
-    for r in result["runs"]:
-        m = r["measured_learner_total_s"]
+    if "planned_fresh_profile" in err:
+        fp = result["fresh_profile"]
+        lines.append(f"| planned, profile measured in this run ({fp['effective_gflops']:.1f} GFLOP/s, "
+                     f"{fp['fixed_s'] * 1e3:.1f} ms) | {e('planned_fresh_profile')} |")
+    lines += [
+        "", "| case | samples | calls x groups | tokens | longest | padding x (expected) | micro-batches | "
+        "measured s (min-max) | planned s | exact s | unpadded s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["cases"]:
+        m = r["measured_s"]
         lines.append(
-            f"| {r['run']} ({r['mode']}) | {r['n']} | {m:.1f} s | {r['predicted_total_s']:.1f} s "
-            f"({r['predicted_total_s'] / m - 1:+.0%}) | {r['predicted_low_total_s']:.1f}-{r['predicted_high_total_s']:.1f} s | "
-            f"{r['pad_factor_mean']:.2f} | {r['predicted_padded_total_s']:.1f} s ({r['predicted_padded_total_s'] / m - 1:+.0%}) | "
-            f"{r['abs_rel_error_median']:.0%} ({r['padded_abs_rel_error_median']:.0%}) |")
-    rep = result.get("replay")
-    if rep:
-        lines += ["", f"Replay of {rep['n']} iterations of {rep['run']} (every group trained) on the learner here, alone: "
-                      f"{rep['replay_total_s']:.2f} s; the profile predicts {rep['predicted_all_total_s']:.2f} s "
-                      f"({rep['predicted_all_total_s'] / rep['replay_total_s'] - 1:+.0%}), with padding "
-                      f"{rep['predicted_all_padded_total_s']:.2f} s "
-                      f"({rep['predicted_all_padded_total_s'] / rep['replay_total_s'] - 1:+.0%})."]
+            f"| {r['case']} | {r['samples']} | {r['micro_batch_groups']} | {r['tokens']} | {r['longest']} | "
+            f"{r['pad_factor']:.2f} ({r['expected_pad_factor']:.2f}) | {r['micro_batches']:.0f} | "
+            f"{m['median']:.3f} ({m['min']:.3f}-{m['max']:.3f}) | {r['planned_s']:.3f} ({r['error_planned']:+.0%}) | "
+            f"{r['exact_s']:.3f} ({r['error_exact']:+.0%}) | {r['unpadded_s']:.3f} ({r['error_unpadded']:+.0%}) |")
+    t = result["trainer"]
+    la = result["loadavg"]
+    lines += [
+        "", f"Learner: {t['algorithm']}, backend {t['backend']} on {t['device']}, {t['dtype']}, {t['threads']} torch "
+        f"thread, groups of {t['group_size']}; every group trained (alternating rewards). Cases interleaved, one warm-up "
+        f"step of each source per round. Load average (1 min) {la['start'][0]:.2f} at the start, after each round "
+        f"{', '.join(f'{x:.2f}' for x in la['after_each_round'])}, {la['end'][0]:.2f} at the end (this 2-core host is "
+        f"shared with other jobs). Bench wall time {result['wall_s']:.0f} s.", "",
+        provenance_line(result["provenance"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default=str(PROFILE))
-    ap.add_argument("--replay", type=int, default=0, help="replay this many iterations of the first run here")
-    ap.add_argument("runs", nargs="+", help="run directories")
+    ap.add_argument("--config", default=str(CONFIG), help="run config whose model and trainer settings are measured")
+    ap.add_argument("--profile", help="training profile JSON (default: the one braid allocate picks for local-cpu)")
+    ap.add_argument("--data", action="append", help=f"lengths: a {LENGTHS_FORMAT} file (default {LENGTHS.relative_to(ROOT)}) "
+                    "or mmlu_pro_cot_lengths.jsonl.gz; repeatable")
+    ap.add_argument("--repeats", type=int, default=3, help="measured rounds (>= 1)")
+    ap.add_argument("--settle", type=int, default=1, help="untimed steps of the first batch of a source before its "
+                    "batches are timed, each round (the batches of one source follow each other as a run's iterations do)")
+    ap.add_argument("--fresh-profile", action="store_true", help="also measure a profile here and report with it")
+    ap.add_argument("--quick", action="store_true", help="fewer cases")
+    ap.add_argument("--extract", nargs="+", metavar="RUN_DIR", help="write the countdown lengths file from these runs")
+    ap.add_argument("--per-run", type=int, default=3, help="--extract: iterations per run")
     ap.add_argument("--out", default=str(OUT))
     ns = ap.parse_args(argv)
-    prof = load_train_profile(ns.profile)
-    result: dict = {"profile": {"path": ns.profile, "fixed_s": prof.fixed_s, "effective_gflops": prof.effective_flops / 1e9,
-                                "fit_median_rel_error": prof.fit_median_rel_error,
-                                "fit_max_rel_error": prof.fit_max_rel_error}, "runs": []}
-    first = None
-    for r in ns.runs:
-        summary, groups, cfg = compare_run(prof, Path(r))
-        result["runs"].append(summary)
-        first = first or (summary, groups, cfg)
-    if ns.replay and first is not None:
-        summary, groups, cfg = first
-        times = replay(cfg, groups, ns.replay)
-        its = summary["iterations"][:len(times)]
-        result["replay"] = {
-            "run": summary["run"], "n": len(times), "replay_s": times, "replay_total_s": sum(times),
-            "predicted_all_total_s": sum(r["predicted_all_s"] for r in its),
-            "predicted_all_padded_total_s": sum(prof.fixed_s + (r["predicted_all_s"] - prof.fixed_s) * r["pad_factor"]
-                                                for r in its),
-        }
-    print(write_results(ns.out, "train_profile", result, markdown))
+    if ns.extract:
+        data = write_lengths([Path(r) for r in ns.extract], ns.per_run, LENGTHS)
+        print(f"{LENGTHS}: {len(data['iterations'])} iterations")
+        return 0
+    if ns.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    ns.data = ns.data or [str(LENGTHS)]
+    print(write_results(ns.out, "train_profile", run(ns), markdown))
     return 0
 
 

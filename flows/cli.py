@@ -96,7 +96,7 @@ def _profile_train(ns: argparse.Namespace) -> int:
         result = run_train_profile(ns.config, ns.model, ns.out, hardware=ns.hardware, quick=ns.quick,
                                    threads=ns.threads, device=ns.device, sigma=ns.sigma, overrides=list(ns.set or []))
     except (ConfigError, ProfileError, FileNotFoundError, ValueError) as err:
-        print(err, file=sys.stderr)
+        print(f"braid profile-train: {err}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
     return 0
@@ -132,13 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     ptrain.add_argument("--config", default="deploy/configs/default.yaml", help="config whose model and trainer settings are profiled")
     ptrain.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override, e.g. trainer.kl_coef=0.01")
     ptrain.add_argument("--model", help="local HF checkpoint dir (default: the config's model)")
-    ptrain.add_argument("--out", help="profile JSON to write (default: allocator/profiles/HARDWARE-MODEL-train.json)")
-    ptrain.add_argument("--hardware", default="cpu-local", help="hardware kind recorded in the profile")
-    ptrain.add_argument("--quick", action="store_true", help="a 2 x 2 grid, 2 repeats")
+    ptrain.add_argument("--out", help="profile JSON to write (default: allocator/profiles/"
+                        "HARDWARE-MODEL[-BACKEND][-DTYPE]-train.json, torch and float32 left out)")
+    ptrain.add_argument("--hardware", help="hardware kind recorded in the profile (default: cpu-local on a CPU, "
+                        "the GPU kind in the CUDA device's name)")
+    ptrain.add_argument("--quick", action="store_true", help="a 2 x 2 grid of equal lengths, 2 repeats")
     ptrain.add_argument("--threads", type=int, help="torch threads (default: the config's trainer.threads)")
-    ptrain.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1")
-    ptrain.add_argument("--sigma", type=float, default=0.0,
-                        help="log-space spread of response lengths around each grid median (default 0: equal, no padding)")
+    ptrain.add_argument("--device", help="trainer.device to measure on: cpu, cuda, cuda:1 (default: the config's)")
+    ptrain.add_argument("--sigma", type=float,
+                        help="log-space spread of the grid's spread points (default 0.9, the count-down task's; "
+                        "0: equal lengths only; --quick: 0)")
     ptrain.set_defaults(func=_profile_train)
 
     router = sub.add_parser("router", help="run the SGS router over N instances", add_help=False)

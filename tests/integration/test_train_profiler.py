@@ -1,20 +1,22 @@
-"""``braid profile-train --quick`` on the smoke config's model: the real learner, timed."""
+"""``braid profile-train --quick`` on the smoke config's model: the real learner, timed; and what it refuses."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from allocator.train_profile import FORMAT, load_train_profile
 from flows.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
+SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
 
 
 def test_profile_train_quick_writes_a_profile_whose_times_grow_with_tokens(tmp_path, capsys):
     out = tmp_path / "smoke-train.json"
-    rc = cli_main(["profile-train", "--config", str(ROOT / "deploy/configs/smoke.yaml"), "--quick", "--threads", "1",
-                   "--out", str(out)])
+    rc = cli_main(["profile-train", "--config", SMOKE, "--quick", "--threads", "1", "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out  # a progress line per grid point, then the summary
     assert printed.count("ms/step") == 4
@@ -22,9 +24,30 @@ def test_profile_train_quick_writes_a_profile_whose_times_grow_with_tokens(tmp_p
     raw = json.loads(out.read_text())
     assert raw["format"] == FORMAT and raw["hardware"] == "cpu-local" and raw["algorithm"] == "grpo"
     assert raw["device"] == "cpu" and raw["threads"] == 1 and raw["reference_model"] is False
+    assert (raw["backend"], raw["dtype"], raw["ranks"], raw["group_size"], raw["micro_batch_groups"]) == (
+        "torch", "float32", 1, 4, 2)
     assert raw["model"]["fingerprint"]["hidden"] == 64 and raw["model"]["fingerprint"]["layers"] == 1
     prof = load_train_profile(out)
     assert len(prof.points) == 4 and prof.effective_flops > 0 and prof.fixed_s >= 0
+    # equal lengths: the learner padded nothing; every step made at least one micro-batch
+    assert all(p.padded_tokens == p.tokens and p.micro_batches >= 1 for p in prof.points)
     by_tokens = sorted(prof.points, key=lambda p: p.tokens)
     assert by_tokens[-1].tokens >= 10 * by_tokens[0].tokens and by_tokens[-1].seconds > by_tokens[0].seconds
-    assert summary["out"] == str(out) and summary["points"] == 4
+    assert summary["out"] == str(out) and summary["points"] == 4 and summary["backend"] == "torch"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "trainer.backend=megatron"], "trainer.backend megatron on cpu cannot run here: "),  # MegatronDeviceError
+    (["--set", "trainer.ranks=2"], "measures one trainer rank; trainer.ranks is 2"),
+    (["--device", "cuda:0"], "trainer.backend torch on cuda:0 cannot run here: DeviceError"),
+])
+def test_profile_train_refuses_what_it_cannot_measure_here(tmp_path, capsys, args, message):
+    pytest.importorskip("torch")
+    import torch
+
+    if "cuda" in " ".join(args) and torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    out = tmp_path / "p.json"
+    assert cli_main(["profile-train", "--config", SMOKE, "--quick", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("braid profile-train: ") and message in err and not out.exists()

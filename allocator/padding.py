@@ -1,0 +1,125 @@
+"""What the learner really computes for a batch: its padded micro-batches (pure policy).
+
+The trainer (``services.trainer.loop``) hands the learner complete groups as they finish,
+``trainer.micro_batch_groups`` at a time (``DynamicBatcher``; the remainder at the end of the
+iteration), and each ``Learner.backward`` call splits its sequences (prompt + response) into
+micro-batches of similar length (``services.policy.batch.length_buckets``: sorted by length,
+at most ``MICRO_BATCH_TOKENS`` padded tokens each, a longer sequence alone) and right-pads each
+micro-batch to its longest sequence. Every matmul then runs on ``size x width`` tokens and the
+attention on ``size x width^2`` positions, whatever the real lengths.
+
+- ``micro_batch_work(calls)``: exactly that, when the sequence lengths of each ``backward``
+  call are known (the profiler's and the bench's batches).
+- ``expected_work(lengths, group_size, micro_batch_groups)``: when only the lengths of one
+  batch are known (a workload's draws: the allocator's planning), the expectation over random
+  groupings: the lengths are dealt into groups of ``group_size`` at random, the groups complete
+  in order of their longest sequence (generation finishes a group with its longest sample), go
+  to ``backward`` ``micro_batch_groups`` at a time and are bucketed as above; averaged over
+  ``draws`` seeded deals (deterministic).
+
+``length_buckets`` and ``MICRO_BATCH_TOKENS`` repeat the learner's (``services.policy.batch``,
+``services.trainer.learner``) so that the allocator does not import torch; a unit test keeps
+them equal. No I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MICRO_BATCH_TOKENS = 4096  # services.trainer.learner.MICRO_BATCH_TOKENS (tests/unit/test_train_padding.py)
+EXPECTED_DRAWS = 16  # random groupings averaged by expected_work
+
+
+def length_buckets(lengths: Sequence[int], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
+    """Indices of ``lengths`` in micro-batches as the learner makes them (sorted by length; a new
+    micro-batch when one more sequence would pad past ``max_tokens``)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > max_tokens:
+            buckets.append(current)
+            current = []
+        current.append(i)
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclass(frozen=True)
+class PaddedWork:
+    """Real and padded work of one optimizer step (floats: ``expected_work`` averages)."""
+
+    sequences: float
+    tokens: float  # real prompt + response tokens
+    attn_sq: float  # sum over sequences of length^2
+    padded_tokens: float  # sum over micro-batches of size x width
+    padded_attn_sq: float  # sum over micro-batches of size x width^2
+    micro_batches: float
+    longest: int  # the longest sequence
+
+    @property
+    def pad_factor(self) -> float:
+        """Padded / real tokens (1.0: no padding)."""
+        return self.padded_tokens / self.tokens if self.tokens else 1.0
+
+
+def micro_batch_work(calls: Sequence[Sequence[int]], max_tokens: int = MICRO_BATCH_TOKENS) -> PaddedWork:
+    """The work of ``backward`` calls of the given sequence lengths (prompt + response each)."""
+    n = tokens = padded = mbs = longest = 0
+    attn = padded_attn = 0.0
+    for call in calls:
+        for bucket in length_buckets(call, max_tokens):
+            width = max(call[i] for i in bucket)
+            padded += len(bucket) * width
+            padded_attn += float(len(bucket) * width * width)
+            mbs += 1
+            longest = max(longest, width)
+        n += len(call)
+        tokens += sum(call)
+        attn += float(sum(x * x for x in call))
+    return PaddedWork(n, tokens, attn, padded, padded_attn, mbs, longest)
+
+
+def backward_calls(groups: Sequence[Sequence[int]], micro_batch_groups: int) -> list[list[int]]:
+    """Groups (sequence lengths each, in completion order) -> the sequence lengths of each
+    ``backward`` call: ``micro_batch_groups`` groups at a time, the remainder last."""
+    if micro_batch_groups < 1:
+        raise ValueError(f"micro_batch_groups must be >= 1, got {micro_batch_groups}")
+    return [[n for g in groups[i:i + micro_batch_groups] for n in g] for i in range(0, len(groups), micro_batch_groups)]
+
+
+def completion_order(groups: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Groups in the order generation completes them: by their longest sequence (stable)."""
+    return sorted((list(g) for g in groups), key=max)
+
+
+def deal_groups(lengths: Sequence[int], group_size: int, rng: random.Random) -> list[list[int]]:
+    """``lengths`` dealt at random into groups of ``group_size`` (a remainder joins the last)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    shuffled = list(lengths)
+    rng.shuffle(shuffled)
+    groups = [shuffled[i:i + group_size] for i in range(0, len(shuffled), group_size)]
+    if len(groups) > 1 and len(groups[-1]) < group_size:
+        groups[-2].extend(groups.pop())
+    return groups
+
+
+def expected_work(lengths: Sequence[int], group_size: int, micro_batch_groups: int, *,
+                  max_tokens: int = MICRO_BATCH_TOKENS, draws: int = EXPECTED_DRAWS, seed: int = 0) -> PaddedWork:
+    """The mean work of one step over ``lengths`` (prompt + response of every sequence of the
+    batch) when only the lengths are known: random groups in completion order (module docstring)."""
+    if not lengths:
+        raise ValueError("expected_work needs at least one sequence")
+    rng = random.Random(seed)
+    works = [micro_batch_work(backward_calls(completion_order(deal_groups(lengths, group_size, rng)),
+                                             micro_batch_groups), max_tokens) for _ in range(max(1, draws))]
+
+    def mean(name: str) -> float:
+        return sum(getattr(w, name) for w in works) / len(works)
+
+    return PaddedWork(len(lengths), float(sum(lengths)), float(sum(x * x for x in lengths)), mean("padded_tokens"),
+                      mean("padded_attn_sq"), mean("micro_batches"), max(lengths))

@@ -68,6 +68,7 @@ CONFIG = ROOT / "deploy/configs/default.yaml"
 CLUSTER = ROOT / "deploy/clusters/local-cpu.yaml"
 WORKLOAD = ROOT / "deploy/workloads/tiny.yaml"
 TARGET = 0.20
+QUIET_LOAD = 1.5  # --wait-quiet: one core for the learner, half of the other for everything else
 MMLU_MODELS = ("Meta-Llama-3_1-8B-Instruct", "Meta-Llama-3_1-70B-Instruct", "mathstral-7B", "Mistral-7B-Instruct-v0.2",
                "Qwen1.5-7B-Chat", "Phi-3-mini-4k-instruct", "Yi-6b-Chat", "gemma-7b")
 MMLU_CAP = 2048  # the source's max_new_tokens
@@ -265,6 +266,14 @@ def fresh_profile(learner, cfg, spec, quick: bool):
                               notes="MEASURED by bench/train_profile.py --fresh-profile")
 
 
+def wait_quiet(limit_s: float, load: float) -> float:
+    """Wait up to ``limit_s`` for the 1-minute load average to fall below ``load``; returns the wait."""
+    t0 = time.monotonic()
+    while os.getloadavg()[0] >= load and time.monotonic() - t0 < limit_s:
+        time.sleep(5)
+    return time.monotonic() - t0
+
+
 def rel(pred: float, meas: float) -> float:
     return pred / meas - 1
 
@@ -285,6 +294,7 @@ def run(ns: argparse.Namespace) -> dict:
     from services.generation.scheduling.models import get_model, spec_from_hf_config
     from services.policy.model import build_policy
 
+    waited = wait_quiet(ns.wait_quiet, QUIET_LOAD)
     t_start, load_start = time.perf_counter(), os.getloadavg()
     cfg = load_config(ns.config)
     tc = cfg.trainer
@@ -353,7 +363,8 @@ def run(ns: argparse.Namespace) -> dict:
         "cases": rows, "repeats": ns.repeats, "quick": ns.quick,
         "trainer": {"threads": tc.threads, "group_size": tc.group_size, "micro_batch_groups": tc.micro_batch_groups,
                     "algorithm": tc.algorithm.name, "backend": tc.backend, "device": tc.device, "dtype": tc.dtype},
-        "loadavg": {"start": list(load_start), "end": list(os.getloadavg()), "after_each_round": round_loads},
+        "loadavg": {"start": list(load_start), "end": list(os.getloadavg()), "after_each_round": round_loads,
+                    "waited_for_quiet_s": waited},
         "wall_s": time.perf_counter() - t_start,
         "provenance": provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "data": ns.data,
                                                   "repeats": ns.repeats, "quick": ns.quick}, Path(ns.config)),
@@ -408,7 +419,10 @@ def markdown(result: dict) -> str:
         f"thread, groups of {t['group_size']}; every group trained (alternating rewards). Cases interleaved, one warm-up "
         f"step of each source per round. Load average (1 min) {la['start'][0]:.2f} at the start, after each round "
         f"{', '.join(f'{x:.2f}' for x in la['after_each_round'])}, {la['end'][0]:.2f} at the end (this 2-core host is "
-        f"shared with other jobs). Bench wall time {result['wall_s']:.0f} s.", "",
+        f"shared with other jobs" + (f"; waited {la['waited_for_quiet_s']:.0f} s for a load below {QUIET_LOAD} first"
+                                     if la.get("waited_for_quiet_s") else "")
+        + f"). Bench wall time {result['wall_s']:.0f} s.", "",
+        f"Command: `{result['provenance']['command'].replace(str(ROOT) + '/', '')}`.", "",
         provenance_line(result["provenance"]),
     ]
     return "\n".join(lines) + "\n"
@@ -424,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=int, default=1, help="untimed steps of the first batch of a source before its "
                     "batches are timed, each round (the batches of one source follow each other as a run's iterations do)")
     ap.add_argument("--fresh-profile", action="store_true", help="also measure a profile here and report with it")
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help=f"first wait up to S seconds for the 1-min load average to fall below {QUIET_LOAD}")
     ap.add_argument("--quick", action="store_true", help="fewer cases")
     ap.add_argument("--extract", nargs="+", metavar="RUN_DIR", help="write the countdown lengths file from these runs")
     ap.add_argument("--per-run", type=int, default=3, help="--extract: iterations per run")

@@ -160,12 +160,15 @@ def _shown(path: Path) -> str:
     return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(PROFILE_DIR.resolve()) else str(path)
 
 
-def train_workload(prompts: list[int], outputs: list[int], algorithm: str, profile) -> TrainWorkload:
+def train_workload(prompts: list[int], outputs: list[int], algorithm: str, profile, *,
+                   group_size: int | None = None, micro_batch_groups: int | None = None) -> TrainWorkload:
     """One iteration's training workload: its tokens and the learner's expected padded work
-    (grouped as the profile's trainer config was; the trainer defaults without a profile)."""
+    (``allocator.padding.expected_work``), grouped as given, else as the profile's trainer config
+    was (the trainer's defaults, 8 and 8, without a profile)."""
     seq = [p + o for p, o in zip(prompts, outputs)]
-    group_size, mbg = (profile.group_size, profile.micro_batch_groups) if profile is not None else (8, 8)
-    return TrainWorkload.from_work(expected_work(seq, group_size, mbg), algorithm)
+    gs = group_size or (profile.group_size if profile is not None else 8)
+    mbg = micro_batch_groups or (profile.micro_batch_groups if profile is not None else 8)
+    return TrainWorkload.from_work(expected_work(seq, gs, mbg), algorithm)
 
 
 def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: WorkloadSpec) -> CostModel:

@@ -182,15 +182,20 @@ def mmlu_cases(path: Path, micro_batch_groups: int, steps: int) -> list[Case]:
 
 
 def workload_case(path: Path, group_size: int, micro_batch_groups: int) -> Case:
-    """The batch the allocator plans for ``path`` (its drawn lengths), dealt into groups."""
+    """The batch the allocator plans for ``path`` (its drawn lengths), dealt into groups as a
+    task's are (``allocator.padding.GROUP_CORRELATION``), in completion order."""
     from allocator.cluster import load_workload, workload_lengths
+    from allocator.padding import GROUP_CORRELATION
 
     wl = load_workload(path)
     prompts, outputs = workload_lengths(wl)
-    pairs = list(zip(prompts, outputs))
-    dealt = deal_groups(list(range(len(pairs))), group_size, random.Random(1))
-    groups = sorted((tuple(pairs[i] for i in g) for g in dealt), key=lambda g: max(p + r for p, r in g))
-    return Case(f"{wl.name} workload", str(path), tuple(groups), micro_batch_groups)
+    by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for p, o in zip(prompts, outputs):
+        by_length[p + o].append((p, o))
+    dealt = deal_groups([p + o for p, o in zip(prompts, outputs)], group_size, random.Random(1), GROUP_CORRELATION)
+    groups = [tuple(by_length[n].pop() for n in g) for g in dealt]
+    return Case(f"{wl.name} workload", str(path), tuple(sorted(groups, key=lambda g: max(p + r for p, r in g))),
+                micro_batch_groups)
 
 
 def load_cases(data: list[Path], micro_batch_groups: int, group_size: int, quick: bool) -> list[Case]:
@@ -218,7 +223,8 @@ def predictions(case: Case, prof, model, site) -> dict:
     one = ParallelConfig(dp=1, tp=1, pp=1)
     prompts = [p for g in case.groups for p, _ in g]
     responses = [r for g in case.groups for _, r in g]
-    planned = train_workload(prompts, responses, prof.algorithm, prof)
+    planned = train_workload(prompts, responses, prof.algorithm, prof, group_size=max(len(g) for g in case.groups),
+                             micro_batch_groups=case.micro_batch_groups)
     exact = TrainWorkload.from_work(micro_batch_work(case.calls()), prof.algorithm)
     unpadded = replace(exact, padded_tokens=0.0, padded_attn_sq=0.0)
     work = micro_batch_work(case.calls())
@@ -401,7 +407,7 @@ def markdown(result: dict) -> str:
         lines.append(f"| planned, profile measured in this run ({fp['effective_gflops']:.1f} GFLOP/s, "
                      f"{fp['fixed_s'] * 1e3:.1f} ms) | {e('planned_fresh_profile')} |")
     lines += [
-        "", "| case | samples | calls x groups | tokens | longest | padding x (expected) | micro-batches | "
+        "", "| case | samples | groups per call | tokens | longest | padding x (expected) | micro-batches | "
         "measured s (min-max) | planned s | exact s | unpadded s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -420,7 +426,7 @@ def markdown(result: dict) -> str:
         f"step of each source per round. Load average (1 min) {la['start'][0]:.2f} at the start, after each round "
         f"{', '.join(f'{x:.2f}' for x in la['after_each_round'])}, {la['end'][0]:.2f} at the end (this 2-core host is "
         f"shared with other jobs" + (f"; waited {la['waited_for_quiet_s']:.0f} s for a load below {QUIET_LOAD} first"
-                                     if la.get("waited_for_quiet_s") else "")
+                                     if la.get("waited_for_quiet_s", 0) >= 1 else "")
         + f"). Bench wall time {result['wall_s']:.0f} s.", "",
         f"Command: `{result['provenance']['command'].replace(str(ROOT) + '/', '')}`.", "",
         provenance_line(result["provenance"]),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
 
 from allocator.padding import (
+    GROUP_CORRELATION,
     MICRO_BATCH_TOKENS,
     PaddedWork,
     backward_calls,
@@ -65,6 +67,25 @@ def test_groups_complete_in_order_of_their_longest_and_deal_keeps_every_length()
     groups = deal_groups(lengths, 4, random.Random(0))
     assert [len(g) for g in groups] == [4, 4, 4, 7] and sorted(n for g in groups for n in g) == lengths
     assert deal_groups([3, 1], 8, random.Random(0)) in ([[3, 1]], [[1, 3]])
+
+
+def test_a_correlated_deal_makes_groups_of_similar_lengths():
+    lengths = list(range(1, 65))
+    runs = deal_groups(lengths, 8, random.Random(0), correlation=1.0)
+    assert sorted(sorted(g) for g in runs) == [list(range(i, i + 8)) for i in range(1, 65, 8)]
+    spread = {c: statistics.mean(max(g) - min(g) for seed in range(20)
+                                 for g in deal_groups(lengths, 8, random.Random(seed), correlation=c))
+              for c in (0.0, GROUP_CORRELATION, 1.0)}
+    assert spread[1.0] == 7 < spread[GROUP_CORRELATION] < spread[0.0]
+    with pytest.raises(ValueError, match="correlation must be in"):
+        deal_groups(lengths, 8, random.Random(0), correlation=1.5)
+
+
+def test_expected_padding_falls_with_the_groups_correlation():
+    rng = random.Random(2)
+    lengths = [11 + max(1, round(rng.lognormvariate(math.log(16), 0.9))) for _ in range(256)]
+    pad = {c: expected_work(lengths, 8, 1, correlation=c).pad_factor for c in (0.0, GROUP_CORRELATION, 1.0)}
+    assert pad[0.0] > pad[GROUP_CORRELATION] > pad[1.0] >= 1.0
 
 
 def test_expected_work_is_deterministic_and_exact_when_grouping_cannot_matter():

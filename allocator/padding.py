@@ -3,7 +3,7 @@
 The trainer (``services.trainer.loop``) hands the learner complete groups as they finish,
 ``trainer.micro_batch_groups`` at a time (``DynamicBatcher``; the remainder at the end of the
 iteration), and each ``Learner.backward`` call splits its sequences (prompt + response) into
-micro-batches of similar length (``services.policy.batch.length_buckets``: sorted by length,
+micro-batches of similar length (``services.policy.bucketing.length_buckets``: sorted by length,
 at most ``MICRO_BATCH_TOKENS`` padded tokens each, a longer sequence alone) and right-pads each
 micro-batch to its longest sequence. Every matmul then runs on ``size x width`` tokens and the
 attention on ``size x width^2`` positions, whatever the real lengths.
@@ -21,9 +21,8 @@ attention on ``size x width^2`` positions, whatever the real lengths.
   sequences. Dealt at random (correlation 0) the count-down batches' padding comes out
   1.80-2.04x against 1.58-1.88x measured; at 0.68, 1.58-1.75x.
 
-``length_buckets`` and ``MICRO_BATCH_TOKENS`` repeat the learner's (``services.policy.batch``,
-``services.trainer.learner``) so that the allocator does not import torch; a unit test keeps
-them equal. No I/O.
+``length_buckets`` and ``MICRO_BATCH_TOKENS`` are the learner's own (``services.policy.bucketing``,
+torch-free). No I/O.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-MICRO_BATCH_TOKENS = 4096  # services.trainer.learner.MICRO_BATCH_TOKENS (tests/unit/test_train_padding.py)
+from services.policy.bucketing import MICRO_BATCH_TOKENS, length_buckets
+
 EXPECTED_DRAWS = 16  # random groupings averaged by expected_work
 # Within-group correlation of log response lengths (intraclass correlation: the share of their
 # variance between prompts): median over 194 iterations of two recorded 100-iteration count-down
@@ -41,22 +41,6 @@ EXPECTED_DRAWS = 16  # random groupings averaged by expected_work
 # iterations of bench/results/train_profile.lengths.json left out. mmlu-pro-cot's 8 models
 # answering one question: 0.45.
 GROUP_CORRELATION = 0.68
-
-
-def length_buckets(lengths: Sequence[int], max_tokens: int = MICRO_BATCH_TOKENS) -> list[list[int]]:
-    """Indices of ``lengths`` in micro-batches as the learner makes them (sorted by length; a new
-    micro-batch when one more sequence would pad past ``max_tokens``)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > max_tokens:
-            buckets.append(current)
-            current = []
-        current.append(i)
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 @dataclass(frozen=True)

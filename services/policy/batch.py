@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from services.policy.bucketing import length_buckets  # noqa: F401  (the learner's micro-batching)
+
 
 @dataclass
 class PackedBatch:
@@ -46,24 +48,6 @@ def token_logprobs(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
     logits = out.logits[:, :-1].float()
     targets = batch.input_ids[:, 1:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def length_buckets(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Split indices into micro-batches of similar length, each with at most ``max_tokens``
-    padded tokens (a single longer sequence gets a micro-batch of its own). Sorting by length
-    first keeps padding waste small when lengths are long-tailed."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        # sorted ascending: the newest member is the longest, so it sets the padded width
-        if current and (len(current) + 1) * lengths[i] > max_tokens:
-            buckets.append(current)
-            current = []
-        current.append(i)
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def completion_values(batch: PackedBatch, prompt_lens: list[int], values: list[list[float]]) -> torch.Tensor:

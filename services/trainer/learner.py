@@ -25,7 +25,8 @@ import torch
 
 from services.common.config import RunConfig
 from services.common.types import SampleRecord
-from services.policy.batch import PackedBatch, completion_values, length_buckets, pack, token_logprobs
+from services.policy.batch import PackedBatch, completion_values, pack, token_logprobs
+from services.policy.bucketing import MICRO_BATCH_TOKENS, length_buckets
 from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
 from services.trainer.critic import ValueModel
@@ -34,7 +35,6 @@ from services.trainer.backends import create_backend
 from services.trainer.device import compute_context
 from services.trainer.parallel import ParallelContext, max_across, sum_across
 
-MICRO_BATCH_TOKENS = 4096  # padded tokens per forward/backward: bounds activation memory
 
 
 @dataclass

@@ -26,16 +26,16 @@ from services.generation.scheduling.hardware import get_hardware
 from services.generation.scheduling.models import get_model
 
 
-def test_length_buckets_and_budget_are_the_learners():
-    from services.policy import batch
+def test_the_allocator_prices_the_learners_own_bucketing_without_importing_torch():
+    import subprocess
+    import sys
+
     from services.trainer import learner
 
-    assert MICRO_BATCH_TOKENS == learner.MICRO_BATCH_TOKENS
-    rng = random.Random(0)
-    for _ in range(200):
-        lengths = [max(1, round(rng.lognormvariate(3.3, 1.0))) for _ in range(rng.randrange(1, 80))]
-        budget = rng.choice([64, 256, 4096])
-        assert length_buckets(lengths, budget) == batch.length_buckets(lengths, budget)
+    assert learner.length_buckets is length_buckets and learner.MICRO_BATCH_TOKENS == MICRO_BATCH_TOKENS
+    code = "import sys, allocator.padding, allocator.training; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
 
 
 def test_micro_batch_work_pads_each_bucket_to_its_longest():

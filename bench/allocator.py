@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from allocator.allocate import build_cost_model, find_model  # noqa: E402
 from allocator.cluster import ClusterSpec, load_cluster, load_workload  # noqa: E402
+from bench.report_io import provenance, provenance_line, results_dir  # noqa: E402
 from allocator.planner import (  # noqa: E402
     CostModel,
     brute_force_single,
@@ -44,7 +45,6 @@ from allocator.planner import (  # noqa: E402
     plan_two_sites,
 )
 
-OUT = ROOT / "bench/results"
 MODELS = {"Qwen2.5-7B": "qwen2.5-7b", "Qwen2.5-32B": "qwen2.5-32b", "Qwen2.5-72B": "qwen2.5-72b"}
 CLUSTERS = ROOT / "deploy/clusters"
 WORKLOADS = ROOT / "deploy/workloads"
@@ -130,6 +130,7 @@ def write_markdown(result: dict, path: Path) -> None:
     d = result["details"]
     lines = [
         "# Allocator benchmark (SIMULATED: derived H800/H20 roofline profiles, not measured on GPUs)", "",
+        provenance_line(result["provenance"]), "",
         "| metric | value | target (StreamRL) |", "|---|---|---|",
     ]
     for label, v in result["planned_vs_even_speedup"].items():
@@ -184,9 +185,9 @@ def plot(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller brute-force grid")
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = ap.parse_args(argv)
-    out = Path(ns.out)
+    out = results_dir(ns.out, ns.quick)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     pve = planned_vs_even()
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = gaps(ns.quick)
     t1024, plan1024 = planning_time_1024()
     result = {
+        "provenance": provenance(Path(__file__), {"quick": ns.quick, "regimes": regimes}),
         "planned_vs_even_speedup": {k: v["speedup"] for k, v in pve.items()},
         "cross_site_cost_efficiency_ratio": cross["20k"]["ratio"],
         "max_gap_to_bruteforce": max(r["gap"] for r in grid if "gap" in r),

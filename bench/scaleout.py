@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import write_results  # noqa: E402
+from bench.report_io import provenance, provenance_line, results_dir, write_results  # noqa: E402
 
 BASE = [
     "trainer.mode=one_step", "trainer.prompts_per_iteration=8", "trainer.group_size=8", "trainer.micro_batch_groups=8",
@@ -155,6 +155,7 @@ def markdown(r: dict) -> str:
     lines = [
         "# Dynamic scale-out (StreamRL Figure 11), real processes on this machine",
         "",
+        *([provenance_line(r["provenance"]), ""] if "provenance" in r else []),
         f"{r['mode']} run, forced output length {r['ramp']}; host: {r['host']} (shared, noisy: compare columns).",
         "",
         f"Scale-out events after iterations {r['scaleout_events']}"
@@ -213,7 +214,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="14 iterations, steeper ramp (under 5 minutes)")
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-scaleout"))
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = parser.parse_args()
 
     from services.common.config import load_config
@@ -237,7 +238,9 @@ def main() -> int:
     }
     result = summarize(scaled, baseline, cfg.scaleout.window, cfg.scaleout.cooldown, meta)
     result["bench_wall_s"] = time.time() - t0
-    print(write_results(ns.out, "scaleout", result, markdown, plot))
+    result["provenance"] = provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "overrides": base},
+                                      Path(ns.config), cfg.generation.engine)
+    print(write_results(results_dir(ns.out, ns.quick), "scaleout", result, markdown, plot))
     return 0
 
 

@@ -25,16 +25,15 @@ import torch
 
 from services.common.config import RunConfig
 from services.common.types import SampleRecord
+from services.common.weights import WeightStream
 from services.policy.batch import PackedBatch, completion_values, pack, token_logprobs
 from services.policy.bucketing import MICRO_BATCH_TOKENS, length_buckets
 from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
 from services.trainer.critic import ValueModel
-from services.common.weights import WeightStream
 from services.trainer.backends import create_backend
 from services.trainer.device import compute_context
 from services.trainer.parallel import ParallelContext, max_across, sum_across
-
 
 
 @dataclass

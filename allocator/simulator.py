@@ -126,3 +126,43 @@ def generation_time(
     ]
     return simulate(samples, spec, n_instances, policy=policy, admission=admission, lengths=lengths,
                     alpha=alpha, seed=seed).makespan_s
+
+
+@dataclass(frozen=True)
+class MeasuredInstance:
+    """One instance's share of a measured run: the jobs it generated (true lengths, the
+    estimates its admission queue saw), its admission order and its measured makespan (s)."""
+
+    jobs: tuple[Job, ...]
+    admission: Order
+    measured_s: float
+
+
+def calibrate_spec(spec: InstanceSpec, runs: Sequence[MeasuredInstance]) -> tuple[InstanceSpec, dict]:
+    """Fit the profile's step cost to measured per-instance makespans of a short run.
+
+    The instance model's decisions (admission, preemption) depend on counts and KV tokens,
+    never on time, so scaling every term of the step cost (k1..k5, prefill) by ``s`` scales
+    every simulated makespan by exactly ``s``: the fit is closed-form, the geometric mean of
+    measured / simulated over the runs (least squares on log makespans). It corrects what a
+    profile measured elsewhere gets wrong as a whole (another host's speed, RPC and polling
+    overheads, CPU sharing); the shape of the cost (batch, KV dependence) stays the
+    profile's. Returns (calibrated spec, {"scale", "runs", "fit_error"}) where ``fit_error``
+    is the mean |simulated / measured - 1| on the calibration runs themselves (not an
+    out-of-sample error: evaluate the spec on other runs)."""
+    import math
+    from dataclasses import replace
+
+    used = [r for r in runs if r.jobs and r.measured_s > 0]
+    if not used:
+        raise ValueError("calibrate_spec needs at least one measured instance with jobs and a positive makespan")
+    sims = [run_instance(list(r.jobs), spec, r.admission).makespan_s for r in used]
+    if any(s <= 0 for s in sims):
+        raise ValueError("the profile simulates a zero makespan; cannot scale it")
+    logs = [math.log(r.measured_s / s) for r, s in zip(used, sims)]
+    scale = math.exp(sum(logs) / len(logs))
+    c = spec.cost
+    cost = replace(c, k1=c.k1 * scale, k2=c.k2 * scale, k3=c.k3 * scale, k4=c.k4 * scale, k5=c.k5 * scale,
+                   prefill_per_token=c.prefill_per_token * scale, per_sequence=c.per_sequence * scale)
+    fit_error = sum(abs(s * scale / r.measured_s - 1) for r, s in zip(used, sims)) / len(used)
+    return replace(spec, cost=cost), {"scale": scale, "runs": len(used), "fit_error": fit_error}

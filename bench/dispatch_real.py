@@ -14,7 +14,12 @@ interleaved and each keeps its fastest round (the least disturbed by other load)
 simulator replays the *same* assignment (read from the router's timeline) with the in-situ
 profile: ``sim_error`` is the mean relative error of the simulated vs the measured makespan,
 so it measures the engine model (mixed lengths, continuous batching, admission order), not
-the dispatch's randomness. The error with the shipped ``braid profile`` file is reported too.
+the dispatch's randomness. The error with the shipped ``braid profile`` file is reported too
+(``sim_error_shipped``), and with the shipped profile **calibrated** on a separate short run
+(``sim_error_calibrated``): each round also sends ``CALIB_SAMPLES`` samples of rows outside the
+batch through the round-robin router; the fastest of those calls' per-instance makespans fit
+the profile's scale (``allocator.simulator.calibrate_spec``), which is then judged on the timed
+benchmark calls it never saw.
 
 Lengths: the batch's token lengths scaled so the longest is ``REAL_CAP`` tokens (the tiny model
 has 512 positions); prompts are ``clamp(chars / 40, 4, 40)`` tokens of filler.
@@ -32,6 +37,8 @@ from pathlib import Path
 REAL_CAP = 200
 INSTANCES = 2
 MAX_INFLIGHT = 32
+CALIB_ROUTER = "round_robin+fcfs"  # the router the calibration run goes through
+CALIB_SAMPLES = 512  # samples of the calibration run (rows outside the batch; a run about as long as the timed ones)
 QUICK = ("random+fcfs", "round_robin+fcfs", "lpt+lpt", "streamrl+lpt")
 FULL = QUICK + ("least_loaded+fcfs", "streamrl_naive+lpt", "lpt+lpt/oracle", "streamrl+lpt/oracle")
 
@@ -51,10 +58,9 @@ def _specs(rows, idx, scale, cpt, oracle: bool, tag: str):
     return out
 
 
-def _simulate_from_timeline(timeline: Path, call: int, prompts, forward: bool, spec) -> tuple[float, list[float]]:
-    """Replay the router's actual assignment of ``call`` on the profile; returns
-    (makespan, per-instance makespans)."""
-    from services.generation.scheduling import Job, run_instance
+def _jobs_from_timeline(timeline: Path, call: int, prompts) -> list[list]:
+    """The jobs each instance ran in ``call`` (the router's actual assignment)."""
+    from services.generation.scheduling import Job
 
     events = [json.loads(x) for x in timeline.read_text().splitlines()]
     by_id = {p.prompt_id: p for p in prompts}
@@ -63,6 +69,15 @@ def _simulate_from_timeline(timeline: Path, call: int, prompts, forward: bool, s
         if e["event"] == "sample" and e["call"] == call:
             p = by_id[e["seq"].rsplit("/", 1)[0]]
             jobs[e["instance"]].append(Job(e["seq"], len(p.token_ids), p.forced_length, p.estimated_length))
+    return jobs
+
+
+def _simulate_from_timeline(timeline: Path, call: int, prompts, forward: bool, spec) -> tuple[float, list[float]]:
+    """Replay the router's actual assignment of ``call`` on the profile; returns
+    (makespan, per-instance makespans)."""
+    from services.generation.scheduling import run_instance
+
+    jobs = _jobs_from_timeline(timeline, call, prompts)
     order = "lpt" if forward else "fcfs"
     per = [run_instance(j, spec, order).makespan_s if j else 0.0 for j in jobs]
     return max(per), per
@@ -145,6 +160,7 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     batch, rest = order[:n], order[n:] or order[:128]
     scale = REAL_CAP / max(rows[i].response_length / cpt for i in batch)
     warm = rest[:128]
+    calib = [rest[k % len(rest)] for k in range(CALIB_SAMPLES)]  # the calibration run: rows outside the batch (cycled)
     base = [
         "generation.instances=2", f"generation.max_inflight={MAX_INFLIGHT}", "generation.forced_lengths=true",
         f"generation.max_new_tokens={REAL_CAP}", "generation.admission=lpt", "generation.dispatch.min_history=32",
@@ -164,16 +180,21 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
             ctx = _Ctx(rows, batch, warm, scale, cpt, base, work, checkpoint, instances, sup, repeats)
             prof = InSituProfile(instances)
             routers = _start_routers(QUICK if quick else FULL, ctx)
+            calib_prompts = _specs(rows, calib, scale, cpt, False, "c")
+            calib_times: list[float] = []
             for r in range(repeats):  # profile and timed calls interleaved: both see the host's slow phases
                 prof.measure_round()
+                _calibration_call(routers, calib_prompts, calib_times)
                 _timed_round(routers)
                 print(f"real round {r + 1}/{repeats} done", flush=True)
             cost, fit_err, points = prof.fit(profile.kv_bytes_per_token)
             in_situ = dc_replace(shipped, cost=cost)
-            results = _summarize(routers, {"in_situ": in_situ, "shipped": shipped})
+            calibrated, calibration = _calibrate(routers, calib_prompts, calib_times, shipped)
+            results = _summarize(routers, {"in_situ": in_situ, "shipped": shipped, "calibrated": calibrated})
             for name, r in results.items():
                 print(f"real {name}: measured {r['measured_s']:.2f}s, simulated {r['simulated_s']:.2f}s "
-                      f"(shipped profile {r['simulated_shipped_s']:.2f}s)", flush=True)
+                      f"(shipped profile {r['simulated_shipped_s']:.2f}s, calibrated {r['simulated_calibrated_s']:.2f}s)",
+                      flush=True)
         finally:
             sup.stop_all()
 
@@ -192,6 +213,10 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
         "sim_error": statistics.fmean(err("simulated_s")),
         "sim_error_max": max(err("simulated_s")),
         "sim_error_shipped_profile": statistics.fmean(err("simulated_shipped_s")),
+        "sim_error_shipped": statistics.fmean(err("simulated_shipped_s")),
+        "sim_error_calibrated": statistics.fmean(err("simulated_calibrated_s")),
+        "sim_error_calibrated_max": max(err("simulated_calibrated_s")),
+        "calibration": calibration,
     }
 
 
@@ -227,6 +252,39 @@ def _start_routers(names, c: _Ctx) -> dict:
     return routers
 
 
+def _calibration_call(routers: dict, prompts, times: list[float]) -> None:
+    """One Generate call of the calibration rows through ``CALIB_ROUTER`` (timed)."""
+    from services.common.types import GenerateParams
+
+    client = routers[CALIB_ROUTER][0]
+    t0 = time.time()
+    samples = list(client.generate(prompts, GenerateParams()))
+    times.append(time.time() - t0)
+    assert len(samples) == len(prompts)
+
+
+def _router_calls(timeline: Path) -> list[int]:
+    """The router's Generate calls after its warm-up, in order."""
+    return [json.loads(x)["call"] for x in timeline.read_text().splitlines() if '"event": "dispatch"' in x][1:]
+
+
+def _calibrate(routers: dict, prompts, times: list[float], shipped) -> tuple:
+    """Fit the shipped profile's scale (``allocator.simulator.calibrate_spec``) to the fastest
+    calibration call's per-instance makespans: a separate, short run (rows outside the batch),
+    never the benchmark calls the calibrated profile is then judged on."""
+    from allocator.simulator import MeasuredInstance, calibrate_spec
+
+    _, run_dir, _, _, _ = routers[CALIB_ROUTER]
+    timeline = run_dir / "router-timeline.jsonl"
+    calib_calls = _router_calls(timeline)[0::2]  # the calibration router alternates calibration and timed calls
+    best = min(range(len(times)), key=times.__getitem__)
+    jobs = _jobs_from_timeline(timeline, calib_calls[best], prompts)
+    measured = _measured_per_instance(timeline, calib_calls[best])
+    spec, info = calibrate_spec(shipped, [MeasuredInstance(tuple(j), "fcfs", m) for j, m in zip(jobs, measured)])
+    return spec, {**info, "samples": len(prompts), "router": CALIB_ROUTER, "measured_s": times[best],
+                  "measured_all_s": times, "measured_per_instance_s": measured}
+
+
 def _timed_round(routers: dict) -> None:
     """One timed Generate call of the batch per configuration."""
     from services.common.types import GenerateParams
@@ -246,12 +304,16 @@ def _summarize(routers: dict, specs: dict) -> dict[str, dict]:
     for name, (client, run_dir, forward, prompts, times) in routers.items():
         client.close()
         timeline = run_dir / "router-timeline.jsonl"
-        calls = [json.loads(x)["call"] for x in timeline.read_text().splitlines() if '"event": "dispatch"' in x][1:]
+        calls = _router_calls(timeline)
+        if name == CALIB_ROUTER:
+            calls = calls[1::2]  # its calibration calls come first in each round
         best = min(range(len(times)), key=times.__getitem__)
         simulated, per_sim = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["in_situ"])
         shipped, _ = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["shipped"])
+        calibrated, _ = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["calibrated"])
         out[name] = {
             "measured_s": times[best], "measured_all_s": times, "simulated_s": simulated, "simulated_shipped_s": shipped,
+            "simulated_calibrated_s": calibrated,
             "measured_per_instance_s": _measured_per_instance(timeline, calls[best]), "simulated_per_instance_s": per_sim,
         }
     return out

@@ -8,8 +8,8 @@ from bench.dispatch import _ratio, pick_regime
 
 
 def test_ratio_records_median_spread_and_flags_spread_as_large_as_effect():
-    r = _ratio([110.0, 120.0, 130.0], [100.0, 100.0, 100.0])
-    assert r["median"] == pytest.approx(1.2) and (r["min"], r["max"], r["n"]) == (pytest.approx(1.1), pytest.approx(1.3), 3)
+    r = _ratio([112.0, 120.0, 128.0], [100.0, 100.0, 100.0])
+    assert r["median"] == pytest.approx(1.2) and (r["min"], r["max"], r["n"]) == (pytest.approx(1.12), pytest.approx(1.28), 3)
     assert r["spread_as_large_as_effect"] is False
     noisy = _ratio([90.0, 105.0, 120.0], [100.0, 100.0, 100.0])
     assert noisy["spread_as_large_as_effect"] is True

@@ -15,6 +15,45 @@ def _cell(m: dict, key: str, rnd: float) -> str:
     return f"{m[key]:.1f} ({rnd / m[key]:.2f}x)"
 
 
+def _rs(x: dict) -> str:
+    """A ratio with its spread over seeds; flags a spread as large as the effect."""
+    flag = " (spread >= effect)" if x.get("spread_as_large_as_effect") else ""
+    return f"{x['median']:.3f}x [{x['min']:.2f}-{x['max']:.2f}]{flag}"
+
+
+def _regime_lines(r: dict) -> list[str]:
+    g, pts = r["regime"], r["regime_search"]
+    kept = r.get("ranker_kept_of_oracle_gain")
+    lines = [
+        "## Where length-aware dispatch should matter (regime search)",
+        "",
+        f"Grid: profile x lengths x rounds x dispatch unit x instances, {g['seeds']} workload seeds each (which prompts "
+        "form the batch); every ratio is the median over seeds with its range [min-max]. Length-blind = round_robin "
+        "and least_loaded, FCFS or LPT admission inside (LPT inside uses the ranker's estimates in ranker runs, true "
+        "lengths in oracle runs); length-aware = lpt and streamrl dispatch, FCFS or LPT inside. Per point, the "
+        "length-aware policy is the one whose **true-length** run gains the most; the ranker column is that same "
+        "policy fed the ranker's estimates.",
+        "",
+        f"**Regime of record** ({g['selection']}): `{g['profile']}`, {g['lengths']} lengths, {g['rounds']} round(s), "
+        f"dispatch by {g['unit']}, {g['instances']} instances, `{g['policy']}`. True lengths (oracle): "
+        f"**{_rs(r['oracle_vs_round_robin'])}** vs round-robin, {_rs(r['oracle_vs_best_blind'])} vs the best "
+        f"length-blind policy. Ranker estimates: **{_rs(r['ranker_vs_round_robin'])}** vs round-robin, "
+        f"{_rs(r['ranker_vs_best_blind'])} vs the best length-blind policy"
+        + (f"; the ranker keeps {kept:.0%} of the oracle's gain." if kept is not None else "."),
+        "",
+        "| profile | lengths | rounds | unit | N | policy (best with true lengths) | oracle vs best blind | ranker vs best blind "
+        "| ranker vs round-robin | best ranker policy vs best blind |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in pts:
+        lines.append(
+            f"| {p['profile']} | {p['lengths']} | {p['rounds']} | {p['unit']} | {p['instances']} | {p['policy']} | "
+            f"{_rs(p['oracle_vs_best_blind'])} | {_rs(p['ranker_vs_best_blind'])} | {_rs(p['ranker_vs_round_robin'])} | "
+            f"`{p['best_ranker_policy']}` {_rs(p['best_ranker_vs_best_blind'])} |"
+        )
+    return lines + [""]
+
+
 def markdown(r: dict) -> str:
     q = r["ranker_quality"]
     lines = [
@@ -35,11 +74,14 @@ def markdown(r: dict) -> str:
         f"**{r['ranker_vs_oracle']:.3f}** of the same policy with true lengths. Targets: "
         + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in r["targets"].items()) + ".",
         "",
+        *(_regime_lines(r) if "regime" in r else []),
+        f"## Fixed regimes, {r['instances']} instances, workload seed {r.get('provenance', {}).get('config', {}).get('seed', 0)}",
+        "",
     ]
     for regime, m in r["makespan_s"].items():
         rnd = m["random+fcfs"]
         lines += [
-            f"## {regime}",
+            f"### {regime}",
             "",
             "| dispatch (per sample unless by prompt) | ranker, FCFS inside | ranker, LPT inside | oracle, FCFS inside | oracle, LPT inside |",
             "|---|---|---|---|---|",
@@ -63,17 +105,23 @@ def markdown(r: dict) -> str:
             "",
             f"Simulator error (the router's actual assignment replayed on the step cost profiled in situ): mean "
             f"**{real['sim_error']:.3f}**, max {real['sim_error_max']:.3f}; with the shipped `braid profile` file "
-            f"{real['sim_error_shipped_profile']:.3f}. Noise floor: repeats of one configuration differed by "
+            f"{real['sim_error_shipped_profile']:.3f}"
+            + (f"; with the shipped profile **calibrated** on a separate run ({real['calibration']['samples']} samples "
+               f"of rows outside the batch through `{real['calibration']['router']}`, scale x{real['calibration']['scale']:.2f}) "
+               f"**{real['sim_error_calibrated']:.3f}** (max {real['sim_error_calibrated_max']:.3f})" if "calibration" in real else "")
+            + f". Noise floor: repeats of one configuration differed by "
             f"{real['measurement_spread']:.3f} on average (fastest of {real['repeats']} kept).",
             "",
-            "| configuration | measured s | simulated s | error | speedup vs random (measured) | (simulated) |",
-            "|---|---|---|---|---|---|",
+            "| configuration | measured s | simulated s (in situ) | error | simulated s (shipped) | simulated s (calibrated) "
+            "| speedup vs random (measured) | (simulated) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for k, run in real["runs"].items():
             err = abs(run["simulated_s"] - run["measured_s"]) / run["measured_s"]
+            calibrated = f"{run['simulated_calibrated_s']:.2f}" if "simulated_calibrated_s" in run else "—"
             lines.append(
-                f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} | "
-                f"{real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
+                f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} | {run['simulated_shipped_s']:.2f} | "
+                f"{calibrated} | {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -105,14 +105,17 @@ REGIME_SHAPES = (("one", "sample"), ("multi", "sample"), ("multi", "prompt"))  #
 REGIME_SEEDS = 3  # workload draws (which prompts make the batch) per grid point
 
 
-def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, *, cpt: float, seeds: int) -> dict:
+def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, *, cpt: float, seeds: int,
+                 noise: float | None = None, aware: tuple[str, ...] = REGIME_AWARE) -> dict:
     """One grid point: per workload seed, the makespan of every length-blind policy (ranker
     estimates for LPT admission inside, and true lengths) and of every length-aware one (ranker
     estimates and true lengths). The length-aware policy of record is the one whose true-length
     (oracle) run beats the best length-blind run by the most (median over seeds); the ranker's
-    numbers are for that same policy, so they say how much of the oracle's gain it keeps."""
+    numbers are for that same policy, so they say how much of the oracle's gain it keeps
+    (``noise``: synthetic estimates of that lognormal sigma instead of the ranker's,
+    ``dispatch_data.with_synthetic_estimates``)."""
     from allocator.simulator import SimSample, simulate
-    from bench.dispatch_data import build_workload
+    from bench.dispatch_data import build_workload, with_synthetic_estimates
     from bench.report_io import ratio_spread
     from services.generation.scheduling import EstimateErrorModel, LengthDistribution
 
@@ -120,10 +123,12 @@ def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, 
     runs: dict[str, list[float]] = {}
     for seed in range(seeds):
         w = build_workload(rows, lengths, rounds, chars_per_token=cpt, seed=seed)
+        if noise is not None:
+            w = with_synthetic_estimates(w, noise, seed)
         samples = [SimSample(f"s{i}", p, t, e, g)
                    for i, (p, t, e, g) in enumerate(zip(w.prompt_tokens, w.lengths, w.estimates, w.groups))]
         dist, errors = LengthDistribution([a for _, a in w.history]), EstimateErrorModel(w.history)
-        for name in REGIME_BLIND + REGIME_AWARE:
+        for name in REGIME_BLIND + aware:
             policy, inside = name.split("+")
             for oracle in (False, True):
                 if oracle and name.endswith("+fcfs") and name in REGIME_BLIND:
@@ -138,8 +143,8 @@ def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, 
     def med(num, den):
         return ratio_spread(num, den)["median"]
 
-    best = max(REGIME_AWARE, key=lambda a: med(blind_o, runs[a + "/oracle"]))
-    best_ranker = max(REGIME_AWARE, key=lambda a: med(blind_r, runs[a]))
+    best = max(aware, key=lambda a: med(blind_o, runs[a + "/oracle"]))
+    best_ranker = max(aware, key=lambda a: med(blind_r, runs[a]))
     return {
         "profile": prof, "lengths": lengths, "rounds": rounds, "unit": unit, "instances": n, "seeds": seeds,
         "policy": best, "makespan_s": runs,
@@ -180,6 +185,29 @@ def regime_search(rows, *, cpt: float, quick: bool) -> tuple[list[dict], dict]:
         print(f"regime {prof}/{lengths}-{rounds}/{unit}/N={n}: {p['policy']} oracle {p['oracle_vs_best_blind']['median']:.3f}x "
               f"ranker {p['ranker_vs_best_blind']['median']:.3f}x vs best blind ({time.time() - t0:.1f}s)", flush=True)
     return points, pick_regime(points)
+
+
+SENSITIVITY_SIGMAS = (0.1, 0.25, 0.5, 1.0)
+
+
+def estimate_sensitivity(rows, chosen: dict, *, cpt: float) -> list[dict]:
+    """The regime of record again with synthetic estimates (true x lognormal noise of each
+    sigma) in place of the ranker's: how good must estimates be for the policy to pay?"""
+    from scipy.stats import spearmanr
+
+    from bench.dispatch_data import build_workload, with_synthetic_estimates
+
+    out = []
+    for sigma in SENSITIVITY_SIGMAS:
+        p = regime_point(rows, chosen["profile"], chosen["lengths"], chosen["rounds"], chosen["unit"], chosen["instances"],
+                         cpt=cpt, seeds=chosen["seeds"], noise=sigma, aware=(chosen["policy"],))
+        w = with_synthetic_estimates(build_workload(rows, chosen["lengths"], chosen["rounds"], chars_per_token=cpt, seed=0),
+                                     sigma, 0)
+        out.append({"sigma": sigma, "spearman": float(spearmanr([a for _, a in w.history], [e for e, _ in w.history]).statistic),
+                    "ranker_vs_round_robin": p["ranker_vs_round_robin"], "ranker_vs_best_blind": p["ranker_vs_best_blind"]})
+        print(f"sensitivity sigma={sigma}: spearman {out[-1]['spearman']:.2f}, vs round-robin "
+              f"{p['ranker_vs_round_robin']['median']:.3f}x", flush=True)
+    return out
 
 
 def targets(makespan: dict[str, dict[str, float]]) -> dict:
@@ -259,6 +287,7 @@ def main() -> int:
         "ranker_kept_of_oracle_gain": (chosen["ranker_vs_best_blind"]["median"] - 1) / (chosen["oracle_vs_best_blind"]["median"] - 1)
         if chosen["oracle_vs_best_blind"]["median"] != 1 else None,
         "regime_search": points,
+        "estimate_sensitivity": estimate_sensitivity(rows, chosen, cpt=cpt),
         "ranker_quality": ranker_quality(rows),
         "estimates_file": str(ns.estimates),
         "estimates_label": ns.label,

@@ -118,3 +118,18 @@ def build_workload(rows: list[Row], lengths: str, rounds: str, *, chars_per_toke
         groups=[f"p{i}" for i in batch for _ in range(group)],
         history=[(rows[i].estimated_length, float(true[i])) for i in rest],
     )
+
+
+def with_synthetic_estimates(w: Workload, sigma: float, seed: int) -> Workload:
+    """The workload with the ranker's estimates replaced by ``true length x exp(sigma z)``,
+    z ~ N(0, 1), one draw per prompt (its samples share it) and per history row: a ranker of
+    chosen quality (sigma 0 = the true lengths), to ask how good estimates must be to pay."""
+    import dataclasses
+
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    rng = random.Random(seed * 7919 + 17)
+    noise: dict[str, float] = {}
+    estimates = [t * noise.setdefault(g, math.exp(sigma * rng.gauss(0.0, 1.0))) for t, g in zip(w.lengths, w.groups)]
+    history = [(a * math.exp(sigma * rng.gauss(0.0, 1.0)), a) for _, a in w.history]
+    return dataclasses.replace(w, name=f"{w.name}~{sigma:g}", estimates=estimates, history=history)

@@ -51,6 +51,17 @@ def _regime_lines(r: dict) -> list[str]:
             f"{_rs(p['oracle_vs_best_blind'])} | {_rs(p['ranker_vs_best_blind'])} | {_rs(p['ranker_vs_round_robin'])} | "
             f"`{p['best_ranker_policy']}` {_rs(p['best_ranker_vs_best_blind'])} |"
         )
+    if r.get("estimate_sensitivity"):
+        lines += [
+            "",
+            "How good must estimates be? The regime of record with synthetic estimates, true length x lognormal noise "
+            "(one draw per prompt; sigma 0 = the truth), instead of the ranker's:",
+            "",
+            "| sigma | Spearman (history rows) | vs round-robin | vs best length-blind |",
+            "|---|---|---|---|",
+            *(f"| {x['sigma']:g} | {x['spearman']:.2f} | {_rs(x['ranker_vs_round_robin'])} | {_rs(x['ranker_vs_best_blind'])} |"
+              for x in r["estimate_sensitivity"]),
+        ]
     return lines + [""]
 
 

@@ -23,3 +23,18 @@ def test_pick_regime_prefers_the_largest_oracle_gain_that_wins_on_every_seed():
     pts = [_point("a", 1.5, 0.9), _point("b", 1.3, 1.1), _point("c", 1.2, 1.05)]
     assert pick_regime(pts)["name"] == "b"
     assert pick_regime([_point("a", 1.5, 0.9), _point("d", 0.95, 0.9)])["name"] == "a"  # none wins everywhere
+
+
+def test_synthetic_estimates_share_one_draw_per_prompt_and_sigma_zero_is_the_truth():
+    from bench.dispatch_data import Workload, with_synthetic_estimates
+
+    w = Workload("long-multi", [5] * 6, [10, 10, 10, 400, 400, 400], [1.0] * 6, ["a", "a", "a", "b", "b", "b"],
+                 [(1.0, 30.0), (2.0, 50.0)])
+    exact = with_synthetic_estimates(w, 0.0, seed=1)
+    assert exact.estimates == [10.0, 10.0, 10.0, 400.0, 400.0, 400.0] and [e for e, _ in exact.history] == [30.0, 50.0]
+    noisy = with_synthetic_estimates(w, 1.0, seed=1)
+    assert len(set(noisy.estimates[:3])) == 1 and len(set(noisy.estimates[3:])) == 1 and noisy.estimates != exact.estimates
+    assert noisy.lengths == w.lengths and [a for _, a in noisy.history] == [30.0, 50.0]
+    assert with_synthetic_estimates(w, 1.0, seed=1).estimates == noisy.estimates  # seeded
+    with pytest.raises(ValueError):
+        with_synthetic_estimates(w, -0.1, seed=0)

@@ -60,6 +60,12 @@ class TrainerConfig(StrictModel):
     prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
     group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")
     micro_batch_groups: int = Field(8, ge=1, le=100_000, description="Complete groups that trigger a forward/backward.")
+    skip_zero_advantage_groups: bool = Field(
+        True,
+        description="Skip the forward/backward of groups whose advantages are all zero when there is no KL term "
+        "(they add no gradient; their samples still count in the normaliser). false: train them like any other "
+        "group (same gradient, more compute; matches trainers that do not skip, e.g. TRL's GRPOTrainer).",
+    )
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     clip_eps: float = Field(0.2, gt=0.0, le=10.0, description="PPO-style ratio clip.")

@@ -51,7 +51,7 @@ class StepStats:
     (divide by ``micro_batches``)."""
 
     trained_samples: int = 0
-    zero_adv_groups: int = 0  # skipped: all-zero advantages and no KL term
+    zero_adv_groups: int = 0  # skipped: all-zero advantages, no KL term, trainer.skip_zero_advantage_groups
     loss: float = 0.0
     clip_fraction: float = 0.0
     kl: float = 0.0
@@ -85,6 +85,7 @@ class Learner:
         self.algo = tc.algorithm
         self.objective = get_algorithm(self.algo.name)
         self.params = ObjectiveParams.from_config(tc)
+        self.skip_zero_adv = tc.skip_zero_advantage_groups
         self.critic: ValueModel | None = None
         if self.objective.uses_critic:
             # a Hugging Face backbone whatever the policy's backend (its own parameters and optimizer)
@@ -112,7 +113,8 @@ class Learner:
                 continue
             self._normaliser += self._weight(group.samples)
             signal = self.objective.group_signal(torch.tensor(group.rewards, dtype=torch.float32), self.params)
-            if self.objective.signal_is_advantage and self.ref is None and bool((signal == 0).all()):
+            if (self.skip_zero_adv and self.objective.signal_is_advantage and self.ref is None
+                    and bool((signal == 0).all())):
                 self.stats.zero_adv_groups += 1  # no gradient without a KL term: skip the compute
                 continue
             chosen.extend(zip(group.samples, signal.tolist(), strict=True))

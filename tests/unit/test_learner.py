@@ -123,6 +123,61 @@ def test_dynamic_sampling_drops_groups_with_equal_rewards():
     assert plain.stats.filtered_groups == 0 and plain._normaliser == 7.0 and plain.stats.zero_adv_groups == 1
 
 
+def _learner_skip(skip: bool, kl_coef: float = 0.0, **algo) -> Learner:
+    cfg = RunConfig.model_validate({"model": MODEL, "trainer": {
+        "lr": 1e-2, "max_grad_norm": 1.0, "kl_coef": kl_coef, "skip_zero_advantage_groups": skip, "algorithm": algo}})
+    torch.manual_seed(0)
+    return Learner(cfg, build_policy(cfg.model))
+
+
+@pytest.mark.parametrize("agg", ["sample_mean", "token_mean"])
+def test_training_zero_advantage_groups_changes_the_compute_not_the_step(agg):
+    """``trainer.skip_zero_advantage_groups=false``: the all-equal group (c) goes through
+    forward/backward (trained, not counted as skipped), and the step is the one the skipping
+    learner takes: a zero advantage adds exactly nothing to the gradient, and the normaliser
+    counted the group's samples (or tokens) either way."""
+    g = _groups()
+    skip, no_skip = _learner_skip(True, loss_agg=agg), _learner_skip(False, loss_agg=agg)
+    initial = _state(no_skip)
+    params_skip, grads_skip = _step(skip, [g])
+    params_all, grads_all = _step(no_skip, [g])
+    assert (skip.stats.zero_adv_groups, skip.stats.trained_samples) == (1, 5)
+    assert (no_skip.stats.zero_adv_groups, no_skip.stats.trained_samples) == (0, 7)
+    assert skip._normaliser == no_skip._normaliser
+    assert not all(torch.equal(params_all[k], initial[k]) for k in initial)  # the step ran
+    for k in grads_skip:
+        assert torch.allclose(grads_all[k], grads_skip[k], atol=1e-8, rtol=1e-5), k
+        real = grads_skip[k].abs() > 1e-6  # round-off entries move by +-lr under AdamW's first step
+        assert torch.allclose(params_all[k][real], params_skip[k][real], atol=1e-6), k
+    # the loss statistic is a sum over micro-batches: the zero-advantage group adds 0 to it
+    assert no_skip.stats.loss == pytest.approx(skip.stats.loss, abs=1e-7)
+
+
+def test_only_zero_advantage_groups_still_take_a_zero_gradient_step():
+    """A batch of only zero-advantage groups: skipped, nothing is computed; trained, the
+    forward/backward runs and every gradient is exactly zero."""
+    only = [_groups()[2]]
+    skip, no_skip = _learner_skip(True), _learner_skip(False)
+    initial = _state(skip)
+    skip.begin()
+    skip.backward(only)
+    skip.step()
+    assert skip.stats.micro_batches == 0 and skip.stats.zero_adv_groups == 1
+    assert all(p.grad is None for p in skip.model.parameters())  # nothing was computed
+    params, grads = _step(no_skip, [only])
+    assert no_skip.stats.micro_batches == 1 and no_skip.stats.trained_samples == 2
+    assert all(float(v.abs().max()) == 0.0 for v in grads.values())
+    for k in initial:  # a zero gradient moves nothing (AdamW, no weight decay), as skipping does
+        assert torch.equal(params[k], initial[k]) and torch.equal(_state(skip)[k], initial[k]), k
+
+
+def test_kl_term_never_skips_whatever_the_flag():
+    for flag in (True, False):
+        learner = _learner_skip(flag, kl_coef=0.01)
+        _step(learner, [_groups()])
+        assert learner.stats.zero_adv_groups == 0 and learner.stats.trained_samples == 7
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_critic_values_are_aligned_with_the_completion_grid(arch):
     policy = build_policy(ModelConfig(arch=arch, **MODEL))

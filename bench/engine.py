@@ -44,10 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, ratio_spread, spread, write_results  # noqa: E402
+from bench.report_io import QUICK_OUT, provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
 
-OUT = ROOT / "bench/results"
-QUICK_OUT = Path("/tmp/braid-bench-quick")
 CONFIG = ROOT / "deploy/configs/default.yaml"
 ENGINES = ("vllm", "hf", "generate")
 BASELINES = ("cb", "generate", "hf")  # cb: only in results measured before its retirement
@@ -364,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ns.sizes = [64] if ns.quick else [int(x) for x in ns.sizes.split(",")]
     ns.repeats = 1 if ns.quick else ns.repeats
     result = bench(ns)
-    print(write_results(ns.out or (QUICK_OUT if ns.quick else OUT), "engine", result, markdown, plot))
+    print(write_results(results_dir(ns.out, ns.quick), "engine", result, markdown, plot))
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, spread, write_results  # noqa: E402
+from bench.report_io import provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
 
 MODES = ("sequential", "sync", "one_step")
 
@@ -116,7 +116,7 @@ def main() -> int:
     ns = parser.parse_args()
     if ns.quick:
         ns.iterations, ns.repeats = 6, 1
-    out = ns.out or ("/tmp/braid-bench-quick" if ns.quick else str(ROOT / "bench" / "results"))
+    out = str(results_dir(ns.out, ns.quick))
 
     from services.common.config import load_config
     from services.policy.warmstart import ensure_warmstart

@@ -61,6 +61,55 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
             "command": shlex.join([sys.executable, *sys.argv]), "measured_in_this_run": True}
 
 
+def run_ref(p: dict) -> dict:
+    """The run a provenance block describes, in short: what a carried part points back to."""
+    return {k: p.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}
+
+
+def parts_record(names: dict[str, str], measured: dict[str, float], previous: dict, prov: dict) -> dict:
+    """Which parts of a benchmark this run measured and which it carried from an earlier results file.
+
+    ``names``: part -> its key in the results; ``measured``: part -> seconds, for the parts run
+    now; ``previous``: the results file this run replaces (its parts are carried where not re-run);
+    ``prov``: this run's provenance. A part measured now points at this run; a carried one at the
+    run that measured it (``previous``'s own when it measured the part, else whatever
+    ``previous`` said it carried it from). Parts neither measured nor carried are left out."""
+    out = {}
+    old_parts = previous.get("parts") or {}
+    for part, key in names.items():
+        if part in measured:
+            out[part] = {"key": key, "measured_in_this_run": True, "seconds": measured[part], "run": run_ref(prov)}
+        elif key in previous:
+            old = old_parts.get(part)
+            if old and old.get("measured_in_this_run"):
+                src = old.get("run") or run_ref(previous.get("provenance") or {})
+            elif old:
+                src = old.get("carried_from") or {}
+            else:
+                src = ({**run_ref(previous["provenance"]), "note": "the earlier file recorded no per-part provenance"}
+                       if previous.get("provenance") else
+                       {"commit": None, "date": None, "note": "the earlier file recorded no provenance"})
+            out[part] = {"key": key, "measured_in_this_run": False, "carried_from": src}
+    prov["measured_in_this_run"] = bool(out) and all(p["measured_in_this_run"] for p in out.values())
+    return out
+
+
+def parts_line(parts: dict, part: str) -> str:
+    """One markdown sentence: whether ``part`` was measured in this run or carried, and from which run."""
+    p = parts.get(part)
+    if p is None:
+        return "Not measured in this run and not carried from an earlier one."
+    if p["measured_in_this_run"]:
+        return f"Measured in this run ({p['seconds']:.0f} s)."
+    src = p["carried_from"]
+    if not src.get("commit"):
+        return f"**Carried** from an earlier run, not re-measured in this one ({src.get('note', 'its run is unknown')})."
+    when = src.get("date") or "date unknown"
+    how = f"; {src['note']}" if src.get("note") else ""
+    return (f"**Carried** from an earlier run, not re-measured in this one: commit `{src['commit'][:12]}`"
+            f"{' (dirty tree)' if src.get('dirty') else ''}, {when}{how}.")
+
+
 def spread(xs: list[float]) -> dict:
     """Median and range of repeated measurements."""
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, ratio_spread, spread, write_results  # noqa: E402
+from bench.report_io import provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
 
 # model sizes: the default config's tiny policy, and a larger one where compute outweighs the collectives
 SIZES = {
@@ -276,7 +276,7 @@ def main() -> int:
     head = result["sizes"]["default" if "default" in sizes else sizes[0]]
     result["dp2_vs_dp1_train_tokens_per_s"] = head["dp2_vs_dp1"]["median"]
     result["push_peak_mem_fraction"] = max(v["median"] for v in result["sizes"][sizes[-1]]["push_peak_fraction"].values())
-    out = ns.out or ("/tmp/braid-bench-quick" if ns.quick else str(ROOT / "bench" / "results"))
+    out = str(results_dir(ns.out, ns.quick))
     print(write_results(out, "train", result, markdown, plot))
     return 0
 

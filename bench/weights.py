@@ -1,6 +1,7 @@
 """Weight-plane benchmark: relay throughput, chained broadcast, trainer stall, cross-site run.
 
-Side by side in one run on this machine (noisy, shared: ratios, not absolute times):
+Side by side on this machine (noisy, shared: ratios, not absolute times); each part's paths and
+sizes in one run:
 
 (a) one version of 100 MB / 500 MB / 1 GB through Push then Pull (relay process in between, a
     puller process at the end) vs a raw TCP ``sendall`` of the same bytes between two processes
@@ -17,8 +18,12 @@ Side by side in one run on this machine (noisy, shared: ratios, not absolute tim
 (d) see ``bench/weights_xsite.py``: an RL run across two namespaces joined by a 1 Gbit/s veth with
     20 ms RTT vs the same run on an unlimited link, and the bytes crossing the link per version.
 
-``python bench/weights.py [--quick]`` writes ``bench/results/weights.{json,md,png}``. Needs root
-for the namespaces (``--no-netns`` skips (b) and (d)).
+``python bench/weights.py [--quick] [--parts abcd] [--out DIR]`` writes ``weights.{json,md,png}``
+to ``bench/results`` (``--quick``: to a scratch directory, never over the results of record).
+Needs root for the namespaces (``--no-netns`` skips (b) and (d)). A run of some ``--parts``
+carries the others from the results file it replaces; ``parts`` in the JSON and a line under
+each heading of the markdown say which part was measured in this run and which was carried, and
+from which run (its commit and date).
 """
 
 from __future__ import annotations
@@ -35,8 +40,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-OUT = ROOT / "bench" / "results"
+from bench.report_io import parts_line, parts_record, provenance, provenance_line, results_dir  # noqa: E402
+
 SHM = Path("/dev/shm")
+PARTS = {"a": "throughput", "b": "broadcast", "c": "stall", "d": "cross_site"}  # part -> its section of the results
+PART_KEYS = {"a": ("throughput_ratio_vs_raw", "throughput_ratio_vs_raw_network", "grpc_stream_ratio_vs_raw",
+                   "same_host_shm_ratio_vs_raw", "throughput_ratio_path"),
+             "b": ("broadcast_time_s", "broadcast_ratio_8_vs_1"),
+             "c": ("trainer_stall_fraction",),
+             "d": ("cross_site_iteration_overhead", "cross_site_copies_per_version")}
 
 
 def _state(mb: int):
@@ -197,13 +209,15 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
 
 
 # ---------------------------------------------------------------- report
-def write_report(result: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "weights.json").write_text(json.dumps(result, indent=2) + "\n")
+def write_report(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "weights.json").write_text(json.dumps(result, indent=2) + "\n")
+    parts = result.get("parts", {})
     lines = ["# Weight plane benchmark", "", f"Machine: {result['machine']}. {result['note']}", ""]
     tp = result.get("throughput", {})
     if tp:
         lines += ["## (a) Push then Pull vs raw TCP sendall (loopback), ratio of throughputs (>= 0.5 is the target)", "",
+                  parts_line(parts, "a"), "",
                   "Network path = the relay's raw-TCP data channel (`throughput_ratio_vs_raw`); the old gRPC-stream "
                   "path and the same-host shared-memory path measured side by side in the same run.", "",
                   "| size MB | raw s | raw GB/s | network (data channel) push s | pull s | **ratio** | gRPC streams push s | pull s "
@@ -224,7 +238,7 @@ def write_report(result: dict) -> None:
     bc = result.get("broadcast", {})
     if bc:
         lines += [f"## (b) Chained broadcast, {bc['model_mb']} MB, each hop limited to {bc['hop_rate']} (tbf), "
-                  f"chunks {bc['chunk_bytes'] // 1024} KiB", "",
+                  f"chunks {bc['chunk_bytes'] // 1024} KiB", "", parts_line(parts, "b"), "",
                   "| relays p | time s | vs p=1 |", "|---|---|---|"]
         t1 = result["broadcast_time_s"]["1"]
         for p, t in result["broadcast_time_s"].items():
@@ -239,6 +253,7 @@ def write_report(result: dict) -> None:
     st = result.get("stall", {})
     if st:
         lines += ["## (c) Trainer stall per push (snapshot + hand-over) vs the push's full transfer time", "",
+                  parts_line(parts, "c"), "",
                   "The snapshot copies into a buffer the push thread allocated and faulted in after the previous push "
                   "(ready after `spare s`; a training step is longer); the first push of a run has none (`first stall s`).", "",
                   "| model MB | stall s | network transfer s | **stall fraction** | same-host transfer s | stall fraction | "
@@ -251,17 +266,16 @@ def write_report(result: dict) -> None:
         lines.append("")
     xs = result.get("cross_site", {})
     if xs:
-        stale = "d" not in result.get("part_seconds", {})
         lines += ["## (d) Cross-site RL run (one_step), weights crossing a 1 Gbit/s, 20 ms RTT link", "",
-                  xs.get("summary", ""), ""]
-        if stale:
-            lines += ["(Kept from an earlier run: (d) was not run this time.)", ""]
+                  parts_line(parts, "d"), "", xs.get("summary", ""), ""]
     lines += ["## Result fields", "", "```json",
               json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1",
                                                      "trainer_stall_fraction", "cross_site_iteration_overhead",
                                                      "cross_site_copies_per_version")}, indent=2), "```", ""]
-    (OUT / "weights.md").write_text("\n".join(lines))
-    _plot(result)
+    if "provenance" in result:
+        lines += [provenance_line(result["provenance"]), ""]
+    (out / "weights.md").write_text("\n".join(lines))
+    _plot(result, out)
 
 
 def _cpu_table(tp: dict) -> list[str]:
@@ -283,7 +297,7 @@ def _cpu_table(tp: dict) -> list[str]:
     return lines + [""]
 
 
-def _plot(result: dict) -> None:
+def _plot(result: dict, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,12 +326,14 @@ def _plot(result: dict) -> None:
         axes[1].set_title("(b) chained broadcast time")
         axes[1].legend()
     fig.tight_layout()
-    fig.savefig(OUT / "weights.png", dpi=100)
+    fig.savefig(out / "weights.png", dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition, smaller models in (b)-(d): under 5 minutes")
+    parser.add_argument("--quick", action="store_true", help="one repetition, smaller models in (b)-(d): under 5 minutes; "
+                        "writes to a scratch directory")
+    parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     parser.add_argument("--no-netns", action="store_true", help="skip (b) and (d) (they need root and ip/tc)")
     parser.add_argument("--parts", default="abcd", help="which parts to run (default abcd)")
     parser.add_argument("--streams", type=int, default=2, help="parallel streams of the network path")
@@ -331,12 +347,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.weights_broadcast import bench_broadcast
 
+    out = results_dir(ns.out, ns.quick)
     result: dict = {
+        "provenance": provenance(Path(__file__), {k: getattr(ns, k) for k in (
+            "quick", "no_netns", "parts", "streams", "chunk_mb", "hop_rate", "xsite_shared_cpus")}),
         "machine": f"{platform.node()}, {__import__('os').cpu_count()} CPUs",
-        "note": "Shared, noisy machine: every ratio was measured side by side in one run.",
         "quick": ns.quick,
     }
-    previous = json.loads((OUT / "weights.json").read_text()) if (OUT / "weights.json").exists() else {}
+    previous = json.loads((out / "weights.json").read_text()) if (out / "weights.json").exists() else {}
     chunk = ns.chunk_mb << 20
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="braid-wbench-") as tmp:
@@ -378,16 +396,20 @@ def main(argv: list[str] | None = None) -> int:
             result["cross_site_iteration_overhead"] = xs["iteration_overhead"]
             result["cross_site_copies_per_version"] = xs["copies_per_version"]
             part_done("d")
-    for key in ("throughput_ratio_vs_raw", "throughput_ratio_vs_raw_network", "grpc_stream_ratio_vs_raw",
-                "same_host_shm_ratio_vs_raw", "throughput_ratio_path", "broadcast_time_s", "broadcast_ratio_8_vs_1", "trainer_stall_fraction",
-                "cross_site_iteration_overhead", "cross_site_copies_per_version"):
-        if key not in result and key in previous:  # a partial rerun keeps the other parts' results
-            result[key] = previous[key]
-    for part in ("throughput", "broadcast", "stall", "cross_site"):
-        if part not in result and part in previous:
-            result[part] = previous[part]
+    measured = result.get("part_seconds", {})
+    for part, section in PARTS.items():  # a partial rerun keeps the other parts' results, marked as carried
+        if part not in measured and section in previous:
+            for key in (section, *PART_KEYS[part]):
+                if key in previous:
+                    result[key] = previous[key]
+    result["parts"] = parts_record(PARTS, measured, previous, result["provenance"])
+    carried = [p for p, r in result["parts"].items() if not r["measured_in_this_run"]]
+    result["note"] = ("Shared, noisy machine: every part was measured side by side in this run." if not carried else
+                      f"Shared, noisy machine: part(s) {', '.join(p for p in result['parts'] if p not in carried)} "
+                      f"measured in this run, {', '.join(carried)} carried from earlier runs (each part says which): "
+                      "compare numbers within a part, not across parts.")
     result["seconds"] = time.time() - t_start
-    write_report(result)
+    write_report(result, out)
     print(json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_ratio_8_vs_1", "trainer_stall_fraction",
                                                  "cross_site_iteration_overhead", "cross_site_copies_per_version")}, indent=1))
     return 0

@@ -44,12 +44,20 @@ class Headline:
 
 
 def lookup(data, key: str):
-    """``a.b.0.c`` into nested dicts and lists."""
-    for part in key.split("."):
+    """``a.b.0.c`` into nested dicts and lists; a dict key that itself holds dots
+    (``planned_vs_even_speedup.Qwen2.5-72B``) is found by joining the parts that follow."""
+    parts = key.split(".")
+    i = 0
+    while i < len(parts):
         if isinstance(data, list):
-            data = data[int(part)]
+            data, i = data[int(parts[i])], i + 1
+            continue
+        for j in range(i + 1, len(parts) + 1):
+            if ".".join(parts[i:j]) in data:
+                data, i = data[".".join(parts[i:j])], j
+                break
         else:
-            data = data[part]
+            raise KeyError(parts[i])
     return data
 
 

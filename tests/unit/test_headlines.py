@@ -11,7 +11,7 @@ from bench.headlines import check, check_all
 
 @pytest.fixture
 def results(tmp_path):
-    (tmp_path / "r.json").write_text(json.dumps({"a": {"b": 1.5, "list": [0.25]}, "n": 3}))
+    (tmp_path / "r.json").write_text(json.dumps({"a": {"b": 1.5, "list": [0.25], "Qwen2.5-72B": 1.23}, "n": 3}))
     return tmp_path
 
 
@@ -20,6 +20,7 @@ def results(tmp_path):
     "ratio 1.50 x<!--@r.json a.b .2f--> here",
     "share 25%<!--@r.json a.list.0 .0%-->",
     "n = 3<!--@r.json n d-->",
+    "72B 1.23<!--@r.json a.Qwen2.5-72B .2f-->x",  # a key with dots in it
 ])
 def test_a_number_that_matches_its_results_passes(text, results):
     (h,) = check(text, "t", results)
@@ -32,6 +33,7 @@ def test_a_number_that_matches_its_results_passes(text, results):
     ("ratio 1.50<!--@r.json a.c .2f-->x", "no number at a.c"),
     ("ratio 1.50<!--@gone.json a.b .2f-->x", "no results file gone.json"),
     ("ratio 1.50<!--@r.json a .2f-->x", "no number at a"),  # a dict, not a number
+    ("72B 1.23<!--@r.json a.Qwen2.5-7B .2f-->x", "no number at a.Qwen2.5-7B"),
 ])
 def test_a_number_that_disagrees_or_has_no_source_fails(text, problem, results):
     (h,) = check(text, "t", results)

@@ -24,8 +24,13 @@ Measured per mode:
 - **time to target**: the first checkpoint time (seconds since RL began) whose held-out accuracy
   reaches the target. The target is fixed by a rule before the comparison:
   ``warm + TARGET_FRACTION * (final_sync - warm)`` (``--target`` overrides it with a number);
-- **final accuracy** with its binomial standard error (last checkpoint); "within noise" of sync
-  means within 2 combined standard errors;
+- **final accuracy** with its binomial standard error (last checkpoint);
+- **convergence parity** (``bench/e2e_stats.py``): the warm start and every mode's final checkpoint
+  are scored again, paired, on ``--paired-prompts`` held-out prompts x ``--paired-samples`` samples
+  (same random stream per prompt chunk); each async mode's paired difference to sync gets a 95%
+  interval and a non-inferiority verdict with margin 25% of sync's gain (which must be >= 5
+  standard errors for the test to have power); negative controls (the untrained warm start, and
+  any ``--controls`` modes such as ``bounded_16``) must be flagged;
 - **staleness**: per consumed buffer, the distribution of trajectory staleness (groups by
   ``V_buf - V_traj``, StaleFlow Fig. 18) and violations of the mode's bound (sync 0, one_step 1,
   bounded eta); ``max_staleness_violations`` adds them up over Braid's modes and must be 0.
@@ -79,16 +84,17 @@ from e2e_core import (  # noqa: E402  (the pure helpers)
 )
 from e2e_report import markdown, plot  # noqa: E402  (rendering of the results)
 
-from bench.report_io import provenance, write_results  # noqa: E402
+from bench.report_io import provenance, results_dir, write_results  # noqa: E402
 
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "datasets", "accelerate")
 TRL_VENV = ROOT / ".cache" / "bench-trl-venv"
 
-# Full run: the default config's 100 iterations, 10 checkpoints, 500 held-out prompts.
-FULL = {"iterations": 100, "checkpoint_every": 10, "eval_prompts": 500}
+# Full run: the default config's 100 iterations, 10 checkpoints, 500 held-out prompts per curve point;
+# final checkpoints also scored paired on PAIRED_PROMPTS held-out prompts x PAIRED_SAMPLES samples.
+FULL = {"iterations": 100, "checkpoint_every": 10, "eval_prompts": 500, "paired_prompts": 2000, "paired_samples": 4}
 # --quick: every mode, same fields, < 1 min per mode: 9 modes in ~7 min on 2 cores, ~8.5 min when the
 # TRL virtualenv is created first (measured; a smoke test of the harness, not a learning result).
-QUICK = {"iterations": 6, "checkpoint_every": 3, "eval_prompts": 128}
+QUICK = {"iterations": 6, "checkpoint_every": 3, "eval_prompts": 128, "paired_prompts": 128, "paired_samples": 2}
 
 
 # ---------------------------------------------------------------------------------------- mechanism
@@ -99,6 +105,15 @@ def backfill(saved: dict, run_dir: Path) -> dict:
     if "started_at" not in saved:
         saved["started_at"] = json.loads((run_dir / "summary.json").read_text())["rl_started_at"]
     return saved
+
+
+def carry_trl_fair(result: dict, previous: Path) -> None:
+    """Keep the ``trl_fair`` part (written by ``bench/trl_fair.py``, with its own provenance) of the
+    results file this run replaces, marked as carried."""
+    if previous.is_file() and "trl_fair" in (old := json.loads(previous.read_text())):
+        result["trl_fair"] = old["trl_fair"]
+        when = (old["trl_fair"].get("provenance") or {}).get("date")
+        result["provenance"]["parts"]["trl_fair"] = f"carried from bench/trl_fair.py (run of {when})"
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -156,9 +171,10 @@ def run_trl(run_dir: Path, checkpoint: str, threads: int, generation: str) -> No
         raise RuntimeError(f"TRL peer exited with code {code}; last lines of {log}:\n{log_tail(log)}")
 
 
-def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float, float], problems, ns) -> dict:
-    """Run one mode (timed), then score its checkpoints (untimed); the mode's result."""
-    from eval_checkpoints import evaluate_run
+def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float, float], problems,
+                 paired_problems, ns) -> dict:
+    """Run one mode (timed), then score its checkpoints and, paired, its final one (untimed)."""
+    from eval_checkpoints import evaluate_run, prompt_scores, read_index
 
     t0 = time.time()
     if mode == "trl":
@@ -173,6 +189,9 @@ def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[flo
     if not points or points[-1]["version"] != cfg.trainer.iterations:
         raise RuntimeError(f"{mode}: the final checkpoint (version {cfg.trainer.iterations}) is missing")
     curve = curve_points(warm, points, summary["rl_started_at"])
+    t2 = time.time()
+    scores = prompt_scores(read_index(run_dir)[-1]["path"], paired_problems, cfg.generation.max_new_tokens,
+                           samples=ns.paired_samples)
     result = {
         "status": "ok",
         **steady_throughput(rows),
@@ -183,7 +202,9 @@ def measure_mode(mode: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[flo
         "rl_seconds": summary["rl_seconds"],
         "started_at": summary["rl_started_at"],
         "run_wall_s": run_wall,
-        "eval_wall_s": time.time() - t1,
+        "eval_wall_s": t2 - t1,
+        "paired_scores": scores,
+        "paired_eval_s": time.time() - t2,
         "run_dir": str(run_dir),
     }
     if mode == "trl":
@@ -225,13 +246,13 @@ def run_mode(mode: str, run_dir: Path, cfg, settings: dict, reuse: bool, measure
         saved = json.loads(cached.read_text())
         if saved["settings"] == settings and saved["result"]["status"] == "ok":
             print(f"{run_dir.name}: reused {cached}", flush=True)
-            return backfill(saved["result"], run_dir)
+            return backfill(saved["result"], run_dir) | {"measured_in_this_run": False}
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     write_config(cfg, run_dir / "config.json")
     t0 = time.time()
     try:
-        result = measure()
+        result = measure() | {"measured_in_this_run": True}
         print(f"{run_dir.name}: {result['samples_per_s']:.1f} samples/s"
               + (f", final accuracy {result['final_accuracy']:.3f}" if "final_accuracy" in result else "")
               + f" ({time.time() - t0:.0f}s)", flush=True)
@@ -251,6 +272,13 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=None, help="override the optimizer steps per mode")
     parser.add_argument("--checkpoint-every", type=int, default=None)
     parser.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts scored per checkpoint")
+    parser.add_argument("--paired-prompts", type=int, default=None,
+                        help=f"held-out prompts of the paired final evaluation (full: {FULL['paired_prompts']})")
+    parser.add_argument("--paired-samples", type=int, default=None,
+                        help=f"sampled completions per prompt in the paired evaluation (full: {FULL['paired_samples']})")
+    parser.add_argument("--controls", default="",
+                        help="comma-separated modes run as negative controls (e.g. bounded_16): judged like the "
+                             "async modes and expected to fail; the untrained warm start is always one")
     parser.add_argument("--target", type=float, default=None, help="fixed target accuracy (default: the rule)")
     parser.add_argument("--instances", type=int, default=2, help="SGS instances in every Braid mode")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2,
@@ -273,6 +301,12 @@ def main() -> int:
     iterations = ns.iterations or preset["iterations"]
     every = ns.checkpoint_every or preset["checkpoint_every"]
     n_eval = ns.eval_prompts or preset["eval_prompts"]
+    n_paired = ns.paired_prompts or preset["paired_prompts"]
+    ns.paired_samples = ns.paired_samples or preset["paired_samples"]
+    controls = [m.strip() for m in ns.controls.split(",") if m.strip()]
+    for m in controls:
+        mode_overrides(m, ns.instances)
+    modes += [m for m in controls if m not in modes]
     if iterations % every:
         parser.error(f"--checkpoint-every ({every}) must divide the iterations ({iterations}): the last step is scored")
 
@@ -281,7 +315,8 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
     import transformers
-    from eval_checkpoints import DECODING, EVAL_SEED, evaluate_checkpoint
+    from e2e_stats import UNTRAINED, convergence
+    from eval_checkpoints import DECODING, EVAL_SEED, evaluate_checkpoint, prompt_scores
 
     from services.common.config import load_config
     from services.policy.warmstart import ensure_warmstart
@@ -292,12 +327,22 @@ def main() -> int:
     t_start = time.time()
     base_cfg = load_config(ns.config)
     checkpoint = str(ensure_warmstart(base_cfg).resolve())  # keyed on the unmodified config, as pipeline.py
-    base = [f"trainer.iterations={iterations}", f"trainer.checkpoint_every={every}", f"eval.prompts={n_eval}"]
-    problems = eval_problems(base_cfg.eval.seed, n_eval, **base_cfg.task.distribution())
+    # every held-out prompt either evaluation scores is excluded from training (eval.prompts)
+    held_out = max(n_eval, n_paired)
+    base = [f"trainer.iterations={iterations}", f"trainer.checkpoint_every={every}", f"eval.prompts={held_out}"]
+    dist = base_cfg.task.distribution()
+    problems = eval_problems(base_cfg.eval.seed, n_eval, **dist)
+    paired_problems = eval_problems(base_cfg.eval.seed, n_paired, **dist)
     warm_point = evaluate_checkpoint(checkpoint, problems, base_cfg.generation.max_new_tokens)
     warm = (warm_point.accuracy, warm_point.stderr)
     print(f"warm start {checkpoint}: accuracy {warm[0]:.3f} ± {warm[1]:.3f} on {n_eval} prompts", flush=True)
-    eval_key = {"prompts": n_eval, "seed": EVAL_SEED, "decoding": DECODING, "warm": list(warm)}
+    t_paired = time.time()
+    warm_scores = prompt_scores(checkpoint, paired_problems, base_cfg.generation.max_new_tokens,
+                                samples=ns.paired_samples)
+    print(f"warm start paired: {sum(warm_scores) / len(warm_scores):.4f} on {n_paired} prompts x "
+          f"{ns.paired_samples} samples ({time.time() - t_paired:.0f}s)", flush=True)
+    eval_key = {"prompts": n_eval, "seed": EVAL_SEED, "decoding": DECODING, "warm": list(warm),
+                "paired": [n_paired, ns.paired_samples]}
 
     work = Path(ns.work) / ("quick" if ns.quick else "full")
     per_mode: dict[str, dict] = {}
@@ -310,7 +355,7 @@ def main() -> int:
                         "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
             if r == 0:
                 per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_mode(
-                    mode, run_dir, cfg, checkpoint, warm, problems, ns))
+                    mode, run_dir, cfg, checkpoint, warm, problems, paired_problems, ns))
                 repeats: list[dict] = []
                 if per_mode[mode]["status"] != "ok":
                     break
@@ -329,6 +374,13 @@ def main() -> int:
         warm[0], sync["final_accuracy"] if sync.get("status") == "ok" else None
     )
     trl_ok = per_mode.get("trl", {}).get("status") == "ok"
+    ok = {m: per_mode[m]["paired_scores"] for m in modes if per_mode[m].get("status") == "ok"}
+    conv = None
+    if "sync" in ok:
+        conv = convergence(warm_scores, ok["sync"],
+                           {m: v for m, v in ok.items() if m not in ("sync", "trl", *controls)},
+                           {UNTRAINED: warm_scores, **{m: ok[m] for m in controls if m in ok}})
+        conv["controls_requested"] = [UNTRAINED, *controls]
     meta = {
         "target_rule": ("fixed by --target" if ns.target is not None else
                         f"warm start + {TARGET_FRACTION:g} x (sync final - warm start), set before comparing"),
@@ -338,7 +390,8 @@ def main() -> int:
             "samples_per_iteration": base_cfg.trainer.prompts_per_iteration * base_cfg.trainer.group_size,
             "decoding": DECODING, "eval_seed": EVAL_SEED, "instances": ns.instances, "pinned": ns.pin,
             "trl_threads": ns.trl_threads, "trl_generation": ns.trl_generation, "config": ns.config,
-            "modes_requested": modes, "repeats": ns.repeats,
+            "modes_requested": modes, "repeats": ns.repeats, "controls": controls,
+            "paired_prompts": n_paired, "paired_samples": ns.paired_samples, "held_out_prompts": held_out,
         },
         "host": {
             "summary": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
@@ -352,8 +405,11 @@ def main() -> int:
                                                   "modes": modes, "repeats": ns.repeats}, Path(ns.config).resolve(),
                                  base_cfg.generation.engine),
     }
-    result = assemble(modes, per_mode, target, meta)
-    out = ns.out or ("/tmp/braid-bench-quick" if ns.quick else str(ROOT / "bench" / "results"))
+    meta["provenance"]["parts"] = {m: "measured in this run" if per_mode[m].get("measured_in_this_run", True)
+                                   else f"carried from the run started {per_mode[m].get('started_at')}" for m in modes}
+    result = assemble(modes, per_mode, target, meta, conv)
+    out = results_dir(ns.out, ns.quick)
+    carry_trl_fair(result, out / "e2e.json")
     print(write_results(out, "e2e", result, markdown, plot, png="e2e_curves.png"))
     print(f"total {time.time() - t_start:.0f}s")
     failed = [m for m in modes if per_mode[m]["status"] != "ok"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-from e2e_report import NOISE_SE
-
 BOUNDED_ETAS = (1, 2, 4)
 BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
 MODES = (*BRAID_MODES, "trl")
@@ -143,12 +141,9 @@ def total_hist(buffers: list[dict]) -> dict[str, int]:
     return {str(s): n for s, n in sorted(total.items())}
 
 
-def within_noise(acc: float, se: float, ref: float, ref_se: float, k: float = NOISE_SE) -> bool:
-    return abs(acc - ref) <= k * math.sqrt(se * se + ref_se * ref_se)
-
-
-def target_checks(sps: dict, final: dict, stderr: dict) -> dict:
-    """The issue's targets, each True/False, or None when a mode it needs did not run."""
+def target_checks(sps: dict, verdicts: dict[str, str] | None) -> dict:
+    """The issue's targets, each True/False, or None when a mode it needs did not run.
+    ``verdicts``: the non-inferiority verdict of each async mode against sync (``e2e_stats``)."""
 
     def ratio_at_least(a: str, b: str, factor: float) -> bool | None:
         if sps.get(a) is None or sps.get(b) is None:
@@ -163,19 +158,16 @@ def target_checks(sps: dict, final: dict, stderr: dict) -> dict:
             None if sps.get("trl") is None or not braid else all(sps[m] > sps["trl"] for m in braid)
         ),
     }
-    if final.get("sync") is not None:
-        checks["async_final_accuracy_within_noise_of_sync"] = {
-            m: within_noise(final[m], stderr[m], final["sync"], stderr["sync"])
-            for m in BRAID_MODES if m != "sync" and final.get(m) is not None
-        }
-    else:
-        checks["async_final_accuracy_within_noise_of_sync"] = None
+    checks["async_noninferior_to_sync"] = (
+        None if verdicts is None else {m: v == "non-inferior" for m, v in verdicts.items()}
+    )
     return checks
 
 
-def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, meta: dict) -> dict:
+def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, meta: dict,
+             convergence: dict | None = None) -> dict:
     """The result document: the issue's fields keyed by every mode (None where a mode did not
-    run or failed), then the detail."""
+    run or failed), the non-inferiority test (``e2e_stats.convergence``), then the detail."""
     keys = list(dict.fromkeys([*MODES, *modes]))
 
     def field(name: str) -> dict:
@@ -194,7 +186,14 @@ def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, 
         "accuracy_stderr": se,
         "max_staleness_violations": violations,
         "target_accuracy": target,
-        "targets": target_checks(sps, final, se),
+        "targets": target_checks(sps, None if convergence is None else
+                                 {m: v["verdict"] for m, v in convergence["noninferiority"].items()}),
+        **({} if convergence is None else {
+            "sync_gain_se": convergence["sync_gain_se"],
+            "noninferiority": convergence["noninferiority"],
+            "negative_control_flagged": convergence["negative_control_flagged"],
+            "convergence": {k: v for k, v in convergence.items() if k != "noninferiority"},
+        }),
         "status": status,
         **meta,
         "modes": {m: per_mode[m] for m in keys if m in per_mode},

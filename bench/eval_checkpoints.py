@@ -75,42 +75,81 @@ def held_out(config_path: Path, n: int):
     return eval_problems(cfg.eval.seed, n, **cfg.task.distribution()), cfg.generation.max_new_tokens
 
 
+def _sampler(path: str | Path, max_new_tokens: int):
+    """The checkpoint's policy and the evaluation's decoding (sampling at temperature 1.0)."""
+    from transformers import GenerationConfig
+
+    from services.policy.model import load_policy
+
+    policy = load_policy(path)
+    policy.model.eval()
+    gen = GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+        eos_token_id=policy.eos_id, pad_token_id=policy.pad_id,
+    )
+    return policy, gen
+
+
+def _sample(policy, gen, rows) -> tuple[list[float], list[int]]:
+    """One sampled completion per problem in ``rows`` (one left-padded batch): rewards and lengths."""
+    import torch
+
+    from services.tasks.arith import reward
+
+    pad = policy.pad_id
+    prompts = [policy.encode_prompt(p.prompt) for p in rows]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+    rewards, lengths = [], []
+    for problem, row in zip(rows, out[:, width:].tolist()):
+        if policy.eos_id in row:
+            row = row[: row.index(policy.eos_id) + 1]
+        lengths.append(len(row))
+        rewards.append(reward(problem, policy.decode(row)))
+    return rewards, lengths
+
+
 def evaluate_checkpoint(path: str | Path, problems, max_new_tokens: int, *, seed: int = EVAL_SEED,
                         version: int = 0, when: float = 0.0) -> EvalPoint:
     """Score one checkpoint on ``problems`` (one sampled completion each)."""
     import torch
-    from transformers import GenerationConfig
-
-    from services.policy.model import load_policy
-    from services.tasks.arith import reward
 
     t0 = time.time()
-    policy = load_policy(path)
-    model = policy.model.eval()
-    pad = policy.pad_id
-    gen = GenerationConfig(
-        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-        eos_token_id=policy.eos_id, pad_token_id=pad,
-    )
+    policy, gen = _sampler(path, max_new_tokens)
     torch.manual_seed(seed)
     rewards: list[float] = []
     lengths: list[int] = []
     for start in range(0, len(problems), EVAL_BATCH):
-        chunk = problems[start:start + EVAL_BATCH]
-        prompts = [policy.encode_prompt(p.prompt) for p in chunk]
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
-        for problem, row in zip(chunk, out[:, width:].tolist()):
-            if policy.eos_id in row:
-                row = row[: row.index(policy.eos_id) + 1]
-            lengths.append(len(row))
-            rewards.append(reward(problem, policy.decode(row)))
+        r, n = _sample(policy, gen, problems[start:start + EVAL_BATCH])
+        rewards += r
+        lengths += n
     acc = sum(rewards) / len(rewards)
     return EvalPoint(version, when, acc, binomial_stderr(acc, len(rewards)), len(rewards),
                      sum(lengths) / len(lengths), time.time() - t0)
+
+
+def prompt_scores(path: str | Path, problems, max_new_tokens: int, *, samples: int,
+                  seed: int = EVAL_SEED) -> list[float]:
+    """Per prompt, the mean reward of ``samples`` sampled completions: the paired evaluation of
+    ``bench/e2e_stats.py``. Each chunk of prompts (its ``samples`` copies side by side in one batch)
+    resets the torch seed to ``seed + chunk``, so every checkpoint scored this way draws the same
+    random stream on the same prompts (common random numbers), whatever earlier chunks generated."""
+    import torch
+
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    policy, gen = _sampler(path, max_new_tokens)
+    per_chunk = max(1, EVAL_BATCH // samples)
+    scores: list[float] = []
+    for c, start in enumerate(range(0, len(problems), per_chunk)):
+        chunk = problems[start:start + per_chunk]
+        torch.manual_seed(seed + c)
+        rewards, _ = _sample(policy, gen, [p for p in chunk for _ in range(samples)])
+        scores += [sum(rewards[i * samples:(i + 1) * samples]) / samples for i in range(len(chunk))]
+    return scores
 
 
 def evaluate_run(run_dir: Path, problems, max_new_tokens: int, *, seed: int = EVAL_SEED) -> list[EvalPoint]:

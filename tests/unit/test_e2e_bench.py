@@ -96,11 +96,6 @@ def test_buffer_staleness_from_bounded_histograms_and_from_one_step_means():
     assert b["violations"] > 0  # a stale sample in sync mode is a violation
 
 
-def test_within_noise():
-    assert core.within_noise(0.50, 0.02, 0.53, 0.02)
-    assert not core.within_noise(0.40, 0.02, 0.53, 0.02)
-
-
 def _ok(sps: float, acc: float = 0.5, violations: int = 0) -> dict:
     return {"status": "ok", "samples_per_s": sps, "final_accuracy": acc, "accuracy_stderr": 0.02,
             "curve": [[0.0, 0.3, 0.02], [50.0, acc, 0.02]], "staleness": {"violations": violations}}
@@ -123,7 +118,19 @@ def test_assemble_has_the_issue_fields_for_every_mode_and_survives_failures():
     t = result["targets"]
     assert t["one_step_ge_1.25x_sync"] is True and t["bounded_2_ge_one_step"] is True
     assert t["every_braid_mode_ahead_of_trl"] is True
-    assert t["async_final_accuracy_within_noise_of_sync"] == {"one_step": True, "bounded_2": True}
+    assert t["async_noninferior_to_sync"] is None  # no paired evaluation given
+    assert "noninferiority" not in result
+
+
+def test_assemble_reports_the_noninferiority_test():
+    per_mode = {"sync": _ok(50.0), "one_step": _ok(70.0), "bounded_2": _ok(80.0)}
+    conv = {"sync_gain_se": 6.0, "negative_control_flagged": True, "margin": 0.01,
+            "noninferiority": {"one_step": {"verdict": "non-inferior"}, "bounded_2": {"verdict": "inconclusive"}}}
+    result = core.assemble(list(per_mode), per_mode, 0.45, {}, conv)
+    assert result["targets"]["async_noninferior_to_sync"] == {"one_step": True, "bounded_2": False}
+    assert result["sync_gain_se"] == 6.0 and result["negative_control_flagged"] is True
+    assert result["noninferiority"]["bounded_2"]["verdict"] == "inconclusive"
+    assert result["convergence"]["margin"] == 0.01 and "noninferiority" not in result["convergence"]
 
 
 def test_assemble_counts_violations_and_misses():

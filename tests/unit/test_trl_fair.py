@@ -156,3 +156,16 @@ def test_summarize_pairs_runs_in_order_and_e2e_entry_keeps_the_checked_fields(tm
 def test_interleaved_order():
     assert tf.interleaved(2) == [("braid", 0), ("trl", 0), ("braid", 1), ("trl", 1)]
     assert tf.seed_overrides(2) == ["generation.seed=2", "trainer.seed=2"]
+
+
+def test_report_cautions_when_the_target_is_within_noise_of_the_warm_start():
+    curve = [[0, 0.3, 0], [10, 0.33, 0]]
+    braid = [_run(30.0, 600.0, 0.33, curve)]
+    trl = [_run(10.0, 250.0, 0.32, curve)]
+    meta = {"matched": {"cores": 2, "iterations": 25, "checkpoint_every": 5}, "still_differs": ["x"]}
+    res = tf.summarize(braid, trl, (0.3, 0.02), meta)  # target 0.318: 0.9 standard errors above 0.3
+    assert tf.target_resolution(res) == pytest.approx(0.9)
+    assert "Caution on time to target" in "\n".join(tf._target_caveat(res))
+    assert "within noise" in tf.final_accuracy_note(res)
+    far = tf.summarize([_run(30.0, 600.0, 0.6, curve)], trl, (0.3, 0.02), meta)  # target 0.48: 9 SE
+    assert tf._target_caveat(far) == [] and "more than 2 standard errors" in tf.final_accuracy_note(far)

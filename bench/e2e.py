@@ -156,15 +156,18 @@ def run_braid(run_dir: Path, checkpoint: str) -> None:
     run_processes(run_dir, checkpoint)
 
 
-def run_trl(run_dir: Path, checkpoint: str, threads: int, generation: str) -> None:
+def run_trl(run_dir: Path, checkpoint: str, threads: int, generation: str, peer: str = "trl_peer.py",
+            extra: tuple[str, ...] = ()) -> None:
+    """Run a TRL peer script (``bench/<peer>``) in the TRL virtualenv; its log is ``run_dir/trl.log``."""
     from flows.processes import child_env
 
     py = ensure_trl_venv()
     env = child_env(threads)
     env.update(HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     log = run_dir / "trl.log"
-    cmd = [str(py), str(ROOT / "bench" / "trl_peer.py"), "--config", str(run_dir / "config.json"),
-           "--model", checkpoint, "--run-dir", str(run_dir), "--threads", str(threads), "--generation", generation]
+    cmd = [str(py), str(ROOT / "bench" / peer), "--config", str(run_dir / "config.json"),
+           "--model", checkpoint, "--run-dir", str(run_dir), "--threads", str(threads), "--generation", generation,
+           *extra]
     with log.open("w") as f:
         code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=False).returncode
     if code != 0:

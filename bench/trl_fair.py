@@ -61,6 +61,8 @@ for _path in (ROOT, ROOT / "bench"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from e2e_core import time_to_target  # noqa: E402  (pure helpers shared with bench/e2e.py)
+
 from bench.report_io import ratio_spread, results_dir, spread  # noqa: E402
 
 CONFIG = ROOT / "deploy" / "configs" / "default.yaml"
@@ -211,16 +213,6 @@ def choose_target(warm: float, braid_finals: list[float], fraction: float = TARG
     return warm + fraction * (ref - warm) if ref > warm else None
 
 
-def first_reach(curve: list[list[float]], target: float | None) -> float | None:
-    """First time on ``curve`` ([seconds, accuracy, stderr], the warm start at 0) reaching ``target``."""
-    if target is None:
-        return None
-    for t, acc, _ in sorted(curve, key=lambda p: p[0]):
-        if acc >= target:
-            return t
-    return None
-
-
 def paired_ratio(num: list[float], den: list[float]) -> dict:
     """Per interleaved pair num[i] / den[i], median and range; ``spread_as_large_as_effect`` when the
     range (max - min) is at least the effect |median - 1| (the comparison is then not resolved)."""
@@ -245,7 +237,7 @@ def summarize(braid: list[dict], trl: list[dict], warm: tuple[float, float], met
         b, t = [r[key] for r in braid], [r[key] for r in trl]
         out[f"{key}_ratio"] = paired_ratio(b, t)["median"]
     target = choose_target(warm[0], [r["final_accuracy"] for r in braid])
-    ttt = {s: [first_reach(r["curve"], target) for r in runs] for s, runs in (("braid", braid), ("trl", trl))}
+    ttt = {s: [time_to_target(r["curve"], target) for r in runs] for s, runs in (("braid", braid), ("trl", trl))}
 
     def med(xs: list[float | None]) -> float | None:
         xs = [x for x in xs if x is not None]
@@ -497,23 +489,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def run_trl_fair(run_dir: Path, checkpoint: str, threads: int, micro: int) -> None:
-    import subprocess
+    from e2e import run_trl
 
-    from e2e import ensure_trl_venv, log_tail
-
-    from flows.processes import child_env
-
-    py = ensure_trl_venv()
-    env = child_env(threads)
-    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
-    log = run_dir / "trl.log"
-    cmd = [str(py), str(ROOT / "bench" / "trl_fair_peer.py"), "--config", str(run_dir / "config.json"),
-           "--model", checkpoint, "--run-dir", str(run_dir), "--threads", str(threads),
-           "--generation", TRL_GENERATION, "--micro-batch", str(micro)]
-    with log.open("w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=False).returncode
-    if code != 0:
-        raise RuntimeError(f"TRL peer exited with code {code}; last lines of {log}:\n{log_tail(log)}")
+    run_trl(run_dir, checkpoint, threads, TRL_GENERATION, peer="trl_fair_peer.py", extra=("--micro-batch", str(micro)))
 
 
 def trl_optim(py: Path) -> str:

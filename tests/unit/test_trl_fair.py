@@ -102,8 +102,8 @@ def test_target_rule_and_time_to_target():
     assert tf.choose_target(0.3, [0.5, 0.4]) == pytest.approx(0.3 + 0.6 * 0.15)
     assert tf.choose_target(0.3, [0.3, 0.2]) is None and tf.choose_target(0.3, []) is None
     curve = [[0.0, 0.3, 0.02], [50.0, 0.35, 0.02], [20.0, 0.40, 0.02], [80.0, 0.5, 0.02]]
-    assert tf.first_reach(curve, 0.39) == 20.0  # time order, not list order
-    assert tf.first_reach(curve, 0.6) is None and tf.first_reach(curve, None) is None
+    assert tf.time_to_target(curve, 0.39) == 20.0  # time order, not list order
+    assert tf.time_to_target(curve, 0.6) is None and tf.time_to_target(curve, None) is None
 
 
 def test_paired_ratio_flags_a_spread_as_large_as_the_effect():

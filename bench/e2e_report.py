@@ -47,18 +47,20 @@ def markdown(result: dict) -> str:
     final, se = result["final_accuracy"], result["accuracy_stderr"]
     s_sync, s_trl = sps.get("sync"), sps.get("trl")
     m = result["settings"]
+    trl_clause = (f"TRL {result['host'].get('trl_version') or '—'} (generation backend: {m['trl_generation']}; "
+                  f"one process, {m['trl_threads']} threads)." if s_trl else "")
     lines = [
-        "# End-to-end benchmark: Braid's pipeline modes vs TRL GRPOTrainer (CPU, tiny model, one run)",
+        "# End-to-end benchmark: Braid's pipeline modes"
+        f"{' vs TRL GRPOTrainer' if s_trl else ''} (CPU, tiny model, one run per mode)",
         "",
         (
             f"{'QUICK run (--quick): few iterations, a smoke test of the harness, not a result. ' if m['quick'] else ''}"
             f"{m['iterations']} optimizer steps x {m['samples_per_iteration']} samples per mode; checkpoints every "
             f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
-            f"Host: {result['host']['summary']}. TRL {result['host'].get('trl_version') or '—'} "
-            f"(generation backend: {m['trl_generation']}). Braid: {m['instances']} SGS instance(s) in every mode "
+            f"Host: {result['host']['summary']}. "
+            f"{trl_clause} Braid: {m['instances']} SGS instance(s) in every mode "
             f"and the trainer, one torch thread per process, engine **{result.get('engine', 'cb')}**"
-            f"{' (SGS processes pinned to CPU 0, the trainer to CPU 1: disaggregated stages)' if m.get('pinned') else ''}"
-            f"; TRL: one process, {m['trl_threads']} threads."
+            f"{' (SGS processes pinned to CPU 0, the trainer to CPU 1: disaggregated stages)' if m.get('pinned') else ''}."
         ),
         "",
         *([provenance_line(p), ""] if (p := result.get("provenance")) else []),
@@ -101,6 +103,7 @@ def markdown(result: dict) -> str:
         f"- async modes non-inferior to sync in held-out accuracy: {t['async_noninferior_to_sync']}",
         "",
         *convergence_lines(result),
+        *trl_fair_lines(result),
         "![accuracy vs wall time](e2e_curves.png)",
         "",
         (
@@ -148,6 +151,21 @@ def convergence_lines(result: dict) -> list[str]:
                      f"[{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] | {v['verdict']} |")
     lines += ["", f"Negative control flagged: **{conv['negative_control_flagged']}** (each control must not pass).", ""]
     return lines
+
+
+def trl_fair_lines(result: dict) -> list[str]:
+    """The matched TRL comparison (``bench/trl_fair.py``), when the results file carries it."""
+    f = result.get("trl_fair")
+    if not f:
+        return []
+    part = result.get("provenance", {}).get("parts", {}).get("trl_fair", "measured by bench/trl_fair.py")
+    return [
+        "## TRL, matched (`bench/trl_fair.py`, `trl_fair.md`)",
+        "",
+        f"Braid sync / TRL GRPOTrainer with matched settings, {f['runs']} interleaved runs each: samples/s "
+        f"**{f['samples_per_s_ratio']:.2f}x**, completion tokens/s **{f['tokens_per_s_ratio']:.2f}x** ({part}).",
+        "",
+    ]
 
 
 def plot(result: dict, path: Path) -> None:

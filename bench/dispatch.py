@@ -306,6 +306,7 @@ def main() -> int:
         result["sim_error_in_situ"] = result["real"]["sim_error"]
         result["sim_error_shipped"] = result["real"]["sim_error_shipped"]
         result["sim_error_calibrated"] = result["real"]["sim_error_calibrated"]
+        result["sim_error_shipped_calibrated"] = result["real"]["sim_error_shipped_calibrated"]
     result["bench_seconds"] = time.time() - t_start
     from bench.dispatch_report import markdown, plot
 

@@ -117,22 +117,25 @@ def markdown(r: dict) -> str:
             f"Simulator error (the router's actual assignment replayed on the step cost profiled in situ): mean "
             f"**{real['sim_error']:.3f}**, max {real['sim_error_max']:.3f}; with the shipped `braid profile` file "
             f"{real['sim_error_shipped_profile']:.3f}"
-            + (f"; with the shipped profile **calibrated** on a separate run ({real['calibration']['samples']} samples "
+            + (f"; **calibrated** (the in-situ profile scaled on a separate run: {real['calibration']['samples']} samples "
                f"of rows outside the batch through `{real['calibration']['router']}`, scale x{real['calibration']['scale']:.2f}) "
                f"**{real['sim_error_calibrated']:.3f}** (max {real['sim_error_calibrated_max']:.3f})" if "calibration" in real else "")
+            + (f"; the shipped profile scaled on the same run (x{real['shipped_calibration']['scale']:.2f}) "
+               f"{real['sim_error_shipped_calibrated']:.3f}" if "shipped_calibration" in real else "")
             + f". Noise floor: repeats of one configuration differed by "
             f"{real['measurement_spread']:.3f} on average (fastest of {real['repeats']} kept).",
             "",
             "| configuration | measured s | simulated s (in situ) | error | simulated s (shipped) | simulated s (calibrated) "
-            "| speedup vs random (measured) | (simulated) |",
-            "|---|---|---|---|---|---|---|---|",
+            "| simulated s (shipped, scaled) | speedup vs random (measured) | (simulated) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for k, run in real["runs"].items():
             err = abs(run["simulated_s"] - run["measured_s"]) / run["measured_s"]
             calibrated = f"{run['simulated_calibrated_s']:.2f}" if "simulated_calibrated_s" in run else "—"
+            shipped_cal = f"{run['simulated_shipped_calibrated_s']:.2f}" if "simulated_shipped_calibrated_s" in run else "—"
             lines.append(
                 f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} | {run['simulated_shipped_s']:.2f} | "
-                f"{calibrated} | {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
+                f"{calibrated} | {shipped_cal} | {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
             )
         lines.append("")
     return "\n".join(lines)

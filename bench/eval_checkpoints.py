@@ -13,6 +13,9 @@ every checkpoint of a run the same way, outside the timed region of the run:
 - score: ``services.tasks.arith.reward`` on ``Policy.decode`` of the completion; accuracy is the
   mean and its standard error the binomial ``sqrt(p (1 - p) / n)``.
 
+``prompt_scores`` is the paired variant ``bench/e2e_stats.py`` uses for convergence parity: per
+prompt, the mean reward of k sampled completions, the seed reset per chunk of prompts.
+
     python bench/eval_checkpoints.py --run-dir runs/bench-e2e/sync --prompts 500
 """
 

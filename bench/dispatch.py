@@ -158,12 +158,10 @@ def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, 
 
 
 def _ratio(num: list[float], den: list[float]) -> dict:
-    """Per-seed ratios with median and range; ``spread_as_large_as_effect`` when the range
-    (max - min) is at least the effect |median - 1|."""
-    from bench.report_io import ratio_spread
+    """Per-seed ratios with median, range and the spread-as-large-as-effect flag."""
+    from bench.report_io import flagged_ratio
 
-    r = ratio_spread(num, den)
-    return {**r, "spread_as_large_as_effect": (r["max"] - r["min"]) >= abs(r["median"] - 1.0)}
+    return flagged_ratio(num, den)
 
 
 def pick_regime(points: list[dict]) -> dict:

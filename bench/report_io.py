@@ -122,6 +122,13 @@ def ratio_spread(num: list[float], den: list[float]) -> dict:
     return {**spread([a / b for a, b in zip(num, den)]), "per_repeat": [a / b for a, b in zip(num, den)]}
 
 
+def flagged_ratio(num: list[float], den: list[float]) -> dict:
+    """``ratio_spread`` plus ``spread_as_large_as_effect``: the range (max - min) of the per-repeat
+    ratios is at least the effect |median - 1|, so these repeats do not resolve the comparison."""
+    r = ratio_spread(num, den)
+    return {**r, "spread_as_large_as_effect": (r["max"] - r["min"]) >= abs(r["median"] - 1.0)}
+
+
 def provenance_line(p: dict) -> str:
     """One markdown line naming where a result came from (``provenance``'s fields)."""
     m = p["machine"]

@@ -61,9 +61,12 @@ for _path in (ROOT, ROOT / "bench"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from e2e_core import time_to_target  # noqa: E402  (pure helpers shared with bench/e2e.py)
+from e2e_core import choose_target as e2e_target  # noqa: E402  (pure helpers shared with bench/e2e.py)
+from e2e_core import time_to_target  # noqa: E402
 
-from bench.report_io import ratio_spread, results_dir, spread  # noqa: E402
+from trl_fair_report import markdown, plot  # noqa: E402  (the rendering)
+
+from bench.report_io import flagged_ratio, results_dir, spread  # noqa: E402
 
 CONFIG = ROOT / "deploy" / "configs" / "default.yaml"
 CORES = 2  # both systems: Braid SGS on CPU 0 + trainer on CPU 1; TRL one process, 2 threads
@@ -207,17 +210,13 @@ def join_trl_lengths(rows: list[dict], logs: list[dict]) -> list[dict]:
 
 def choose_target(warm: float, braid_finals: list[float], fraction: float = TARGET_FRACTION) -> float | None:
     """``warm + fraction x (mean of Braid's finals - warm)``; None when Braid did not improve."""
-    if not braid_finals:
-        return None
-    ref = statistics.fmean(braid_finals)
-    return warm + fraction * (ref - warm) if ref > warm else None
+    return e2e_target(warm, statistics.fmean(braid_finals) if braid_finals else None, fraction)
 
 
 def paired_ratio(num: list[float], den: list[float]) -> dict:
-    """Per interleaved pair num[i] / den[i], median and range; ``spread_as_large_as_effect`` when the
-    range (max - min) is at least the effect |median - 1| (the comparison is then not resolved)."""
-    r = ratio_spread(num, den)
-    return {**r, "spread_as_large_as_effect": (r["max"] - r["min"]) >= abs(r["median"] - 1.0)}
+    """Per interleaved pair num[i] / den[i], median and range, flagged when the range is at least
+    the effect |median - 1| (the comparison is then not resolved)."""
+    return flagged_ratio(num, den)
 
 
 def time_ratio(braid: list[float | None], trl: list[float | None]) -> dict | None:
@@ -332,155 +331,6 @@ STILL_DIFFERS = [
     "model.load_weights, which the vLLM CPU backend's repacked weights do not take; TRL 1.16 supports "
     "vLLM 0.22-0.31, the CPU build here is 0.32), so e2e's vLLM-vs-TRL ratio stays unmatched.",
 ]
-
-
-# ---------------------------------------------------------------------------------------- rendering
-def _f(x: float | None, spec: str = ".1f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def _rs(x: dict | None) -> str:
-    if not x:
-        return "—"
-    flag = " **(spread >= effect)**" if x.get("spread_as_large_as_effect") else ""
-    return f"{x['median']:.2f}x [{x['min']:.2f}–{x['max']:.2f}]{flag}"
-
-
-def target_resolution(result: dict) -> float | None:
-    """How many of the warm start's standard errors the target lies above it (None: no target)."""
-    target, warm = result["time_to_target_s"]["target"], result["warmstart_accuracy"]
-    if target is None or not warm["stderr"]:
-        return None
-    return (target - warm["accuracy"]) / warm["stderr"]
-
-
-def _target_caveat(result: dict) -> list[str]:
-    z = target_resolution(result)
-    if z is None or z >= 2.0:
-        return []
-    every = result["matched"]["checkpoint_every"]
-    return [
-        f"**Caution on time to target:** the target is only {z:.1f} standard errors of one checkpoint's "
-        f"evaluation above the warm start (these runs gain little in {result['matched']['iterations']} steps), "
-        f"and checkpoints come every {every} steps, so time to target mostly restates the time per step; it "
-        "is not a resolved comparison of learning per step.",
-        "",
-    ]
-
-
-def final_accuracy_note(result: dict) -> str:
-    """The two systems' mean final accuracies, and whether they differ by more than 2 standard errors
-    of the difference (binomial standard errors of the runs, averaged over the runs)."""
-    fa = result["final_accuracy"]
-    b, t = fa["braid"], fa["trl"]
-    se = math.sqrt(sum(x * x for x in b["stderr_per_run"]) / len(b["stderr_per_run"]) ** 2
-                   + sum(x * x for x in t["stderr_per_run"]) / len(t["stderr_per_run"]) ** 2)
-    diff = b["mean"] - t["mean"]
-    verdict = "within noise (<= 2 standard errors)" if abs(diff) <= 2 * se else "more than 2 standard errors apart"
-    return (f"Final accuracy, mean over runs: Braid {b['mean']:.3f}, TRL {t['mean']:.3f}; difference {diff:+.3f} "
-            f"± {se:.3f}: {verdict}.")
-
-
-def markdown(result: dict) -> str:
-    from bench.report_io import provenance_line
-
-    sp, tt, m = result["spread"], result["time_to_target_s"], result["matched"]
-    b, t = result["per_run"]["braid"], result["per_run"]["trl"]
-    lines = [
-        "# A fair TRL run: Braid sync vs TRL GRPOTrainer, matched settings",
-        "",
-        f"{result['runs']} runs per system, interleaved (Braid, TRL, Braid, TRL, ...), on {m['cores']} cores. "
-        "**The matched pair is Braid's `hf` engine vs TRL's `generate`** (both: one static batch per step on "
-        "transformers' stock attention). Braid's default vLLM engine is **not** matched here: TRL's vLLM path "
-        "does not run on this CPU machine (see below).",
-        "",
-        "| | Braid sync (hf engine) | TRL GRPOTrainer (generate) | Braid / TRL per pair: median [range] |",
-        "|---|---|---|---|",
-        f"| samples/s | {_f(sp['samples_per_s']['braid']['median'])} [{_f(sp['samples_per_s']['braid']['min'])}–"
-        f"{_f(sp['samples_per_s']['braid']['max'])}] | {_f(sp['samples_per_s']['trl']['median'])} "
-        f"[{_f(sp['samples_per_s']['trl']['min'])}–{_f(sp['samples_per_s']['trl']['max'])}] | "
-        f"{_rs(sp['samples_per_s_ratio'])} |",
-        f"| tokens/s (completion) | {_f(sp['tokens_per_s']['braid']['median'], '.0f')} "
-        f"[{_f(sp['tokens_per_s']['braid']['min'], '.0f')}–{_f(sp['tokens_per_s']['braid']['max'], '.0f')}] | "
-        f"{_f(sp['tokens_per_s']['trl']['median'], '.0f')} [{_f(sp['tokens_per_s']['trl']['min'], '.0f')}–"
-        f"{_f(sp['tokens_per_s']['trl']['max'], '.0f')}] | {_rs(sp['tokens_per_s_ratio'])} |",
-        f"| completion tokens per sample | {_f(sp['response_len_mean']['braid']['median'])} | "
-        f"{_f(sp['response_len_mean']['trl']['median'])} | |",
-        f"| time to target (s), median | {_f(tt['braid_median'])} ({tt['reached']['braid']}/{result['runs']} reached) | "
-        f"{_f(tt['trl_median'])} ({tt['reached']['trl']}/{result['runs']} reached) | TRL / Braid time: "
-        f"{_rs(tt['trl_over_braid'])} |",
-        f"| final accuracy, mean | {_f(result['final_accuracy']['braid']['mean'], '.3f')} | "
-        f"{_f(result['final_accuracy']['trl']['mean'], '.3f')} | |",
-        "",
-        f"Warm start {result['warmstart_accuracy']['accuracy']:.3f} ± {result['warmstart_accuracy']['stderr']:.3f}; "
-        f"target {_f(tt['target'], '.3f')} ({tt['rule']}). A ratio flagged **(spread >= effect)** has a range "
-        "across pairs at least as large as its distance from 1: not resolved by these runs.",
-        "",
-        *_target_caveat(result),
-        final_accuracy_note(result),
-        "",
-        "Definitions (identical for both): samples/s = completions generated and trained per second of steady "
-        "RL wall time, from the end of optimizer step 0 to the end of the last step (step 0 excluded); tokens/s "
-        "= completion tokens (stop token included, prompt tokens not) over the same time.",
-        "",
-        "## Per run (interleaved order)",
-        "",
-        "| pair | Braid samples/s | TRL samples/s | ratio | Braid tokens/s | TRL tokens/s | ratio | Braid final | TRL final | Braid trained/generated |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for i, (rb, rt) in enumerate(zip(b, t)):
-        lines.append(
-            f"| {i} | {rb['samples_per_s']:.1f} | {rt['samples_per_s']:.1f} | {rb['samples_per_s'] / rt['samples_per_s']:.2f} | "
-            f"{rb['tokens_per_s']:.0f} | {rt['tokens_per_s']:.0f} | {rb['tokens_per_s'] / rt['tokens_per_s']:.2f} | "
-            f"{rb['final_accuracy']:.3f} | {rt['final_accuracy']:.3f} | {_f(rb.get('trained_fraction'), '.3f')} |"
-        )
-    lines += ["", "## Matched settings", ""]
-    for k, v in m.items():
-        if k not in ("model", "task"):
-            lines.append(f"- `{k}`: {'off' if v is None else v}")
-    lines += ["", "## What still differs", ""] + [f"- {x}" for x in result["still_differs"]]
-    trl_info = result.get("trl") or {}
-    lines += [
-        "",
-        f"TRL {trl_info.get('versions', {}).get('trl', '?')} (optimizer {trl_info.get('optim', '?')}); "
-        f"whole benchmark {result['bench_wall_s'] / 60:.1f} min.",
-        "",
-        provenance_line(result["provenance"]),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for system, color in (("braid", "tab:blue"), ("trl", "tab:orange")):
-        for i, r in enumerate(result["per_run"][system]):
-            xs, ys = [p[0] for p in r["curve"]], [p[1] for p in r["curve"]]
-            ax1.plot(xs, ys, "o-", color=color, alpha=0.7, label=f"{'Braid sync (hf)' if system == 'braid' else 'TRL (generate)'}"
-                     if i == 0 else None)
-    target = result["time_to_target_s"]["target"]
-    if target is not None:
-        ax1.axhline(target, color="gray", ls="--", lw=1, label="target")
-    ax1.set_xlabel("RL wall time (s)")
-    ax1.set_ylabel("held-out accuracy")
-    ax1.set_title("accuracy over time, every run")
-    ax1.legend()
-    pairs = range(result["runs"])
-    w = 0.38
-    ax2.bar([p - w / 2 for p in pairs], [r["samples_per_s"] for r in result["per_run"]["braid"]], w, label="Braid sync (hf)")
-    ax2.bar([p + w / 2 for p in pairs], [r["samples_per_s"] for r in result["per_run"]["trl"]], w, label="TRL (generate)")
-    ax2.set_xticks(list(pairs), [f"pair {p}" for p in pairs])
-    ax2.set_ylabel("samples/s (steady)")
-    ax2.set_title(f"Braid/TRL samples/s: {_rs(result['spread']['samples_per_s_ratio'])}".replace("**", ""))
-    ax2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------- mechanism

@@ -15,6 +15,7 @@ for _p in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(_p))
 
 import trl_fair as tf  # noqa: E402
+import trl_fair_report as tfr  # noqa: E402
 
 from e2e_core import pin_overrides  # noqa: E402
 from services.common.config import load_config  # noqa: E402
@@ -164,8 +165,8 @@ def test_report_cautions_when_the_target_is_within_noise_of_the_warm_start():
     trl = [_run(10.0, 250.0, 0.32, curve)]
     meta = {"matched": {"cores": 2, "iterations": 25, "checkpoint_every": 5}, "still_differs": ["x"]}
     res = tf.summarize(braid, trl, (0.3, 0.02), meta)  # target 0.318: 0.9 standard errors above 0.3
-    assert tf.target_resolution(res) == pytest.approx(0.9)
-    assert "Caution on time to target" in "\n".join(tf._target_caveat(res))
-    assert "within noise" in tf.final_accuracy_note(res)
+    assert tfr.target_resolution(res) == pytest.approx(0.9)
+    assert "Caution on time to target" in "\n".join(tfr._target_caveat(res))
+    assert "within noise" in tfr.final_accuracy_note(res)
     far = tf.summarize([_run(30.0, 600.0, 0.6, curve)], trl, (0.3, 0.02), meta)  # target 0.48: 9 SE
-    assert tf._target_caveat(far) == [] and "more than 2 standard errors" in tf.final_accuracy_note(far)
+    assert tfr._target_caveat(far) == [] and "more than 2 standard errors" in tfr.final_accuracy_note(far)

@@ -55,7 +55,7 @@ def test_generation_far_ahead_scales_in_without_losing_work(tmp_path):
 
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         "model.hidden_size=128", "model.num_layers=4", "model.intermediate_size=256",
-        "trainer.mode=one_step", "trainer.iterations=8", "eval.prompts=4", "generation.instances=2",
+        "trainer.mode=one_step", "trainer.iterations=40", "eval.prompts=4", "generation.instances=2",
         "generation.forced_lengths=true", "forced_length_ramp.start=1", "generation.dispatch.policy=least_loaded",
         "weights.transport=direct", "trainer.kl_coef=0.001", "scaleout.enabled=true", "scaleout.min_instances=1",
         "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1", "scaleout.scale_in=true",

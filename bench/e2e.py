@@ -107,13 +107,19 @@ def backfill(saved: dict, run_dir: Path) -> dict:
     return saved
 
 
-def carry_trl_fair(result: dict, previous: Path) -> None:
-    """Keep the ``trl_fair`` part (written by ``bench/trl_fair.py``, with its own provenance) of the
-    results file this run replaces, marked as carried."""
-    if previous.is_file() and "trl_fair" in (old := json.loads(previous.read_text())):
-        result["trl_fair"] = old["trl_fair"]
-        when = (old["trl_fair"].get("provenance") or {}).get("date")
-        result["provenance"]["parts"]["trl_fair"] = f"carried from bench/trl_fair.py (run of {when})"
+# parts of e2e.json that other scripts measure and write (each with its own provenance)
+CARRIED_PARTS = {"trl_fair": "bench/trl_fair.py", "throughput_interleaved": "bench/e2e_throughput.py"}
+
+
+def carry_parts(result: dict, previous: Path) -> None:
+    """Keep the parts of the results file this run replaces that other scripts wrote
+    (``CARRIED_PARTS``), each marked as carried with the date of its run."""
+    old = json.loads(previous.read_text()) if previous.is_file() else {}
+    for key, script in CARRIED_PARTS.items():
+        if key in old:
+            result[key] = old[key]
+            when = (old[key].get("provenance") or {}).get("date")
+            result["provenance"]["parts"][key] = f"carried from {script} (run of {when})"
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -412,7 +418,7 @@ def main() -> int:
                                    else f"carried from the run started {per_mode[m].get('started_at')}" for m in modes}
     result = assemble(modes, per_mode, target, meta, conv)
     out = results_dir(ns.out, ns.quick)
-    carry_trl_fair(result, out / "e2e.json")
+    carry_parts(result, out / "e2e.json")
     print(write_results(out, "e2e", result, markdown, plot, png="e2e_curves.png"))
     print(f"total {time.time() - t_start:.0f}s")
     failed = [m for m in modes if per_mode[m]["status"] != "ok"]

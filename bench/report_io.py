@@ -129,6 +129,17 @@ def flagged_ratio(num: list[float], den: list[float]) -> dict:
     return {**r, "spread_as_large_as_effect": (r["max"] - r["min"]) >= abs(r["median"] - 1.0)}
 
 
+def set_json_key(path: Path, key: str, entry: dict) -> None:
+    """Read a results file (when it exists), set only ``key``, write it back: how a benchmark
+    that measures one part of another's results file (``trl_fair``, ``throughput_interleaved`` in
+    ``e2e.json``) leaves the rest as it was."""
+    path = Path(path)
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    doc[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def provenance_line(p: dict) -> str:
     """One markdown line naming where a result came from (``provenance``'s fields)."""
     m = p["machine"]

@@ -66,7 +66,7 @@ from e2e_core import time_to_target  # noqa: E402
 
 from trl_fair_report import markdown, plot  # noqa: E402  (the rendering)
 
-from bench.report_io import flagged_ratio, results_dir, spread  # noqa: E402
+from bench.report_io import flagged_ratio, results_dir, set_json_key, spread  # noqa: E402
 
 CONFIG = ROOT / "deploy" / "configs" / "default.yaml"
 CORES = 2  # both systems: Braid SGS on CPU 0 + trainer on CPU 1; TRL one process, 2 threads
@@ -292,14 +292,6 @@ def e2e_entry(result: dict) -> dict:
     }
 
 
-def set_e2e_key(path: Path, entry: dict) -> None:
-    """Read ``e2e.json`` (when it exists), set only ``trl_fair``, write it back."""
-    doc = json.loads(path.read_text()) if path.is_file() else {}
-    doc["trl_fair"] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-
-
 STILL_DIFFERS = [
     "Process structure: Braid is two processes (SGS pinned to CPU 0, trainer pinned to CPU 1, one thread "
     "each) talking gRPC, and pushes the new weights to the SGS after every step (snapshot, relay, reload); "
@@ -495,7 +487,7 @@ def main() -> int:
     result = summarize(per["braid"], per["trl"], warm, meta)
     out = results_dir(ns.out, ns.quick)
     print(write_results(out, "trl_fair", result, markdown, plot))
-    set_e2e_key(out / "e2e.json", e2e_entry(result))
+    set_json_key(out / "e2e.json", "trl_fair", e2e_entry(result))
     print(f"set trl_fair in {out / 'e2e.json'}; total {time.time() - t_start:.0f}s")
     return 0
 

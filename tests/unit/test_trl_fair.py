@@ -17,6 +17,7 @@ for _p in (ROOT, ROOT / "bench"):
 import trl_fair as tf  # noqa: E402
 import trl_fair_report as tfr  # noqa: E402
 
+from bench.report_io import set_json_key  # noqa: E402
 from e2e_core import pin_overrides  # noqa: E402
 from services.common.config import load_config  # noqa: E402
 
@@ -149,7 +150,7 @@ def test_summarize_pairs_runs_in_order_and_e2e_entry_keeps_the_checked_fields(tm
             "still_differs", "provenance", "source"} <= entry.keys()
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps({"samples_per_s": {"sync": 1.0}, "trl_fair": {"old": True}}))
-    tf.set_e2e_key(path, entry)
+    set_json_key(path, "trl_fair", entry)
     doc = json.loads(path.read_text())
     assert doc["samples_per_s"] == {"sync": 1.0} and doc["trl_fair"]["runs"] == 2 and "old" not in doc["trl_fair"]
 

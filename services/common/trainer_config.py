@@ -35,6 +35,19 @@ class AlgorithmConfig(StrictModel):
     critic_lr: float = Field(1e-4, gt=0.0, le=1.0, description="PPO critic learning rate.")
 
 
+class RepackConfig(StrictModel):
+    """Dynamic repack in bounded mode (Laminar §5, ``services.buffer.coordinator``): consolidate the
+    long-tail trajectories of ramping-down instances onto a few, freeing the rest for new weights."""
+
+    enabled: bool = Field(False, description="Migrate long tails between instances (needs an engine that can interrupt: vllm, hf).")
+    interval_s: float = Field(1.0, ge=0.05, le=600.0, description="Seconds between snapshots of the instances (KV use, running, queued).")
+    c_max: float = Field(0.99, gt=0.0, le=1.0, description="KV-cache fraction a destination may reach after the move.")
+    batch_bound: int = Field(
+        64, ge=2, le=100_000,
+        description="Roofline batch bound B: samples an instance may decode after the move; a source has fewer running.",
+    )
+
+
 class TrainerConfig(StrictModel):
     """The trainer: pipeline mode, RL objective, dynamic batching, staleness bound, weight publication."""
 
@@ -54,6 +67,7 @@ class TrainerConfig(StrictModel):
     redundancy_groups: int = Field(0, ge=0, le=100_000, description="Batch-level redundancy: extra groups per buffer (surplus aborted).")
     redundancy_samples: int = Field(0, ge=0, le=1024, description="Group-level redundancy: extra samples per group (surplus aborted).")
     max_inflight_groups: int = Field(16, ge=1, le=100_000, description="bounded mode: groups in flight per SGS instance.")
+    repack: RepackConfig = Field(default_factory=RepackConfig)
     checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     iterations: int = Field(40, ge=1, le=1_000_000, description="RL iterations (optimizer steps).")
@@ -107,6 +121,7 @@ class TrainerConfig(StrictModel):
                 name for name, on in (
                     ("partial_rollout", self.partial_rollout), ("async_bound", self.async_bound is not None),
                     ("redundancy_groups", self.redundancy_groups > 0), ("redundancy_samples", self.redundancy_samples > 0),
+                    ("repack.enabled", self.repack.enabled),
                 ) if on
             ]
             if used:

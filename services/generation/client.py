@@ -88,6 +88,11 @@ class GenerationClient:
         """Start a Generate call; iterate it for samples, ``cancel()`` it from any thread."""
         return GenerateCall(self._stub.Generate(convert.request_to_pb(prompts, params), timeout=self.timeout_s))
 
+    def interrupt(self, tags: list[str], timeout_s: float = 30.0) -> int:
+        """Interrupt the calls started with these ``GenerateParams.tag`` values: their samples come
+        back on their streams with finish_reason "interrupted"; returns how many."""
+        return self._stub.Interrupt(pb.InterruptRequest(request_tags=tags), timeout=timeout_s).interrupted
+
     def pull_weights(self, version: int = -1, *, wait_s: float = 0.0) -> pb.UpdateAck:
         """Tell the instance to pull ``version`` (-1 = latest) from its relay and stage it."""
         return self._stub.PullWeights(pb.PullWeightsRequest(version=version, wait_s=wait_s), timeout=wait_s + 600)

@@ -18,6 +18,10 @@ pass of the loop:
 4. polls the engine and routes each finished output to its call's queue at once, so the RPC
    layer streams it while the rest of the batch is still running.
 
+``interrupt(tags)`` (migration, the coordinator's Interrupt command) returns every running or
+queued sample of the calls with those request tags at once, finish_reason "interrupted", with
+its tokens so far (none for a queued one); the caller resumes them elsewhere.
+
 A failure in the loop is recorded, every open call receives it, and ``error`` is set so the
 process supervisor can exit non-zero.
 """
@@ -53,6 +57,7 @@ class Call:
     expected: int
     out: queue.Queue = field(default_factory=queue.Queue)
     cancelled: bool = False
+    tag: str = ""
 
 
 @dataclass
@@ -109,7 +114,7 @@ class GenerationCore:
         return self._thread.is_alive() and self.error is None
 
     def submit(self, prompts: list[PromptSpec], params: GenerateParams) -> Call:
-        call = Call(call_id=next(self._calls), expected=len(prompts) * params.samples_per_prompt)
+        call = Call(call_id=next(self._calls), expected=len(prompts) * params.samples_per_prompt, tag=params.tag)
         now = time.time()
         max_new = params.max_new_tokens or self.default_max_new_tokens
         sampling = Sampling(params.temperature, params.top_p, params.top_k)
@@ -125,6 +130,15 @@ class GenerationCore:
     def cancel(self, call: Call) -> None:
         call.cancelled = True
         self._inbox.put(("cancel", call))
+
+    def interrupt(self, tags: set[str], timeout_s: float = 30.0) -> int:
+        """Interrupt every running or queued sample of the calls tagged ``tags`` (on the core
+        thread, between engine steps); returns how many were interrupted."""
+        if not self.engine.supports_interrupt:
+            raise NotImplementedError(f"engine {self.engine.name!r} cannot interrupt requests")
+        done: queue.Queue = queue.Queue()
+        self._inbox.put(("interrupt", (frozenset(tags), done)))
+        return done.get(timeout=timeout_s)
 
     def newest_version(self) -> int:
         with self._stage_lock:
@@ -180,6 +194,8 @@ class GenerationCore:
                 self._cancel(payload)
             elif kind == "weights":
                 self._pending_state = payload[1]
+            elif kind == "interrupt":
+                self._interrupt(*payload)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -191,6 +207,16 @@ class GenerationCore:
             if seq.call is call:
                 self.engine.cancel(rid)
                 del self._running[rid]
+
+    def _interrupt(self, tags: frozenset[str], done: queue.Queue) -> None:
+        queued = self._waiting.remove_if(lambda s: s.call.tag in tags and not s.call.cancelled)
+        running = [rid for rid, seq in self._running.items() if seq.call.tag in tags and not seq.call.cancelled]
+        if running:
+            for out in self.engine.interrupt(running).values():
+                self._deliver(out)
+        for seq in queued:  # never admitted: nothing generated, no weight version
+            self._emit(seq, EngineOutput(seq.request_id, [], [], "interrupted"))
+        done.put(len(running) + len(queued))
 
     def _maybe_install(self) -> None:
         if self._pending_state is None:
@@ -234,6 +260,10 @@ class GenerationCore:
         if out.error:
             seq.call.out.put(RuntimeError(f"engine failed on {out.request_id}: {out.error}"))
             return
+        self._emit(seq, out)
+
+    def _emit(self, seq: _Seq, out: EngineOutput) -> None:
+        """Put ``seq``'s output on its call's queue as a SampleRecord (and count it)."""
         if out.finish_reason != "interrupted":
             self.finished += 1
         self.generated_tokens += len(out.token_ids)

@@ -94,6 +94,10 @@ class RouterServicer(pb_grpc.GenerationServicer):
         except grpc.RpcError as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"an instance did not answer Health: {err.details()}")
 
+    def Interrupt(self, request: pb.InterruptRequest, context: grpc.ServicerContext) -> pb.InterruptReply:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      "the router does not migrate trajectories: send Interrupt to the SGS instance that runs them")
+
     def AddInstance(self, request: pb.InstanceRequest, context: grpc.ServicerContext) -> pb.InstanceReply:
         wait_s = _checked(request, context, default_wait_s=60.0)
         client = GenerationClient(request.address, max_message_mb=self.cfg.max_message_mb)

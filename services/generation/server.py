@@ -104,6 +104,10 @@ def validate_request(
             raise RequestError(f"prompt {p.prompt_id!r} has token ids outside [0, {vocab_size}): {bad[:5]}")
 
 
+MAX_INTERRUPT_TAGS = 4096
+MAX_TAG_CHARS = 256
+
+
 class GenerationServicer(pb_grpc.GenerationServicer):
     def __init__(
         self, core: GenerationCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int,
@@ -245,6 +249,23 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return convert.health_to_pb(self.core.health())
+
+    def Interrupt(self, request: pb.InterruptRequest, context: grpc.ServicerContext) -> pb.InterruptReply:
+        """Return the samples of the tagged calls now, finish_reason "interrupted" (migration)."""
+        tags = set(request.request_tags)
+        if not tags or len(tags) > MAX_INTERRUPT_TAGS or any(not t or len(t) > MAX_TAG_CHARS for t in tags):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"request_tags must hold 1..{MAX_INTERRUPT_TAGS} non-empty tags of <= {MAX_TAG_CHARS} "
+                          f"characters, got {len(request.request_tags)}")
+        if not self.core.engine.supports_interrupt:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"engine {self.core.engine.name!r} cannot interrupt requests: migration is unavailable")
+        if not self.core.alive():
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"generation core is down: {self.core.error!r}")
+        try:
+            return pb.InterruptReply(interrupted=self.core.interrupt(tags))
+        except queue.Empty:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the generation core did not answer the interrupt in time")
 
 
 def create_server(

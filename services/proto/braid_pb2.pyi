@@ -6,6 +6,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class InterruptRequest(_message.Message):
+    __slots__ = ("request_tags",)
+    REQUEST_TAGS_FIELD_NUMBER: _ClassVar[int]
+    request_tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class InterruptReply(_message.Message):
+    __slots__ = ("interrupted",)
+    INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    interrupted: int
+    def __init__(self, interrupted: _Optional[int] = ...) -> None: ...
+
 class Prompt(_message.Message):
     __slots__ = ("prompt_id", "group_id", "token_ids", "estimated_length", "forced_length")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]

@@ -66,6 +66,11 @@ class GenerationStub:
                 request_serializer=services_dot_proto_dot_braid__pb2.InstanceRequest.SerializeToString,
                 response_deserializer=services_dot_proto_dot_braid__pb2.InstanceReply.FromString,
                 _registered_method=True)
+        self.Interrupt = channel.unary_unary(
+                '/braid.v1.Generation/Interrupt',
+                request_serializer=services_dot_proto_dot_braid__pb2.InterruptRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.InterruptReply.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -118,6 +123,15 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Interrupt(self, request, context):
+        """Migration (StaleFlow's Interrupt command, Laminar's repack): every running or queued
+        sample of the calls with these request tags comes back at once on its Generate stream
+        with its tokens so far and finish_reason "interrupted"; the caller resumes it elsewhere.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -150,6 +164,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.RemoveInstance,
                     request_deserializer=services_dot_proto_dot_braid__pb2.InstanceRequest.FromString,
                     response_serializer=services_dot_proto_dot_braid__pb2.InstanceReply.SerializeToString,
+            ),
+            'Interrupt': grpc.unary_unary_rpc_method_handler(
+                    servicer.Interrupt,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.InterruptRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.InterruptReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -316,6 +335,33 @@ class Generation:
             '/braid.v1.Generation/RemoveInstance',
             services_dot_proto_dot_braid__pb2.InstanceRequest.SerializeToString,
             services_dot_proto_dot_braid__pb2.InstanceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Interrupt(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Generation/Interrupt',
+            services_dot_proto_dot_braid__pb2.InterruptRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.InterruptReply.FromString,
             options,
             channel_credentials,
             insecure,

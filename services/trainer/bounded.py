@@ -19,6 +19,11 @@ observes, asks the pure policies, and acts:
    as soon as they appear (streaming, as in the other modes); when the head buffer is Ready
    it is *consumed*: one optimizer step, version + 1.
 
+**Repack** (Laminar §5, ``trainer.repack``; ``services.trainer.repack``): every interval the
+runner snapshots the instances (KV use, running, queued, version); the long tails of ramping-down
+instances are migrated (Interrupt, then resumed on a destination of the same version) so the
+sources are freed to take newer weights. Migration keeps each trajectory's ``V_traj`` and entry.
+
 **Instance failure** (Laminar §3.3): when a call fails with UNAVAILABLE the instance is
 marked dead; every trajectory the partial-response pool places on it resumes elsewhere from
 the tokens recorded so far (its ``V_traj`` and reserved entry unchanged), so no trajectory
@@ -49,6 +54,7 @@ from services.generation.client import GenerateCall
 from services.tasks.arith import Problem
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
+from services.trainer.repack import Repacker
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
 log = logging.getLogger("braid.bounded")
@@ -61,6 +67,7 @@ class _Call:
     keys: list[str]  # partial-pool keys of the samples this call produces
     handle: GenerateCall | None = None
     open: int = 0  # samples not yet returned
+    tag: str = ""  # the Generate request tag (what an Interrupt names)
     launched: float = 0.0  # when the coordinator started the call (time.time())
 
 
@@ -106,6 +113,8 @@ class BoundedRunner:
         self.latest: tuple[int, object] = (trainer.version, None)  # (version, transport snapshot)
         self.counts: Counter[str] = Counter()
         self.gen_busy: list[tuple[float, float]] = []
+        self.repack = Repacker.from_config(tc.repack)
+        self.stepped = False  # an optimizer step since the last repack check (check at once)
 
     # ------------------------------------------------------------------ main loop
     def run(self, iterations: int, progress=None) -> None:
@@ -115,6 +124,7 @@ class BoundedRunner:
             for k in range(iterations):
                 while not self.mgr.ready():
                     self._sync()
+                    self._repack()
                     self._route()
                     self._collect(timeout=0.02)
                     self._train_head()
@@ -126,8 +136,10 @@ class BoundedRunner:
             self._shutdown()
 
     def _views(self) -> list[InstanceView]:
+        incoming = self.repack.incoming()  # migrations on their way count in the destination's load
         return [
-            InstanceView(i, p.offered, self.inflight[i], self.capacity, self.alive[i]) for i, p in enumerate(self.pushers)
+            InstanceView(i, p.offered, self.inflight[i] + incoming[i], self.capacity, self.alive[i])
+            for i, p in enumerate(self.pushers)
         ]
 
     def _sync(self) -> None:
@@ -139,11 +151,40 @@ class BoundedRunner:
             self.pushers[i].offer(version, state)
             self.counts["syncs"] += 1
 
+    def _repack(self) -> None:
+        """Snapshot the instances when due; carry out the repack plan (Interrupt on each source)."""
+        plan = self.repack.check(self.t.clients, self.alive, self._lose_instance, force=self.stepped)
+        self.stepped = False
+        for m in plan:
+            if not (self.alive[m.source] and self.alive[m.destination]):
+                continue
+            calls = [c for st in self.groups.values() if not st.complete for c in st.calls
+                     if c.instance == m.source and c.open and c.handle is not None and not c.handle.cancelled]
+            keys = [p.key for p in self.partial.on_instance(m.source) if p not in self.resume]
+            try:
+                self.repack.start(m, keys, [c.tag for c in calls], self.t.clients[m.source])
+            except grpc.RpcError as err:  # the source went away: its trajectories resume from the pool
+                for k in keys:
+                    self.repack.forget(k)
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._lose_instance(m.source, f"Interrupt: {err.details()}")
+                else:
+                    raise RuntimeError(f"SGS instance {m.source} refused Interrupt: {err.details()}") from err
+
+    def _resume_target(self, p: Partial) -> InstanceView | None:
+        """A migrated trajectory resumes on its planned destination when that is still routable;
+        any other trajectory (or a migration whose destination is gone) where routing says."""
+        views = self._views()
+        dst = self.repack.destination(p.key)
+        if dst is not None and views[dst].alive and views[dst].version >= p.version:
+            return views[dst]
+        return pick_instance(p.version, views, self.mgr.can_reserve)
+
     # ------------------------------------------------------------------ routing
     def _route(self) -> None:
         waiting = []
         for p in sorted(self.resume, key=lambda p: p.version):
-            inst = pick_instance(p.version, self._views(), self.mgr.can_reserve)
+            inst = self._resume_target(p)
             if inst is None:
                 waiting.append(p)
             else:
@@ -160,19 +201,21 @@ class BoundedRunner:
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
         (spec,) = self.t.prompt_specs([problem], self.t.cfg.forced_length_ramp.length(self.t.version))
-        call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)])
+        call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, inst.version, inst.index))
-        params = GenerateParams(n, 0, inst.version, tag=f"group-{key}", interruptible=self.tc.partial_rollout)
+        params = GenerateParams(n, 0, inst.version, tag=call.tag, interruptible=self.tc.partial_rollout)
         self._start(call, [spec], params, state)
 
     def _launch_resume(self, p: Partial, inst: InstanceView) -> None:
         state = self.groups[p.group]
         self.partial.move(p.key, inst.index)
-        call = _Call(inst.index, p.group, [p.key])
+        self.repack.launched(p.key, inst.index)
+        call = _Call(inst.index, p.group, [p.key], tag=f"resume-{p.key}#{p.segments}")
         spec = PromptSpec(f"{p.key}#{p.segments}", p.prompt_token_ids + p.token_ids, p.group)
         left = self.max_new - len(p.token_ids)
-        params = GenerateParams(1, left, p.version, tag=f"resume-{p.key}", interruptible=True)
+        # interrupted by a new version only under partial rollout; a repack may interrupt it again
+        params = GenerateParams(1, left, p.version, tag=call.tag, interruptible=self.tc.partial_rollout)
         self.counts["resumed"] += 1
         self._start(call, [spec], params, state)
 
@@ -253,6 +296,7 @@ class BoundedRunner:
 
     def _finish_sample(self, state: _GroupState, p: Partial, s: SampleRecord) -> None:
         """Stitch the segments of one trajectory into a SampleRecord of the original prompt."""
+        self.repack.forget(p.key)  # it finished on the source before the Interrupt reached it
         version = p.first_version if p.first_version >= 0 else s.weight_version
         sample = SampleRecord(
             prompt_id=p.group, group_id=p.group, sample_index=p.sample_index, prompt_token_ids=p.prompt_token_ids,
@@ -287,6 +331,7 @@ class BoundedRunner:
                 call.open = 0
         for p in self.partial.drop_group(state.problem.prompt_id):
             self.resume = [r for r in self.resume if r.key != p.key]
+            self.repack.forget(p.key)
 
     # ------------------------------------------------------------------ training
     def _train_head(self) -> None:
@@ -313,6 +358,7 @@ class BoundedRunner:
         stats = self.t.learner.stats
         out = self.t.step_and_snapshot(stats, offer=False)  # instances take it when routing says so
         self.latest = (out.version, out.snapshot)
+        self.stepped = True
         acc = Accumulator()
         for g in groups:
             for s, r in zip(g.samples, g.rewards):
@@ -351,6 +397,7 @@ class BoundedRunner:
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
             "bound_violations": sum(1 for e in entries if e.version + self.tc.eta < e.buffer_version),
             "instance_versions": [p.offered for p in self.pushers],
+            **self.repack.metrics(),
             **{k: v for k, v in sorted(self.counts.items())},
         }
 

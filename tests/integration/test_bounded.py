@@ -65,4 +65,23 @@ def test_a_lost_instance_loses_no_trajectory(tmp_path, tiny_checkpoint):
     assert killed, "the slow instance was not found"
     assert [r["iteration"] for r in rows] == list(range(5)) and summary["final_weight_version"] == 5
     assert rows[-1]["instances_lost"] == 1 and rows[-1]["recovered"] > 0
+    assert rows[-1].get("repacks", 0) == 0  # repack is off by default
     assert all(r["bound_violations"] == 0 and r["samples"] == 16 for r in rows)
+
+
+def test_repack_migrates_long_tails_within_the_bound(tmp_path, tiny_checkpoint):
+    """Laminar's repack on live instances: the tails of a ramping-down instance are interrupted and
+    resumed on another of the same version; every group is still trained once, within eta."""
+    summary, rows = _run(
+        tmp_path, tiny_checkpoint,
+        ["trainer.eta=2", "trainer.iterations=4", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1",
+         "generation.step_delay_ms=[10, 10]"],
+    )
+    assert [r["iteration"] for r in rows] == list(range(4)) and summary["final_weight_version"] == 4
+    assert all(r["bound_violations"] == 0 and r["samples"] == 16 for r in rows)
+    last = rows[-1]
+    assert last.get("repacks", 0) >= 1 and last.get("migrated", 0) >= 1, last
+    assert last["resumed"] >= last["migrated"]  # every migrated trajectory resumed (re-prefill, continue)
+    overheads = [r["repack_overhead_s_max"] for r in rows if "repack_overhead_s_max" in r]
+    assert overheads and all(0 <= o < 30 for o in overheads)
+    assert all(r["kv_snapshots"] >= 0 for r in rows) and any(0 < (r["kv_usage_mean"] or 0) <= 1 for r in rows)

@@ -44,3 +44,46 @@ def test_weight_update_interrupts_running_samples_and_they_resume_on_the_new_ver
     finally:
         client.close()
         assert stop_sgs(proc) == 0, proc.log.read_text()[-3000:]
+
+
+def test_interrupt_by_tag_returns_running_and_queued_samples_and_spares_other_calls(tmp_path, tiny_checkpoint):
+    """Migration's Interrupt command: the tagged call's samples come back at once (running ones with
+    their tokens so far, queued ones empty); another call runs on; bad requests get a clear status."""
+    import grpc
+    import pytest
+
+    proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.max_new_tokens=200", "generation.step_delay_ms=[20]",
+                                                 "generation.max_inflight=4"])
+    client = GenerationClient(proc.address)
+    try:
+        client.wait_ready()
+        moved, other = [], []
+        a = threading.Thread(target=lambda: moved.extend(client.generate(
+            [PromptSpec("a", (1, 5, 6, 7))], GenerateParams(samples_per_prompt=6, max_new_tokens=200, tag="mig-a"))))
+        a.start()
+        deadline = time.monotonic() + 60
+        while client.health().running < 4:  # 4 running (max_inflight), 2 queued
+            assert time.monotonic() < deadline, client.health()
+            time.sleep(0.02)
+        b = threading.Thread(target=lambda: other.extend(client.generate(
+            [PromptSpec("b", (1, 5, 6))], GenerateParams(samples_per_prompt=1, max_new_tokens=5, tag="stay"))))
+        b.start()
+        assert client.interrupt(["mig-a", "no-such-tag"]) == 6
+        a.join(timeout=60)
+        b.join(timeout=120)
+        assert sorted(s.finish_reason for s in moved) == ["interrupted"] * 6
+        assert sum(1 for s in moved if s.weight_version == 0) == 4  # the running ones, tokens so far
+        for s in moved:
+            assert len(s.token_ids) == len(s.logprobs) < 200
+            if s.weight_version == -1:  # queued: never started
+                assert s.token_ids == ()
+        assert len(other) == 1 and other[0].finish_reason in ("stop", "length")
+        assert client.interrupt(["mig-a"]) == 0  # nothing left of that call
+        for tags, match in (([], "request_tags"), (["x" * 300], "request_tags")):
+            with pytest.raises(grpc.RpcError) as err:
+                client.interrupt(tags)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and match in err.value.details()
+        assert client.health().status == "serving"
+    finally:
+        client.close()
+        assert stop_sgs(proc) == 0, proc.log.read_text()[-3000:]

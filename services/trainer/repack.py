@@ -1,0 +1,134 @@
+"""The bounded runner's snapshots and repack migrations (mechanism around
+``services.buffer.coordinator``).
+
+Every ``trainer.repack.interval_s`` (and right after each optimizer step) the runner takes a
+snapshot of every live SGS instance through its Health RPC: KV-cache use, running and queued
+samples, installed version. The snapshots feed the KV-utilisation metric always, and, with
+``trainer.repack.enabled``, the repack plan. A ``Migrate(source, destination)`` becomes:
+
+1. **Interrupt** — the source's open calls are interrupted by request tag (``Interrupt`` RPC);
+   each trajectory comes back on its stream with its tokens so far and goes to the resume list
+   (the partial-response pool keeps its ``V_traj``, its reserved staleness entry is untouched);
+2. **Route** — the runner resumes it on the planned destination (same installed version, so
+   never older than ``V_traj``); if the destination is gone or behind, on any routable instance;
+3. **Pull** — the freed source has nothing in flight, so the lazy sync policy offers it the
+   newest weights on the next pass.
+
+Migrations in transit count in the destination's load (so new groups do not take the room the
+plan gave them) and keep both instances out of the next plan (StaleFlow's speculative state).
+The overhead of a migration is the time from the Interrupt to the resume's launch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import grpc
+
+from services.buffer.coordinator import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
+
+log = logging.getLogger("braid.repack")
+
+
+@dataclass
+class _Move:
+    source: int
+    destination: int
+    issued: float  # time.time() of the Interrupt
+
+
+@dataclass
+class Repacker:
+    """Snapshots, plans and in-transit migrations of one bounded run."""
+
+    enabled: bool
+    coordinator: RepackCoordinator
+    moving: dict[str, _Move] = field(default_factory=dict)  # partial key -> its migration
+    kv_means: list[float] = field(default_factory=list)  # mean KV use over live instances, per snapshot
+    overheads: list[float] = field(default_factory=list)  # Interrupt -> resume launch, seconds
+    counts: Counter = field(default_factory=Counter)
+
+    @classmethod
+    def from_config(cls, cfg) -> Repacker:
+        settings = RepackSettings(c_max=cfg.c_max, batch_bound=cfg.batch_bound, interval_s=cfg.interval_s)
+        return cls(cfg.enabled, RepackCoordinator(settings))
+
+    # ------------------------------------------------------------------ snapshots and plans
+    def in_transit(self) -> Counter:
+        c: Counter = Counter()
+        for m in self.moving.values():
+            c[m.source] += 1
+            c[m.destination] += 1
+        return c
+
+    def incoming(self) -> Counter:
+        return Counter(m.destination for m in self.moving.values())
+
+    def snapshot(self, clients, alive: list[bool], on_lost) -> list[InstanceSnapshot]:
+        """Health of every live instance; an instance that does not answer (UNAVAILABLE) is lost."""
+        transit = self.in_transit()
+        out = []
+        for i, client in enumerate(clients):
+            if not alive[i]:
+                continue
+            try:
+                h = client.health()
+            except grpc.RpcError as err:
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    on_lost(i, f"Health: {err.details()}")
+                continue
+            out.append(InstanceSnapshot(i, h.weight_version, h.kv_usage, h.running, h.waiting, True, transit[i]))
+        if out:
+            self.kv_means.append(sum(s.kv_used for s in out) / len(out))
+        return out
+
+    def check(self, clients, alive: list[bool], on_lost, force: bool = False) -> list[Migrate]:
+        """Snapshot when due; the migrations to carry out (none when repack is off)."""
+        if not self.coordinator.due(force):
+            return []
+        snaps = self.snapshot(clients, alive, on_lost)
+        plan = self.coordinator.plan(snaps)
+        return plan if self.enabled else []
+
+    # ------------------------------------------------------------------ migrations
+    def start(self, m: Migrate, keys: list[str], tags: list[str], client) -> None:
+        """Interrupt the source's calls (``tags``); their trajectories (``keys``) go to the destination."""
+        if not keys or not tags:
+            return
+        now = time.time()
+        for k in keys:
+            self.moving[k] = _Move(m.source, m.destination, now)
+        n = client.interrupt(tags)
+        self.counts["repacks"] += 1
+        self.counts["migrations_sent"] += len(keys)
+        log.info("repack: instance %d -> %d (version %d, %d trajectories, %d interrupted, kv %.2f)",
+                 m.source, m.destination, m.version, len(keys), n, m.kv_used)
+
+    def destination(self, key: str) -> int | None:
+        m = self.moving.get(key)
+        return None if m is None else m.destination
+
+    def launched(self, key: str, instance: int) -> None:
+        """The trajectory resumed on ``instance``: its migration ends (overhead recorded)."""
+        m = self.moving.pop(key, None)
+        if m is not None:
+            self.overheads.append(time.time() - m.issued)
+            self.counts["migrated" if instance == m.destination else "migrated_elsewhere"] += 1
+
+    def forget(self, key: str) -> None:
+        """The trajectory's group ended (complete, aborted) before it resumed."""
+        self.moving.pop(key, None)
+
+    def metrics(self) -> dict:
+        """Per iteration: mean KV use of the snapshots and the migration overheads (then reset);
+        repack counts are run totals, as the runner's other counts."""
+        out = {"kv_usage_mean": sum(self.kv_means) / len(self.kv_means) if self.kv_means else None,
+               "kv_snapshots": len(self.kv_means), **dict(self.counts)}
+        if self.overheads:
+            out["repack_overhead_s_mean"] = sum(self.overheads) / len(self.overheads)
+            out["repack_overhead_s_max"] = max(self.overheads)
+        self.kv_means, self.overheads = [], []
+        return out

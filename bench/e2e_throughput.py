@@ -142,6 +142,33 @@ def e2e_entry(result: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- mechanism
+class RoundFailed(RuntimeError):
+    """A run of an interleaved round failed (its error is in the run directory's e2e_mode.json)."""
+
+
+def run_rounds(names: list[str], rounds: int, config_for, checkpoint: str, work: Path, mode_of=lambda name: name,
+               keep=("samples_per_s", "tokens_per_s", "staleness", "started_at", "run_dir")) -> tuple[dict, list[str]]:
+    """``rounds`` interleaved rounds of throughput-only Braid runs: round r runs every variant in
+    ``names`` once, in ``round_order(names, r)``, with ``config_for(name, r)`` (e2e's
+    ``measure_repeat``: samples/s, tokens/s, staleness against the bound of e2e mode
+    ``mode_of(name)``). Returns the runs per variant and the order."""
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    order = [f"{n}#{r}" for r in range(rounds) for n in round_order(names, r)]
+    t_start = time.time()
+    for r in range(rounds):
+        for name in round_order(names, r):
+            run_dir = work / f"{name}~r{r}"
+            cfg = config_for(name, r)
+            done = sum(len(v) for v in runs.values())
+            print(f"[{done + 1}/{len(order)}] round {r}: {name} ({time.time() - t_start:.0f}s elapsed)", flush=True)
+            rep = run_mode(name, run_dir, cfg, {"config": cfg.model_dump(mode="json")}, False,
+                           lambda: measure_repeat(mode_of(name), run_dir, cfg, checkpoint))
+            if rep["status"] != "ok":
+                raise RoundFailed(f"{name} round {r} failed: {rep['status']}")
+            runs[name].append({k: rep[k] for k in keep})
+    return runs, order
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
@@ -174,22 +201,16 @@ def main() -> int:
             f"eval.prompts={max(preset['eval_prompts'], preset['paired_prompts'])}"]
     work = Path(ns.work) / ("quick" if ns.quick else "full")
     t_start = time.time()
-    runs: dict[str, list[dict]] = {m: [] for m in modes}
-    order = [f"{m}#{r}" for r in range(ns.rounds) for m in round_order(modes, r)]
-    for r in range(ns.rounds):
-        for mode in round_order(modes, r):
-            run_dir = work / f"{mode}~r{r}"
-            cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances) + pin_overrides(ns.pin)
-                              + repeat_overrides(r))
-            done = sum(len(v) for v in runs.values())
-            print(f"[{done + 1}/{len(order)}] round {r}: {mode} ({time.time() - t_start:.0f}s elapsed)", flush=True)
-            rep = run_mode(mode, run_dir, cfg, {"config": cfg.model_dump(mode="json")}, False,
-                           lambda: measure_repeat(mode, run_dir, cfg, checkpoint))
-            if rep["status"] != "ok":
-                print(f"{mode} round {r} failed; no ratio of record from this run: {rep['status']}", file=sys.stderr)
-                return 1
-            runs[mode].append({k: rep[k] for k in ("samples_per_s", "tokens_per_s", "staleness", "started_at", "run_dir")})
 
+    def config_for(mode: str, r: int):
+        return load_config(ns.config, base + mode_overrides(mode, ns.instances) + pin_overrides(ns.pin)
+                           + repeat_overrides(r))
+
+    try:
+        runs, order = run_rounds(modes, ns.rounds, config_for, checkpoint, work)
+    except RoundFailed as err:
+        print(f"{err}; no ratio of record from this run", file=sys.stderr)
+        return 1
     result = {
         **summarize(modes, runs),
         "runs": runs,

@@ -14,7 +14,8 @@ resume), and the freed source then takes the newest weights (Pull) when the lazy
 - **Best-fit consolidation** (Algorithm 1): within each weight-version group, candidates
   sorted by KV use (smallest first, the easiest to release); each goes to the candidate that
   is fullest after the move among those it fits (KV ``<= c_max``, samples ``<= batch_bound``).
-  A destination is never released in the same plan, and a released source never receives.
+  A destination is never released in the same plan, a released source never receives, and a
+  draining instance (a staged version pauses its admission) never receives.
   Same version only, so a migrated trajectory resumes on weights no older than its ``V_traj``
   and the staleness protocol is untouched (StaleFlow §4: migration does not change an entry).
 - **Speculative state** (StaleFlow §5.2): an instance with migrations still in transit (sent
@@ -40,6 +41,7 @@ class InstanceSnapshot:
     waiting: int  # samples queued on the instance
     alive: bool = True
     in_transit: int = 0  # migrations to or from it not yet resumed (speculative state)
+    draining: bool = False  # a new version is staged: it admits nothing until its running work ends
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def best_fit(candidates: list[InstanceSnapshot], settings: RepackSettings) -> li
     for s in order:
         if s.index in released or s.index in receiving:
             continue
-        fits = [d for d in order if d.index != s.index and d.index not in released
+        fits = [d for d in order if d.index != s.index and d.index not in released and not d.draining
                 and kv[d.index] + s.kv_used <= settings.c_max and n[d.index] + s.running <= settings.batch_bound]
         if not fits:
             continue

@@ -12,6 +12,9 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
   when it can no longer start trajectories at its version (the bound forbids it) or when it
   is idle. Each sync costs a drain (or, with partial rollout, an interrupt and re-prefill), so
   syncing only when needed keeps instances busy; the bound keeps the data fresh enough.
+  With ``idle_only`` (repack on, no partial rollout) an instance takes new weights only when
+  idle, as Laminar's rollouts pull on completion: a staged version would pause admission and
+  block the migrated tails a repack sends there; the repack is what frees a blocked instance.
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ def pick_instance(
     return min(candidates, key=lambda i: (i.version, i.inflight, i.index), default=None)
 
 
-def instances_to_sync(instances: list[InstanceView], newest: int, can_reserve: CanReserve) -> list[int]:
+def instances_to_sync(
+    instances: list[InstanceView], newest: int, can_reserve: CanReserve, idle_only: bool = False
+) -> list[int]:
     """Indices of instances that should take version ``newest`` now (lazy synchronisation)."""
     return [
         i.index for i in instances
-        if i.alive and i.version < newest and (i.inflight == 0 or not can_reserve(i.version))
+        if i.alive and i.version < newest and (i.inflight == 0 or (not idle_only and not can_reserve(i.version)))
     ]

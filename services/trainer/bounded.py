@@ -147,7 +147,8 @@ class BoundedRunner:
             if self.alive[i] and pusher.error is not None:  # would wait forever for its offered version
                 self._lose_instance(i, f"weight push failed: {pusher.error}")
         version, state = self.latest
-        for i in instances_to_sync(self._views(), version, self.mgr.can_reserve):
+        idle_only = self.repack.enabled and not self.tc.partial_rollout
+        for i in instances_to_sync(self._views(), version, self.mgr.can_reserve, idle_only):
             self.pushers[i].offer(version, state)
             self.counts["syncs"] += 1
 

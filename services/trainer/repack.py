@@ -11,8 +11,10 @@ samples, installed version. The snapshots feed the KV-utilisation metric always,
    (the partial-response pool keeps its ``V_traj``, its reserved staleness entry is untouched);
 2. **Route** — the runner resumes it on the planned destination (same installed version, so
    never older than ``V_traj``); if the destination is gone or behind, on any routable instance;
-3. **Pull** — the freed source has nothing in flight, so the lazy sync policy offers it the
-   newest weights on the next pass.
+3. **Pull** — the freed source has nothing in flight, so the sync policy offers it the newest
+   weights on the next pass. Without partial rollout, repack syncs instances only when idle
+   (``routing.instances_to_sync(idle_only=True)``, Laminar's pull on completion): a version
+   staged on a busy instance would pause its admission, and with it the tails sent there.
 
 Migrations in transit count in the destination's load (so new groups do not take the room the
 plan gave them) and keep both instances out of the next plan (StaleFlow's speculative state).
@@ -80,7 +82,8 @@ class Repacker:
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     on_lost(i, f"Health: {err.details()}")
                 continue
-            out.append(InstanceSnapshot(i, h.weight_version, h.kv_usage, h.running, h.waiting, True, transit[i]))
+            out.append(InstanceSnapshot(i, h.weight_version, h.kv_usage, h.running, h.waiting, True, transit[i],
+                                        draining=h.pending_version >= 0))
         if out:
             self.kv_means.append(sum(s.kv_used for s in out) / len(out))
         return out

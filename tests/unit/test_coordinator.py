@@ -56,7 +56,7 @@ def test_batch_bound_limits_a_destination():
 def fleets(draw):
     n = draw(st.integers(1, 12))
     return [snap(i, draw(st.floats(0.0, 1.0)), draw(st.integers(0, 12)), version=draw(st.integers(0, 2)),
-                 waiting=draw(st.sampled_from([0, 0, 0, 1]))) for i in range(n)], [draw(st.floats(0.0, 1.0)) for _ in range(n)]
+                 waiting=draw(st.sampled_from([0, 0, 0, 1])), draining=draw(st.booleans())) for i in range(n)], [draw(st.floats(0.0, 1.0)) for _ in range(n)]
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -75,6 +75,7 @@ def test_every_plan_respects_capacity_version_and_roles(fleet):
         assert src.version == dst.version == m.version
         assert ramping_down(src, prev[m.source], S) and ramping_down(dst, prev[m.destination], S)
     for d in dests:
+        assert not by[d].draining
         moved = [by[m.source] for m in plan if m.destination == d]
         assert by[d].kv_used + sum(s.kv_used for s in moved) <= S.c_max + 1e-12
         assert by[d].running + sum(s.running for s in moved) <= S.batch_bound
@@ -97,3 +98,10 @@ def test_coordinator_is_periodic_remembers_kv_and_can_be_forced():
 def test_settings_are_validated(bad):
     with pytest.raises(ValueError):
         RepackSettings(**bad)
+
+
+def test_a_draining_instance_never_receives_but_may_be_released():
+    draining = snap(1, 0.2, 2, draining=True)
+    # 0 cannot go to the draining 1, but 1's tail goes to 0: 1 then installs its staged version at once
+    assert best_fit([snap(0, 0.1, 1), draining], S) == [Migrate(1, 0, 3, 2, 0.2)]
+    assert best_fit([draining, snap(2, 0.3, 2)], S) == [Migrate(1, 2, 3, 2, 0.2)]

@@ -41,3 +41,4 @@ def test_lazy_sync_only_when_blocked_or_idle():
     assert instances_to_sync(inst, 1, m.can_reserve) == [1]  # busy instance 0 keeps its version
     m.reserve("b", 0)  # buffer 1 full for version 0
     assert instances_to_sync(inst, 1, m.can_reserve) == [0, 1]
+    assert instances_to_sync(inst, 1, m.can_reserve, idle_only=True) == [1]  # repack: blocked 0 waits to be freed

@@ -1,0 +1,223 @@
+"""Dynamic repack (Laminar §5) against none, side by side in interleaved rounds (issue 20 item 2).
+
+The workload is the default task (arithmetic with power-law step counts, so output lengths have
+a long tail) in ``bounded`` mode (eta 2, no partial rollout, ``deploy/configs/bounded.yaml``'s
+pipeline) with ``--instances`` SGS instances pinned to the generation core and the trainer on the
+other (e2e's one-host emulation of two sites). Two variants, identical but for
+``trainer.repack.enabled``:
+
+- ``none``   — lazy weight sync: a blocked instance takes new weights at once and drains its tail;
+- ``repack`` — Health snapshots every ``trainer.repack.interval_s``; ramping-down instances of one
+  version are consolidated by best fit (``services.buffer.coordinator``), sources freed to pull.
+
+``--rounds`` rounds; round r runs both with sampling seed r in rotated order
+(``bench/e2e_throughput.run_rounds``). Per run: samples/s and trained tokens/s over the steady
+iterations, mean KV-cache use over the snapshots (every instance, every interval), migrations and
+their overhead (Interrupt sent -> trajectory resumed on the destination), staleness violations.
+The ratio of record is the median of the per-round ratios with its range.
+
+Writes ``bench/results/coordination.json``/``.md``/``.png`` (``--quick``: /tmp/braid-bench-quick).
+
+    python bench/coordination.py [--rounds 3] [--iterations 30] [--instances 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _path in (ROOT, ROOT / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from e2e_core import mode_overrides, pin_overrides, repeat_overrides  # noqa: E402
+from e2e_throughput import RoundFailed, run_rounds  # noqa: E402
+
+from bench.report_io import flagged_ratio, provenance, results_dir, spread, write_results  # noqa: E402
+
+MODE = "bounded_2"
+VARIANTS = {"none": [], "repack": ["trainer.repack.enabled=true"]}
+GOAL = 1.15  # issue 20: repack / none generation throughput on the long-tail workload
+
+
+# ---------------------------------------------------------------------------------------- policy
+def run_metrics(rows: list[dict]) -> dict:
+    """KV use (snapshot-weighted mean over the steady iterations), migrations and overheads of one run."""
+    steady = rows[1:] or rows
+    weighted = [(r["kv_usage_mean"], r["kv_snapshots"]) for r in steady if r.get("kv_usage_mean") is not None]
+    snaps = sum(n for _, n in weighted)
+    overheads = [r["repack_overhead_s_max"] for r in rows if "repack_overhead_s_max" in r]
+    means = [r["repack_overhead_s_mean"] for r in rows if "repack_overhead_s_mean" in r]
+    last = rows[-1] if rows else {}
+    return {
+        "kv_usage_mean": sum(v * n for v, n in weighted) / snaps if snaps else None,
+        "kv_snapshots": snaps,
+        "repacks": last.get("repacks", 0),
+        "migrated": last.get("migrated", 0),
+        "migrated_elsewhere": last.get("migrated_elsewhere", 0),
+        "repack_overhead_s_mean": statistics.mean(means) if means else None,
+        "repack_overhead_s_max": max(overheads) if overheads else None,
+        "violations": sum(r.get("bound_violations", 0) for r in rows),
+    }
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """The issue's fields from the interleaved runs of both variants."""
+    ratio = {k: flagged_ratio([r[k] for r in runs["repack"]], [r[k] for r in runs["none"]])
+             for k in ("tokens_per_s", "samples_per_s")}
+    kv = {v: spread([r["kv_usage_mean"] for r in runs[v] if r["kv_usage_mean"] is not None] or [0.0]) for v in runs}
+    overheads = [r["repack_overhead_s_mean"] for r in runs["repack"] if r["repack_overhead_s_mean"] is not None]
+    return {
+        "repack_vs_none_gen_throughput": ratio["tokens_per_s"]["median"],
+        "repack_vs_none_samples_per_s": ratio["samples_per_s"]["median"],
+        "ratios": ratio,
+        "goal": GOAL,
+        "goal_met": ratio["tokens_per_s"]["median"] >= GOAL,
+        "kv_utilisation": {v: kv[v]["median"] for v in kv},
+        "kv_utilisation_spread": kv,
+        "repack_overhead_s": {"mean": statistics.mean(overheads) if overheads else None,
+                              "max": max((r["repack_overhead_s_max"] or 0.0) for r in runs["repack"])},
+        "migrations_per_run": [r["migrated"] for r in runs["repack"]],
+        "staleness_violations": sum(r["violations"] + r["staleness"]["violations"] for v in runs for r in runs[v]),
+        "sim_vs_measured_error": None,
+        "sim_status": "not built yet: the simulator has no multi-instance, multi-version model of repack; "
+                      "this field stays null until it has (issue 20)",
+    }
+
+
+# ---------------------------------------------------------------------------------------- rendering
+def markdown(result: dict) -> str:
+    s, r = result["settings"], result["ratios"]
+
+    def cell(x: dict) -> str:
+        flag = " *spread as large as the effect*" if x["spread_as_large_as_effect"] else ""
+        return f"**{x['median']:.3f}x** [{x['min']:.3f}–{x['max']:.3f}]{flag}"
+
+    kv = result["kv_utilisation_spread"]
+    oh = result["repack_overhead_s"]
+    p = result["provenance"]
+    lines = [
+        "# Dynamic repack vs none (`bench/coordination.py`)",
+        "",
+        f"Default task (power-law output lengths), `bounded` eta 2, no partial rollout, {s['instances']} SGS instances "
+        f"(pinned: {s['pinned']}), {s['iterations']} steps per run, {s['rounds']} interleaved rounds, engine "
+        f"`{p['engine']}`.",
+        "",
+        "| | repack / none, median [range] |",
+        "|---|---|",
+        f"| trained tokens/s (generation throughput) | {cell(r['tokens_per_s'])} |",
+        f"| samples/s | {cell(r['samples_per_s'])} |",
+        "",
+        f"Goal >= {result['goal']:.2f}x: **{'met' if result['goal_met'] else 'missed'}**.",
+        "",
+        "| | none | repack |",
+        "|---|---|---|",
+        f"| mean KV-cache use (snapshots), median [range] | {kv['none']['median']:.3f} [{kv['none']['min']:.3f}–"
+        f"{kv['none']['max']:.3f}] | {kv['repack']['median']:.3f} [{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}] |",
+        f"| trajectories migrated per run | 0 | {', '.join(str(m) for m in result['migrations_per_run'])} |",
+        "",
+        "Repack overhead (Interrupt sent -> trajectory resumed on the destination): "
+        + (f"mean {oh['mean'] * 1000:.0f} ms, max {oh['max'] * 1000:.0f} ms." if oh["mean"] is not None else "no migration."),
+        "",
+        f"Staleness bound violations: **{result['staleness_violations']}**.",
+        "",
+        f"Simulator: {result['sim_status']}.",
+        "",
+        "Run order: " + " · ".join(result["order"]),
+        "",
+        f"Provenance: commit `{p['commit'][:12]}`{' (dirty tree)' if p['dirty'] else ''}, {p['date']}, "
+        f"{p['machine']['cpu']} ({p['machine']['cores']} cores).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, v in enumerate(("none", "repack")):
+        xs = [r["tokens_per_s"] for r in result["runs"][v]]
+        ax.scatter([i] * len(xs), xs, s=25)
+        ax.hlines(statistics.median(xs), i - 0.2, i + 0.2, lw=2.5)
+        kvs = [r["kv_usage_mean"] or 0.0 for r in result["runs"][v]]
+        bx.scatter([i] * len(kvs), kvs, s=25)
+        bx.hlines(statistics.median(kvs), i - 0.2, i + 0.2, lw=2.5)
+    for a, label in ((ax, "trained tokens/s"), (bx, "mean KV-cache use")):
+        a.set_xticks([0, 1], ["none", "repack"])
+        a.set_ylabel(label)
+    ax.set_title(f"repack/none {result['repack_vs_none_gen_throughput']:.3f}x (median of rounds)")
+    bx.set_title("KV utilisation per run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------- mechanism
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--interval", type=float, default=0.5, help="trainer.repack.interval_s (snapshots, both variants)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 6 steps, written to /tmp/braid-bench-quick")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
+    parser.add_argument("--work", default=str(ROOT / "runs" / "bench-coordination"))
+    parser.add_argument("--out", default=None)
+    ns = parser.parse_args()
+    if ns.quick:
+        ns.rounds, ns.iterations = 1, 6
+    if ns.rounds < 1 or ns.iterations < 2 or ns.instances < 2:
+        parser.error("--rounds >= 1, --iterations >= 2 and --instances >= 2 (repack needs two instances)")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from services.common.config import load_config
+    from services.policy.warmstart import ensure_warmstart
+
+    base_cfg = load_config(ns.config)
+    checkpoint = str(ensure_warmstart(base_cfg).resolve())
+    base = [f"trainer.iterations={ns.iterations}", f"trainer.repack.interval_s={ns.interval}"]
+
+    def config_for(variant: str, r: int):
+        return load_config(ns.config, base + mode_overrides(MODE, ns.instances) + pin_overrides(ns.pin)
+                           + repeat_overrides(r) + VARIANTS[variant])
+
+    t0 = time.time()
+    try:
+        runs, order = run_rounds(list(VARIANTS), ns.rounds, config_for, checkpoint,
+                                 Path(ns.work) / ("quick" if ns.quick else "full"), mode_of=lambda _: MODE)
+    except RoundFailed as err:
+        print(f"{err}; no result of record from this run", file=sys.stderr)
+        return 1
+    for variant in runs:
+        for run in runs[variant]:
+            rows = [json.loads(x) for x in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            run.update(run_metrics(rows))
+    result = {
+        **summarize(runs),
+        "runs": runs,
+        "order": order,
+        "settings": {"rounds": ns.rounds, "iterations": ns.iterations, "instances": ns.instances, "pinned": ns.pin,
+                     "mode": MODE, "variants": VARIANTS, "interval_s": ns.interval, "config": ns.config,
+                     "quick": ns.quick},
+        "bench_wall_s": time.time() - t0,
+        "provenance": provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
+                                                  "variants": VARIANTS, "rounds": ns.rounds, "instances": ns.instances},
+                                 Path(ns.config).resolve(), base_cfg.generation.engine),
+    }
+    print(write_results(results_dir(ns.out, ns.quick), "coordination", result, markdown, plot))
+    return 1 if result["staleness_violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

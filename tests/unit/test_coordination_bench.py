@@ -1,0 +1,51 @@
+"""Pure parts of bench/coordination.py: per-run repack metrics, the summary and its report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+for _p in (BENCH.parent, BENCH):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import coordination as co  # noqa: E402
+
+
+def test_run_metrics_weights_kv_by_snapshots_and_skips_the_first_iteration():
+    rows = [
+        {"kv_usage_mean": 0.9, "kv_snapshots": 50, "bound_violations": 0},  # start-up: excluded
+        {"kv_usage_mean": 0.2, "kv_snapshots": 1, "bound_violations": 0, "repack_overhead_s_mean": 0.01,
+         "repack_overhead_s_max": 0.02},
+        {"kv_usage_mean": 0.5, "kv_snapshots": 3, "bound_violations": 1, "repacks": 2, "migrated": 7},
+    ]
+    m = co.run_metrics(rows)
+    assert m["kv_usage_mean"] == pytest.approx((0.2 + 1.5) / 4)
+    assert m["repacks"] == 2 and m["migrated"] == 7 and m["violations"] == 1
+    assert m["repack_overhead_s_max"] == 0.02
+    assert co.run_metrics([{"kv_usage_mean": None, "kv_snapshots": 0}])["kv_usage_mean"] is None
+
+
+def _run(tps: float, sps: float, kv: float, migrated: int = 0, overhead: float | None = None) -> dict:
+    return {"tokens_per_s": tps, "samples_per_s": sps, "kv_usage_mean": kv, "migrated": migrated,
+            "repack_overhead_s_mean": overhead, "repack_overhead_s_max": overhead, "violations": 0,
+            "staleness": {"violations": 0}}
+
+
+def test_summary_ratios_are_per_round_and_the_goal_can_fail():
+    runs = {"none": [_run(100, 10, 0.3), _run(120, 12, 0.35), _run(90, 9, 0.3)],
+            "repack": [_run(110, 10, 0.4, 5, 0.01), _run(126, 13, 0.45, 3, 0.03), _run(99, 9, 0.4, 4, 0.02)]}
+    res = co.summarize(runs)
+    assert res["repack_vs_none_gen_throughput"] == pytest.approx(1.1)  # 1.10, 1.05, 1.10
+    assert not res["goal_met"]
+    assert res["kv_utilisation"] == {"none": 0.3, "repack": 0.4}
+    assert res["repack_overhead_s"]["max"] == 0.03 and res["migrations_per_run"] == [5, 3, 4]
+    assert res["staleness_violations"] == 0 and res["sim_vs_measured_error"] is None
+    res.update(runs=runs, order=["none#0"], settings={"instances": 2, "pinned": True, "iterations": 30, "rounds": 3},
+               provenance={"engine": "vllm", "commit": "a" * 40, "dirty": False, "date": "d",
+                           "machine": {"cpu": "c", "cores": 2}})
+    text = co.markdown(res)
+    assert "Goal >= 1.15x: **missed**" in text and "mean 20 ms, max 30 ms" in text

@@ -405,6 +405,12 @@ class BoundedRunner:
     def _shutdown(self) -> None:
         """Cancel work for buffers that will not be trained; bring every live instance to the newest
         version; lost instances leave the trainer's client list (evaluation uses the others)."""
+        # an instance that died with nothing in flight has not been noticed yet: ask every one now,
+        # or the final offer (a unary PullWeights) and evaluation would fail on it
+        try:
+            self.repack.snapshot(self.t.clients, self.alive, self._lose_instance)
+        except RuntimeError as err:  # every instance is gone: keep the error that ended the run, if any
+            log.error("at shutdown: %s", err)
         for state in self.groups.values():
             state.complete = True
             self._cancel_calls(state)

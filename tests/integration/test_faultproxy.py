@@ -94,12 +94,11 @@ def test_refuse_closes_new_connections_and_reset_all_cuts_open_ones(proxy):
     with _connect(proxy) as open_one:
         assert _roundtrip(open_one, b"ok") == b"ok"
         proxy.set(Faults(refuse=True))
-        with _connect(proxy) as s:
-            s.settimeout(10)
-            try:
+        try:  # the reset may reach the client during connect() or at its first read
+            with _connect(proxy) as s:
                 assert s.recv(16) == b""
-            except ConnectionResetError:
-                pass
+        except ConnectionResetError:
+            pass
         assert proxy.stats.refused == 1
         proxy.set(Faults())
         assert proxy.reset_all() == 2  # the open pair: client side and upstream side

@@ -104,6 +104,7 @@ def markdown(result: dict) -> str:
         "",
         *convergence_lines(result),
         *trl_fair_lines(result),
+        *interleaved_lines(result),
         "![accuracy vs wall time](e2e_curves.png)",
         "",
         (
@@ -166,6 +167,29 @@ def trl_fair_lines(result: dict) -> list[str]:
         f"**{f['samples_per_s_ratio']:.2f}x**, completion tokens/s **{f['tokens_per_s_ratio']:.2f}x** ({part}).",
         "",
     ]
+
+
+def interleaved_lines(result: dict) -> list[str]:
+    """The throughput ratios of record (``bench/e2e_throughput.py``), when the results file carries them."""
+    t = result.get("throughput_interleaved")
+    if not t:
+        return []
+    part = result.get("provenance", {}).get("parts", {}).get("throughput_interleaved", "measured by bench/e2e_throughput.py")
+    lines = [
+        "## Throughput, interleaved rounds (`bench/e2e_throughput.py`, `e2e_throughput.md`)",
+        "",
+        f"The ratios of record: median of {t['settings']['rounds']} interleaved rounds, per-round ratios, range in "
+        f"brackets ({part}). The single-run samples/s above are this run's own.",
+        "",
+        "| ratio | samples/s | tokens/s |",
+        "|---|---|---|",
+    ]
+    for name, v in t["ratios"].items():
+        cells = [f"{v[k]['median']:.2f}x [{v[k]['min']:.2f}–{v[k]['max']:.2f}]"
+                 + (" (spread as large as the effect)" if v[k]["spread_as_large_as_effect"] else "")
+                 for k in ("samples_per_s", "tokens_per_s")]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
 
 
 def plot(result: dict, path: Path) -> None:

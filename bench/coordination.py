@@ -2,9 +2,9 @@
 
 The workload is the default task (arithmetic with power-law step counts, so output lengths have
 a long tail) in ``bounded`` mode (eta 2, no partial rollout, ``deploy/configs/bounded.yaml``'s
-pipeline) with ``--instances`` SGS instances pinned to the generation core and the trainer on the
-other (e2e's one-host emulation of two sites). Two variants, identical but for
-``trainer.repack.enabled``:
+pipeline) with SGS instances pinned to the generation core and the trainer on the other (e2e's
+one-host emulation of two sites), for each instance count in ``--instances`` (default 2 and 4).
+Two variants, identical but for ``trainer.repack.enabled``:
 
 - ``none``   — lazy weight sync: a blocked instance takes new weights at once and drains its tail;
 - ``repack`` — Health snapshots every ``trainer.repack.interval_s``; ramping-down instances of one
@@ -14,11 +14,14 @@ other (e2e's one-host emulation of two sites). Two variants, identical but for
 (``bench/e2e_throughput.run_rounds``). Per run: samples/s and trained tokens/s over the steady
 iterations, mean KV-cache use over the snapshots (every instance, every interval), migrations and
 their overhead (Interrupt sent -> trajectory resumed on the destination), staleness violations.
-The ratio of record is the median of the per-round ratios with its range.
+The ratio of record is the median of the per-round ratios with its range. The headline fields
+are those of the largest instance count (repack consolidates *within* a version group, so it
+needs several instances ramping down at one version); every other count is kept beside them in
+``other_configurations``, never dropped.
 
 Writes ``bench/results/coordination.json``/``.md``/``.png`` (``--quick``: /tmp/braid-bench-quick).
 
-    python bench/coordination.py [--rounds 3] [--iterations 30] [--instances 2] [--quick]
+    python bench/coordination.py [--rounds 3] [--iterations 30] [--instances 2,4] [--quick]
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ def markdown(result: dict) -> str:
         "",
         f"Staleness bound violations: **{result['staleness_violations']}**.",
         "",
+        *other_lines(result),
         f"Simulator: {result['sim_status']}.",
         "",
         "Run order: " + " · ".join(result["order"]),
@@ -136,6 +140,27 @@ def markdown(result: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def other_lines(result: dict) -> list[str]:
+    """The other instance counts, each measured like the headline one."""
+    others = result.get("other_configurations") or {}
+    if not others:
+        return []
+    lines = ["Other instance counts (same rounds and steps; the headline is the largest count):", "",
+             "| instances | repack/none tokens/s | samples/s | KV use none → repack | migrated per run | overhead mean |",
+             "|---|---|---|---|---|---|"]
+    for c in others.values():
+        r, kv, oh = c["ratios"], c["kv_utilisation"], c["repack_overhead_s"]["mean"]
+        cells = [f"{r[k]['median']:.3f}x [{r[k]['min']:.3f}–{r[k]['max']:.3f}]"
+                 + (" *spread as large as the effect*" if r[k]["spread_as_large_as_effect"] else "")
+                 for k in ("tokens_per_s", "samples_per_s")]
+        lines.append(f"| {c['settings']['instances']} | {cells[0]} | {cells[1]} | {kv['none']:.3f} → {kv['repack']:.3f} | "
+                     f"{', '.join(str(m) for m in c['migrations_per_run'])} | "
+                     + (f"{oh * 1000:.0f} ms |" if oh is not None else "– |"))
+    if result.get("configuration_note"):
+        lines += ["", result["configuration_note"]]
+    return [*lines, ""]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -163,12 +188,42 @@ def plot(result: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- mechanism
+def measure_config(ns, instances: int, base: list[str], checkpoint: str) -> dict | None:
+    """Interleaved rounds of both variants with ``instances`` SGS instances; None when a run failed."""
+    from services.common.config import load_config
+
+    def config_for(variant: str, r: int):
+        return load_config(ns.config, base + mode_overrides(MODE, instances) + pin_overrides(ns.pin)
+                           + repeat_overrides(r) + VARIANTS[variant])
+
+    t0 = time.time()
+    work = Path(ns.work) / ("quick" if ns.quick else "full") / f"instances-{instances}"
+    try:
+        runs, order = run_rounds(list(VARIANTS), ns.rounds, config_for, checkpoint, work, mode_of=lambda _: MODE)
+    except RoundFailed as err:
+        print(f"{err}; no result of record from this run", file=sys.stderr)
+        return None
+    for variant in runs:
+        for run in runs[variant]:
+            rows = [json.loads(x) for x in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            run.update(run_metrics(rows))
+    return {
+        **summarize(runs),
+        "runs": runs,
+        "order": order,
+        "settings": {"rounds": ns.rounds, "iterations": ns.iterations, "instances": instances, "pinned": ns.pin,
+                     "mode": MODE, "variants": VARIANTS, "interval_s": ns.interval, "config": ns.config,
+                     "quick": ns.quick},
+        "bench_wall_s": time.time() - t0,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=30)
-    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--instances", default="2,4", help="comma-separated instance counts, each measured")
     parser.add_argument("--interval", type=float, default=0.5, help="trainer.repack.interval_s (snapshots, both variants)")
     parser.add_argument("--quick", action="store_true", help="1 round of 6 steps, written to /tmp/braid-bench-quick")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
@@ -177,8 +232,12 @@ def main() -> int:
     ns = parser.parse_args()
     if ns.quick:
         ns.rounds, ns.iterations = 1, 6
-    if ns.rounds < 1 or ns.iterations < 2 or ns.instances < 2:
-        parser.error("--rounds >= 1, --iterations >= 2 and --instances >= 2 (repack needs two instances)")
+    try:
+        counts = sorted({int(x) for x in ns.instances.split(",") if x.strip()})
+    except ValueError:
+        parser.error(f"--instances must be comma-separated integers, got {ns.instances!r}")
+    if ns.rounds < 1 or ns.iterations < 2 or not counts or counts[0] < 2:
+        parser.error("--rounds >= 1, --iterations >= 2 and every --instances >= 2 (repack needs two instances)")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from services.common.config import load_config
@@ -188,35 +247,18 @@ def main() -> int:
     checkpoint = str(ensure_warmstart(base_cfg).resolve())
     base = [f"trainer.iterations={ns.iterations}", f"trainer.repack.interval_s={ns.interval}"]
 
-    def config_for(variant: str, r: int):
-        return load_config(ns.config, base + mode_overrides(MODE, ns.instances) + pin_overrides(ns.pin)
-                           + repeat_overrides(r) + VARIANTS[variant])
-
-    t0 = time.time()
-    try:
-        runs, order = run_rounds(list(VARIANTS), ns.rounds, config_for, checkpoint,
-                                 Path(ns.work) / ("quick" if ns.quick else "full"), mode_of=lambda _: MODE)
-    except RoundFailed as err:
-        print(f"{err}; no result of record from this run", file=sys.stderr)
-        return 1
-    for variant in runs:
-        for run in runs[variant]:
-            rows = [json.loads(x) for x in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-            run.update(run_metrics(rows))
-    result = {
-        **summarize(runs),
-        "runs": runs,
-        "order": order,
-        "settings": {"rounds": ns.rounds, "iterations": ns.iterations, "instances": ns.instances, "pinned": ns.pin,
-                     "mode": MODE, "variants": VARIANTS, "interval_s": ns.interval, "config": ns.config,
-                     "quick": ns.quick},
-        "bench_wall_s": time.time() - t0,
-        "provenance": provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
-                                                  "variants": VARIANTS, "rounds": ns.rounds, "instances": ns.instances},
-                                 Path(ns.config).resolve(), base_cfg.generation.engine),
-    }
-    print(write_results(results_dir(ns.out, ns.quick), "coordination", result, markdown, plot))
-    return 1 if result["staleness_violations"] else 0
+    configs = {}
+    for n in counts:
+        configs[n] = measure_config(ns, n, base, checkpoint)
+        if configs[n] is None:
+            return 1
+    head = configs[counts[-1]]
+    head["other_configurations"] = {f"instances_{n}": configs[n] for n in counts[:-1]}
+    head["provenance"] = provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
+                                                     "variants": VARIANTS, "rounds": ns.rounds, "instances": counts},
+                                    Path(ns.config).resolve(), base_cfg.generation.engine)
+    print(write_results(results_dir(ns.out, ns.quick), "coordination", head, markdown, plot))
+    return 1 if any(c["staleness_violations"] for c in configs.values()) else 0
 
 
 if __name__ == "__main__":

@@ -49,3 +49,6 @@ def test_summary_ratios_are_per_round_and_the_goal_can_fail():
                            "machine": {"cpu": "c", "cores": 2}})
     text = co.markdown(res)
     assert "Goal >= 1.15x: **missed**" in text and "mean 20 ms, max 30 ms" in text
+    assert "Other instance counts" not in text
+    res["other_configurations"] = {"instances_2": {**co.summarize(runs), "settings": {"instances": 2}}}
+    assert "| 2 | 1.100x [1.050–1.100]" in co.markdown(res)

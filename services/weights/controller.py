@@ -132,5 +132,9 @@ class ChainController:
             if self.on_master is not None:
                 self.on_master(by_id[master].relay_id)
 
+    def clients(self) -> list[RelayClient]:
+        """A client of every relay (live or not), for queries."""
+        return list(self._clients.values())
+
     def live(self) -> list[str]:
         return [n.relay_id for n in self.nodes if n.alive]

@@ -48,17 +48,13 @@ class RepackConfig(StrictModel):
     )
 
 
-DEFAULT_RECOVERY_EVERY = 10  # versions: 4 recovery points in the default 40-iteration run
-
-
 class RecoveryConfig(StrictModel):
     """Trainer recovery (docs/recovery.md): recovery checkpoints and restarts of a dead trainer."""
 
-    every: int | None = Field(
-        None, ge=0, le=1_000_000,
+    every: int = Field(
+        10, ge=0, le=1_000_000,
         description="Write a recovery checkpoint (policy, optimizer, data cursor, experience and staleness state, "
-        "metrics) every N versions (0 = off: a restarted trainer starts again from version 0). None: "
-        f"{DEFAULT_RECOVERY_EVERY} with one trainer rank, off with trainer.ranks > 1 (not supported there yet).",
+        "metrics) every N versions (0 = off: a restarted trainer starts again from version 0).",
     )
     keep: int = Field(2, ge=1, le=1000, description="Recovery checkpoints kept (the newest; older ones are deleted).")
     max_restarts: int = Field(
@@ -155,19 +151,7 @@ class TrainerConfig(StrictModel):
             raise ValueError("trainer.ranks > 1 trains grpo today: PPO's critic is not sharded yet")
         if self.ranks > 1 and self.backend == "megatron":
             raise ValueError("trainer.backend megatron trains one rank today (its data parallelism is not wired up)")
-        if self.ranks > 1 and self.recovery.every:  # None (the default) resolves to off there
-            raise ValueError(
-                f"trainer.recovery.every ({self.recovery.every}) needs trainer.ranks 1 today (the sharded optimizer "
-                f"state is not gathered into recovery checkpoints): leave trainer.recovery.every unset or 0 with ranks {self.ranks}"
-            )
         return self
-
-    @property
-    def recovery_every(self) -> int:
-        """Versions between recovery checkpoints (``recovery.every`` resolved; 0 = off)."""
-        if self.recovery.every is not None:
-            return self.recovery.every
-        return DEFAULT_RECOVERY_EVERY if self.ranks == 1 else 0
 
     @model_validator(mode="after")
     def _groups_fit(self) -> TrainerConfig:

@@ -99,21 +99,6 @@ def newest_on_wire(clients, transport) -> int:
 
 
 # ---------------------------------------------------------------------- state
-def learner_state(learner) -> dict:
-    state = {"module": learner.model.state_dict(), "opt": learner.opt.state_dict()}
-    if learner.critic is not None:
-        state |= {"critic": learner.critic.state_dict(), "critic_opt": learner.critic_opt.state_dict()}
-    return state
-
-
-def restore_learner(learner, state: dict) -> None:
-    learner.model.load_state_dict(state["module"])
-    learner.opt.load_state_dict(state["opt"])
-    if learner.critic is not None:
-        learner.critic.load_state_dict(state["critic"])
-        learner.critic_opt.load_state_dict(state["critic_opt"])
-
-
 def rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -140,7 +125,7 @@ def save(rt, runner_state: dict) -> Path:
     state = {
         "version": rt.version,
         "settings": _settings(rt.cfg),
-        "learner": learner_state(rt.learner),
+        "learner": rt.learner.state(),
         "rng": rng_state(),
         "metrics": rt.metrics_path.read_text() if rt.metrics_path.exists() else "",
         "timeline": rt.timeline,
@@ -184,10 +169,10 @@ def resume(rt, attempt: int) -> bool:
     """Start the runtime's recovery: load the newest checkpoint (if any), shift versions on the
     wire when this is a restart, publish the starting weights, open the ledger. Returns True when
     the run resumes (a checkpoint or a restart), False for a fresh run."""
-    state = load_newest(rt.run_dir, rt.cfg) if rt.cfg.trainer.recovery_every or attempt else None
+    state = load_newest(rt.run_dir, rt.cfg) if rt.cfg.trainer.recovery.every or attempt else None
     if state is not None:
         rt.version = state["version"]
-        restore_learner(rt.learner, state["learner"])
+        rt.learner.load_state(state["learner"])
         restore_rng(state["rng"])
         rt.sampler.restore(state["runner"]["sampler"])
         rt.timeline, rt.gen_busy = state["timeline"], state["gen_busy"]

@@ -121,7 +121,7 @@ class TrainerRuntime:
     def maybe_save_recovery(self, runner_state: Callable[[], dict]) -> None:
         """After an iteration: a recovery checkpoint every ``trainer.recovery.every`` versions
         (``runner_state()``: the runner's part, its data cursor under ``sampler``)."""
-        every = self.cfg.trainer.recovery_every
+        every = self.cfg.trainer.recovery.every
         if every and self.version % every == 0:
             from services.trainer.resume import save
 

@@ -60,12 +60,11 @@ def test_the_prompt_pool_queue_and_the_sampler_restore_the_hand_out_order():
 
 
 def test_recovery_config_defaults_and_errors():
-    assert TrainerConfig().recovery_every == 10 and TrainerConfig(ranks=2).recovery_every == 0
-    assert TrainerConfig(recovery={"every": 0}).recovery_every == 0
-    with pytest.raises(ValueError, match="needs trainer.ranks 1"):
-        TrainerConfig(ranks=2, recovery={"every": 5})
-    with pytest.raises(ValueError, match="keep"):
-        TrainerConfig(recovery={"keep": 0})
+    rc = TrainerConfig().recovery
+    assert (rc.every, rc.keep, rc.max_restarts) == (10, 2, 3)
+    for bad in ({"keep": 0}, {"every": -1}, {"max_restarts": -1}, {"evry": 3}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TrainerConfig(recovery=bad)
 
 
 class _FakeClient:
@@ -133,3 +132,34 @@ def test_bounded_state_keeps_finished_groups_and_regenerates_the_ones_in_flight(
     expected = [problems[0], problems[2], *next_up, *ProblemSampler(5).batch(6)[4:]]
     assert [again.prompts.take() for _ in range(len(expected))] == expected
     assert again.counts == {"syncs": 3, "regenerated_after_restart": 2}
+
+
+def _step(learner, groups) -> None:
+    learner.begin()
+    learner.backward(groups)
+    learner.step()
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_a_restored_learner_takes_the_step_the_original_takes(tmp_path, algorithm):
+    """Through a checkpoint file: weights, AdamW moments (and PPO's critic) continue exactly."""
+    import torch
+
+    from services.common.config import RunConfig
+    from services.policy.model import build_policy
+    from services.trainer.learner import Learner
+    from tests.unit.test_learner import MODEL, _groups
+
+    cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"lr": 1e-2, "algorithm": {"name": algorithm}}})
+    torch.manual_seed(0)
+    original = Learner(cfg, build_policy(cfg.model))
+    _step(original, _groups())
+    recovery.save_atomic(tmp_path, 1, {"learner": original.state()})
+    _step(original, _groups())
+    torch.manual_seed(1)  # another starting point: everything must come from the checkpoint
+    restored = Learner(cfg, build_policy(cfg.model))
+    restored.load_state(recovery.load(recovery.newest(tmp_path))["learner"])
+    _step(restored, _groups())
+    for module in ("model", "critic") if algorithm == "ppo" else ("model",):
+        a, b = getattr(original, module).state_dict(), getattr(restored, module).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), module

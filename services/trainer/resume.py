@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
 from services.trainer import recovery
 from services.trainer.ledger import Ledger
 
@@ -87,6 +87,11 @@ class ShiftedClient:
     def generate(self, prompts: list[PromptSpec], params: GenerateParams) -> Iterator[SampleRecord]:
         for s in self._client.generate(prompts, self._params(params)):
             yield replace(s, weight_version=s.weight_version - self.offset)
+
+    def health(self) -> HealthSnapshot:
+        h = self._client.health()  # (a version the lost process published reads as older than the resumed one)
+        pending = h.pending_version - self.offset if h.pending_version >= 0 else -1
+        return replace(h, weight_version=h.weight_version - self.offset, pending_version=pending)
 
 
 def newest_on_wire(clients, transport) -> int:

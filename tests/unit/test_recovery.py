@@ -77,12 +77,19 @@ class _FakeClient:
         self.params.append(params)
         yield SampleRecord("p", "p", 0, (1,), (2,), (0.0,), params.min_weight_version, "stop", 0.0, 0.0, 0.0)
 
+    def health(self):
+        from services.common.types import HealthSnapshot
+
+        return HealthSnapshot("serving", 12, -1, 0, 0, 0, 0.0, "hf", 0)
+
 
 def test_a_shifted_client_asks_for_wire_versions_and_reports_trainer_versions():
     inner = _FakeClient()
     client = ShiftedClient(inner, 7)
     (sample,) = client.generate([], GenerateParams(1, 0, 3))
     assert inner.params[0].min_weight_version == 10 and sample.weight_version == 3 and client.address == "fake:1"
+    health = client.health()
+    assert (health.weight_version, health.pending_version) == (5, -1)
 
 
 def _bounded_runner(sampler: ProblemSampler, version: int = 0):

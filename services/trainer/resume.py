@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -187,15 +188,34 @@ def resume(rt, attempt: int) -> bool:
         rewind_metrics(rt, "")
     resumed = state is not None or attempt > 0
     if resumed:
-        offset = newest_on_wire(rt.clients, rt.publisher.transport) + 1 - rt.version
+        offset = wire_offset(rt, max(0, newest_on_wire(rt.clients, rt.publisher.transport)))
         rt.clients[:] = [ShiftedClient(c, offset) for c in rt.clients]
         rt.publisher.offset = offset
         rt.start_snapshot = rt.publisher.snapshot(rt.learner.weights(), rt.version)
         rt.publisher.offer(rt.version, rt.start_snapshot)
         log.info("attempt %d resumes at version %d (%s); wire versions shifted by %d", attempt, rt.version,
                  "recovery checkpoint" if state is not None else "no checkpoint: from the warm start", offset)
+    else:
+        wire_offset(rt, -1)  # a fresh run: versions as they are, recorded for a later restart
     rt.ledger = Ledger(rt.run_dir / "ledger.jsonl", attempt, rt.version)
     return resumed
+
+
+def wire_offset(rt, newest_seen: int) -> int:
+    """The offset that puts the resumed version one above every version on the wire: what the
+    SGS and relays report now, and what any earlier attempt may have published (its offset plus
+    its iterations, from ``recovery/wire.jsonl``: a router reports its instances' oldest
+    version, so an instance ahead of the others is not seen directly). The new attempt's bound
+    is appended."""
+    path = recovery.recovery_dir(rt.run_dir) / "wire.jsonl"
+    earlier = [json.loads(x)["max_wire"] for x in path.read_text().splitlines()] if path.exists() else []
+    offset = max([newest_seen, *earlier]) + 1 - rt.version if newest_seen >= 0 else 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"attempt": rt.attempt, "offset": offset, "max_wire": offset + rt.cfg.trainer.iterations}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return offset
 
 
 def record_recovery(rt, died_at: float | None, started_at: float) -> dict:

@@ -170,3 +170,18 @@ def test_a_restored_learner_takes_the_step_the_original_takes(tmp_path, algorith
     for module in ("model", "critic") if algorithm == "ppo" else ("model",):
         a, b = getattr(original, module).state_dict(), getattr(restored, module).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), module
+
+
+def test_wire_offsets_put_a_resumed_version_above_every_earlier_attempt(tmp_path):
+    from types import SimpleNamespace
+
+    from services.trainer.resume import wire_offset
+
+    def rt(attempt, version):
+        return SimpleNamespace(run_dir=tmp_path, attempt=attempt, version=version,
+                               cfg=SimpleNamespace(trainer=SimpleNamespace(iterations=10)))
+
+    assert wire_offset(rt(0, 0), -1) == 0  # fresh: wire versions 0..10
+    assert wire_offset(rt(1, 4), 6) == 7  # the router saw 6, but attempt 0 may have reached 10: v4 -> 11
+    assert wire_offset(rt(2, 2), 30) == 29  # an instance reports 30: v2 -> 31
+    assert wire_offset(rt(3, 0), 0) == 40  # attempt 2 may have reached 29 + 10

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.processes import (
-    Supervisor, router_enabled, start_instances, start_relays, start_router, start_trainer, supervise_trainer,
+    Service, Supervisor, router_enabled, start_instances, start_relays, start_router, start_trainer, supervise_trainer,
 )
 
 
@@ -50,16 +50,9 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
                 controller = ScaleoutController(run_dir, cfg, router, addresses, units, members)
             addresses = [router]
         by_name = {svc.name: svc for svc in sup.services}
-        fronts = [(a, by_name.get(f"sgs-{i}")) for i, a in enumerate(addresses)] if not routed else [(addresses[0], None)]
-
-        def start(attempt: int, died_at: float | None):
-            live = [a for a, svc in fronts if svc is None or svc.proc.poll() is None]  # a lost instance stays lost
-            return start_trainer(
-                sup, cfg,
-                ["--config", config, "--model", checkpoint, "--sgs", ",".join(live), "--run-dir", str(run_dir)]
-                + (["--relays", ",".join(relays)] if relays else [])
-                + (["--attempt", str(attempt), "--died-at", repr(died_at)] if attempt else []),
-            )
+        fronts = [(addresses[0], None)] if routed else [(a, by_name.get(f"sgs-{i}")) for i, a in enumerate(addresses)]
+        base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
+        start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 
         def tick() -> bool:
             if controller is not None:
@@ -77,3 +70,16 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             controller.close()
         sup.stop_all()
     return run_dir / "summary.json"
+
+
+def _trainer_starter(sup: Supervisor, cfg, args: list[str], fronts: list[tuple[str, Service | None]]):
+    """``start(attempt, died_at)`` for ``supervise_trainer``: the trainer with ``args``, the SGS
+    addresses of ``fronts`` (address, its instance's process or None) still alive (a lost
+    bounded-mode instance stays lost), and on a restart its attempt and when the last one died."""
+
+    def start(attempt: int, died_at: float | None) -> Service:
+        live = [a for a, svc in fronts if svc is None or svc.proc.poll() is None]
+        restart = ["--attempt", str(attempt), "--died-at", repr(died_at)] if attempt else []
+        return start_trainer(sup, cfg, [*args, "--sgs", ",".join(live), *restart])
+
+    return start

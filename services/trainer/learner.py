@@ -232,13 +232,15 @@ class Learner:
                 self.critic.load_state_dict(state["critic"])
                 self.critic_opt.load_state_dict(state["critic_opt"])
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        set_state_dict(
-            self.model, self.opt, model_state_dict=state["module"] if state else {},
-            optim_state_dict=state["opt"] if state else {},
-            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
         )
+
+        # two calls, not set_state_dict: given an empty model dict (the followers) it skips the
+        # model's broadcast, which rank 0 then waits on
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, state["module"] if state else {}, options=options)
+        set_optimizer_state_dict(self.model, self.opt, state["opt"] if state else {}, options=options)
 
     def weights(self) -> WeightStream:
         """The policy's full weights by Hugging Face name, tensor by tensor (``backends``): one

@@ -7,15 +7,17 @@ routes), the scale-out controller when enabled (``flows.scaleout``) and the trai
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from flows.processes import Supervisor, router_enabled, start_instances, start_relays, start_router, start_trainer
+from flows.processes import (
+    Service, Supervisor, router_enabled, start_instances, start_relays, start_router, start_trainer, supervise_trainer,
+)
 
 
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
     """Start the SGS instances and the trainer for the run in ``run_dir``, supervise them until the
-    trainer exits, stop everything, and return the path of ``summary.json``.
+    trainer finishes (a trainer that dies is restarted and resumes from its recovery checkpoint, up
+    to ``trainer.recovery.max_restarts`` times), stop everything, and return the path of ``summary.json``.
 
     ``on_poll()`` is called every ``poll_s`` while the trainer runs (progress reporting)."""
     from services.common.config import load_config
@@ -36,7 +38,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate,
             relays=relays,
         )
-        if router_enabled(cfg):  # the trainer talks to the router only; it dispatches and merges
+        routed = router_enabled(cfg)
+        if routed:  # the trainer talks to the router only; it dispatches and merges
             router = start_router(sup, run_dir, checkpoint, addresses)
             if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
                 from flows.scaleout import ProcessUnits, ScaleoutController
@@ -46,19 +49,20 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
                 units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays)
                 controller = ScaleoutController(run_dir, cfg, router, addresses, units, members)
             addresses = [router]
-        trainer = start_trainer(
-            sup, cfg,
-            ["--config", config, "--model", checkpoint, "--sgs", ",".join(addresses), "--run-dir", str(run_dir)]
-            + (["--relays", ",".join(relays)] if relays else []),
-        )
-        while trainer.proc.poll() is None:
-            sup.check()
+        by_name = {svc.name: svc for svc in sup.services}
+        fronts = [(addresses[0], None)] if routed else [(a, by_name.get(f"sgs-{i}")) for i, a in enumerate(addresses)]
+        base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
+        start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
+
+        def tick() -> bool:
             if controller is not None:
                 controller.poll()
             if on_poll is not None:
                 on_poll()
-            time.sleep(poll_s)
-        sup.check()  # a non-zero trainer exit raises with its log tail
+            return False
+
+        supervise_trainer(sup, start, cfg.trainer.recovery.max_restarts, tick, poll_s)
+        sup.check()  # the other ranks' exits
         if controller is not None:
             controller.poll()  # the last iterations' decisions, for the record
     finally:
@@ -66,3 +70,16 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             controller.close()
         sup.stop_all()
     return run_dir / "summary.json"
+
+
+def _trainer_starter(sup: Supervisor, cfg, args: list[str], fronts: list[tuple[str, Service | None]]):
+    """``start(attempt, died_at)`` for ``supervise_trainer``: the trainer with ``args``, the SGS
+    addresses of ``fronts`` (address, its instance's process or None) still alive (a lost
+    bounded-mode instance stays lost), and on a restart its attempt and when the last one died."""
+
+    def start(attempt: int, died_at: float | None) -> Service:
+        live = [a for a, svc in fronts if svc is None or svc.proc.poll() is None]
+        restart = ["--attempt", str(attempt), "--died-at", repr(died_at)] if attempt else []
+        return start_trainer(sup, cfg, [*args, "--sgs", ",".join(live), *restart])
+
+    return start

@@ -11,6 +11,7 @@ run; ``flows.launcher`` (one host), ``flows.site_services`` (one site of a deplo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,11 +97,11 @@ class Supervisor:
         self.services.append(svc)
         return svc
 
-    def check(self) -> None:
-        """Raise ``ServiceDied`` if a server exited, or a job exited non-zero."""
+    def check(self, ignore: list[Service] | None = None) -> None:
+        """Raise ``ServiceDied`` if a server exited, or a job exited non-zero (not those in ``ignore``)."""
         for svc in self.services:
             code = svc.proc.poll()
-            if code is None or svc in self.lost:
+            if code is None or svc in self.lost or svc in (ignore or ()):
                 continue
             if svc.tolerate_exit and any(s.proc.poll() is None for s in self.services if s.tolerate_exit):
                 self.lost.append(svc)
@@ -215,6 +217,66 @@ def start_router(
     args += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
     sup.start("router", "services.generation.router_main", args, threads=1)
     return f"{host}:{sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
+
+
+def trainer_ranks(sup: Supervisor) -> list[Service]:
+    """The supervised processes of the trainer (rank 0 ``trainer``, ranks ``trainer-rankN``)."""
+    return [s for s in sup.services if s.name == "trainer" or s.name.startswith("trainer-rank")]
+
+
+def supervise_trainer(
+    sup: Supervisor, start: Callable[[int, float | None], Service], max_restarts: int,
+    tick: Callable[[], bool], poll_s: float,
+) -> int:
+    """Run the trainer to its end: ``start(attempt, died_at)`` starts it (attempt 0, then each
+    restart); a trainer process that dies (non-zero exit, a signal) stops its other ranks and is
+    started again, resuming from its recovery checkpoint, up to ``max_restarts`` times (then
+    ``ServiceDied`` with its log tail); the other services stay up. ``tick()`` runs every
+    ``poll_s`` (it checks the other services first); True stops waiting (returns -1). Returns the
+    number of restarts. Each restart is appended to ``recovery/restarts.jsonl``."""
+    restarts = 0
+    trainer = start(0, None)
+    while True:
+        dead = next((s for s in trainer_ranks(sup) if s.proc.poll() not in (None, 0)), None)
+        if dead is not None:
+            if restarts >= max_restarts:
+                raise ServiceDied(dead.describe_exit() + (f"\n(after {restarts} restarts)" if restarts else ""))
+            died_at = time.time()
+            restarts += 1
+            log.warning("%s; restart %d of %d", dead.describe_exit(), restarts, max_restarts)
+            _retire(sup, trainer_ranks(sup))
+            _note_restart(sup.run_dir, {"attempt": restarts, "service": dead.name, "exit_code": dead.proc.returncode,
+                                        "died_at": died_at})
+            trainer = start(restarts, died_at)
+            continue
+        if trainer.proc.poll() == 0:
+            return restarts
+        sup.check(ignore=trainer_ranks(sup))  # a server died
+        if tick():
+            return -1
+        time.sleep(poll_s)
+
+
+def _retire(sup: Supervisor, services: list[Service], grace_s: float = 10.0) -> None:
+    """Stop these services (what is left of a dead trainer) and forget them."""
+    for svc in services:
+        if svc.proc.poll() is None:
+            svc.proc.send_signal(signal.SIGTERM)
+    for svc in services:
+        try:
+            svc.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            svc.proc.kill()
+            svc.proc.wait()
+        sup.services.remove(svc)
+        svc.log_path.replace(svc.log_path.with_name(f"{svc.log_path.stem}.{svc.proc.pid}.log"))  # the next attempt's log is fresh
+
+
+def _note_restart(run_dir: Path, record: dict) -> None:
+    path = run_dir / "recovery" / "restarts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def start_trainer(sup: Supervisor, cfg, args: list[str]) -> Service:

@@ -36,7 +36,9 @@ from prefect import flow, get_run_logger
 from prefect.states import Cancelled, State
 from pydantic import Field
 
-from flows.processes import Supervisor, router_enabled, start_instances, start_relay, start_router, start_trainer
+from flows.processes import (
+    Supervisor, router_enabled, start_instances, start_relay, start_router, start_trainer, supervise_trainer,
+)
 from flows.two_site import ENDPOINTS_KEY, FINAL, INSTANCES_KEY, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig
@@ -207,18 +209,20 @@ def training_site(
             links = ["--relays", ",".join([master, *(relays or [])])]
         if sites.tls.enabled:  # the SGS (or its router) and the other sites' relays are across the link
             links += ["--tls-dir", sites.tls.dir, "--sgs-tls"]
-        trainer = start_trainer(
-            sup, config,
-            ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd),
-             "--training-site", s.name] + links,
-        )
-        logger.info("site %s: trainer started against %s", s.name, ", ".join(sgs))
-        while trainer.proc.poll() is None:
-            sup.check()
-            if stop.requested():  # the run is over elsewhere (another site died): end Cancelled, not Failed
-                return Cancelled(message=f"site {s.name}: stopped before the trainer finished ({stop.reason})")
-            time.sleep(POLL_S)
-        sup.check()  # a non-zero trainer exit raises with its log tail
+        def start(attempt: int, died_at: float | None):
+            logger.info("site %s: trainer (attempt %d) started against %s", s.name, attempt, ", ".join(sgs))
+            return start_trainer(
+                sup, config,
+                ["--config", str(cfg_path), "--model", checkpoint, "--sgs", ",".join(sgs), "--run-dir", str(rd),
+                 "--training-site", s.name] + links
+                + (["--attempt", str(attempt), "--died-at", repr(died_at)] if attempt else []),
+            )
+
+        # a dead trainer restarts and resumes (trainer.recovery); a stop request means the run is over
+        # elsewhere (another site died): end Cancelled, not Failed
+        if supervise_trainer(sup, start, config.trainer.recovery.max_restarts, stop.requested, POLL_S) < 0:
+            return Cancelled(message=f"site {s.name}: stopped before the trainer finished ({stop.reason})")
+        sup.check()  # the other ranks' exits
     finally:
         sup.stop_all()
     return {"site": s.name, "summary": str(rd / "summary.json")}

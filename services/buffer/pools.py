@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -42,10 +41,32 @@ class PromptPool(Generic[T]):
         """Return a prompt whose trajectory was given up; it is handed out next."""
         self._returned.append(item)
 
+    def queued(self) -> list[T]:
+        """Items drawn from the source but not handed out yet, in hand-out order (returned ones, then
+        the rest of the current batch of a ``from_batches`` pool): with the source's own state, the
+        pool's cursor (a recovery checkpoint saves both)."""
+        return list(self._returned) + list(getattr(self._source, "pending", ()))
+
     @staticmethod
-    def from_batches(batch: Callable[[int], list[T]], size: int) -> PromptPool[T]:
-        """A pool over an endless source that yields ``batch(size)`` lists one item at a time."""
-        return PromptPool(itertools.chain.from_iterable(batch(size) for _ in itertools.count()))
+    def from_batches(batch: Callable[[int], list[T]], size: int, queued: list[T] | None = None) -> PromptPool[T]:
+        """A pool over an endless source that yields ``batch(size)`` lists one item at a time;
+        ``queued`` items are handed out first (a restored cursor)."""
+        pool = PromptPool(_Batches(batch, size))
+        pool._returned.extend(queued or ())
+        return pool
+
+
+class _Batches(Iterator[T]):
+    """``batch(size)`` lists, one item at a time; ``pending``: the current list's items not yet taken."""
+
+    def __init__(self, batch: Callable[[int], list[T]], size: int) -> None:
+        self.batch, self.size = batch, size
+        self.pending: deque[T] = deque()
+
+    def __next__(self) -> T:
+        if not self.pending:
+            self.pending.extend(self.batch(self.size))
+        return self.pending.popleft()
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,22 @@ class RepackConfig(StrictModel):
     )
 
 
+class RecoveryConfig(StrictModel):
+    """Trainer recovery (docs/recovery.md): recovery checkpoints and restarts of a dead trainer."""
+
+    every: int = Field(
+        10, ge=0, le=1_000_000,
+        description="Write a recovery checkpoint (policy, optimizer, data cursor, experience and staleness state, "
+        "metrics) every N versions (0 = off: a restarted trainer starts again from version 0).",
+    )
+    keep: int = Field(2, ge=1, le=1000, description="Recovery checkpoints kept (the newest; older ones are deleted).")
+    max_restarts: int = Field(
+        3, ge=0, le=1000,
+        description="How often the launcher restarts a trainer that died (non-zero exit, killed by a signal) "
+        "before the run fails; the SGS instances and relays stay up.",
+    )
+
+
 class TrainerConfig(StrictModel):
     """The trainer: pipeline mode, RL objective, dynamic batching, staleness bound, weight publication."""
 
@@ -70,6 +86,7 @@ class TrainerConfig(StrictModel):
     repack: RepackConfig = Field(default_factory=RepackConfig)
     checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)
     iterations: int = Field(40, ge=1, le=1_000_000, description="RL iterations (optimizer steps).")
     prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
     group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")

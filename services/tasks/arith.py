@@ -118,6 +118,14 @@ class ProblemSampler:
     def batch(self, n: int) -> list[Problem]:
         return [self.sample() for _ in range(n)]
 
+    def state(self) -> tuple:
+        """The data cursor: what ``restore`` needs to draw the same problems from here on."""
+        return self._rng.getstate(), self._count
+
+    def restore(self, state: tuple) -> None:
+        rng, self._count = state
+        self._rng.setstate(rng)
+
 
 def eval_problems(seed: int, n: int, **dist: int | float) -> list[Problem]:
     """The held-out evaluation set: fixed by ``seed``, ids prefixed ``e``."""

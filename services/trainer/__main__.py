@@ -67,6 +67,22 @@ def follow_leader(cfg, model: str, ctx) -> NoReturn:
     shutdown(0)
 
 
+def warmstart_eval(trainer, run_dir: Path, resumed: bool):
+    """The warm start's evaluation: run once (kept in ``recovery/warmstart_eval.json``), read back
+    by a resumed trainer, whose policy is no longer the warm start."""
+    from services.trainer.evaluate import EvalResult
+
+    path = run_dir / "recovery" / "warmstart_eval.json"
+    if resumed and path.exists():
+        return EvalResult(**json.loads(path.read_text()))
+    result = trainer.evaluate("eval-warmstart")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_json()) + "\n")
+    tmp.replace(path)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
@@ -82,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sgs-tls", action="store_true", help="reach the SGS (--sgs) with mutual TLS too (needs --tls-dir)"
     )
+    parser.add_argument("--attempt", type=int, default=0,
+                        help="restart count (the launcher's): > 0 resumes from the run dir's newest recovery checkpoint")
+    parser.add_argument("--died-at", type=float, default=None,
+                        help="unix time the launcher saw the previous attempt die (for the recovery time)")
     ns = parser.parse_args(argv)
+    started_at = time.time()
     tls, sgs_tls = tls_files(parser, ns)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(levelname)s %(message)s")
 
@@ -99,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.policy.model import load_policy
     from services.tasks.arith import fingerprint
     from services.trainer.loop import RLTrainer
+    from services.trainer.resume import recovery_summary
 
     run_dir = Path(ns.run_dir)
     clients = [
@@ -118,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = RLTrainer(cfg, load_policy(ns.model, cfg.model.chat_template), clients, run_dir, transport=transport,
                         parallel=parallel)
 
+    resumed = trainer.open_recovery(ns.attempt, ns.died_at, started_at)
+
     def progress(k: int, row: dict) -> None:
         logging.info(
             "iter %d/%d reward %.3f len %.1f %.1f samples/s stale %.2f",
@@ -125,18 +149,19 @@ def main(argv: list[str] | None = None) -> int:
             row["samples_per_s"], row["staleness_mean"],
         )
 
-    before = trainer.evaluate("eval-warmstart")
+    before = warmstart_eval(trainer, run_dir, resumed)
     logging.info("warm-start accuracy %.3f ± %.3f", before.accuracy, before.stderr)
-    t0 = time.time()
+    t0, first = time.time(), trainer.version
     trainer.run_iterations(progress)
     rl_seconds = time.time() - t0
+    trainer.ledger.close()
     after = trainer.evaluate("eval-final")
     logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
     trainer.write_timeline()
     trainer.publisher.close()
     if parallel is not None:
         trainer.learner.close()  # the followers stop following and wait in shutdown()
-    samples = cfg.trainer.iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    samples = (cfg.trainer.iterations - first) * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     summary = {
         "mode": cfg.trainer.mode,
         "iterations": cfg.trainer.iterations,
@@ -154,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "final_weight_version": trainer.version,
         "eval_warmstart": before.to_json(),
         "eval_final": after.to_json(),
+        **recovery_summary(run_dir, ns.attempt),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     for client in clients:

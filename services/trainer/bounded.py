@@ -52,6 +52,7 @@ from services.buffer.staleness import Aborted, Entry, StalenessManager
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.tasks.arith import Problem
+from services.trainer import bounded_state
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
 from services.trainer.repack import Repacker
@@ -110,18 +111,20 @@ class BoundedRunner:
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.trained: set[str] = set()
-        self.latest: tuple[int, object] = (trainer.version, None)  # (version, transport snapshot)
+        self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.counts: Counter[str] = Counter()
         self.gen_busy: list[tuple[float, float]] = []
         self.repack = Repacker.from_config(tc.repack)
         self.stepped = False  # an optimizer step since the last repack check (check at once)
+        if trainer.runner_state is not None:  # resumed from a recovery checkpoint
+            bounded_state.restore(self, trainer.runner_state)
 
     # ------------------------------------------------------------------ main loop
     def run(self, iterations: int, progress=None) -> None:
         self.t.learner.begin()
         t_start = time.time()
         try:
-            for k in range(iterations):
+            for k in range(self.t.version, iterations):
                 while not self.mgr.ready():
                     self._sync()
                     self._repack()
@@ -132,6 +135,7 @@ class BoundedRunner:
                 t_start = row["t_end"]
                 if progress is not None:
                     progress(k, row)
+                self.t.maybe_save_recovery(lambda: bounded_state.capture(self))
         finally:
             self._shutdown()
 
@@ -357,7 +361,7 @@ class BoundedRunner:
             self.t.learner.backward([by_key[key] for key in untrained])
         self._drop(result.aborted)
         stats = self.t.learner.stats
-        out = self.t.step_and_snapshot(stats, offer=False)  # instances take it when routing says so
+        out = self.t.step_and_snapshot(stats, offer=False, consumed=groups)  # instances take it when routing says so
         self.latest = (out.version, out.snapshot)
         self.stepped = True
         acc = Accumulator()

@@ -206,6 +206,42 @@ class Learner:
             setattr(st, n, type(getattr(st, n))(v))
         return totals[-1]
 
+    def state(self) -> dict | None:
+        """Everything a recovery checkpoint needs to continue this learner exactly: the module's
+        and the optimizer's state (and the critic's). Data parallel: gathered full on rank 0 (a
+        collective every rank makes; None on the others); keyed by parameter name there, by
+        parameter index with one process, so a checkpoint resumes under the same ``ranks``."""
+        if self.parallel is None:
+            state = {"module": self.model.state_dict(), "opt": self.opt.state_dict()}
+            if self.critic is not None:
+                state |= {"critic": self.critic.state_dict(), "critic_opt": self.critic_opt.state_dict()}
+            return state
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        module, opt = get_state_dict(self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {"module": module, "opt": opt} if self.parallel.leader else None
+
+    def load_state(self, state: dict | None) -> None:
+        """Install ``state()``'s result. Data parallel: every rank calls it, rank 0 with the state
+        (the others with None); each takes its shard from rank 0's broadcast."""
+        if self.parallel is None:
+            assert state is not None
+            self.model.load_state_dict(state["module"])
+            self.opt.load_state_dict(state["opt"])
+            if self.critic is not None:
+                self.critic.load_state_dict(state["critic"])
+                self.critic_opt.load_state_dict(state["critic_opt"])
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
+        )
+
+        # two calls, not set_state_dict: given an empty model dict (the followers) it skips the
+        # model's broadcast, which rank 0 then waits on
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, state["module"] if state else {}, options=options)
+        set_optimizer_state_dict(self.model, self.opt, state["opt"] if state else {}, options=options)
+
     def weights(self) -> WeightStream:
         """The policy's full weights by Hugging Face name, tensor by tensor (``backends``): one
         process on the torch backend hands out the live tensors (the weight transport copies them

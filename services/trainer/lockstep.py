@@ -29,13 +29,18 @@ class LockstepRunner:
         self.rt = rt
         self.mode = rt.cfg.trainer.mode
         self._rewards: dict[tuple[str, int], float] = {}  # scored on arrival, used when the group completes
+        self._cursors: dict[int, tuple] = {}  # iteration -> the sampler's state before its batch was drawn
 
     def run(self, iterations: int, progress=None) -> None:
-        streams = {0: self.request(0, self.rt.version)}
-        for k in range(iterations):
+        """Iterations ``version .. iterations - 1`` (a resumed runtime starts at its checkpoint's)."""
+        first = self.rt.version
+        streams = {first: self.request(first, self.rt.version)} if first < iterations else {}
+        for k in range(first, iterations):
             if self.mode == "one_step" and k + 1 < iterations:
                 streams[k + 1] = self.request(k + 1, self.rt.version)
             row = self.train_on(streams.pop(k), k)
+            self.rt.maybe_save_recovery(lambda: {"sampler": self._cursors.get(k + 1, self.rt.sampler.state())})
+            self._cursors.pop(k, None)
             if self.mode != "one_step" and k + 1 < iterations:
                 streams[k + 1] = self.request(k + 1, self.rt.version)
             if progress is not None:
@@ -44,6 +49,7 @@ class LockstepRunner:
 
     def request(self, iteration: int, min_version: int) -> SampleStream:
         rt = self.rt
+        self._cursors[iteration] = rt.sampler.state()  # the data cursor of a checkpoint taken before it is trained
         problems = rt.sampler.batch(rt.cfg.trainer.prompts_per_iteration)
         params = GenerateParams(rt.cfg.trainer.group_size, 0, min_version, tag=f"iter-{iteration}")
         forced = rt.cfg.forced_length_ramp.length(iteration)  # 0 unless a length ramp is configured (bench/scaleout.py)
@@ -57,17 +63,20 @@ class LockstepRunner:
         stats = learner.begin()
         batcher = DynamicBatcher(tc.group_size, tc.micro_batch_groups)
         source = list(stream) if self.mode == "sequential" else stream
+        consumed: list[Group] = []
         for sample in source:
             self._observe(sample, acc)
             groups = batcher.add(sample)
             if groups:
-                learner.backward([self._rewarded(g) for g in groups])
+                consumed += [self._rewarded(g) for g in groups]
+                learner.backward(consumed[-len(groups):])
         groups = batcher.flush()
         if groups:
-            learner.backward([self._rewarded(g) for g in groups])
+            consumed += [self._rewarded(g) for g in groups]
+            learner.backward(consumed[-len(groups):])
         if batcher.incomplete:
             raise RuntimeError(f"iteration {iteration}: {batcher.incomplete} groups incomplete at end of stream")
-        out = self.rt.step_and_snapshot(stats, offer=True)
+        out = self.rt.step_and_snapshot(stats, offer=True, consumed=consumed)
         return self.rt.record(iteration, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s)
 
     def _rewarded(self, samples: list[SampleRecord]) -> Group:

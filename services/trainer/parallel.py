@@ -8,7 +8,9 @@ policy: each decoder layer is one unit, the rest of the model the root.
 Rank 0, the *leader*, is the trainer as with one process: it reads the sample stream, scores
 groups, keeps the staleness protocol, batches dynamically and publishes weights. Its learner is
 a ``Leader``: each call (``begin``, ``backward``, ``step``, ``weights``) is broadcast to the
-*followers* (ranks 1..N-1, ``follow``), which make the same call on their share of the groups.
+*followers* (ranks 1..N-1, ``follow``), which make the same call on their share of the groups
+(``state``/``load_state``: a recovery checkpoint's full state, gathered to and broadcast from
+the leader).
 ``split_groups`` deals complete groups out by tokens (longest first to the least-loaded rank), so
 no sample is lost or trained twice, and the learner's normalisation at ``step`` (the global
 sample or token count) makes the update that of the whole batch whatever the split.
@@ -171,6 +173,16 @@ class Leader:
         _broadcast(("weights",))
         return self.learner.weights()
 
+    def state(self) -> dict:
+        """The learner's full state, gathered from every rank (``Learner.state``)."""
+        _broadcast(("state",))
+        return self.learner.state()
+
+    def load_state(self, state: dict) -> None:
+        """Install a full state on every rank (``Learner.load_state``)."""
+        _broadcast(("load",))
+        self.learner.load_state(state)
+
     def close(self) -> None:
         _broadcast(("stop",))
 
@@ -194,5 +206,9 @@ def follow(learner, ctx: ParallelContext) -> int:
         elif name == "weights":
             for _ in learner.weights().tensors:  # the all-gathers; only the leader keeps the tensors
                 pass
+        elif name == "state":
+            learner.state()  # the gathers; only the leader keeps the state
+        elif name == "load":
+            learner.load_state(None)  # this rank's shard of the leader's broadcast
         else:
             raise RuntimeError(f"rank {ctx.rank}: unknown command {name!r} from the leader")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,13 @@ class TrainerRuntime:
         self.gen_busy: list[tuple[float, float]] = []
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
         self.metrics_path = run_dir / "metrics.jsonl"
+        # recovery (services.trainer.resume): set by ``open_recovery``
+        self.attempt = 0
+        self.ledger = None  # services.trainer.ledger.Ledger once open
+        self.runner_state: dict | None = None  # the runner's part of the checkpoint resumed from
+        self.start_snapshot = None  # the resumed version's weights as published again
+        self.resumed_version = 0
+        self._recovering: tuple[float | None, float] | None = None  # (death seen at, this process's start)
 
     def prompt_specs(self, problems: list[Problem], forced_length: int = 0) -> list[PromptSpec]:
         for p in problems:
@@ -97,12 +105,41 @@ class TrainerRuntime:
         self.timeline["eval"].append([-1, t0, time.time()])
         return score(self.eval_set, samples, self.policy, self.version)
 
-    def step_and_snapshot(self, stats: StepStats, offer: bool) -> Published:
-        """The batch's optimizer step; version + 1; the weights copied out through the transport
-        (offered to every instance when ``offer``: the bounded runner offers lazily); a checkpoint
-        when due."""
+    def open_recovery(self, attempt: int, died_at: float | None = None, started_at: float | None = None) -> bool:
+        """Resume from the newest recovery checkpoint when there is one or this is a restart
+        (``attempt`` > 0; ``died_at``: when the launcher saw the last attempt die), and open the
+        consumption ledger. Returns True when the run resumed."""
+        from services.trainer.resume import resume
+
+        self.attempt = attempt
+        resumed = resume(self, attempt)
+        self.resumed_version = self.version
+        if attempt:
+            self._recovering = (died_at, started_at or time.time())
+        return resumed
+
+    def maybe_save_recovery(self, runner_state: Callable[[], dict]) -> None:
+        """After an iteration: a recovery checkpoint every ``trainer.recovery.every`` versions
+        (``runner_state()``: the runner's part, its data cursor under ``sampler``)."""
+        every = self.cfg.trainer.recovery.every
+        if every and self.version % every == 0:
+            from services.trainer.resume import save
+
+            save(self, runner_state())
+
+    def step_and_snapshot(self, stats: StepStats, offer: bool, consumed: list | None = None) -> Published:
+        """The batch's optimizer step (``consumed``: its groups, recorded in the ledger first);
+        version + 1; the weights copied out through the transport (offered to every instance when
+        ``offer``: the bounded runner offers lazily); a checkpoint when due."""
+        if self.ledger is not None and consumed is not None:
+            self.ledger.consume(self.version + 1, consumed)
         grad_norm = self.learner.step()
         self.version += 1
+        if self._recovering is not None:
+            from services.trainer.resume import record_recovery
+
+            record_recovery(self, *self._recovering)
+            self._recovering = None
         t0 = time.time()
         snap = self.publisher.snapshot(self.learner.weights(), self.version)
         if offer:

@@ -75,17 +75,18 @@ class WeightPublisher:
 
             transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
         self.transport = transport
+        self.offset = 0  # version v is v + offset on the wire (a resumed trainer: services.trainer.resume)
         self.pushers = [WeightPusher(self._deliverer(c)) for c in clients]
 
     def _deliverer(self, client: GenerationClient):
-        return lambda version, snap: self.transport.deliver(client, version, snap)
+        return lambda version, snap: self.transport.deliver(client, version + self.offset, snap)
 
     def snapshot(self, state: Mapping[str, torch.Tensor] | WeightStream, version: int):
         """Copy the weights (``Learner.weights()``) out, the trainer's stall, and hand the
         version to the transport."""
         self.raise_if_failed()
         snap = self.transport.snapshot(state)
-        self.transport.publish(version, snap)
+        self.transport.publish(version + self.offset, snap)
         return snap
 
     def offer(self, version: int, snap) -> None:

@@ -50,6 +50,10 @@ class WeightTransport(ABC):
     @abstractmethod
     def deliver(self, client: GenerationClient, version: int, snap) -> None: ...
 
+    def newest_held(self) -> int:
+        """The newest version the transport's own servers hold or receive (-1: none; direct: none)."""
+        return -1
+
     def raise_if_failed(self) -> None:
         """Raise in the trainer if a background hand-over failed."""
 
@@ -178,6 +182,20 @@ class RelayTransport(WeightTransport):
             self.raise_if_failed()
             raise
         client.pull_weights(target, wait_s=self.cfg.pull_wait_s)
+
+    def newest_held(self) -> int:
+        """The newest version any reachable relay holds, complete or still arriving."""
+        import grpc
+
+        newest = -1
+        for client in self.controller.clients():
+            try:
+                info = client.versions()
+            except grpc.RpcError as err:  # a dead relay holds nothing a pull could reach
+                log.warning("relay %s: no version list (%s)", client.address, err.code())
+                continue
+            newest = max(newest, info.latest, *info.versions)
+        return newest
 
     def raise_if_failed(self) -> None:
         error = self._sender.error

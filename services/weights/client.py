@@ -115,9 +115,10 @@ class RelayClient:
     def heartbeat(self, caller: str, timeout_s: float) -> RelayInfo:
         return _info(self._stub.Heartbeat(pb.HeartbeatRequest(caller=caller), timeout=timeout_s))
 
-    def set_chain(self, epoch: int, branches: list[list[str]], upstream: str = "") -> None:
+    def set_chain(self, epoch: int, branches: list[list[str]], upstream: str = "") -> int:
+        """Send a plan; returns the relay's epoch after it (newer than ``epoch``: the plan was ignored)."""
         req = pb.ChainRequest(epoch=epoch, branches=[pb.Branch(relays=b) for b in branches], upstream=upstream)
-        self._stub.SetChain(req, timeout=CONTROL_TIMEOUT_S)
+        return int(self._stub.SetChain(req, timeout=CONTROL_TIMEOUT_S).epoch)
 
     def wait_ready(self, timeout_s: float = 60.0) -> RelayInfo:
         import time

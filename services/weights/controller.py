@@ -113,24 +113,33 @@ class ChainController:
         self.plan = plan_broadcast(self.nodes, master)
         self.epoch += 1
         by_id = {n.relay_id: n for n in self.nodes}
+        seen = self.epoch
         for rid, branches in self.plan.branches.items():
             site = by_id[rid].site
             up = self.plan.upstream.get(rid, "")
             reachable = up and (by_id[up].site == site or by_id[up].remote_id)  # no address for it there: no catch-up
             try:
-                self._clients[rid].set_chain(
+                seen = max(seen, self._clients[rid].set_chain(
                     self.epoch,
                     [[by_id[r].address_for(site) for r in b] for b in branches],
                     by_id[up].address_for(site) if reachable else "",
-                )
+                ))
             except (grpc.RpcError, RelayError) as err:  # it died meanwhile: the next tick cuts it out
                 log.warning("SetChain to %s failed: %s", rid, err)
+        if seen > self.epoch:  # a controller before this one (a trainer that was restarted) got further
+            self.epoch = seen
+            self._replan()
+            return
         if master != self.master:
             previous, self.master = self.master, master
             if previous is not None:
                 log.warning("master relay %s replaced by %s", previous, master)
             if self.on_master is not None:
                 self.on_master(by_id[master].relay_id)
+
+    def clients(self) -> list[RelayClient]:
+        """A client of every relay (live or not), for queries."""
+        return list(self._clients.values())
 
     def live(self) -> list[str]:
         return [n.relay_id for n in self.nodes if n.alive]

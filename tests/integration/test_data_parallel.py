@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -31,7 +32,9 @@ def _config(**trainer) -> RunConfig:
     return RunConfig.model_validate({"model": MODEL, "trainer": {**TRAINER, **trainer}})
 
 
-def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, device: str = "cpu") -> None:
+def _leader(rank: int, world: int, port: int, kl_coef: float = 0.0, device: str = "cpu") -> Leader:
+    """This spawned process as rank ``rank``: a follower serves the leader and exits here; the
+    leader gets its ``Leader``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -43,7 +46,11 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, devi
     if not ctx.leader:
         follow(learner, ctx)
         shutdown()  # exits
-    leader = Leader(learner, ctx)
+    return Leader(learner, ctx)
+
+
+def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, device: str = "cpu") -> None:
+    leader = _leader(rank, world, port, kl_coef, device)
     stats = leader.begin()
     for batch in _batches():
         leader.backward(batch)
@@ -56,6 +63,18 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, devi
 
 
 
+def _spawn_ranks(target, *args) -> None:
+    """Run ``target(rank, 2, port, *args)`` as 2 spawned ranks; both must exit 0."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, 2, port, *args)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0, f"a rank failed (exit {p.exitcode})"
+
+
 @pytest.mark.parametrize("kl_coef", [0.0, 0.05])  # with a KL term the reference model is sharded too
 def test_two_ranks_make_the_single_process_update(tmp_path, kl_coef):
     check_two_ranks(tmp_path, kl_coef, "cpu")
@@ -64,14 +83,7 @@ def test_two_ranks_make_the_single_process_update(tmp_path, kl_coef):
 def check_two_ranks(tmp_path, kl_coef: float, device: str) -> None:
     """2 ranks on ``device`` (gloo on CPU, NCCL on 2 GPUs) against one CPU process."""
     out = tmp_path / "rank0.pt"
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, str(out), kl_coef, device)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-        assert p.exitcode == 0, f"a rank failed (exit {p.exitcode})"
+    _spawn_ranks(_rank, str(out), kl_coef, device)
     dp = torch.load(out, map_location="cpu")
 
     cfg = _config(kl_coef=kl_coef)
@@ -99,3 +111,37 @@ def check_two_ranks(tmp_path, kl_coef: float, device: str) -> None:
         assert torch.allclose(dp["state"][name][real], value[real], atol=1e-6 if device == "cpu" else 1e-4, rtol=1e-5), name
     moved = build_policy(cfg.model).model.state_dict()  # not vacuous: the step moved the weights
     assert any(not torch.allclose(moved[n], state[n]) for n in state)
+
+
+def _rank_recovery(rank: int, world: int, port: int, out: str) -> None:
+    """Step, take the gathered recovery state, step again; install the state, take the same step:
+    the two second steps must agree (weights and AdamW moments restored on every rank's shard)."""
+    leader = _leader(rank, world, port)
+
+    def step(batch):
+        leader.begin()
+        leader.backward(batch)
+        leader.step()
+        return leader.weights().host_copies()
+
+    first, second = _batches()
+    step(first)
+    saved = copy.deepcopy(leader.state())  # as a checkpoint is written at once (AdamW's step count is a live tensor)
+    once = step(second)
+    leader.load_state(saved)
+    again = step(second)
+    leader.close()
+    torch.save({"once": once, "again": again, "saved": saved}, out)
+    shutdown()
+
+
+def test_two_ranks_restore_a_gathered_recovery_state(tmp_path):
+    out = tmp_path / "rank0.pt"
+    _spawn_ranks(_rank_recovery, str(out))
+    got = torch.load(out, map_location="cpu", weights_only=False)
+    assert got["once"].keys() == got["again"].keys()
+    assert all(torch.equal(got["once"][k], got["again"][k]) for k in got["once"])
+    full = build_policy(_config().model).model.state_dict()
+    assert got["saved"]["module"].keys() == full.keys()  # full tensors, by name
+    assert all(got["saved"]["module"][k].shape == full[k].shape for k in full)
+    assert got["saved"]["opt"]["state"]  # AdamW moments, gathered

@@ -37,7 +37,7 @@ from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
 from services.common.certs import TlsFiles
 from services.weights.convert import manifest_from_pb, manifest_to_pb
-from services.weights.store import Incoming, VersionStore
+from services.weights.store import Incoming, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.relay.data")
@@ -80,7 +80,7 @@ class RelayDataPlane:
             self.on_begin(inc)
             g = self.book.issue(inc.version, dc.PUSH, secure=secure, payload=inc)
             return self._grant(g, from_chunk=inc.prefix)
-        with self.store.pinned(req.version, min(max(req.wait_s, 0.0), MAX_WAIT_S)) as s:
+        with self.store.pinned(req.version, wait_limit(req.wait_s, MAX_WAIT_S)) as s:
             n = len(s.manifest.plan)
             stop = req.to_chunk or n
             if not req.from_chunk <= stop <= n:

@@ -181,3 +181,13 @@ def test_bytes_that_do_not_parse_get_invalid_argument_from_every_kind_of_method(
                 assert "malformed request to /braid.v1.Generation/" in err.value.details()
     finally:
         server.stop(0)
+
+
+@pytest.mark.parametrize("content", [b"not gzip at all", b"\x1f\x8b\x08\x00", __import__("gzip").compress(b"\xff\xfe\n")])
+def test_an_mmlu_source_that_is_not_gzip_or_is_cut_short_is_a_data_error(tmp_path, content):
+    from ranker.data import DataError, convert_mmlu
+
+    path = tmp_path / "src.jsonl.gz"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match="unreadable"):
+        convert_mmlu(path, tmp_path / "out")

@@ -54,8 +54,8 @@ def markdown(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=150, help="hypothesis examples per (service, method, variant)")
-    parser.add_argument("--file-examples", type=int, default=400, help="hypothesis examples per file kind")
+    parser.add_argument("--examples", type=int, default=800, help="hypothesis examples per (service, method, variant)")
+    parser.add_argument("--file-examples", type=int, default=2000, help="hypothesis examples per file kind")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="3 examples per method, 10 per file kind; scratch output")
     parser.add_argument("--out", help="results directory (default bench/results; --quick: a scratch directory)")

@@ -95,6 +95,10 @@ class GenerationLog:
             rows = self._db.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM generations ORDER BY id DESC LIMIT ?", (n,)
             ).fetchall()
+        for r in rows:  # SQLite keeps any value in any column: a row written by something else may not fit
+            if not (isinstance(r[0], str) and isinstance(r[1], str) and isinstance(r[2], int) and r[2] > 0
+                    and isinstance(r[3], int) and isinstance(r[4], int) and isinstance(r[5], (int, float))):
+                raise GenerationLogError(f"{self.path}: a row of the wrong types ({', '.join(_COLUMNS)}): {r!r:.200}")
         return [GenRecord(*r) for r in reversed(rows)]
 
     def count(self) -> int:

@@ -121,6 +121,20 @@ def test_a_generation_log_of_another_shape_is_a_generation_log_error(tmp_path):
         convert_log(path, tmp_path / "out.jsonl")
 
 
+@pytest.mark.parametrize("column,value", [("prompt", b"\x00bytes"), ("response_length", "twelve"), ("prompt_id", b"p")])
+def test_a_generation_log_row_of_the_wrong_types_is_a_generation_log_error(tmp_path, column, value):
+    from ranker.data import convert_log
+    from ranker.genlog import GenerationLog, GenerationLogError, GenRecord
+
+    path = tmp_path / "gen.sqlite"
+    with GenerationLog(path) as log:
+        log.append([GenRecord("p", "12", 3, 0, 0, 1.0)])
+    with sqlite3.connect(path) as db:
+        db.execute(f"UPDATE generations SET {column} = ?", (value,))
+    with pytest.raises(GenerationLogError, match="a row of the wrong types"):
+        convert_log(path, tmp_path / "out.jsonl")
+
+
 def test_ranker_parameters_that_do_not_fit_are_value_errors(tmp_path):
     from ranker.base import RankerFormatError, create, load_ranker
 

@@ -169,7 +169,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         if request.part >= parts:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"part {request.part} of {parts}")
         try:
-            with self.store.pinned(request.version, wait_limit(request.wait_s, MAX_WAIT_S)) as s:
+            with self.store.pinned(request.version, caller_wait(request.wait_s, context)) as s:
                 plan = s.manifest.plan
                 stop = request.to_chunk or len(plan)
                 if not request.from_chunk <= stop <= len(plan):
@@ -210,7 +210,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this relay serves no data channel; use Push/Pull streams")
         secure = context.auth_context().get("transport_security_type") == [b"ssl"]
         try:
-            return self.data.open(request, secure)
+            return self.data.open(request, secure, caller_wait(request.wait_s, context))
         except WeightError as err:
             context.abort(CODES[err.kind], str(err))
 
@@ -388,6 +388,14 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         with self._lock:
             for c in self._peers.values():
                 c.close()
+
+
+def caller_wait(wait_s: float, context) -> float:
+    """How long a pull may wait for its version: what it asked (NaN refused, at most ``MAX_WAIT_S``)
+    and never past its own deadline (a caller that gave up must not hold a relay thread)."""
+    wait_s = wait_limit(wait_s, MAX_WAIT_S)
+    remaining = context.time_remaining()
+    return wait_s if remaining is None else min(wait_s, max(remaining, 0.0))
 
 
 MAX_BRANCHES = 256  # a relay forwards to each branch head itself: one thread and one connection per branch

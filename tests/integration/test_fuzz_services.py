@@ -104,3 +104,20 @@ def test_add_instance_stops_waiting_when_its_caller_gives_up(stack):
     calls = [add.future(pb.InstanceRequest(address="127.0.0.1:1", wait_s=86400.0), timeout=1.0) for _ in range(40)]
     assert {c.exception().code().name for c in calls} <= {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
     stack.health("router")
+
+
+def test_a_pull_waiting_for_a_version_stops_when_its_caller_gives_up(stack):
+    """More pulls than the relay has threads, each of a version that never comes with a wait of
+    1e308 s (600 s once clamped), each giving up after 1 s: the relay must still answer."""
+    pull = stack.channels["relay"].unary_stream("/braid.v1.WeightRelay/Pull",
+                                                request_serializer=pb.PullRequest.SerializeToString)
+    transfer = stack.channels["relay"].unary_unary("/braid.v1.WeightRelay/OpenTransfer",
+                                                   request_serializer=pb.TransferRequest.SerializeToString)
+    calls = [transfer.future(pb.TransferRequest(direction="pull", version=10**12, wait_s=1e308), timeout=1.0)
+             for _ in range(20)]
+    streams = [pull(pb.PullRequest(version=10**12, wait_s=1e308), timeout=1.0) for _ in range(20)]
+    assert {c.exception().code().name for c in calls} <= {"DEADLINE_EXCEEDED", "NOT_FOUND"}
+    for s in streams:
+        with pytest.raises(Exception):
+            list(s)
+    stack.relay_versions()

@@ -138,9 +138,12 @@ def load_plan(plan: dict | str) -> dict:
         data = plan
     else:
         try:
-            data = json.loads(Path(plan).read_text())
-        except (OSError, json.JSONDecodeError) as err:
+            data = json.loads(Path(plan).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
             raise ConfigError(f"allocation plan {plan}: cannot read it as JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"allocation plan {plan if isinstance(plan, str) else '(dict)'}: expected a JSON object, "
+                          f"got {type(data).__name__}")
     missing = [k for k in ("model", "gen_gpus", "train_gpus", "gen_instances") if k not in data]
     if missing:
         raise ConfigError(f"allocation plan {'(dict)' if isinstance(plan, dict) else plan}: missing fields {missing}")

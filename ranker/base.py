@@ -74,7 +74,11 @@ def ranker_class(kind: str) -> type[Ranker]:
 
 
 def create(kind: str, **params: Any) -> Ranker:
-    return ranker_class(kind)(**params)
+    cls = ranker_class(kind)
+    try:
+        return cls(**params)
+    except TypeError as err:  # an unknown parameter, or a value of the wrong type
+        raise ValueError(f"{kind} ranker: parameters {params} do not fit: {err}") from None
 
 
 class Ranker(ABC):
@@ -177,6 +181,8 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     for field, typ in (("kind", str), ("params", dict), ("unit", str)):
         if not isinstance(manifest.get(field), typ):
             raise RankerFormatError(f"{path}: field {field!r} is missing or not a {typ.__name__}")
+    if not isinstance(manifest.get("train") or {}, dict):
+        raise RankerFormatError(f"{path}: field 'train' is not an object")
     _ensure_models()
     if manifest["kind"] not in _REGISTRY:
         raise RankerFormatError(
@@ -189,11 +195,16 @@ def load_ranker(directory: str | Path) -> Ranker:
     """Load a ranker saved by ``Ranker.save`` (any registered kind)."""
     directory = Path(directory)
     manifest = read_manifest(directory)
-    model = _REGISTRY[manifest["kind"]](**manifest["params"])
+    try:
+        model = create(manifest["kind"], **manifest["params"])
+    except ValueError as err:
+        raise RankerFormatError(f"{directory / MANIFEST}: field 'params': {err}") from None
     model.unit = manifest["unit"]
     model.train_info = dict(manifest.get("train") or {})
     try:
         model._load(directory)
     except FileNotFoundError as err:
         raise RankerFormatError(f"{directory}: incomplete ranker ({err})") from None
+    except (ValueError, KeyError, TypeError, IndexError) as err:  # a damaged model file
+        raise RankerFormatError(f"{directory}: damaged ranker ({type(err).__name__}: {err})") from None
     return model

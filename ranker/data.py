@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,17 +109,21 @@ def read_rows(path: str | Path) -> list[tuple[int, dict]]:
         raise DataError(f"{path}: no such file")
     rows: list[tuple[int, dict]] = []
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            rows.append((lineno, obj))
+    lineno = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                rows.append((lineno, obj))
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as err:  # not gzip, truncated, not UTF-8
+        raise DataError(f"{path}:{lineno + 1}: unreadable ({type(err).__name__}: {err})") from None
     if not rows:
         raise DataError(f"{path}: empty file (no JSON rows)")
     return rows

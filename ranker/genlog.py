@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -90,15 +91,27 @@ class GenerationLog:
         """The ``n`` most recently appended records, oldest first."""
         if n <= 0:
             raise ValueError(f"n must be positive, got {n}")
-        with self._lock:
+        with self._lock, self._readable():
             rows = self._db.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM generations ORDER BY id DESC LIMIT ?", (n,)
             ).fetchall()
+        for r in rows:  # SQLite keeps any value in any column: a row written by something else may not fit
+            if not (isinstance(r[0], str) and isinstance(r[1], str) and isinstance(r[2], int) and r[2] > 0
+                    and isinstance(r[3], int) and isinstance(r[4], int) and isinstance(r[5], (int, float))):
+                raise GenerationLogError(f"{self.path}: a row of the wrong types ({', '.join(_COLUMNS)}): {r!r:.200}")
         return [GenRecord(*r) for r in reversed(rows)]
 
     def count(self) -> int:
-        with self._lock:
+        with self._lock, self._readable():
             return int(self._db.execute("SELECT COUNT(*) FROM generations").fetchone()[0])
+
+    @contextmanager
+    def _readable(self):
+        """A damaged file or a table of another shape: ``GenerationLogError`` naming the file."""
+        try:
+            yield
+        except sqlite3.DatabaseError as err:
+            raise GenerationLogError(f"{self.path}: not a readable generation log ({err})") from None
 
     def close(self) -> None:
         with self._lock:

@@ -383,7 +383,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: the value is not a YAML scalar or flow value: {err}") from None
     return data
 
 
@@ -395,9 +398,13 @@ def load_model(cls: type[M], path: str | Path | None = None, overrides: list[str
     if path is not None:
         source = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
             raise ConfigError(f"invalid config ({source}): not YAML: {err}") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"invalid config ({source}): not UTF-8 text ({err.reason} at byte {err.start})") from None
+        except (IsADirectoryError, PermissionError) as err:
+            raise ConfigError(f"invalid config ({source}): cannot read it: {err.strerror}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"invalid config ({source}): top level must be a mapping")
         data = loaded or {}

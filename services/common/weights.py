@@ -39,6 +39,8 @@ _DTYPES = {
 }
 
 
+MAX_CHUNKS = 1 << 20  # a version's chunk plan is held in memory, an entry per chunk (4 TiB at 4 MiB chunks)
+
 _HASHES = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 DIGEST_ALGOS = tuple(_HASHES)
 
@@ -98,7 +100,8 @@ class Chunk:
 
 
 class WeightError(ValueError):
-    """A weight stream is invalid. ``kind`` is one of: argument, precondition, integrity."""
+    """A weight stream is invalid. ``kind`` is one of: argument, precondition, integrity, not_found,
+    exists, resource (more than a receiver can hold)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -187,6 +190,9 @@ class Manifest:
             if t.offset != pos:
                 raise WeightError("argument", f"tensor {t.name!r} at blob offset {t.offset}, expected {pos}")
             pos += t.nbytes
+        chunks = sum(max(1, -(-t.nbytes // self.chunk_bytes)) for t in self.tensors)
+        if chunks > MAX_CHUNKS:
+            raise WeightError("resource", f"{chunks} chunks of {self.chunk_bytes} bytes: more than {MAX_CHUNKS} per version")
 
 
 def manifest_of(state: dict[str, torch.Tensor] | dict[str, TensorSpec], chunk_bytes: int) -> Manifest:

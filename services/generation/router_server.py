@@ -22,12 +22,13 @@ import math
 
 import grpc
 
+from services.common.address import parse_address
 from services.common.config import GenerationConfig
 from services.generation import convert
 from services.generation.fanout import FanoutError, WeightFanout
 from services.generation.client import GenerationClient
 from services.generation.router import InstanceFailed, MembershipError, RouterCore
-from services.generation.server import RequestError, validate_request
+from services.generation.server import MAX_WAIT_S, RequestError, pull_problem, validate_request
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 
@@ -75,11 +76,8 @@ class RouterServicer(pb_grpc.GenerationServicer):
 
     def PullWeights(self, request: pb.PullWeightsRequest, context: grpc.ServicerContext) -> pb.UpdateAck:
         """Relay transport: every instance pulls the version from its own relay."""
-        if request.version < -1 or request.wait_s < 0:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"version must be >= -1 and wait_s >= 0, got {request.version}, {request.wait_s}",
-            )
+        if (why := pull_problem(request)) is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
         try:
             acks = self.fanout.pull(request.version, request.wait_s)
         except FanoutError as err:
@@ -100,6 +98,8 @@ class RouterServicer(pb_grpc.GenerationServicer):
 
     def AddInstance(self, request: pb.InstanceRequest, context: grpc.ServicerContext) -> pb.InstanceReply:
         wait_s = _checked(request, context, default_wait_s=60.0)
+        if (remaining := context.time_remaining()) is not None:  # never wait for a caller that gave up
+            wait_s = min(wait_s, max(remaining, 0.0))
         client = GenerationClient(request.address, max_message_mb=self.cfg.max_message_mb)
         try:
             snapshot = client.wait_ready(timeout_s=wait_s)
@@ -128,18 +128,6 @@ class RouterServicer(pb_grpc.GenerationServicer):
                  len(self.core.slots()))
         return pb.InstanceReply(instances=self.core.addresses(), drained=drained)
 
-
-MAX_WAIT_S = 86400.0
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); ``ValueError`` naming what is wrong."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or len(address) > 256 or any(c.isspace() for c in address):
-        raise ValueError(f"address must be host:port, got {address!r}")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"port of {address!r} must be an integer in [1, 65535]")
-    return host, int(port)
 
 
 def _checked(request: pb.InstanceRequest, context: grpc.ServicerContext, *, default_wait_s: float) -> float:

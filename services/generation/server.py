@@ -18,6 +18,7 @@ from concurrent import futures
 import grpc
 
 from services.common.config import GenerationConfig
+from services.common.malformed import MalformedRequests
 from services.common.types import GenerateParams, PromptSpec
 from services.common.weights import WeightAssembler, WeightError
 from services.generation import convert
@@ -35,8 +36,18 @@ MAX_ID_CHARS = 256
 MAX_SAMPLES_PER_PROMPT = 1024
 
 
+MAX_WAIT_S = 86400.0
+
+
 class RequestError(ValueError):
     pass
+
+
+def pull_problem(request: pb.PullWeightsRequest) -> str | None:
+    """Why a ``PullWeights`` request is malformed (NaN or negative wait, version below -1), or None."""
+    if request.version < -1 or not 0 <= request.wait_s <= MAX_WAIT_S:
+        return f"version must be >= -1 and wait_s in [0, {MAX_WAIT_S:.0f}], got {request.version}, {request.wait_s}"
+    return None
 
 
 def validate_request(
@@ -171,8 +182,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         """Pull a version from the local relay (shared memory on the same host) and stage it."""
         if self.relay is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this SGS instance has no weight relay (start it with --relay)")
-        if request.version < -1 or request.wait_s < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version must be >= -1 and wait_s >= 0, got {request.version}, {request.wait_s}")
+        if (why := pull_problem(request)) is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
         from services.weights.client import RelayError
 
         try:
@@ -276,7 +287,7 @@ def create_server(
     With ``tls`` the port serves mutual TLS only: a client needs a certificate from the same CA."""
     limit = max_message_mb * 1024 * 1024
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgs-rpc"),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgs-rpc"), interceptors=[MalformedRequests()],
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
     )
     pb_grpc.add_GenerationServicer_to_server(servicer, server)

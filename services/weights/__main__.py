@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s relay %(levelname)s %(message)s")
 
     from services.common.certs import TlsFiles
-    from services.weights.server import RelayServicer, create_server
+    from services.weights.server import RelayServicer, chain_problem, create_server
     from services.weights.store import VersionStore, private_shm_dir
 
+    if ns.upstream and (why := chain_problem(_chain_request(ns.upstream))):
+        parser.error(f"--upstream: {why}")
     tls = None
     if ns.tls_host and not (ns.tls_dir and ns.site):
         parser.error("--tls-host needs --tls-dir and --site")

@@ -37,7 +37,7 @@ from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
 from services.common.certs import TlsFiles
 from services.weights.convert import manifest_from_pb, manifest_to_pb
-from services.weights.store import Incoming, VersionStore
+from services.weights.store import Incoming, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.relay.data")
@@ -67,8 +67,9 @@ class RelayDataPlane:
         self.ports = (advertise[0] or self.server.port, advertise[1] or self.server.tls_port)
 
     # ------------------------------------------------------------------ control (gRPC)
-    def open(self, req: pb.TransferRequest, secure: bool) -> pb.TransferGrant:
-        """Check and open a transfer; raises ``WeightError`` (the caller aborts with its code)."""
+    def open(self, req: pb.TransferRequest, secure: bool, wait_s: float | None = None) -> pb.TransferGrant:
+        """Check and open a transfer; raises ``WeightError`` (the caller aborts with its code).
+        ``wait_s``: how long a pull may wait for its version (default: ``req.wait_s``, clamped)."""
         direction = dc.DIRECTIONS.get(req.direction)
         if direction is None:
             raise WeightError("argument", f"direction {req.direction!r} is not 'push' or 'pull'")
@@ -80,7 +81,7 @@ class RelayDataPlane:
             self.on_begin(inc)
             g = self.book.issue(inc.version, dc.PUSH, secure=secure, payload=inc)
             return self._grant(g, from_chunk=inc.prefix)
-        with self.store.pinned(req.version, min(max(req.wait_s, 0.0), MAX_WAIT_S)) as s:
+        with self.store.pinned(req.version, wait_limit(req.wait_s, MAX_WAIT_S) if wait_s is None else wait_s) as s:
             n = len(s.manifest.plan)
             stop = req.to_chunk or n
             if not req.from_chunk <= stop <= n:

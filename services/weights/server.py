@@ -34,6 +34,8 @@ from pathlib import Path
 
 import grpc
 
+from services.common.address import parse_address
+from services.common.malformed import MalformedRequests
 from services.common.weights import WeightError, blob_chunk
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
@@ -41,7 +43,7 @@ from services.common.certs import TlsFiles, server_credentials
 from services.weights.client import RelayClient, RelayError
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END
-from services.weights.store import SHM_PREFIX, Blob, Incoming, VersionStore, host_id
+from services.weights.store import SHM_PREFIX, Blob, Incoming, VersionStore, host_id, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES, chunk_of, encode_chunk, service_handler
 
 log = logging.getLogger("braid.relay")
@@ -130,11 +132,14 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             raise WeightError("precondition", "this relay cannot adopt shared memory from that host; stream the chunks")
         if path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm") or not path.name.startswith(SHM_PREFIX):
             raise WeightError("argument", f"shm_path {str(path)!r} is not a braid blob in /dev/shm")
-        if not path.exists():
-            raise WeightError("argument", f"shm_path {str(path)!r} does not exist")
+        if not path.is_file():
+            raise WeightError("argument", f"shm_path {str(path)!r} is not a file")
         manifest.validate()
-        blob = Blob(manifest.total_bytes, path=path)
-        blob.move_to(self.store.shm_dir)
+        try:
+            blob = Blob(manifest.total_bytes, path=path)
+            blob.move_to(self.store.shm_dir)
+        except OSError as err:
+            raise WeightError("argument", f"shm_path {str(path)!r} cannot be adopted: {err}") from None
         try:
             inc = self.store.begin(m.version, manifest, blob=blob)
         except WeightError:
@@ -164,7 +169,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         if request.part >= parts:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"part {request.part} of {parts}")
         try:
-            with self.store.pinned(request.version, min(max(request.wait_s, 0.0), MAX_WAIT_S)) as s:
+            with self.store.pinned(request.version, caller_wait(request.wait_s, context)) as s:
                 plan = s.manifest.plan
                 stop = request.to_chunk or len(plan)
                 if not request.from_chunk <= stop <= len(plan):
@@ -205,7 +210,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this relay serves no data channel; use Push/Pull streams")
         secure = context.auth_context().get("transport_security_type") == [b"ssl"]
         try:
-            return self.data.open(request, secure)
+            return self.data.open(request, secure, caller_wait(request.wait_s, context))
         except WeightError as err:
             context.abort(CODES[err.kind], str(err))
 
@@ -230,6 +235,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         return self.Versions(None, context)
 
     def SetChain(self, request: pb.ChainRequest, context) -> pb.ChainReply:
+        if (why := chain_problem(request)) is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
         with self._lock:
             if request.epoch >= self.epoch:
                 self.epoch = request.epoch
@@ -383,6 +390,33 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                 c.close()
 
 
+def caller_wait(wait_s: float, context) -> float:
+    """How long a pull may wait for its version: what it asked (NaN refused, at most ``MAX_WAIT_S``)
+    and never past its own deadline (a caller that gave up must not hold a relay thread)."""
+    wait_s = wait_limit(wait_s, MAX_WAIT_S)
+    remaining = context.time_remaining()
+    return wait_s if remaining is None else min(wait_s, max(remaining, 0.0))
+
+
+MAX_BRANCHES = 256  # a relay forwards to each branch head itself: one thread and one connection per branch
+MAX_CHAIN = 4096
+
+
+def chain_problem(request: pb.ChainRequest) -> str | None:
+    """Why a chain plan cannot be followed (empty branch, malformed address), or None."""
+    if len(request.branches) > MAX_BRANCHES:
+        return f"{len(request.branches)} branches; a relay forwards to at most {MAX_BRANCHES}"
+    addresses = [a for b in request.branches for a in b.relays] + ([request.upstream] if request.upstream else [])
+    if any(not b.relays or len(b.relays) > MAX_CHAIN for b in request.branches):
+        return f"every branch must name 1..{MAX_CHAIN} relays"
+    for address in addresses:
+        try:
+            parse_address(address.removeprefix("tls://"))
+        except ValueError as err:
+            return f"chain plan: {err}"
+    return None
+
+
 def create_server(
     servicer: RelayServicer, address: str, *, max_message_mb: int, tls_address: str | None = None,
     tls: TlsFiles | None = None, workers: int = 32,
@@ -391,7 +425,7 @@ def create_server(
     ``tls_address`` (mutual TLS, for other sites); returns (server, port, tls_port or 0)."""
     limit = max_message_mb * 1024 * 1024
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relay-rpc"),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relay-rpc"), interceptors=[MalformedRequests()],
         options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
     )
     server.add_generic_rpc_handlers((service_handler(servicer),))

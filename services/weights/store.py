@@ -27,6 +27,7 @@ untouched.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import queue
@@ -141,10 +142,23 @@ class Incoming:
     active: int = 0  # push streams writing it now
 
 
+def memory_bytes() -> int:
+    """This machine's physical memory: no version larger than it can ever be held here."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def wait_limit(wait_s: float, limit_s: float) -> float:
+    """A caller's wait clamped to [0, ``limit_s``]; NaN is refused (a wait that never times out)."""
+    if math.isnan(wait_s):
+        raise WeightError("argument", f"wait_s must be a number of seconds, got {wait_s}")
+    return min(max(wait_s, 0.0), limit_s)
+
+
 class VersionStore:
-    def __init__(self, keep: int, shm_dir: Path | None) -> None:
+    def __init__(self, keep: int, shm_dir: Path | None, max_version_bytes: int | None = None) -> None:
         self.keep = keep
         self.shm_dir = shm_dir
+        self.max_version_bytes = memory_bytes() if max_version_bytes is None else max_version_bytes
         self.cond = threading.Condition()
         self.committed: dict[int, Stored] = {}
         self.incoming: dict[int, Incoming] = {}
@@ -167,6 +181,9 @@ class VersionStore:
     def begin(self, version: int, manifest: Manifest, *, blob: Blob | None = None) -> Incoming:
         """Start (or join, for another parallel stream or a resumed one) an arriving version."""
         manifest.validate()
+        if manifest.total_bytes > self.max_version_bytes:
+            raise WeightError("resource", f"version {version} has {manifest.total_bytes} bytes; this relay holds at most "
+                                          f"{self.max_version_bytes} per version (its memory)")
         with self.cond:
             if self.fingerprint is not None and manifest.fingerprint() != self.fingerprint:
                 raise WeightError(

@@ -25,6 +25,7 @@ WEIGHT_ERROR_CODES = {
     "integrity": grpc.StatusCode.DATA_LOSS,
     "not_found": grpc.StatusCode.NOT_FOUND,
     "exists": grpc.StatusCode.ALREADY_EXISTS,
+    "resource": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 SERVICE = "braid.v1.WeightRelay"

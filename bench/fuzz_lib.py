@@ -62,11 +62,13 @@ GEN = {
     "PullWeights": {OK, *_W, "NOT_FOUND"},
 }
 ALLOWED = {
-    "sgs": {**GEN, "AddInstance": {"UNIMPLEMENTED"}, "RemoveInstance": {"UNIMPLEMENTED"}},
+    "sgs": {**GEN, "AddInstance": {"UNIMPLEMENTED"}, "RemoveInstance": {"UNIMPLEMENTED"},
+            "Interrupt": {OK, "INVALID_ARGUMENT"}},
     "router": {
         **GEN,
         "AddInstance": {OK, "INVALID_ARGUMENT", "ALREADY_EXISTS", "UNAVAILABLE", "DEADLINE_EXCEEDED"},
         "RemoveInstance": {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION"},
+        "Interrupt": {"UNIMPLEMENTED"},
     },
     "relay": {
         "Push": {OK, *_W, "ALREADY_EXISTS"},
@@ -636,6 +638,8 @@ def build(stack: Stack, service: str, method: str, drawn):
         return pb.PullWeightsRequest(version=stack.resolve("relay", drawn[0]), wait_s=drawn[1]), CALL_TIMEOUT_S
     if method in ("AddInstance", "RemoveInstance"):
         return pb.InstanceRequest(address=_address(stack, drawn[0]), wait_s=drawn[1]), 1.0  # waits end with the call
+    if method == "Interrupt":
+        return pb.InterruptRequest(request_tags=drawn), CALL_TIMEOUT_S
     if method == "Push":
         return push_messages(stack, drawn), CALL_TIMEOUT_S
     if method == "Pull":
@@ -668,6 +672,7 @@ def strategy(stack: Stack, service: str, method: str, variant: str):
         "DataChannel": data_push,
         "Generate": generate_request(stack.vocab), "UpdateWeights": weight_stream, "Health": st.just(None),
         "PullWeights": pull_weights_request, "AddInstance": instance_request, "RemoveInstance": instance_request,
+        "Interrupt": st.lists(TEXT, max_size=5),
         "Push": push_stream, "Pull": pull_request, "Versions": st.just(None), "Heartbeat": TEXT,
         "SetChain": chain_request, "OpenTransfer": transfer_request,
     }[method]

@@ -58,6 +58,10 @@ def test_bad_profile_files_name_line_or_field(tmp_path):
         load_profile(bad)
     with pytest.raises(ProfileError, match="cannot read profile"):
         load_profile(tmp_path / "missing.json")
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ProfileError, match="binary.json: profile is not UTF-8"):
+        load_profile(binary)
 
 
 SPEC = InstanceSpec(StepCost(k1=0.0, k2=0.01, k3=0.001, k4=0.001, kv_bytes_per_token=1.0), kv_capacity_tokens=10**6, max_batch=16)

@@ -135,6 +135,8 @@ def read_validated(cls: type[M], path: str | Path, what: str = "profile") -> M:
         text = path.read_text()
     except OSError as err:
         raise ProfileError(f"{path}: cannot read {what}: {err.strerror}") from None
+    except UnicodeDecodeError as err:  # found by bench/fuzz.py: a binary file
+        raise ProfileError(f"{path}: {what} is not UTF-8 text (byte {err.start})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

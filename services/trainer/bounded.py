@@ -165,7 +165,8 @@ class BoundedRunner:
                 continue
             calls = [c for st in self.groups.values() if not st.complete for c in st.calls
                      if c.instance == m.source and c.open and c.handle is not None and not c.handle.cancelled]
-            keys = [p.key for p in self.partial.on_instance(m.source) if p not in self.resume]
+            waiting = {r.key for r in self.resume}  # interrupted already, not running on the source
+            keys = [p.key for p in self.partial.on_instance(m.source) if p.key not in waiting]
             try:
                 self.repack.start(m, keys, [c.tag for c in calls], self.t.clients[m.source])
             except grpc.RpcError as err:  # the source went away: its trajectories resume from the pool

@@ -105,6 +105,7 @@ class BoundedRunner:
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.events: queue.Queue = queue.Queue()
         self.pushers = trainer.publisher.pushers
+        trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
         self.capacity = tc.max_inflight_groups * (tc.group_size + tc.redundancy_samples)
         self.inflight = [0] * len(self.pushers)
         self.alive = [True] * len(self.pushers)
@@ -153,7 +154,11 @@ class BoundedRunner:
         version, state = self.latest
         idle_only = self.repack.enabled and not self.tc.partial_rollout
         for i in instances_to_sync(self._views(), version, self.mgr.can_reserve, idle_only):
-            self.pushers[i].offer(version, state)
+            try:
+                self.pushers[i].offer(version, state)
+            except RuntimeError as err:  # its push thread failed since the check above
+                self._lose_instance(i, str(err))
+                continue
             self.counts["syncs"] += 1
 
     def _repack(self) -> None:

@@ -76,6 +76,9 @@ class WeightPublisher:
             transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
         self.transport = transport
         self.offset = 0  # version v is v + offset on the wire (a resumed trainer: services.trainer.resume)
+        # a failed push to one instance ends the run, unless the runner survives lost instances
+        # (the bounded runner: it checks each pusher's ``error`` itself and drops that instance)
+        self.push_errors_fatal = True
         self.pushers = [WeightPusher(self._deliverer(c)) for c in clients]
 
     def _deliverer(self, client: GenerationClient):
@@ -104,8 +107,9 @@ class WeightPublisher:
 
     def raise_if_failed(self) -> None:
         self.transport.raise_if_failed()
-        for p in self.pushers:
-            p.raise_if_failed()
+        if self.push_errors_fatal:
+            for p in self.pushers:
+                p.raise_if_failed()
 
     def wait(self, version: int, timeout_s: float = 600) -> None:
         for p in self.pushers:

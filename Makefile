@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow test-gpu gpu-wheels install lock proto bench clean server server-stop screenshots
+.PHONY: run test test-slow test-gpu gpu-wheels install lock proto bench chaos clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ gpu-wheels:
 
 bench: install
 	$(PY) bench/pipeline.py
+
+# The chaos suite (docs/chaos.md): real runs with SGS, relays, router and trainer killed (alone and
+# in pairs) and the network faulted; then the lost-instance test 20 times under a CPU load.
+# Writes bench/results/chaos.{json,md,png}; ~20 minutes on 2 cores.
+chaos: install
+	$(PY) bench/chaos.py
 
 # Local Prefect server with UI, one work pool + worker per site, deployments from deploy/prefect.yaml
 # (docs/deploy.md). State, logs and the Prefect home under .cache/server/.

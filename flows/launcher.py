@@ -14,16 +14,20 @@ from flows.processes import (
 )
 
 
-def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5) -> Path:
+def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5, *, on_finish=None,
+                  front=None) -> Path:
     """Start the SGS instances and the trainer for the run in ``run_dir``, supervise them until the
     trainer finishes (a trainer that dies is restarted and resumes from its recovery checkpoint, up
     to ``trainer.recovery.max_restarts`` times), stop everything, and return the path of ``summary.json``.
 
-    ``on_poll()`` is called every ``poll_s`` while the trainer runs (progress reporting)."""
+    ``on_poll()`` is called every ``poll_s`` while the trainer runs (progress reporting);
+    ``on_finish(sup)`` after the trainer finished, while the services still run (the chaos
+    suite's checks); ``front(address)`` gives the address the trainer dials for each SGS (or
+    router) address (the chaos suite's fault-injecting proxies)."""
     from services.common.config import load_config
 
     cfg = load_config(run_dir / "config.json")
-    sup = Supervisor(run_dir)
+    sup = Supervisor(run_dir, cfg.trainer.recovery.max_restarts)  # a dead relay or router is started again
     config = str(run_dir / "config.json")
     controller = None
     try:
@@ -40,7 +44,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         )
         routed = router_enabled(cfg)
         if routed:  # the trainer talks to the router only; it dispatches and merges
-            router = start_router(sup, run_dir, checkpoint, addresses)
+            router = start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled)
             if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
                 from flows.scaleout import ProcessUnits, ScaleoutController
 
@@ -51,6 +55,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             addresses = [router]
         by_name = {svc.name: svc for svc in sup.services}
         fronts = [(addresses[0], None)] if routed else [(a, by_name.get(f"sgs-{i}")) for i, a in enumerate(addresses)]
+        if front is not None:
+            fronts = [(front(a), svc) for a, svc in fronts]
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
         start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 
@@ -65,6 +71,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         sup.check()  # the other ranks' exits
         if controller is not None:
             controller.poll()  # the last iterations' decisions, for the record
+        if on_finish is not None:
+            on_finish(sup)
     finally:
         if controller is not None:
             controller.close()

@@ -47,6 +47,7 @@ class Service:
     log_path: Path
     expect_exit: bool = False  # a job that finishes (trainer) rather than a server
     tolerate_exit: bool = False  # a replaceable server (an SGS instance in bounded mode): its death is logged
+    restart: Callable[[], None] | None = None  # starts it again on its address (a relay, the router)
 
     def describe_exit(self) -> str:
         return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{tail(self.log_path)}"
@@ -74,10 +75,15 @@ def child_env(threads: int) -> dict[str, str]:
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, max_restarts: int = 0) -> None:
+        """``max_restarts``: how often a server started with a ``restart`` (a relay, the router)
+        is started again on its address after it died, before its death ends the run."""
         self.run_dir = run_dir
+        self.max_restarts = max_restarts
         self.services: list[Service] = []
         self.lost: list[Service] = []  # tolerated exits, already reported
+        self.restarts: dict[str, int] = {}  # by service name
+        self._ignoring: list[Service] = []
 
     def start(
         self, name: str, module: str, args: list[str], *, threads: int, expect_exit: bool = False,
@@ -99,9 +105,17 @@ class Supervisor:
 
     def check(self, ignore: list[Service] | None = None) -> None:
         """Raise ``ServiceDied`` if a server exited, or a job exited non-zero (not those in ``ignore``)."""
-        for svc in self.services:
+        ignore = [*(ignore or ()), *self._ignoring]  # a restart's own waiting checks what its caller checks
+        for svc in list(self.services):
             code = svc.proc.poll()
-            if code is None or svc in self.lost or svc in (ignore or ()):
+            if code is None or svc in self.lost or svc in ignore:
+                continue
+            if svc.restart is not None and self.restarts.get(svc.name, 0) < self.max_restarts:
+                self._ignoring = ignore
+                try:
+                    self._restart(svc)
+                finally:
+                    self._ignoring = []
                 continue
             if svc.tolerate_exit and any(s.proc.poll() is None for s in self.services if s.tolerate_exit):
                 self.lost.append(svc)
@@ -109,6 +123,22 @@ class Supervisor:
                 continue
             if not svc.expect_exit or code != 0:
                 raise ServiceDied(svc.describe_exit())
+
+    def _restart(self, svc: Service) -> None:
+        """Start a dead server again on its address; the restart goes to ``recovery/services.jsonl``."""
+        died_at = time.time()
+        n = self.restarts[svc.name] = self.restarts.get(svc.name, 0) + 1
+        log.warning("%s; restarting it (%d of %d)", svc.describe_exit(), n, self.max_restarts)
+        self.services.remove(svc)
+        svc.log_path.replace(svc.log_path.with_name(f"{svc.log_path.stem}.{svc.proc.pid}.log"))
+        svc.restart()  # starts it under the same name (and marks it restartable again)
+        _note_restart(self.run_dir, {"service": svc.name, "exit_code": svc.proc.returncode, "died_at": died_at,
+                                     "ready_at": time.time(), "attempt": n}, "services.jsonl")
+
+    def restartable(self, name: str, restart: Callable[[], None]) -> None:
+        """Mark the running service ``name`` as one ``check`` starts again (``restart()``) when it dies."""
+        svc = next(s for s in reversed(self.services) if s.name == name)
+        svc.restart = restart
 
     def wait_for_file(self, path: Path, timeout_s: float) -> str:
         """Wait until ``path`` exists (e.g. a port file) while checking the services."""
@@ -154,7 +184,11 @@ def start_relay(
     args += ["--tls-host", host, "--tls-port", str(tls_port)] if tls_port is not None else []
     sup.start(name, "services.weights", args, threads=1)
     ports = sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S).split()
-    return f"{host}:{ports[0]}", int(ports[1]) if len(ports) > 1 else None
+    tls_port = int(ports[1]) if len(ports) > 1 else None
+    sup.restartable(name, lambda: start_relay(  # on the same ports: its peers and instances find it again
+        sup, run_dir, name, keep=keep, shm=shm, max_message_mb=max_message_mb, host=host, port=int(ports[0]), site=site,
+        tls_dir=tls_dir, tls_port=tls_port, data_path=data_path))
+    return f"{host}:{ports[0]}", tls_port
 
 
 def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool, max_message_mb: int,
@@ -205,10 +239,12 @@ def router_enabled(cfg) -> bool:
 
 def start_router(
     sup: Supervisor, run_dir: Path, checkpoint: str, instances: list[str], *, host: str = "127.0.0.1", port: int = 0,
-    config: Path | None = None, tls: tuple[str, str] | None = None,
+    config: Path | None = None, tls: tuple[str, str] | None = None, restartable: bool = True,
 ) -> str:
     """Start the SGS router (``router``) over ``instances`` bound to ``host:port`` (0: any free
-    port); return its address. ``tls`` = (`braid certs` directory, site): serve mutual TLS."""
+    port); return its address. ``tls`` = (`braid certs` directory, site): serve mutual TLS.
+    ``restartable``: a router that dies is started again on the same port over the same
+    instances (not when instances join and leave at run time: scale-out)."""
     port_file = run_dir / "router.port"
     port_file.unlink(missing_ok=True)
     args = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint, "--instances", ",".join(instances),
@@ -216,7 +252,11 @@ def start_router(
             "--timeline", str(run_dir / "router-timeline.jsonl")]
     args += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
     sup.start("router", "services.generation.router_main", args, threads=1)
-    return f"{host}:{sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S)}"
+    bound = int(sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S))
+    if restartable:
+        sup.restartable("router", lambda: start_router(sup, run_dir, checkpoint, instances, host=host, port=bound,
+                                                       config=config, tls=tls))
+    return f"{host}:{bound}"
 
 
 def trainer_ranks(sup: Supervisor) -> list[Service]:
@@ -272,8 +312,8 @@ def _retire(sup: Supervisor, services: list[Service], grace_s: float = 10.0) -> 
         svc.log_path.replace(svc.log_path.with_name(f"{svc.log_path.stem}.{svc.proc.pid}.log"))  # the next attempt's log is fresh
 
 
-def _note_restart(run_dir: Path, record: dict) -> None:
-    path = run_dir / "recovery" / "restarts.jsonl"
+def _note_restart(run_dir: Path, record: dict, file: str = "restarts.jsonl") -> None:
+    path = run_dir / "recovery" / file
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")

@@ -106,7 +106,7 @@ def generation_site(
 
     logger = get_run_logger()
     s, rd, cfg_path = _site(sites, site, "generation", config, run_dir)
-    sup = Supervisor(rd)
+    sup = Supervisor(rd, config.trainer.recovery.max_restarts)  # a dead relay or router is started again
     stop = StopSignal()
     try:
         rows = _serve_unit(sup, rd, s, config, checkpoint, cfg_path, unit, relay) if unit else \
@@ -143,7 +143,8 @@ def _serve_site(
     role = "instance" if routed else "front"
     rows = [{"role": role, "address": a, "log": str(rd / f"sgs-{i}.log")} for i, a in enumerate(instances)]
     if routed:
-        router = start_router(sup, rd, checkpoint, instances, host=s.host, port=s.router_port, config=cfg_path, tls=tls)
+        router = start_router(sup, rd, checkpoint, instances, host=s.host, port=s.router_port, config=cfg_path, tls=tls,
+                              restartable=not config.scaleout.enabled)
         rows.insert(0, {"role": "router", "address": router, "log": str(rd / "router.log")})
     if relay is not None:
         create_flow_run_input(RELAY_KEY, relay[1])
@@ -200,7 +201,7 @@ def training_site(
     if not sgs:
         raise ValueError("training_site needs at least one SGS address")
     s, rd, cfg_path = _site(sites, site, "training", config, run_dir)
-    sup = Supervisor(rd)
+    sup = Supervisor(rd, config.trainer.recovery.max_restarts)
     stop = StopSignal()
     try:
         links = []  # how the trainer reaches the weight relays and the SGS

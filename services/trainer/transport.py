@@ -36,6 +36,7 @@ from services.generation.client import GenerationClient
 
 log = logging.getLogger("braid.weights.transport")
 MASTER_RETRIES = 20
+RELAY_DOWN_WAIT_S = 60.0  # how long an instance whose relay is unreachable (restarting) is retried
 
 
 class WeightTransport(ABC):
@@ -181,7 +182,7 @@ class RelayTransport(WeightTransport):
         except RuntimeError:
             self.raise_if_failed()
             raise
-        client.pull_weights(target, wait_s=self.cfg.pull_wait_s)
+        _pull_through_relay_restart(client, target, self.cfg.pull_wait_s)
 
     def newest_held(self) -> int:
         """The newest version any reachable relay holds, complete or still arriving."""
@@ -239,3 +240,25 @@ class RelayTransport(WeightTransport):
                 self.controller.tick()
                 time.sleep(min(1.0, 0.1 * (attempt + 1)))
         raise RuntimeError(f"no master relay accepted version {version} after {MASTER_RETRIES} tries")
+
+
+def _pull_through_relay_restart(client: GenerationClient, version: int, wait_s: float) -> None:
+    """Tell the instance to pull ``version``; an UNAVAILABLE from an instance that still answers
+    ``Health`` means its relay is down (being restarted, or cut out of the chain): retry for up to
+    ``RELAY_DOWN_WAIT_S``. An instance that does not answer is lost: the error goes up."""
+    import grpc
+
+    deadline = time.monotonic() + RELAY_DOWN_WAIT_S
+    while True:
+        try:
+            client.pull_weights(version, wait_s=wait_s)
+            return
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            try:
+                client.health()
+            except grpc.RpcError:
+                raise err from None  # the instance itself is gone
+            log.warning("instance %s cannot reach its relay (%s); retrying", client.address, err.details())
+            time.sleep(0.5)

@@ -1,0 +1,255 @@
+"""One chaos run: a real run (``flows.launcher.run_processes``) with faults injected, then checked.
+
+A ``Scenario`` names what to kill (``kill -9``) and which network fault to put on the trainer's
+link to SGS instance 0 (a ``services.common.faultproxy.FaultProxy`` in this process). The kills
+happen together, at the first poll after the run has taken ``kill_after`` steps (and, when the
+trainer is among them, has a recovery checkpoint); the launcher's supervisor restarts what it
+restarts (the trainer from its checkpoint, a relay or the router on its port), and a lost SGS
+instance's trajectories resume on the others (bounded mode).
+
+Checked after the run, with the services still up (``on_finish``):
+- the consumption ledger (``services.trainer.ledger``): every sample consumed exactly once in the
+  history that made the final weights; samples lost = expected − consumed;
+- the staleness bound in every metrics row (bounded: ``bound_violations``; lock-step modes:
+  ``staleness_max`` over the mode's bound);
+- weights byte-exact: every live relay holds the master's final version with the same digest
+  (SHA-256 over the chunk digests, so chain repair and catch-up delivered the same bytes), and
+  every live SGS instance serves that version (it verified the digest when it pulled);
+- recovery time: from the kill (or the fault) to the first training step finished after it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+# what a component is on the process table: the module and an argument that names it
+COMPONENTS = {
+    "sgs": ("services.generation", ["--instance", "1"]),
+    "relay": ("services.weights", ["--id", "relay-1"]),
+    "master_relay": ("services.weights", ["--id", "relay-0"]),
+    "router": ("services.generation.router_main", []),
+    "trainer": ("services.trainer", []),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    config: str  # "bounded" (3 instances, 2 relays, repack coordinator) or "routed" (one_step behind the router)
+    kill: tuple[str, ...] = ()
+    fault: str = ""  # "delay", "partition" or "reset" on the trainer's link to SGS instance 0
+    kill_after: int = 2  # steps taken before the faults
+
+
+@dataclass
+class RunResult:
+    scenario: str
+    completed: bool = False
+    error: str = ""
+    faults: list[str] = field(default_factory=list)
+    fault_at: float | None = None
+    recovery_s: float | None = None
+    restarts: dict[str, int] = field(default_factory=dict)
+    ledger: dict = field(default_factory=dict)
+    samples_expected: int = 0
+    samples_lost: int = 0
+    duplicates: int = 0
+    violations: int = 0
+    weights: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def _processes(run_dir: Path, component: str) -> list[psutil.Process]:
+    module, args = COMPONENTS[component]
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd[1:3] != ["-m", module] or str(run_dir) not in " ".join(cmd):
+            continue
+        if args and not any(cmd[i:i + 2] == args for i in range(len(cmd) - 1)):
+            continue
+        if component == "trainer" and "--attempt" in cmd:  # the original trainer, not a restarted one
+            continue
+        found.append(proc)
+    return found
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+class Injector:
+    """``on_poll`` hook: injects the scenario's faults once the run is far enough, and bounds the run's time."""
+
+    def __init__(self, scenario: Scenario, run_dir: Path, proxy, timeout_s: float) -> None:
+        self.s = scenario
+        self.run_dir = run_dir
+        self.proxy = proxy
+        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
+        self.fault_at: float | None = None
+        self.done: list[str] = []
+        self.heal_at: float | None = None
+
+    def _ready(self) -> bool:
+        if len(_rows(self.run_dir)) < self.s.kill_after:
+            return False
+        if "trainer" in self.s.kill:
+            from services.trainer import recovery
+
+            return recovery.newest(recovery.recovery_dir(self.run_dir)) is not None
+        return True
+
+    def __call__(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"chaos run {self.s.name} did not finish within {self.timeout_s:.0f}s")
+        if self.heal_at is not None and time.time() >= self.heal_at:
+            from services.common.faultproxy import Faults
+
+            self.proxy.set(Faults())
+            self.heal_at = None
+        if self.fault_at is not None or not (self.s.kill or self.s.fault in ("partition", "reset")) or not self._ready():
+            return
+        procs = {c: _processes(self.run_dir, c) for c in self.s.kill}
+        missing = [c for c, ps in procs.items() if not ps]
+        if missing:
+            raise RuntimeError(f"chaos run {self.s.name}: no process for {missing} in {self.run_dir}")
+        self.fault_at = time.time()
+        for component, ps in procs.items():
+            for p in ps:
+                p.kill()
+            self.done.append(f"kill:{component}")
+        self._network_fault()
+
+    def _network_fault(self) -> None:
+        from services.common.faultproxy import Faults
+
+        if self.s.fault == "partition":  # held 3 s, then healed (a delay is on the link from the start)
+            self.proxy.set(Faults(blackhole=True))
+            self.heal_at = time.time() + 3.0
+        elif self.s.fault == "reset":  # every connection on the link, at once
+            self.proxy.reset_all()
+        if self.s.fault in ("partition", "reset"):
+            self.done.append(f"net:{self.s.fault}")
+
+
+def recovery_seconds(rows: list[dict], fault_at: float | None) -> float | None:
+    """From the fault to the end of the first training step that finished after it."""
+    if fault_at is None:
+        return None
+    after = [r["t_end"] for r in rows if r["t_end"] > fault_at]
+    return min(after) - fault_at if after else None
+
+
+def staleness_violations(rows: list[dict], bound: int) -> int:
+    """Rows whose consumed samples broke the staleness bound (``bound_violations`` where the mode counts them)."""
+    return sum(int(r["bound_violations"]) if "bound_violations" in r else int(r["staleness_max"] > bound) for r in rows)
+
+
+def weights_check(sup, run_dir: Path) -> dict:
+    """Every live relay's copy of the newest complete version has the same digest; every live SGS
+    instance serves that version (direct transport: they all serve the same version)."""
+    from services.generation.client import GenerationClient
+    from services.weights.client import RelayClient
+
+    live = {s.name for s in sup.services if s.proc.poll() is None}
+    relays = {}
+    for name in sorted(n for n in live if n.startswith("relay-")):
+        client = RelayClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().split()[0]}")
+        try:
+            relays[name] = client.versions()
+        finally:
+            client.close()
+    versions = {}
+    for name in sorted(n for n in live if n.startswith("sgs-")):
+        client = GenerationClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().strip()}")
+        try:
+            versions[name] = client.health().weight_version
+        finally:
+            client.close()
+    newest = max((v for info in relays.values() for v in info.held), default=max(versions.values(), default=-1))
+    digests = {n: info.versions[newest].digest for n, info in relays.items() if newest in info.held}
+    ok = len(set(digests.values())) <= 1 and len(digests) == len(relays) and set(versions.values()) == {newest}
+    return {"ok": ok, "version": newest, "relay_digests": digests, "instance_versions": versions}
+
+
+def restarts_by_service(run_dir: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for file in ("restarts.jsonl", "services.jsonl"):
+        path = run_dir / "recovery" / file
+        for line in path.read_text().splitlines() if path.exists() else []:
+            name = json.loads(line)["service"]
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+CONFIGS = {
+    "bounded": ["trainer.mode=bounded", "trainer.eta=2", "generation.instances=3", "weights.transport=relay",
+                "weights.relays=2", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.2"],
+    "routed": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="on"'],
+}
+
+
+def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, iterations: int,
+                 timeout_s: float) -> RunResult:
+    """Run ``s`` in ``work/<name>`` and check it (never raises for a failed run: ``error`` says why)."""
+    from flows.launcher import run_processes
+    from services.common.config import load_config, write_config
+    from services.common.faultproxy import FaultProxy, Faults
+    from services.trainer.ledger import check_ledger
+
+    run_dir = work / s.name
+    run_dir.mkdir(parents=True)
+    cfg = load_config(base_config, [
+        "generation.engine=hf", f"trainer.iterations={iterations}", "trainer.recovery.every=2",
+        "trainer.recovery.max_restarts=3", "eval.prompts=8", "weights.digest=sha256", *CONFIGS[s.config]])
+    write_config(cfg, run_dir / "config.json")
+    (run_dir / "metrics.jsonl").write_text("")
+    result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size)
+    proxies: list = []
+
+    def front(address: str) -> str:  # the trainer reaches the first SGS (or the router) through a proxy
+        if not s.fault or proxies:
+            return address
+        proxies.append(FaultProxy(address).start())
+        if s.fault == "delay":
+            proxies[0].set(Faults(delay_ms=20, jitter_ms=20))
+        return proxies[0].address
+
+    inject = Injector(s, run_dir, None, timeout_s)
+    t0 = time.time()
+    try:
+        def on_poll() -> None:
+            inject.proxy = proxies[0] if proxies else None
+            inject()
+
+        run_processes(run_dir, checkpoint, on_poll=on_poll, poll_s=0.2,
+                      on_finish=lambda sup: result.weights.update(weights_check(sup, run_dir)), front=front)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        result.completed = summary["final_weight_version"] == iterations
+    except Exception as err:  # the run failed: recorded, the suite goes on
+        result.error = f"{type(err).__name__}: {str(err)[-2000:]}"
+    finally:
+        for p in proxies:
+            p.stop()
+    result.wall_s = time.time() - t0
+    result.faults = inject.done + (["net:delay"] if s.fault == "delay" and proxies else [])  # on the link all along
+    result.fault_at = inject.fault_at
+    rows = _rows(run_dir)
+    result.recovery_s = recovery_seconds(rows, inject.fault_at)
+    result.restarts = restarts_by_service(run_dir)
+    result.violations = staleness_violations(rows, cfg.trainer.eta if s.config == "bounded" else 1)
+    if (run_dir / "ledger.jsonl").exists():
+        report = check_ledger(run_dir / "ledger.jsonl", iterations, cfg.trainer.prompts_per_iteration)
+        result.ledger = report.to_json()
+        result.duplicates = len(report.duplicate_samples)
+        result.samples_lost = max(0, result.samples_expected - report.consumed_samples)
+    else:
+        result.samples_lost = result.samples_expected
+    return result

@@ -1,0 +1,46 @@
+"""The chaos suite's bookkeeping (pure): totals, per-component recovery, the pass verdict."""
+
+from __future__ import annotations
+
+from bench.chaos import passed, summarize
+from bench.chaos_run import RunResult, recovery_seconds, staleness_violations
+
+
+def _run(name, faults, recovery=None, completed=True, lost=0, dup=0, violations=0, weights_ok=True):
+    return RunResult(name, completed=completed, faults=faults, recovery_s=recovery, samples_lost=lost,
+                     duplicates=dup, violations=violations, weights={"ok": weights_ok})
+
+
+def test_summary_counts_faults_and_groups_recovery_by_component_and_pair():
+    s = summarize([
+        _run("a", ["kill:sgs"], 1.0), _run("b", ["kill:sgs"], 3.0), _run("c", ["kill:relay", "kill:trainer"], 4.0),
+        _run("d", ["net:reset"], 0.5), _run("e", ["net:delay"]),
+    ])
+    assert s["faults_injected"] == {"kill:sgs": 2, "kill:relay": 1, "kill:trainer": 1, "net:reset": 1, "net:delay": 1}
+    assert s["faults_total"] == 6 and s["runs"] == s["runs_completed"] == 5
+    assert s["recovery_s"]["sgs"] == {"median": 2.0, "max": 3.0, "n": 2}
+    assert s["recovery_s"]["relay+trainer"]["n"] == 1 and s["recovery_s"]["net_reset"]["max"] == 0.5
+    assert "net_delay" not in s["recovery_s"]  # no recovery time for a fault present all along
+    assert passed(s)
+
+
+def test_any_loss_duplicate_violation_mismatch_or_failed_run_fails_the_suite():
+    base = [_run("a", ["kill:sgs"], 1.0)]
+    assert passed(summarize(base))
+    for bad in (_run("x", ["kill:relay"], lost=4), _run("x", ["kill:relay"], dup=1),
+                _run("x", ["kill:relay"], violations=1), _run("x", ["kill:relay"], weights_ok=False),
+                _run("x", ["kill:relay"], completed=False)):
+        assert not passed(summarize(base + [bad])), bad
+    flaky = {**summarize(base), "flaky_test": {"runs": 20, "passed": 19}}
+    assert not passed(flaky)
+
+
+def test_recovery_is_measured_to_the_first_step_finished_after_the_fault():
+    rows = [{"t_end": 10.0}, {"t_end": 12.5}, {"t_end": 14.0}]
+    assert recovery_seconds(rows, 11.0) == 1.5
+    assert recovery_seconds(rows, 20.0) is None and recovery_seconds(rows, None) is None
+
+
+def test_violations_use_the_bound_counter_where_the_mode_has_one():
+    assert staleness_violations([{"bound_violations": 2, "staleness_max": 9}, {"bound_violations": 0}], 2) == 2
+    assert staleness_violations([{"staleness_max": 1}, {"staleness_max": 2}], 1) == 1

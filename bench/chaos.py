@@ -119,15 +119,18 @@ def markdown(result: dict) -> str:
         f"{result['faults_total']} faults injected, samples lost {result['samples_lost']}, duplicates "
         f"{result['duplicates']}, staleness violations {result['violations']}, weights mismatches "
         f"{result['weights_mismatches']}.", "",
-        "| scenario | faults | completed | restarts | recovery s | samples lost | dup | violations | weights | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| scenario | faults | after step | completed | restarts | recovery s | samples lost | dup | violations | weights "
+        "| training s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["scenarios"]:
         rec = "—" if r["recovery_s"] is None else f"{r['recovery_s']:.1f}"
         w = "ok" if r["weights"].get("ok") else ("—" if not r["weights"] else "MISMATCH")
-        lines.append(f"| {r['scenario']} | {', '.join(r['faults'])} | {'yes' if r['completed'] else 'NO: ' + r['error'][:80]} "
-                     f"| {r['restarts'] or '—'} | {rec} | {r['samples_lost']} | {r['duplicates']} | {r['violations']} "
-                     f"| {w} | {r['wall_s']:.0f} |")
+        at = "—" if r["steps_before_fault"] is None else r["steps_before_fault"]
+        rl = "—" if r["rl_seconds"] is None else f"{r['rl_seconds']:.1f}"
+        lines.append(f"| {r['scenario']} | {', '.join(r['faults'])} | {at} | "
+                     f"{'yes' if r['completed'] else 'NO: ' + r['error'][:80]} | {r['restarts'] or '—'} | {rec} "
+                     f"| {r['samples_lost']} | {r['duplicates']} | {r['violations']} | {w} | {rl} | {r['wall_s']:.0f} |")
     lines += ["", "Recovery time (fault → next finished training step), per component:", "",
               "| component | median s | max s | runs |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['median']:.1f} | {v['max']:.1f} | {v['n']} |" for k, v in result["recovery_s"].items()]

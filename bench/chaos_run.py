@@ -61,6 +61,8 @@ class RunResult:
     duplicates: int = 0
     violations: int = 0
     weights: dict = field(default_factory=dict)
+    steps_before_fault: int | None = None  # training steps finished when the faults came
+    rl_seconds: float | None = None  # the training phase's length (the faults land inside it)
     wall_s: float = 0.0
 
 
@@ -94,6 +96,7 @@ class Injector:
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.fault_at: float | None = None
+        self.steps_before: int | None = None
         self.done: list[str] = []
         self.heal_at: float | None = None
 
@@ -121,6 +124,7 @@ class Injector:
         if missing:
             raise RuntimeError(f"chaos run {self.s.name}: no process for {missing} in {self.run_dir}")
         self.fault_at = time.time()
+        self.steps_before = len(_rows(self.run_dir))
         for component, ps in procs.items():
             for p in ps:
                 p.kill()
@@ -153,12 +157,16 @@ def staleness_violations(rows: list[dict], bound: int) -> int:
 
 
 def weights_check(sup, run_dir: Path) -> dict:
-    """Every live relay's copy of the newest complete version has the same digest; every live SGS
-    instance serves that version (direct transport: they all serve the same version)."""
+    """Every live relay's copy of the newest version has the same digest, and every SGS instance
+    the trainer still uses serves that version (it checked the digest when it pulled). A relay
+    restarted after the last push may not hold it (``relays_without_newest``: no instance it
+    serves is left behind, or the instance check fails)."""
     from services.generation.client import GenerationClient
     from services.weights.client import RelayClient
 
     live = {s.name for s in sup.services if s.proc.poll() is None}
+    rows = _rows(run_dir)
+    alive = rows[-1].get("instances_alive") if rows else None  # bounded mode: the ones it did not drop
     relays = {}
     for name in sorted(n for n in live if n.startswith("relay-")):
         client = RelayClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().split()[0]}")
@@ -168,6 +176,8 @@ def weights_check(sup, run_dir: Path) -> dict:
             client.close()
     versions = {}
     for name in sorted(n for n in live if n.startswith("sgs-")):
+        if alive is not None and not alive[int(name.split("-")[1])]:
+            continue
         client = GenerationClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().strip()}")
         try:
             versions[name] = client.health().weight_version
@@ -175,8 +185,9 @@ def weights_check(sup, run_dir: Path) -> dict:
             client.close()
     newest = max((v for info in relays.values() for v in info.held), default=max(versions.values(), default=-1))
     digests = {n: info.versions[newest].digest for n, info in relays.items() if newest in info.held}
-    ok = len(set(digests.values())) <= 1 and len(digests) == len(relays) and set(versions.values()) == {newest}
-    return {"ok": ok, "version": newest, "relay_digests": digests, "instance_versions": versions}
+    ok = len(set(digests.values())) <= 1 and set(versions.values()) == {newest}
+    return {"ok": ok, "version": newest, "relay_digests": digests, "instance_versions": versions,
+            "relays_without_newest": sorted(set(relays) - set(digests))}
 
 
 def restarts_by_service(run_dir: Path) -> dict[str, int]:
@@ -189,10 +200,15 @@ def restarts_by_service(run_dir: Path) -> dict[str, int]:
     return counts
 
 
+# each engine step waits STEP_DELAY_MS so that the run's training phase lasts seconds, not a
+# fraction of one: the faults land while samples are in flight
+STEP_DELAY_MS = 15
 CONFIGS = {
     "bounded": ["trainer.mode=bounded", "trainer.eta=2", "generation.instances=3", "weights.transport=relay",
-                "weights.relays=2", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.2"],
-    "routed": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="on"'],
+                "weights.relays=2", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.2",
+                f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}, {STEP_DELAY_MS}]"],
+    "routed": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="on"',
+               f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}]"],
 }
 
 
@@ -233,6 +249,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
                       on_finish=lambda sup: result.weights.update(weights_check(sup, run_dir)), front=front)
         summary = json.loads((run_dir / "summary.json").read_text())
         result.completed = summary["final_weight_version"] == iterations
+        result.rl_seconds = summary.get("rl_seconds")
     except Exception as err:  # the run failed: recorded, the suite goes on
         result.error = f"{type(err).__name__}: {str(err)[-2000:]}"
     finally:
@@ -241,6 +258,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     result.wall_s = time.time() - t0
     result.faults = inject.done + (["net:delay"] if s.fault == "delay" and proxies else [])  # on the link all along
     result.fault_at = inject.fault_at
+    result.steps_before_fault = inject.steps_before
     rows = _rows(run_dir)
     result.recovery_s = recovery_seconds(rows, inject.fault_at)
     result.restarts = restarts_by_service(run_dir)

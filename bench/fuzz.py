@@ -1,7 +1,7 @@
 """Bad input, tried at scale (issue 20 item 5): property-based fuzzing of every gRPC method and
 every config and data file the CLI reads, with the inputs tried counted.
 
-Starts the stack of ``bench/fuzz_lib.py`` (a weight relay, an SGS instance on the hf engine pulling
+Starts the stack of ``bench/fuzz_stack.py`` (a weight relay, an SGS instance on the hf engine pulling
 from it, the router over the instance: real processes on loopback) and runs each (service, method,
 variant) property with ``--examples`` hypothesis examples, then the file properties of
 ``bench/fuzz_files.py`` with ``--file-examples``. A crash is a service process that died, a reply
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         ns.examples, ns.file_examples = 3, 10
 
     from bench import fuzz_files
-    from bench.fuzz_lib import OVERRIDES, Stack, Tally, cases, make_checkpoint, run_all
+    from bench.fuzz_services import Tally, cases, run_all
+    from bench.fuzz_stack import OVERRIDES, Stack, make_checkpoint
 
     t0 = time.monotonic()
     tally, files = Tally(), fuzz_files.FileTally()

@@ -1,7 +1,7 @@
 """Bad input, tried at scale (issue 20 item 5): property-based fuzzing of every gRPC method and
 every config and data file the CLI reads, with the inputs tried counted.
 
-Starts the stack of ``bench/fuzz_lib.py`` (a weight relay, an SGS instance on the hf engine pulling
+Starts the stack of ``bench/fuzz_stack.py`` (a weight relay, an SGS instance on the hf engine pulling
 from it, the router over the instance: real processes on loopback) and runs each (service, method,
 variant) property with ``--examples`` hypothesis examples, then the file properties of
 ``bench/fuzz_files.py`` with ``--file-examples``. A crash is a service process that died, a reply
@@ -12,11 +12,13 @@ before. Writes ``fuzz.json`` and ``fuzz.md`` (``--quick``: a few examples, to a 
 
     python bench/fuzz.py                 # ~10 min on 2 cores
     python bench/fuzz.py --quick
+    python bench/fuzz.py --parts files   # only the files (~2 min); the gRPC part is carried, marked so
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -25,7 +27,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    parts_line, parts_record, provenance, provenance_line, results_dir, write_results,
+)
+
+PARTS = {"services": "services", "files": "files"}  # part -> its section of the results
+PART_KEYS = {  # every key a part writes: a partial rerun carries the other part's
+    "services": ("examples_per_case", "cases", "inputs_total", "inputs_per_service", "crashes_total", "crashes",
+                 "services", "nothing_lost", "seconds_per_method"),
+    "files": ("file_examples_per_kind", "file_inputs_total", "file_failures_total", "file_failures", "files"),
+}
 
 
 def markdown(r: dict) -> str:
@@ -35,6 +46,7 @@ def markdown(r: dict) -> str:
         f"protobuf messages built to be wrong, raw random bytes) to real processes, and {r['file_inputs_total']} "
         f"broken files; **{r['crashes_total']} crashes**, **{r['file_failures_total']} file failures**; nothing lost: "
         f"{'yes' if r['nothing_lost'].get('greedy_unchanged') else 'NO'} ({r['wall_s']:.0f} s).", "",
+        parts_line(r.get("parts", {}), "services"), "",
         "| service | method | inputs (messages / bytes) | status codes returned | crashes |",
         "|---|---|---|---|---|",
     ]
@@ -44,7 +56,8 @@ def markdown(r: dict) -> str:
             lines.append(f"| {service} | {method} | {m['inputs']} ({m['by_variant']['message']} / {m['by_variant']['bytes']}) "
                          f"| {codes} | {m['crashes']} |")
         lines.append(f"| **{service}** | all | **{s['inputs']}** | | **{s['crashes']}** |")
-    lines += ["", "| file the CLI reads | inputs | accepted | refused with a message | failures |", "|---|---|---|---|---|"]
+    lines += ["", parts_line(r.get("parts", {}), "files"), "",
+              "| file the CLI reads | inputs | accepted | refused with a message | failures |", "|---|---|---|---|---|"]
     for kind, f in r["files"].items():
         lines.append(f"| {kind} | {f['inputs']} | {f['accepted']} | {f['refused']} | {f['failures']} |")
     for crash in r["crashes"] + r["file_failures"]:
@@ -52,22 +65,12 @@ def markdown(r: dict) -> str:
     return "\n".join(lines + ["", provenance_line(r["provenance"]), ""])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=800, help="hypothesis examples per (service, method, variant)")
-    parser.add_argument("--file-examples", type=int, default=2000, help="hypothesis examples per file kind")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="3 examples per method, 10 per file kind; scratch output")
-    parser.add_argument("--out", help="results directory (default bench/results; --quick: a scratch directory)")
-    ns = parser.parse_args(argv)
-    if ns.quick:
-        ns.examples, ns.file_examples = 3, 10
+def run_services(ns: argparse.Namespace, t0: float) -> dict:
+    """The gRPC part: the stack of real processes, every (service, method, variant), nothing lost."""
+    from bench.fuzz_services import Tally, cases, run_all
+    from bench.fuzz_stack import Stack, make_checkpoint
 
-    from bench import fuzz_files
-    from bench.fuzz_lib import OVERRIDES, Stack, Tally, cases, make_checkpoint, run_all
-
-    t0 = time.monotonic()
-    tally, files = Tally(), fuzz_files.FileTally()
+    tally = Tally()
     with tempfile.TemporaryDirectory(prefix="braid-fuzz-") as tmp:
         work = Path(tmp)
         stack = Stack(work / "stack", make_checkpoint(work / "policy")).start()
@@ -82,26 +85,68 @@ def main(argv: list[str] | None = None) -> int:
                 tally.crashes.append({"service": "all", "method": "nothing_lost", "variant": "-", "error": str(err)[:2000]})
         finally:
             stack.stop()
-        (work / "files").mkdir()
-        fuzz_files.run_all(work / "files", ns.file_examples, files, seed_=ns.seed,
-                           progress=lambda k, s: print(f"{time.monotonic() - t0:7.1f}s file {k}: {s:.1f}s", flush=True))
     services = tally.summary()
-    file_summary = files.summary()
-    result = {
-        "examples_per_case": ns.examples, "file_examples_per_kind": ns.file_examples, "seed": ns.seed,
-        "cases": len(cases()),
+    return {
+        "examples_per_case": ns.examples, "cases": len(cases()),
         "inputs_total": sum(s["inputs"] for s in services.values()),
         "inputs_per_service": {k: s["inputs"] for k, s in services.items()},
         "crashes_total": len(tally.crashes), "crashes": tally.crashes,
         "services": services, "nothing_lost": nothing_lost,
+        "seconds_per_method": {k: round(v, 2) for k, v in sorted(tally.seconds.items())},
+    }
+
+
+def run_files(ns: argparse.Namespace, t0: float) -> dict:
+    """The file part: every config and data file the CLI reads, broken by hypothesis."""
+    from bench import fuzz_files
+
+    files = fuzz_files.FileTally()
+    with tempfile.TemporaryDirectory(prefix="braid-fuzz-files-") as tmp:
+        fuzz_files.run_all(Path(tmp), ns.file_examples, files, seed_=ns.seed,
+                           progress=lambda k, s: print(f"{time.monotonic() - t0:7.1f}s file {k}: {s:.1f}s", flush=True))
+    file_summary = files.summary()
+    return {
+        "file_examples_per_kind": ns.file_examples,
         "file_inputs_total": sum(f["inputs"] for f in file_summary.values()),
         "file_failures_total": len(files.failures), "file_failures": files.failures, "files": file_summary,
-        "seconds_per_method": {k: round(v, 2) for k, v in sorted(tally.seconds.items())},
-        "wall_s": time.monotonic() - t0,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=800, help="hypothesis examples per (service, method, variant)")
+    parser.add_argument("--file-examples", type=int, default=2000, help="hypothesis examples per file kind")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parts", nargs="+", choices=sorted(PARTS), default=sorted(PARTS),
+                        help="parts to run (default both); a part not run is carried from the results file, marked so")
+    parser.add_argument("--quick", action="store_true", help="3 examples per method, 10 per file kind; scratch output")
+    parser.add_argument("--out", help="results directory (default bench/results; --quick: a scratch directory)")
+    ns = parser.parse_args(argv)
+    if ns.quick:
+        ns.examples, ns.file_examples = 3, 10
+    from bench.fuzz_stack import OVERRIDES
+
+    out = results_dir(ns.out, ns.quick)
+    previous = json.loads((out / "fuzz.json").read_text()) if (out / "fuzz.json").is_file() else {}
+    missing = [p for p in PARTS if p not in ns.parts and PARTS[p] not in previous]
+    if missing:
+        raise SystemExit(f"--parts {' '.join(ns.parts)}: {out / 'fuzz.json'} has no {', '.join(missing)} part to carry")
+    t0 = time.monotonic()
+    result: dict = {"seed": ns.seed}
+    measured: dict[str, float] = {}
+    for part, run in (("services", run_services), ("files", run_files)):
+        if part in ns.parts:
+            t_part = time.monotonic()
+            result.update(run(ns, t0))
+            measured[part] = round(time.monotonic() - t_part, 1)
+        else:  # carried from the results of record, as they were
+            result.update({k: previous[k] for k in PART_KEYS[part] if k in previous})
+    result["wall_s"] = time.monotonic() - t0
     result["provenance"] = provenance(Path(__file__), {"examples": ns.examples, "file_examples": ns.file_examples,
-                                                       "seed": ns.seed, "overrides": OVERRIDES}, engine="hf")
-    print(write_results(results_dir(ns.out, ns.quick), "fuzz", result, markdown))
+                                                       "seed": ns.seed, "overrides": OVERRIDES,
+                                                       "parts": sorted(ns.parts)}, engine="hf")
+    result["parts"] = parts_record(PARTS, measured, previous, result["provenance"])
+    print(write_results(out, "fuzz", result, markdown))
     return 0 if result["crashes_total"] == 0 and result["file_failures_total"] == 0 else 1
 
 

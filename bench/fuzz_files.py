@@ -10,7 +10,10 @@ CLI reads it: ``braid config``, ``braid allocate``, ``braid ranker convert-mmlu 
 router (PTL profiles) and the site file use. The property: the command succeeds, or exits 2 with a
 message (a traceback, an exception escaping the CLI, an empty message, or a silently accepted
 config that the services could not load back, are failures). Shared by
-``tests/unit/test_fuzz_files.py`` and ``bench/fuzz.py``.
+``tests/unit/test_fuzz_files.py`` and ``bench/fuzz.py``; a failure there records the failing
+example's bytes. Hypothesis also draws constants from the project modules loaded at the time, so a
+seed replays the same examples only with the same modules imported (``bench/fuzz.py --parts files``
+draws other file inputs than a full run).
 """
 
 from __future__ import annotations
@@ -203,7 +206,15 @@ class RunConfig(Kind):
 
         resolved = path.with_suffix(".json")
         resolved.write_text(outcome.stdout)
-        assert load_config(resolved).model_dump(mode="json") == json.loads(outcome.stdout), "resolved config does not load back"
+        written, back = json.loads(outcome.stdout), load_config(resolved).model_dump(mode="json")
+        assert back == written, f"resolved config does not load back: {_differences(written, back)[:3]}"
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """Where two JSON documents differ: ``path: a != b`` per differing leaf."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in a.keys() | b.keys() for d in _differences(a.get(k), b.get(k), f"{path}.{k}".lstrip("."))]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 class Overrides(Kind):
@@ -423,6 +434,7 @@ def good_genlog(path: Path) -> None:
 class FileTally:
     counts: dict = field(default_factory=lambda: {})
     failures: list = field(default_factory=list)
+    failed_input: dict = field(default_factory=dict)  # kind -> the bytes of its last failing example
 
     def add(self, kind: str, outcome: str) -> None:
         self.counts.setdefault(kind, Counter())[outcome] += 1
@@ -466,6 +478,7 @@ def run_kind(cls: type[Kind], work: Path, examples: int, tally: FileTally, *, se
             tally.add(cls.name, check_outcome(kind, path, outcome))
         except AssertionError:
             tally.add(cls.name, "failed")
+            tally.failed_input[cls.name] = data
             raise
         finally:
             shutil.rmtree(case, ignore_errors=True)
@@ -481,6 +494,7 @@ def run_all(work: Path, examples: int, tally: FileTally, *, seed_: int, progress
         try:
             run_kind(cls, work, examples, tally, seed_=seed_, shrink=False)
         except Exception as err:  # a failure is a result here: record it and go on
-            tally.failures.append({"kind": cls.name, "error": f"{type(err).__name__}: {err}"[:2000]})
+            tally.failures.append({"kind": cls.name, "error": f"{type(err).__name__}: {err}"[:2000],
+                                   "input": repr(tally.failed_input.get(cls.name))[:2000]})
         if progress is not None:
             progress(cls.name, time.monotonic() - t0)

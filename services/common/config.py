@@ -1,15 +1,19 @@
 """Configuration: one pydantic model per component, composed into ``RunConfig``.
 
 Every field has a docstring-like description and explicit bounds, so a bad file fails fast
-naming the field and the allowed range. Files are YAML; ``key.sub=value`` overrides are applied
-on top (values parsed as YAML scalars). The resolved config is written into the run directory.
+naming the field and the allowed range. Files are YAML, or JSON when named ``*.json``;
+``key.sub=value`` overrides are applied on top (values parsed as YAML scalars). The resolved
+config is written into the run directory as JSON (``write_config``) and every service loads it
+from there, so ``load_config`` reads a ``.json`` file with the JSON parser: PyYAML is a YAML 1.1
+parser, not a JSON one, and decodes the surrogate-pair escapes JSON writes for a character outside
+the BMP (``"\\ud83d\\ude00"``) as two lone surrogates.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
@@ -168,9 +172,9 @@ class GenerationConfig(StrictModel):
     )
     seed: int = Field(0, ge=0, description="Engine sampling seed.")
     instances: int = Field(1, ge=1, le=64, description="SGS instances (engine processes, data-parallel units).")
-    step_delay_ms: list[float] = Field(
+    step_delay_ms: list[Annotated[float, Field(ge=0.0, le=60_000.0)]] = Field(
         default_factory=list,
-        description="Injected delay per engine poll, per instance (straggler emulation; empty = none).",
+        description="Injected delay per engine poll, per instance, 0 to 60000 ms (straggler emulation; empty = none).",
     )
     admission: Literal["fcfs", "lpt"] = Field(
         "lpt",
@@ -194,8 +198,6 @@ class GenerationConfig(StrictModel):
     def _delays_fit(self) -> GenerationConfig:
         if len(self.step_delay_ms) > self.instances:
             raise ValueError(f"step_delay_ms has {len(self.step_delay_ms)} entries for {self.instances} instances")
-        if any(d < 0 for d in self.step_delay_ms):
-            raise ValueError(f"step_delay_ms must be >= 0 (got {self.step_delay_ms})")
         return self
 
     def delay_of(self, instance: int) -> float:
@@ -390,6 +392,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def _parse(path: Path) -> Any:
+    """The document in ``path``: JSON for ``*.json`` (what ``write_config`` writes), YAML otherwise."""
+    text = path.read_text(encoding="utf-8")
+    return json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+
+
 def load_model(cls: type[M], path: str | Path | None = None, overrides: list[str] | None = None) -> M:
     """Load a YAML (or JSON) file into the pydantic model ``cls``, apply overrides, validate;
     ``ConfigError`` names the file, the field and the rule."""
@@ -398,9 +406,11 @@ def load_model(cls: type[M], path: str | Path | None = None, overrides: list[str
     if path is not None:
         source = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            loaded = _parse(Path(path))
         except yaml.YAMLError as err:
             raise ConfigError(f"invalid config ({source}): not YAML: {err}") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"invalid config ({source}): not JSON: {err}") from None
         except UnicodeDecodeError as err:
             raise ConfigError(f"invalid config ({source}): not UTF-8 text ({err.reason} at byte {err.start})") from None
         except (IsADirectoryError, PermissionError) as err:

@@ -1,4 +1,4 @@
-"""Bad input at every gRPC method of real service processes (property-based; ``bench/fuzz_lib.py``).
+"""Bad input at every gRPC method of real service processes (property-based; ``bench/fuzz_services.py``).
 
 A relay, an SGS instance (hf engine) pulling from it and the router over the instance run as
 processes on loopback. Each method gets a few hypothesis examples per variant (protobuf messages
@@ -15,7 +15,8 @@ import math
 
 import pytest
 
-from bench.fuzz_lib import Stack, Tally, cases, run_case
+from bench.fuzz_services import Tally, cases, run_case
+from bench.fuzz_stack import Stack
 from services.proto import braid_pb2 as pb
 
 EXAMPLES = 10  # per (service, method, variant): ~330 inputs in all; bench/fuzz.py runs thousands

@@ -1,4 +1,4 @@
-"""Regressions for what the fuzzing (``bench/fuzz_lib.py``, ``bench/fuzz_files.py``) found, on the
+"""Regressions for what the fuzzing (``bench/fuzz_services.py``, ``bench/fuzz_files.py``) found, on the
 pure pieces: each input below once crashed, wedged or silently confused a service or the CLI."""
 
 from __future__ import annotations

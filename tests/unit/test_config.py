@@ -79,3 +79,47 @@ def test_unknown_registry_keys_fail_when_a_run_is_prepared(override, fragment, c
     assert main(["config", "--set", override]) == 2
     assert fragment in capsys.readouterr().err
 
+
+
+# The two inputs bench/fuzz.py found (seed 0, 2000 examples per file kind): a run config file and a
+# --set override whose strings hold characters outside the BMP (U+EE378, U+12FA1; U+87AC9). The
+# resolved JSON escapes them as surrogate pairs, which PyYAML decoded as lone surrogates.
+FUZZ_RUN_CONFIG = (
+    'runs_dir: runs\ncache_dir: "~\\a\\U000EE378\\U00012FA1\\rÁ\\n\\x1F°¦"\nmodel:\n  hidden_size: 64\n'
+    "  num_layers: 1\n  num_heads: 2\n  num_kv_heads: 1\n  intermediate_size: 64\nwarmstart:\n  steps: 20\n"
+    "  batch_size: 16\ngeneration:\n  engine: vllm\n  max_new_tokens: 64\n  num_blocks: 128\ntrainer:\n"
+    "  mode: one_step\n  iterations: 2\n  prompts_per_iteration: 4\n  group_size: 4\n  micro_batch_groups: 2\n"
+    "eval:\n  prompts: 32\n"
+)
+
+
+@pytest.mark.parametrize("text, overrides, field, value", [
+    (FUZZ_RUN_CONFIG, [], "cache_dir", "~\a\U000ee378\U00012fa1\rÁ\n\x1f°¦"),
+    (None, ["model.path=1Dßj\U00087ac9"], "model.path", "1Dßj\U00087ac9"),
+], ids=["run-config-file", "set-override"])
+def test_resolved_config_loads_back_the_same(tmp_path, text, overrides, field, value):
+    from services.common.config import write_config
+
+    source = ROOT / "deploy/configs/smoke.yaml"
+    if text is not None:
+        source = tmp_path / "input.yaml"
+        source.write_text(text, encoding="utf-8")
+    cfg = load_config(source, overrides)
+    write_config(cfg, tmp_path / "config.json")
+    back = load_config(tmp_path / "config.json")
+    section, _, name = field.rpartition(".")
+    assert getattr(getattr(back, section) if section else back, name) == value
+    assert back.model_dump(mode="json") == cfg.model_dump(mode="json")
+
+
+@pytest.mark.parametrize("delay", [".nan", ".inf", "-1", "60001"])
+def test_step_delays_are_finite_and_bounded(delay):
+    with pytest.raises(ConfigError, match=r"generation.step_delay_ms.0: Input should be"):
+        load_config(None, [f"generation.step_delay_ms=[{delay}]"])
+
+
+def test_a_json_config_that_is_not_json_is_refused(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("run_id: yaml-not-json\n")
+    with pytest.raises(ConfigError, match="not JSON"):
+        load_config(bad)

@@ -26,7 +26,8 @@ from bench.report_io import QUICK_OUT, RESULTS, results_dir  # noqa: E402
 RESULT_FILES = sorted(RESULTS.glob("*.json"))
 HEX40 = re.compile(r"[0-9a-f]{40}")
 # benchmarks that can carry parts from the results file they replace: file -> part -> its key in the results
-PARTED = {"weights.json": {"a": "throughput", "b": "broadcast", "c": "stall", "d": "cross_site"}}
+PARTED = {"weights.json": {"a": "throughput", "b": "broadcast", "c": "stall", "d": "cross_site"},
+          "fuzz.json": {"services": "services", "files": "files"}}
 
 
 def provenance_problems(data) -> list[str]:

@@ -156,17 +156,19 @@ def staleness_violations(rows: list[dict], bound: int) -> int:
     return sum(int(r["bound_violations"]) if "bound_violations" in r else int(r["staleness_max"] > bound) for r in rows)
 
 
-def weights_check(sup, run_dir: Path) -> dict:
+def weights_check(sup, run_dir: Path, fronted: dict[str, str]) -> dict:
     """Every live relay's copy of the newest version has the same digest, and every SGS instance
     the trainer still uses serves that version (it checked the digest when it pulled). A relay
     restarted after the last push may not hold it (``relays_without_newest``: no instance it
-    serves is left behind, or the instance check fails)."""
+    serves is left behind, or the instance check fails). ``fronted``: SGS address -> the proxy
+    address the trainer dials instead."""
     from services.generation.client import GenerationClient
     from services.weights.client import RelayClient
 
     live = {s.name for s in sup.services if s.proc.poll() is None}
     rows = _rows(run_dir)
-    alive = rows[-1].get("instances_alive") if rows else None  # bounded mode: the ones it did not drop
+    # bounded mode, by the address the trainer dials: a restarted trainer leaves out instances lost before
+    alive = rows[-1].get("instances_alive") if rows else None
     relays = {}
     for name in sorted(n for n in live if n.startswith("relay-")):
         client = RelayClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().split()[0]}")
@@ -176,9 +178,10 @@ def weights_check(sup, run_dir: Path) -> dict:
             client.close()
     versions = {}
     for name in sorted(n for n in live if n.startswith("sgs-")):
-        if alive is not None and not alive[int(name.split("-")[1])]:
+        address = f"127.0.0.1:{(run_dir / f'{name}.port').read_text().strip()}"
+        if alive is not None and not alive.get(fronted.get(address, address), False):
             continue
-        client = GenerationClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().strip()}")
+        client = GenerationClient(address)
         try:
             versions[name] = client.health().weight_version
         finally:
@@ -229,6 +232,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     (run_dir / "metrics.jsonl").write_text("")
     result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size)
     proxies: list = []
+    fronted: dict[str, str] = {}
 
     def front(address: str) -> str:  # the trainer reaches the first SGS (or the router) through a proxy
         if not s.fault or proxies:
@@ -236,6 +240,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
         proxies.append(FaultProxy(address).start())
         if s.fault == "delay":
             proxies[0].set(Faults(delay_ms=20, jitter_ms=20))
+        fronted[address] = proxies[0].address
         return proxies[0].address
 
     inject = Injector(s, run_dir, None, timeout_s)
@@ -246,7 +251,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
             inject()
 
         run_processes(run_dir, checkpoint, on_poll=on_poll, poll_s=0.2,
-                      on_finish=lambda sup: result.weights.update(weights_check(sup, run_dir)), front=front)
+                      on_finish=lambda sup: result.weights.update(weights_check(sup, run_dir, fronted)), front=front)
         summary = json.loads((run_dir / "summary.json").read_text())
         result.completed = summary["final_weight_version"] == iterations
         result.rl_seconds = summary.get("rl_seconds")

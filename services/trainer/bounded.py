@@ -408,7 +408,8 @@ class BoundedRunner:
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
             "bound_violations": sum(1 for e in entries if e.version + self.tc.eta < e.buffer_version),
             "instance_versions": [p.offered for p in self.pushers],
-            "instances_alive": list(self.alive),  # False: lost (its trajectories resumed elsewhere)
+            # by the address the trainer dials: False = lost (its trajectories resumed elsewhere)
+            "instances_alive": {c.address: ok for c, ok in zip(self.t.clients, self.alive)},
             **self.repack.metrics(),
             **{k: v for k, v in sorted(self.counts.items())},
         }

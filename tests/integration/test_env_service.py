@@ -137,6 +137,12 @@ def test_slow_steps_run_concurrently_and_time_out_alone(tmp_path):
         assert w.stop() == 0
 
 
+def _kill_after_steps(worker: Worker, steps: int) -> None:
+    while worker.client.health().steps < steps:
+        time.sleep(0.02)
+    worker.proc.kill()
+
+
 def test_a_worker_killed_mid_trajectory_costs_only_its_trajectories(tmp_path):
     overrides = ["agentic.latency.kind=fixed", "agentic.latency.mean_s=0.2", "agentic.calculator.min_steps=4"]
     a, b = Worker(tmp_path, "a", overrides), Worker(tmp_path, "b", overrides)
@@ -147,7 +153,7 @@ def test_a_worker_killed_mid_trajectory_costs_only_its_trajectories(tmp_path):
             backends = [ThreadedEnv(a.client, ex), ThreadedEnv(b.client, ex)]  # t0, t2, t4 on a; t1, t3, t5 on b
             managers = make_managers([(t, int(t[1:])) for t in scripts], "calculator", backends, ScriptedGenerator(scripts),
                                      CODEC, Limits.from_config(cfg))
-            threading.Timer(0.7, b.proc.kill).start()  # after about three turns
+            threading.Thread(target=_kill_after_steps, args=(b, 6), daemon=True).start()  # mid-trajectory on b
             result = asyncio.run(run_trajectory_level(managers, concurrency=6))
         assert sorted(t.trajectory_id for t in result.trajectories) == ["t0", "t2", "t4"]
         assert all(t.reward == 1.0 and t.status == "done" for t in result.trajectories)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
+from services.common.agentic_config import AgenticConfig
 from services.common.strict import StrictModel
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
@@ -307,6 +308,7 @@ class RunConfig(StrictModel):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     scaleout: ScaleoutConfig = Field(default_factory=ScaleoutConfig)
     forced_length_ramp: ForcedLengthRamp = Field(default_factory=ForcedLengthRamp)
+    agentic: AgenticConfig = Field(default_factory=AgenticConfig)
 
     @model_validator(mode="after")
     def _router_mode(self) -> RunConfig:

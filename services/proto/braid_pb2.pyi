@@ -361,3 +361,80 @@ class TransferGrant(_message.Message):
     manifest: WeightManifest
     from_chunk: int
     def __init__(self, token: _Optional[bytes] = ..., port: _Optional[int] = ..., tls_port: _Optional[int] = ..., ttl_s: _Optional[float] = ..., version: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., from_chunk: _Optional[int] = ...) -> None: ...
+
+class ResetRequest(_message.Message):
+    __slots__ = ("kind", "seed", "trajectory_id")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    seed: int
+    trajectory_id: str
+    def __init__(self, kind: _Optional[str] = ..., seed: _Optional[int] = ..., trajectory_id: _Optional[str] = ...) -> None: ...
+
+class ResetReply(_message.Message):
+    __slots__ = ("session_id", "observation")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    observation: str
+    def __init__(self, session_id: _Optional[str] = ..., observation: _Optional[str] = ...) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ("session_id", "turn", "action")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    turn: int
+    action: str
+    def __init__(self, session_id: _Optional[str] = ..., turn: _Optional[int] = ..., action: _Optional[str] = ...) -> None: ...
+
+class StepReply(_message.Message):
+    __slots__ = ("observation", "reward", "done", "info", "turn", "latency_s", "step_s")
+    class InfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    OBSERVATION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    observation: str
+    reward: float
+    done: bool
+    info: _containers.ScalarMap[str, str]
+    turn: int
+    latency_s: float
+    step_s: float
+    def __init__(self, observation: _Optional[str] = ..., reward: _Optional[float] = ..., done: _Optional[bool] = ..., info: _Optional[_Mapping[str, str]] = ..., turn: _Optional[int] = ..., latency_s: _Optional[float] = ..., step_s: _Optional[float] = ...) -> None: ...
+
+class CloseRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseReply(_message.Message):
+    __slots__ = ("turns",)
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    turns: int
+    def __init__(self, turns: _Optional[int] = ...) -> None: ...
+
+class EnvHealthReply(_message.Message):
+    __slots__ = ("worker_id", "sessions", "steps", "kinds")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    sessions: int
+    steps: int
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., sessions: _Optional[int] = ..., steps: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...

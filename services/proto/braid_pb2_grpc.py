@@ -684,3 +684,222 @@ class WeightRelay:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class EnvironmentStub:
+    """---------------------------------------------------------------- Environment worker (services/agentic)
+
+    A process holding many environment sessions (RollArt §5.3: one stateful environment per
+    trajectory; every action of a trajectory goes to the same session). Steps run concurrently: a
+    slow environment holds only its own call. Environments speak text; the caller tokenizes.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Reset = channel.unary_unary(
+                '/braid.v1.Environment/Reset',
+                request_serializer=services_dot_proto_dot_braid__pb2.ResetRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.ResetReply.FromString,
+                _registered_method=True)
+        self.Step = channel.unary_unary(
+                '/braid.v1.Environment/Step',
+                request_serializer=services_dot_proto_dot_braid__pb2.StepRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.StepReply.FromString,
+                _registered_method=True)
+        self.Close = channel.unary_unary(
+                '/braid.v1.Environment/Close',
+                request_serializer=services_dot_proto_dot_braid__pb2.CloseRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.CloseReply.FromString,
+                _registered_method=True)
+        self.Health = channel.unary_unary(
+                '/braid.v1.Environment/Health',
+                request_serializer=services_dot_proto_dot_braid__pb2.HealthRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.EnvHealthReply.FromString,
+                _registered_method=True)
+
+
+class EnvironmentServicer:
+    """---------------------------------------------------------------- Environment worker (services/agentic)
+
+    A process holding many environment sessions (RollArt §5.3: one stateful environment per
+    trajectory; every action of a trajectory goes to the same session). Steps run concurrently: a
+    slow environment holds only its own call. Environments speak text; the caller tokenizes.
+    """
+
+    def Reset(self, request, context):
+        """Open a session of an environment kind and return its first observation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Step(self, request, context):
+        """Apply one action (the generated text of one turn). Idempotent per turn: a retry of the step
+        just applied (same turn, same action) returns the same reply without stepping again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Close(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Health(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EnvironmentServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.ResetRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.ResetReply.SerializeToString,
+            ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.StepRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.StepReply.SerializeToString,
+            ),
+            'Close': grpc.unary_unary_rpc_method_handler(
+                    servicer.Close,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.CloseRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.CloseReply.SerializeToString,
+            ),
+            'Health': grpc.unary_unary_rpc_method_handler(
+                    servicer.Health,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.HealthRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.EnvHealthReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'braid.v1.Environment', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('braid.v1.Environment', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Environment:
+    """---------------------------------------------------------------- Environment worker (services/agentic)
+
+    A process holding many environment sessions (RollArt §5.3: one stateful environment per
+    trajectory; every action of a trajectory goes to the same session). Steps run concurrently: a
+    slow environment holds only its own call. Environments speak text; the caller tokenizes.
+    """
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Environment/Reset',
+            services_dot_proto_dot_braid__pb2.ResetRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.ResetReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Environment/Step',
+            services_dot_proto_dot_braid__pb2.StepRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.StepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Close(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Environment/Close',
+            services_dot_proto_dot_braid__pb2.CloseRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.CloseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Health(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Environment/Health',
+            services_dot_proto_dot_braid__pb2.HealthRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.EnvHealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,181 @@
+"""Drive many EnvManagers: trajectory-level (RollArt §5.3) or batch-level (the baseline).
+
+Trajectory level: every manager runs its own loop (reset, then generate/step until done), at most
+``concurrency`` at once, so a trajectory waiting on a slow environment never holds up another's
+generation. Batch level: every trajectory generates turn k, then every environment steps turn k,
+then turn k+1 begins (a barrier per phase, as batch-oriented frameworks interact). Both use the
+same ``EnvManager`` objects and backends, so a benchmark compares only the schedule.
+
+The gRPC clients are synchronous; ``ThreadedEnv`` and ``SgsGenerator`` run their calls on an
+executor sized to the concurrency, so the event loop itself never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from services.agentic.client import EnvError
+from services.agentic.manager import EnvBackend, EnvManager, Limits, TokenCodec
+from services.agentic.protocol import StepOutcome
+from services.agentic.sessions import EnvRequestError, SessionTable
+from services.agentic.trajectory import Dropped, Trajectory
+from services.common.types import GenerateParams, PromptSpec, SampleRecord
+
+Mode = Literal["trajectory", "batch"]
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    mode: Mode
+    trajectories: list[Trajectory]
+    dropped: list[Dropped]
+    wall_s: float
+
+
+async def run_trajectory_level(managers: Sequence[EnvManager], concurrency: int,
+                               clock: Callable[[], float] = time.monotonic) -> RolloutResult:
+    gate = asyncio.Semaphore(concurrency)
+    t0 = clock()
+
+    async def one(m: EnvManager) -> None:
+        async with gate:
+            await m.run()
+
+    async with asyncio.TaskGroup() as tg:
+        for m in managers:
+            tg.create_task(one(m))
+    return await _collect("trajectory", managers, clock() - t0)
+
+
+async def run_batch_level(managers: Sequence[EnvManager], clock: Callable[[], float] = time.monotonic) -> RolloutResult:
+    t0 = clock()
+    await _all(m.start() for m in managers)
+    while active := [m for m in managers if not m.finished]:
+        await _all(m.generate_turn() for m in active)
+        await _all(m.step_env() for m in active)
+    return await _collect("batch", managers, clock() - t0)
+
+
+async def _all(coros) -> None:
+    async with asyncio.TaskGroup() as tg:
+        for c in coros:
+            tg.create_task(c)
+
+
+async def _collect(mode: Mode, managers: Sequence[EnvManager], wall_s: float) -> RolloutResult:
+    await _all(m.wait_closed() for m in managers)
+    results = [m.result() for m in managers]
+    return RolloutResult(mode, [r for r in results if isinstance(r, Trajectory)],
+                         [r for r in results if isinstance(r, Dropped)], wall_s)
+
+
+def make_managers(specs: Sequence[tuple[str, int]], kind: str, backends: Sequence[EnvBackend], generator,
+                  codec: TokenCodec, limits: Limits) -> list[EnvManager]:
+    """One manager per (trajectory id, seed); trajectories go to the backends (workers) round robin."""
+    if not backends:
+        raise ValueError("no environment backends")
+    return [EnvManager(tid, kind, seed, env=backends[i % len(backends)], generator=generator, codec=codec, limits=limits)
+            for i, (tid, seed) in enumerate(specs)]
+
+
+class SyncEnv(Protocol):
+    def reset(self, kind: str, seed: int, trajectory_id: str = "") -> tuple[str, str]: ...
+    def step(self, session_id: str, turn: int, action: str, *, timeout_s: float | None = None) -> StepOutcome: ...
+    def close(self, session_id: str) -> int: ...
+
+
+class ThreadedEnv:
+    """An ``EnvBackend`` over a synchronous client (``EnvClient`` or ``LocalEnv``), calls on ``executor``."""
+
+    def __init__(self, client: SyncEnv, executor: Executor) -> None:
+        self.client, self.executor = client, executor
+
+    async def _run(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    async def reset(self, kind: str, seed: int, trajectory_id: str) -> tuple[str, str]:
+        return await self._run(self.client.reset, kind, seed, trajectory_id)
+
+    async def step(self, session_id: str, turn: int, action: str, timeout_s: float) -> StepOutcome:
+        return await self._run(self.client.step, session_id, turn, action, timeout_s=timeout_s + 1.0)
+
+    async def close(self, session_id: str) -> int:
+        return await self._run(self.client.close, session_id)
+
+
+class LocalEnv:
+    """The worker's session table in this process, with the client's interface (tests, benchmarks
+    without a worker process)."""
+
+    def __init__(self, table: SessionTable) -> None:
+        self.table = table
+
+    def reset(self, kind: str, seed: int, trajectory_id: str = "") -> tuple[str, str]:
+        return self._map(self.table.reset, kind, seed, trajectory_id)
+
+    def step(self, session_id: str, turn: int, action: str, *, timeout_s: float | None = None) -> StepOutcome:
+        return self._map(self.table.step, session_id, turn, action)
+
+    def close(self, session_id: str) -> int:
+        return self._map(self.table.close, session_id)
+
+    @staticmethod
+    def _map(fn, *args):
+        try:
+            return fn(*args)
+        except EnvRequestError as err:
+            raise EnvError(err.code, str(err)) from None
+
+
+class SgsGenerator:
+    """An ``ActionGenerator`` over a ``GenerationClient``: one Generate call (one sample) per turn."""
+
+    def __init__(self, client, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
+                 on_sample: Callable[[SampleRecord], None] | None = None) -> None:
+        self.client, self.executor = client, executor
+        self.temperature, self.tag, self.on_sample = temperature, tag, on_sample
+
+    async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int) -> SampleRecord:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._generate, request_id, context, max_new_tokens)
+
+    def _generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int) -> SampleRecord:
+        params = GenerateParams(samples_per_prompt=1, max_new_tokens=max_new_tokens, temperature=self.temperature, tag=self.tag)
+        samples = list(self.client.generate([PromptSpec(request_id, context)], params))
+        if len(samples) != 1:
+            raise RuntimeError(f"{request_id}: the SGS returned {len(samples)} samples for one")
+        if self.on_sample is not None:
+            self.on_sample(samples[0])
+        return samples[0]
+
+
+class PolicyCodec:
+    """``TokenCodec`` of a ``Policy``: the first observation as a prompt (BOS), later ones alone."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.policy.encode_prompt(text)
+
+    def encode_observation(self, text: str) -> list[int]:
+        return [int(i) for i in self.policy.tokenizer.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.policy.decode(ids)
+
+
+def context_problem(limits: Limits, *, max_prompt_tokens: int, max_new_tokens: int, max_positions: int) -> str | None:
+    """Why trajectories under ``limits`` cannot be served by an SGS with these limits, or None."""
+    if limits.max_new_tokens > max_new_tokens:
+        return f"agentic.max_new_tokens_per_turn ({limits.max_new_tokens}) exceeds generation.max_new_tokens ({max_new_tokens})"
+    if limits.max_context_tokens - limits.max_new_tokens > max_prompt_tokens:
+        return (f"agentic.max_context_tokens - max_new_tokens_per_turn ({limits.max_context_tokens - limits.max_new_tokens}) "
+                f"exceeds generation.max_prompt_tokens ({max_prompt_tokens})")
+    if limits.max_context_tokens > max_positions:
+        return f"agentic.max_context_tokens ({limits.max_context_tokens}) exceeds the model's {max_positions} positions"
+    return None

@@ -1,0 +1,103 @@
+"""Configuration of agentic multi-turn rollouts (``services/agentic``, RollArt §5.3; docs/agentic.md).
+
+Off by default: no existing config or run reads this section. The environment worker
+(``python -m services.agentic``) and the rollout runners (``services.agentic.runner``) read it;
+training on multi-turn trajectories is not built yet, so ``enabled: true`` is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from services.common.strict import StrictModel
+
+
+class LatencyConfig(StrictModel):
+    """Injected per-step environment latency (benchmarks; RollArt §8 used mean 10 s, σ 1..10 s)."""
+
+    kind: Literal["none", "fixed", "normal"] = Field(
+        "none", description="none: no delay; fixed: mean_s every step; normal: N(mean_s, std_s) truncated at 0 (resampled)."
+    )
+    mean_s: float = Field(0.0, ge=0.0, le=3600.0, description="Fixed delay, or the normal's mean (s).")
+    std_s: float = Field(0.0, ge=0.0, le=3600.0, description="Standard deviation of the normal before truncation (s).")
+    seed: int = Field(0, ge=0, description="Seed of the sampler (each session draws from its own stream, fixed by this and the episode seed).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LatencyConfig:
+        if self.kind == "normal" and self.mean_s == 0.0 and self.std_s == 0.0:
+            raise ValueError("latency.kind 'normal' needs mean_s > 0 or std_s > 0 (use kind 'none' for no delay)")
+        if self.kind != "normal" and self.std_s:
+            raise ValueError(f"latency.std_s ({self.std_s}) applies only to kind 'normal', not {self.kind!r}")
+        return self
+
+
+class CalculatorEnvConfig(StrictModel):
+    """The tool task: a count-down problem (``services.tasks.arith``) solved through a calculator."""
+
+    min_steps: int = Field(1, ge=1, le=200, description="Fewest subtractions a problem needs.")
+    max_steps: int = Field(6, ge=1, le=200, description="Most subtractions a problem needs.")
+    alpha: float = Field(1.4, gt=0.0, le=10.0, description="Power-law tail: P(steps=q) ∝ q^-alpha.")
+    max_step: int = Field(9, ge=2, le=9, description="The subtracted value d is drawn from 2..max_step.")
+    max_value: int = Field(999, ge=102, le=10**9, description="Largest start value n.")
+    invalid_action: Literal["continue", "end"] = Field(
+        "continue", description="A turn that does not parse: continue (observation '=,', the turn is spent) or end the episode with reward 0."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CalculatorEnvConfig:
+        if self.min_steps > self.max_steps:
+            raise ValueError(f"calculator.min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})")
+        if self.max_value < self.max_steps * self.max_step + 100:
+            raise ValueError(f"calculator.max_value ({self.max_value}) must be >= max_steps * max_step + 100")
+        return self
+
+
+class WalkEnvConfig(StrictModel):
+    """The stateful text game: walk along a line of cells to a target, a few moves per turn."""
+
+    size: int = Field(10, ge=2, le=1000, description="Cells 0..size-1; moves into a wall are spent in place.")
+    max_moves_per_turn: int = Field(3, ge=1, le=64, description="Most moves one action may hold.")
+    invalid_action: Literal["continue", "end"] = Field(
+        "continue", description="A turn that does not parse: continue (the position is observed again) or end with reward 0."
+    )
+
+
+class AgenticConfig(StrictModel):
+    """Agentic multi-turn rollouts: environment workers and one EnvManager per trajectory."""
+
+    enabled: bool = Field(
+        False, description="Train on multi-turn trajectories (not built yet: refused; the worker and runners work without it)."
+    )
+    env: str = Field("calculator", description="Environment kind of the rollouts (services.agentic.ENVIRONMENTS).")
+    workers: int = Field(1, ge=1, le=256, description="Environment worker processes; trajectories go to them round robin.")
+    worker_threads: int = Field(64, ge=1, le=4096, description="Steps one worker runs at once (each holds a thread for its latency and step).")
+    max_sessions: int = Field(4096, ge=1, le=1_000_000, description="Open sessions one worker holds; a Reset beyond is RESOURCE_EXHAUSTED.")
+    session_ttl_s: float = Field(600.0, gt=0.0, le=86400.0, description="A session idle this long is closed by its worker (s).")
+    max_turns: int = Field(8, ge=1, le=1024, description="Turns (generate + step) of one trajectory at most.")
+    max_new_tokens_per_turn: int = Field(16, ge=1, le=65536, description="Generated tokens of one turn at most.")
+    max_context_tokens: int = Field(384, ge=2, le=1_000_000, description="Tokens of a trajectory's running context at most; a turn that would pass it ends the trajectory.")
+    step_timeout_s: float = Field(30.0, gt=0.0, le=3600.0, description="A step (latency included) slower than this fails (s).")
+    step_retries: int = Field(2, ge=0, le=100, description="Retries of a failed step (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED) before the trajectory is dropped.")
+    retry_backoff_s: float = Field(0.1, ge=0.0, le=60.0, description="Wait before the first retry, doubled each time (s).")
+    concurrency: int = Field(64, ge=1, le=65536, description="Trajectories the trajectory-level runner drives at once.")
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    calculator: CalculatorEnvConfig = Field(default_factory=CalculatorEnvConfig)
+    walk: WalkEnvConfig = Field(default_factory=WalkEnvConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgenticConfig:
+        if self.enabled:
+            raise ValueError(
+                "agentic.enabled: training on multi-turn trajectories is not built yet (docs/agentic.md); the "
+                "environment worker (python -m services.agentic) and services.agentic.runner read this section without it"
+            )
+        from services.agentic.registry import ENVIRONMENTS
+
+        ENVIRONMENTS[self.env]  # raises naming the registered kinds
+        if self.max_new_tokens_per_turn >= self.max_context_tokens:
+            raise ValueError(
+                f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be < max_context_tokens ({self.max_context_tokens})"
+            )
+        return self

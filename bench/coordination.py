@@ -224,7 +224,8 @@ def replay_lines(result: dict) -> list[str]:
         f"| trained tokens/s (generation throughput) | {cells[0]} |",
         f"| samples/s | {cells[1]} |",
         "",
-        f"Goal >= {rp['goal']:.2f}x: **{'met' if rp['goal_met'] else 'missed'}**. Mean KV-cache use none "
+        f"Goal >= {rp['goal']:.2f}x: **{'met' if rp['goal_met'] else 'missed'}** by the median (per round: "
+        f"{', '.join(f'{x:.3f}x' for x in r['tokens_per_s']['per_repeat'])}). Mean KV-cache use none "
         f"{kv['none']['median']:.3f} [{kv['none']['min']:.3f}–{kv['none']['max']:.3f}] → repack {kv['repack']['median']:.3f} "
         f"[{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}]; migrated per run "
         f"{', '.join(str(m) for m in rp['migrations_per_run'])}; overhead "

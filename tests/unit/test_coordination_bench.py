@@ -74,5 +74,5 @@ def test_replay_section_is_rendered_from_its_own_entry_and_recorded_lengths_are_
                                       "at_cap": 0.022, "top20_token_share": 0.73}}}
     assert co.replay_lines({}) == []
     text = "\n".join(co.replay_lines({"workloads": {"replay": entry}}))
-    assert "**0.900x** [0.900–0.900]" in text and "Goal >= 1.15x: **missed**" in text
+    assert "**0.900x** [0.900–0.900]" in text and "Goal >= 1.15x: **missed** by the median (per round: 0.900x)" in text
     assert "p50 8, p90 33, p99 192" in text and "x 0.09375" in text

@@ -19,9 +19,24 @@ are those of the largest instance count (repack consolidates *within* a version 
 needs several instances ramping down at one version); every other count is kept beside them in
 ``other_configurations``, never dropped.
 
-Writes ``bench/results/coordination.json``/``.md``/``.png`` (``--quick``: /tmp/braid-bench-quick).
+Workloads (``--workload``):
 
-    python bench/coordination.py [--rounds 3] [--iterations 30] [--instances 2,4] [--quick]
+- ``arith`` (default) — the task's own lengths: the headline fields of the results file;
+- ``replay`` — the same runs with every GRPO group forced (``generation.forced_lengths``,
+  ``forced_length_replay``: EOS ignored) to a response length drawn for its prompt from recorded
+  real lengths: MMLU-Pro CoT responses of one model (``--replay-model``, default
+  Llama-3.1-8B-Instruct) in ``--data``/mmlu-pro-cot (see its SOURCE.md). Tokens = characters / 4;
+  the source's budget (2048 new tokens) is mapped linearly onto ``generation.max_new_tokens``
+  (x 192/2048 with the default config), so the shape of the tail and the share of responses that
+  ran to the cap (2.2%) are the recorded ones. The draw hashes (round, prompt id): both variants of
+  a round replay the same lengths on the same prompts, each round another draw. Written under
+  ``workloads.replay`` of the results file (``report_io.set_json_key``), every other field kept.
+
+Writes ``bench/results/coordination.json``/``.md``/``.png`` (``--quick``: /tmp/braid-bench-quick;
+the replay workload's plot is ``coordination_replay.png``).
+
+    python bench/coordination.py [--workload arith|replay] [--data ../shared/data] [--rounds 3]
+        [--iterations 30] [--instances 2,4] [--quick]
 """
 
 from __future__ import annotations
@@ -42,11 +57,30 @@ for _path in (ROOT, ROOT / "bench"):
 from e2e_core import mode_overrides, pin_overrides, repeat_overrides  # noqa: E402
 from e2e_throughput import RoundFailed, run_rounds  # noqa: E402
 
-from bench.report_io import flagged_ratio, provenance, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import flagged_ratio, provenance, results_dir, set_json_key, spread, write_results  # noqa: E402
 
 MODE = "bounded_2"
 VARIANTS = {"none": [], "repack": ["trainer.repack.enabled=true"]}
 GOAL = 1.15  # issue 20: repack / none generation throughput on the long-tail workload
+REPLAY_FILE = "mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz"  # under --data
+REPLAY_MODEL = "Meta-Llama-3_1-8B-Instruct"  # the longest tail of the file's main models (P99/P50 30)
+CHARS_PER_TOKEN = 4.0  # SOURCE.md: tokens ~ chars / 4
+SOURCE_CAP = 2048  # the recorded runs' max_new_tokens
+
+
+def recorded_lengths(path: Path, model: str) -> list[float]:
+    """``model``'s recorded response lengths in tokens (characters / 4), empty responses left out."""
+    import gzip
+
+    out = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            chars = json.loads(line)["resp_chars"].get(model)
+            if isinstance(chars, int) and chars > 0:
+                out.append(chars / CHARS_PER_TOKEN)
+    if not out:
+        raise ValueError(f"{path}: no response lengths for model {model!r}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------- policy
@@ -131,6 +165,7 @@ def markdown(result: dict) -> str:
         f"Staleness bound violations: **{result['staleness_violations']}**.",
         "",
         *other_lines(result),
+        *replay_lines(result),
         f"Simulator: {result['sim_status']}.",
         "",
         "Run order: " + " · ".join(result["order"]),
@@ -163,6 +198,47 @@ def other_lines(result: dict) -> list[str]:
     return [*lines, ""]
 
 
+def replay_lines(result: dict) -> list[str]:
+    """The replay workload (``workloads.replay``), measured like the headline with recorded lengths."""
+    rp = (result.get("workloads") or {}).get("replay")
+    if not rp:
+        return []
+    w, r, kv, oh, p = rp["workload"], rp["ratios"], rp["kv_utilisation_spread"], rp["repack_overhead_s"], rp["provenance"]
+    d = w["lengths"]
+    cells = [f"**{r[k]['median']:.3f}x** [{r[k]['min']:.3f}–{r[k]['max']:.3f}]"
+             + (" *spread as large as the effect*" if r[k]["spread_as_large_as_effect"] else "")
+             for k in ("tokens_per_s", "samples_per_s")]
+    return [
+        "## Replay of recorded real lengths (`--workload replay`)",
+        "",
+        f"Every group forced (EOS ignored) to a length drawn for its prompt from {w['model']}'s {d['n']} MMLU-Pro "
+        f"CoT responses ({w['source']}): tokens = characters / {w['chars_per_token']:g}, scaled x {w['scale']:.5f} "
+        f"(the source's {w['source_cap']}-token budget onto max_new_tokens {d['cap']}). Lengths: mean {d['mean']:.1f}, "
+        f"p50 {d['p50']:.0f}, p90 {d['p90']:.0f}, p99 {d['p99']:.0f}, max {d['max']}, {d['at_cap']:.1%} at the cap, "
+        f"top 20% hold {d['top20_token_share']:.0%} of the tokens. {rp['settings']['instances']} instances, "
+        f"{rp['settings']['iterations']} steps per run, {rp['settings']['rounds']} interleaved rounds (round r draws "
+        "with seed r; both variants of a round replay the same lengths).",
+        "",
+        "| | repack / none, median [range] |",
+        "|---|---|",
+        f"| trained tokens/s (generation throughput) | {cells[0]} |",
+        f"| samples/s | {cells[1]} |",
+        "",
+        f"Goal >= {rp['goal']:.2f}x: **{'met' if rp['goal_met'] else 'missed'}** by the median (per round: "
+        f"{', '.join(f'{x:.3f}x' for x in r['tokens_per_s']['per_repeat'])}). Mean KV-cache use none "
+        f"{kv['none']['median']:.3f} [{kv['none']['min']:.3f}–{kv['none']['max']:.3f}] → repack {kv['repack']['median']:.3f} "
+        f"[{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}]; migrated per run "
+        f"{', '.join(str(m) for m in rp['migrations_per_run'])}; overhead "
+        + (f"mean {oh['mean'] * 1000:.0f} ms, max {oh['max'] * 1000:.0f} ms" if oh["mean"] is not None else "none (no migration)")
+        + f"; staleness bound violations **{rp['staleness_violations']}**.",
+        "",
+        "Run order: " + " · ".join(rp["order"]),
+        "",
+        f"Provenance: commit `{p['commit'][:12]}`{' (dirty tree)' if p['dirty'] else ''}, {p['date']}.",
+        "",
+    ]
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -188,16 +264,17 @@ def plot(result: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- mechanism
-def measure_config(ns, instances: int, base: list[str], checkpoint: str) -> dict | None:
-    """Interleaved rounds of both variants with ``instances`` SGS instances; None when a run failed."""
+def measure_config(ns, instances: int, base: list[str], checkpoint: str, per_round=lambda r: []) -> dict | None:
+    """Interleaved rounds of both variants with ``instances`` SGS instances (``per_round(r)``: the
+    workload's overrides of round r); None when a run failed."""
     from services.common.config import load_config
 
     def config_for(variant: str, r: int):
         return load_config(ns.config, base + mode_overrides(MODE, instances) + pin_overrides(ns.pin)
-                           + repeat_overrides(r) + VARIANTS[variant])
+                           + repeat_overrides(r) + per_round(r) + VARIANTS[variant])
 
     t0 = time.time()
-    work = Path(ns.work) / ("quick" if ns.quick else "full") / f"instances-{instances}"
+    work = Path(ns.work) / ns.workload / ("quick" if ns.quick else "full") / f"instances-{instances}"
     try:
         runs, order = run_rounds(list(VARIANTS), ns.rounds, config_for, checkpoint, work, mode_of=lambda _: MODE)
     except RoundFailed as err:
@@ -213,7 +290,7 @@ def measure_config(ns, instances: int, base: list[str], checkpoint: str) -> dict
         "order": order,
         "settings": {"rounds": ns.rounds, "iterations": ns.iterations, "instances": instances, "pinned": ns.pin,
                      "mode": MODE, "variants": VARIANTS, "interval_s": ns.interval, "config": ns.config,
-                     "quick": ns.quick},
+                     "quick": ns.quick, "workload": ns.workload},
         "bench_wall_s": time.time() - t0,
     }
 
@@ -229,6 +306,11 @@ def main() -> int:
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-coordination"))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--workload", choices=("arith", "replay"), default="arith",
+                        help="arith: the task's lengths (headline fields); replay: recorded real lengths (workloads.replay)")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"),
+                        help=f"directory holding {REPLAY_FILE} (--workload replay)")
+    parser.add_argument("--replay-model", default=REPLAY_MODEL, help="whose recorded response lengths are replayed")
     ns = parser.parse_args()
     if ns.quick:
         ns.rounds, ns.iterations = 1, 6
@@ -238,6 +320,10 @@ def main() -> int:
         parser.error(f"--instances must be comma-separated integers, got {ns.instances!r}")
     if ns.rounds < 1 or ns.iterations < 2 or not counts or counts[0] < 2:
         parser.error("--rounds >= 1, --iterations >= 2 and every --instances >= 2 (repack needs two instances)")
+    replay_src = Path(ns.data) / REPLAY_FILE
+    if ns.workload == "replay" and not replay_src.is_file():
+        parser.error(f"--data {ns.data}: no {REPLAY_FILE} there (the recorded lengths ship in ../shared/data next to "
+                     "the repository; pass --data DIR)")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from services.common.config import load_config
@@ -246,10 +332,25 @@ def main() -> int:
     base_cfg = load_config(ns.config)
     checkpoint = str(ensure_warmstart(base_cfg).resolve())
     base = [f"trainer.iterations={ns.iterations}", f"trainer.repack.interval_s={ns.interval}"]
+    per_round, workload = (lambda r: []), None
+    if ns.workload == "replay":
+        from services.trainer.length_replay import scale_to_cap, summary
+
+        cap = base_cfg.generation.max_new_tokens
+        lengths = scale_to_cap(recorded_lengths(replay_src, ns.replay_model), SOURCE_CAP, cap)
+        lengths_file = Path(ns.work).resolve() / ns.workload / "replay-lengths.json"
+        lengths_file.parent.mkdir(parents=True, exist_ok=True)
+        lengths_file.write_text(json.dumps(lengths))
+        base += ["generation.forced_lengths=true", f"forced_length_replay.file={lengths_file}"]
+        per_round = lambda r: [f"forced_length_replay.seed={r}"]  # noqa: E731
+        workload = {"source": str(replay_src), "model": ns.replay_model, "chars_per_token": CHARS_PER_TOKEN,
+                    "source_cap": SOURCE_CAP, "scale": cap / SOURCE_CAP, "lengths": summary(lengths, cap),
+                    "draw": "hash of (round r as seed, prompt id); one length per GRPO group"}
+        print(f"replay lengths: {workload['lengths']}", flush=True)
 
     configs = {}
     for n in counts:
-        configs[n] = measure_config(ns, n, base, checkpoint)
+        configs[n] = measure_config(ns, n, base, checkpoint, per_round)
         if configs[n] is None:
             return 1
     head = configs[counts[-1]]
@@ -257,7 +358,23 @@ def main() -> int:
     head["provenance"] = provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
                                                      "variants": VARIANTS, "rounds": ns.rounds, "instances": counts},
                                     Path(ns.config).resolve(), base_cfg.generation.engine)
-    print(write_results(results_dir(ns.out, ns.quick), "coordination", head, markdown, plot))
+    out = results_dir(ns.out, ns.quick)
+    path = out / "coordination.json"
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    if workload is None:  # the headline fields; the other workloads' entries (own provenance each) stay
+        if previous.get("workloads"):
+            head["workloads"] = previous["workloads"]
+        print(write_results(out, "coordination", head, markdown, plot))
+    else:
+        head["workload"] = workload
+        set_json_key(path, "workloads", {**(previous.get("workloads") or {}), ns.workload: head})
+        doc = json.loads(path.read_text())
+        if "ratios" in doc:  # the headline is there: render the whole file
+            (out / "coordination.md").write_text(markdown(doc))
+        else:
+            print(f"{path}: no headline (arith) fields yet; coordination.md not rewritten")
+        plot(head, out / f"coordination_{ns.workload}.png")
+        print("\n".join(replay_lines({"workloads": {"replay": head}})))
     return 1 if any(c["staleness_violations"] for c in configs.values()) else 0
 
 

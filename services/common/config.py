@@ -286,6 +286,19 @@ class ForcedLengthRamp(StrictModel):
         return max(1, int(round(self.start + iteration * self.per_iteration))) if self.start else 0
 
 
+class ForcedLengthReplay(StrictModel):
+    """Forced-length replay of recorded lengths (``services.trainer.length_replay``): each GRPO
+    group is exactly as long as a length drawn for its prompt (a hash of seed and prompt id) from a
+    file of recorded output lengths, so the run's length distribution, long tail included, is the
+    recorded one (bench/coordination.py ``--workload replay``). ``bounded`` mode only."""
+
+    file: str | None = Field(
+        None,
+        description="JSON list of output lengths in tokens, each in [1, generation.max_new_tokens] (None = off).",
+    )
+    seed: int = Field(0, ge=0, description="Seed of the per-prompt draw (same seed and prompt id: same length).")
+
+
 class EvalConfig(StrictModel):
     """Held-out evaluation, before RL (warm start) and after."""
 
@@ -308,6 +321,7 @@ class RunConfig(StrictModel):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     scaleout: ScaleoutConfig = Field(default_factory=ScaleoutConfig)
     forced_length_ramp: ForcedLengthRamp = Field(default_factory=ForcedLengthRamp)
+    forced_length_replay: ForcedLengthReplay = Field(default_factory=ForcedLengthReplay)
     agentic: AgenticConfig = Field(default_factory=AgenticConfig)
 
     @model_validator(mode="after")
@@ -359,6 +373,20 @@ class RunConfig(StrictModel):
                     f"forced_length_ramp reaches {ramp.length(k)} tokens at iteration {k}, above generation.max_new_tokens "
                     f"({self.generation.max_new_tokens})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _replay_fits(self) -> RunConfig:
+        if self.forced_length_replay.file is None:
+            return self
+        if not self.generation.forced_lengths:
+            raise ValueError("forced_length_replay needs generation.forced_lengths: true")
+        if self.trainer.mode != "bounded":
+            raise ValueError(f"forced_length_replay applies to trainer.mode 'bounded' only (got {self.trainer.mode!r})")
+        if self.trainer.partial_rollout:
+            raise ValueError("forced_length_replay does not apply with trainer.partial_rollout")
+        if self.forced_length_ramp.start:
+            raise ValueError("forced_length_replay and forced_length_ramp are exclusive (both set the forced length)")
         return self
 
 

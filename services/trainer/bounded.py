@@ -55,6 +55,7 @@ from services.tasks.arith import Problem
 from services.trainer import bounded_state
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
+from services.trainer.length_replay import ReplayLengths
 from services.trainer.repack import Repacker
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
@@ -79,6 +80,7 @@ class _GroupState:
     finished: dict[int, tuple[SampleRecord, float]] = field(default_factory=dict)
     calls: list[_Call] = field(default_factory=list)
     complete: bool = False
+    forced: int = 0  # the group's forced length (0 = the policy decides); a resumed sample generates the rest
 
 
 def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
@@ -116,6 +118,8 @@ class BoundedRunner:
         self.counts: Counter[str] = Counter()
         self.gen_busy: list[tuple[float, float]] = []
         self.repack = Repacker.from_config(tc.repack)
+        replay = trainer.cfg.forced_length_replay
+        self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
             bounded_state.restore(self, trainer.runner_state)
@@ -208,10 +212,11 @@ class BoundedRunner:
     def _launch_group(self, problem: Problem, inst: InstanceView) -> None:
         key = problem.prompt_id
         self.mgr.reserve(key, inst.version)
-        state = _GroupState(problem, inst.version)
+        forced = self.replay.length(key) if self.replay else self.t.cfg.forced_length_ramp.length(self.t.version)
+        state = _GroupState(problem, inst.version, forced=forced)
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
-        (spec,) = self.t.prompt_specs([problem], self.t.cfg.forced_length_ramp.length(self.t.version))
+        (spec,) = self.t.prompt_specs([problem], forced)
         call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, inst.version, inst.index))
@@ -223,8 +228,10 @@ class BoundedRunner:
         self.partial.move(p.key, inst.index)
         self.repack.launched(p.key, inst.index)
         call = _Call(inst.index, p.group, [p.key], tag=f"resume-{p.key}#{p.segments}")
-        spec = PromptSpec(f"{p.key}#{p.segments}", p.prompt_token_ids + p.token_ids, p.group)
-        left = self.max_new - len(p.token_ids)
+        # a forced-length group's sample generates what it lacks of its length (EOS ignored, as before)
+        forced = max(1, state.forced - len(p.token_ids)) if state.forced else 0
+        spec = PromptSpec(f"{p.key}#{p.segments}", p.prompt_token_ids + p.token_ids, p.group, forced_length=forced)
+        left = forced or self.max_new - len(p.token_ids)
         # interrupted by a new version only under partial rollout; a repack may interrupt it again
         params = GenerateParams(1, left, p.version, tag=call.tag, interruptible=self.tc.partial_rollout)
         self.counts["resumed"] += 1

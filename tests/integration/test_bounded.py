@@ -86,3 +86,30 @@ def test_repack_migrates_long_tails_within_the_bound(tmp_path, tiny_checkpoint):
     overheads = [r["repack_overhead_s_max"] for r in rows if "repack_overhead_s_max" in r]
     assert overheads and all(0 <= o < 30 for o in overheads)
     assert all(r["kv_snapshots"] >= 0 for r in rows) and any(0 < (r["kv_usage_mean"] or 0) <= 1 for r in rows)
+
+
+
+@pytest.mark.parametrize("instances", [3, 4])
+def test_a_migrated_sample_keeps_its_replayed_forced_length(tmp_path, tiny_checkpoint, instances):
+    """forced_length_replay under repack: a sample interrupted on its source resumes on the
+    destination for what it lacks of its group's length, so the tokens trained at each step are
+    exactly the drawn lengths of the groups the ledger says that step consumed."""
+    from services.trainer.length_replay import ReplayLengths
+
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([4, 8, 12, 16, 24, 32, 48, 60]))
+    summary, rows = _run(
+        tmp_path, tiny_checkpoint,
+        ["trainer.eta=2", "trainer.iterations=6", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1",
+         f"generation.instances={instances}", f"generation.step_delay_ms={[20] * instances}",
+         "trainer.prompts_per_iteration=8", "generation.forced_lengths=true", f"forced_length_replay.file={lengths}"],
+    )
+    assert summary["final_weight_version"] == 6 and all(r["bound_violations"] == 0 for r in rows)
+    assert rows[-1].get("migrated", 0) >= 1, rows[-1]
+    replay = ReplayLengths.load(lengths, 64)
+    expected: dict[int, int] = {}
+    for line in (tmp_path / "ledger.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "consume":
+            expected[e["step"]] = expected.get(e["step"], 0) + len(e["samples"]) * replay.length(e["prompt_id"])
+    assert [round(r["samples"] * r["response_len_mean"]) for r in rows] == [expected[r["weight_version"]] for r in rows]

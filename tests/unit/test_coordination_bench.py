@@ -52,3 +52,27 @@ def test_summary_ratios_are_per_round_and_the_goal_can_fail():
     assert "Other instance counts" not in text
     res["other_configurations"] = {"instances_2": {**co.summarize(runs), "settings": {"instances": 2}}}
     assert "| 2 | 1.100x [1.050–1.100]" in co.markdown(res)
+
+
+def test_replay_section_is_rendered_from_its_own_entry_and_recorded_lengths_are_read(tmp_path):
+    import gzip
+    import json
+
+    src = tmp_path / "lengths.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        for chars in (400, 0, 8192):
+            f.write(json.dumps({"resp_chars": {co.REPLAY_MODEL: chars, "other": 7}}) + "\n")
+    assert co.recorded_lengths(src, co.REPLAY_MODEL) == [100.0, 2048.0]  # empty responses left out
+    with pytest.raises(ValueError, match="no response lengths"):
+        co.recorded_lengths(src, "absent")
+    runs = {"none": [_run(100, 10, 0.3)], "repack": [_run(90, 9, 0.4, 2, 0.05)]}
+    entry = {**co.summarize(runs), "order": ["none#0", "repack#0"],
+             "settings": {"instances": 4, "iterations": 30, "rounds": 1},
+             "provenance": {"commit": "b" * 40, "dirty": False, "date": "d"},
+             "workload": {"source": "s", "model": "m", "chars_per_token": 4.0, "source_cap": 2048, "scale": 0.09375,
+                          "lengths": {"n": 2, "mean": 20.7, "p50": 8, "p90": 33, "p99": 192, "max": 192, "cap": 192,
+                                      "at_cap": 0.022, "top20_token_share": 0.73}}}
+    assert co.replay_lines({}) == []
+    text = "\n".join(co.replay_lines({"workloads": {"replay": entry}}))
+    assert "**0.900x** [0.900–0.900]" in text and "Goal >= 1.15x: **missed** by the median (per round: 0.900x)" in text
+    assert "p50 8, p90 33, p99 192" in text and "x 0.09375" in text

@@ -1,0 +1,86 @@
+"""Forced-length replay of recorded output lengths (``forced_length_replay``).
+
+A workload whose long tail is a real one: every GRPO group is generated with
+``PromptSpec.forced_length`` (the SGS submits it with EOS ignored, ``services.generation.core``)
+set to a length drawn for its prompt from a list of recorded response lengths in tokens. All
+samples of a group share the length (one Generate call per group carries one forced length).
+
+The draw is a hash of (seed, prompt id) into the list, not a random stream: the same prompt gets
+the same length in every run with the same seed, whatever order groups are launched in, so two
+variants of a benchmark run (repack on and off) replay the same lengths on the same prompts.
+
+``scale_to_cap`` maps lengths recorded under one token budget onto a smaller one linearly (the
+source's cap onto ours), so the shape of the distribution (p99/p50, the top-20% share) and the
+share of responses that ran to the cap are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def scale_to_cap(recorded: Sequence[float], source_cap: float, cap: int) -> list[int]:
+    """``recorded`` lengths (tokens under a budget of ``source_cap``) scaled by ``cap / source_cap``,
+    rounded, clipped to [1, ``cap``]: a response that ran to the source's cap runs to ``cap``."""
+    if source_cap <= 0 or cap < 1:
+        raise ValueError(f"source_cap must be > 0 and cap >= 1, got {source_cap} and {cap}")
+    factor = cap / source_cap
+    return [max(1, min(cap, round(x * factor))) for x in recorded]
+
+
+def summary(lengths: Sequence[int], cap: int) -> dict:
+    """Mean, quantiles (linear interpolation), max, the share at ``cap`` and the top-20% token share."""
+    from services.generation.scheduling.lengths import LengthDistribution
+
+    d = LengthDistribution(lengths)
+    ordered = sorted(lengths)
+    top = ordered[len(ordered) - max(1, len(ordered) // 5):]
+    return {"n": len(lengths), "mean": statistics.fmean(lengths), "p50": d.quantile(0.5), "p90": d.quantile(0.9),
+            "p99": d.quantile(0.99), "max": ordered[-1], "cap": cap,
+            "at_cap": sum(1 for x in lengths if x >= cap) / len(lengths), "top20_token_share": sum(top) / sum(ordered)}
+
+
+@dataclass(frozen=True)
+class ReplayLengths:
+    """A list of output lengths (tokens) and the seed of the per-prompt draw."""
+
+    lengths: tuple[int, ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError("forced-length replay needs at least one length")
+        bad = [x for x in self.lengths if isinstance(x, bool) or not isinstance(x, int) or x < 1]
+        if bad:
+            raise ValueError(f"replay lengths must be integers >= 1, got {bad[:5]}")
+
+    @classmethod
+    def load(cls, path: str | Path, cap: int, seed: int = 0) -> ReplayLengths:
+        """The JSON list of lengths in ``path``; every length must lie in [1, ``cap``]."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"forced_length_replay.file {path}: no such file")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"forced_length_replay.file {path}: not JSON ({err.msg})") from None
+        if not isinstance(data, list):
+            raise ValueError(f"forced_length_replay.file {path}: expected a JSON list of token lengths")
+        try:
+            replay = cls(tuple(data), seed)
+        except ValueError as err:
+            raise ValueError(f"forced_length_replay.file {path}: {err}") from None
+        if max(replay.lengths) > cap:
+            raise ValueError(f"forced_length_replay.file {path}: length {max(replay.lengths)} exceeds "
+                             f"generation.max_new_tokens ({cap})")
+        return replay
+
+    def length(self, prompt_id: str) -> int:
+        """The forced length of ``prompt_id``'s group."""
+        digest = hashlib.blake2b(f"{self.seed}\x00{prompt_id}".encode(), digest_size=8).digest()
+        return self.lengths[int.from_bytes(digest, "big") % len(self.lengths)]

@@ -1,0 +1,63 @@
+"""Forced-length replay of recorded lengths: the scaling onto our budget, the per-prompt draw, the config."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from services.common.config import ConfigError, load_config
+from services.trainer.length_replay import ReplayLengths, scale_to_cap, summary
+from tests.conftest import ROOT
+
+
+def test_scale_to_cap_maps_the_source_budget_onto_ours_and_clips_the_overlong():
+    # 2048-token budget onto 192: x 0.09375; over the source cap (chars / 4 overestimates) runs to the cap
+    assert scale_to_cap([2048, 1024, 80.75, 3, 5000], 2048, 192) == [192, 96, 8, 1, 192]
+    with pytest.raises(ValueError):
+        scale_to_cap([10], 0, 192)
+
+
+def test_summary_reports_the_tail():
+    s = summary([1] * 98 + [192, 192], 192)
+    assert s["p50"] == 1 and s["max"] == 192 and s["at_cap"] == pytest.approx(0.02)
+    assert s["mean"] == pytest.approx((98 + 384) / 100)
+    assert s["top20_token_share"] == pytest.approx((18 + 384) / (98 + 384))
+
+
+def test_draw_is_stable_per_prompt_follows_the_list_and_changes_with_the_seed():
+    replay = ReplayLengths(tuple([4] * 9 + [100]))
+    ids = [f"p{i}" for i in range(4000)]
+    drawn = [replay.length(i) for i in ids]
+    assert drawn == [ReplayLengths(replay.lengths).length(i) for i in ids]  # another process draws the same
+    share = Counter(drawn)[100] / len(ids)
+    assert 0.08 < share < 0.12  # the list's 10% tail, not a fixed pick
+    other = ReplayLengths(replay.lengths, seed=1)
+    assert [other.length(i) for i in ids] != drawn
+
+
+def test_load_refuses_lengths_over_the_cap_and_bad_files(tmp_path):
+    f = tmp_path / "lengths.json"
+    f.write_text(json.dumps([1, 50, 193]))
+    with pytest.raises(ValueError, match="exceeds generation.max_new_tokens"):
+        ReplayLengths.load(f, 192)
+    assert ReplayLengths.load(f, 193, seed=2).lengths == (1, 50, 193)
+    f.write_text(json.dumps([3, 0]))
+    with pytest.raises(ValueError, match="integers >= 1"):
+        ReplayLengths.load(f, 192)
+    with pytest.raises(ValueError, match="no such file"):
+        ReplayLengths.load(tmp_path / "missing.json", 192)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["trainer.mode=bounded"], "needs generation.forced_lengths"),
+    (["generation.forced_lengths=true"], "'bounded' only"),
+    (["generation.forced_lengths=true", "trainer.mode=bounded", "trainer.partial_rollout=true"], "partial_rollout"),
+    (["generation.forced_lengths=true", "trainer.mode=bounded", "forced_length_ramp.start=8"], "exclusive"),
+])
+def test_replay_config_is_refused_where_it_does_not_apply(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(ROOT / "deploy/configs/default.yaml", ["forced_length_replay.file=x.json", *overrides])
+    ok = ["forced_length_replay.file=x.json", "generation.forced_lengths=true", "trainer.mode=bounded"]
+    assert load_config(ROOT / "deploy/configs/default.yaml", ok).forced_length_replay.file == "x.json"

@@ -123,8 +123,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         "migrations_per_run": [r["migrated"] for r in runs["repack"]],
         "staleness_violations": sum(r["violations"] + r["staleness"]["violations"] for v in runs for r in runs[v]),
         "sim_vs_measured_error": None,
-        "sim_status": "not built yet: the simulator has no multi-instance, multi-version model of repack; "
-                      "this field stays null until it has (issue 20)",
+        "sim_status": "not simulated by this script: run bench/coordination_sim.py after it (it fills the "
+                      "arith headline's sim fields; the replay workload is not simulated)",
     }
 
 

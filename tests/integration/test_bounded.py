@@ -89,7 +89,7 @@ def test_repack_migrates_long_tails_within_the_bound(tmp_path, tiny_checkpoint):
 
 
 
-@pytest.mark.parametrize("instances", [3, 4])
+@pytest.mark.parametrize("instances", [4])  # 3 also migrates; one keeps the suite short
 def test_a_migrated_sample_keeps_its_replayed_forced_length(tmp_path, tiny_checkpoint, instances):
     """forced_length_replay under repack: a sample interrupted on its source resumes on the
     destination for what it lacks of its group's length, so the tokens trained at each step are

@@ -39,7 +39,7 @@ def test_a_dead_relay_is_started_again_on_its_port_until_the_limit(tmp_path):
 
 def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_checkpoint):
     s = Scenario("pair", "bounded", ("master_relay", "trainer"))
-    r = run_scenario(s, tmp_path, str(tiny_checkpoint), ROOT / "deploy/configs/smoke.yaml", iterations=6, timeout_s=300)
+    r = run_scenario(s, tmp_path, str(tiny_checkpoint), ROOT / "deploy/configs/smoke.yaml", iterations=5, timeout_s=300)
     assert r.completed, r.error
     assert r.faults == ["kill:master_relay", "kill:trainer"]
     assert r.restarts == {"relay-0": 1, "trainer": 1}

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from services.common.newest import NewestSender
+
+
+def _until(predicate, timeout_s: float = 10.0) -> None:
+    """Poll (the sender does not notify for every state change a test looks at)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def test_a_version_superseded_before_it_was_sent_is_dropped():
@@ -19,8 +27,7 @@ def test_a_version_superseded_before_it_was_sent_is_dropped():
     s = NewestSender(send, name="t", on_drop=dropped.append, after_send=lambda v, i: after.append(v))
     try:
         s.offer(1, "a")
-        with s.cond:  # wait until the thread took version 1
-            s.cond.wait_for(lambda: s._next is None, 10)
+        _until(lambda: s._next is None)  # the thread took version 1
         s.offer(2, "b")
         s.offer(3, "c")  # replaces 2, not yet sent
         s.offer(2, "late")  # older than what is waiting: ignored
@@ -28,8 +35,7 @@ def test_a_version_superseded_before_it_was_sent_is_dropped():
         assert s.wait_sent(3, 10) == 3
         assert sent == [(1, "a"), (3, "c")] and dropped == ["b"] and s.offered == 3
         assert set(s.seconds) == {1, 3}
-        with s.cond:
-            s.cond.wait_for(lambda: len(after) == 2, 10)
+        _until(lambda: len(after) == 2)
         assert after == [1, 3]
     finally:
         s.close()

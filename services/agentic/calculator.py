@@ -69,9 +69,7 @@ class CalculatorEnv(Environment):
         return Action(text, error="expected 'A-B', 'A>B' (A, B of 1..9 digits) or '#N'")
 
     def reset(self, seed: int) -> Observation:
-        c = self.cfg
-        sampler = ProblemSampler(seed, min_steps=c.min_steps, max_steps=c.max_steps, alpha=c.alpha,
-                                 max_step=c.max_step, max_value=c.max_value, prefix=f"s{seed}-")
+        sampler = ProblemSampler(seed, **self.cfg.distribution(), prefix=f"s{seed}-")
         self.problem, self.done = sampler.sample(), False
         return Observation(self.problem.prompt)
 

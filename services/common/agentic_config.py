@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from services.common.strict import StrictModel
+from services.common.task_config import CountdownDistribution
 
 
 class LatencyConfig(StrictModel):
@@ -33,25 +34,13 @@ class LatencyConfig(StrictModel):
         return self
 
 
-class CalculatorEnvConfig(StrictModel):
+class CalculatorEnvConfig(CountdownDistribution):
     """The tool task: a count-down problem (``services.tasks.arith``) solved through a calculator."""
 
-    min_steps: int = Field(1, ge=1, le=200, description="Fewest subtractions a problem needs.")
     max_steps: int = Field(6, ge=1, le=200, description="Most subtractions a problem needs.")
-    alpha: float = Field(1.4, gt=0.0, le=10.0, description="Power-law tail: P(steps=q) ∝ q^-alpha.")
-    max_step: int = Field(9, ge=2, le=9, description="The subtracted value d is drawn from 2..max_step.")
-    max_value: int = Field(999, ge=102, le=10**9, description="Largest start value n.")
     invalid_action: Literal["continue", "end"] = Field(
         "continue", description="A turn that does not parse: continue (observation '=,', the turn is spent) or end the episode with reward 0."
     )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> CalculatorEnvConfig:
-        if self.min_steps > self.max_steps:
-            raise ValueError(f"calculator.min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})")
-        if self.max_value < self.max_steps * self.max_step + 100:
-            raise ValueError(f"calculator.max_value ({self.max_value}) must be >= max_steps * max_step + 100")
-        return self
 
 
 class WalkEnvConfig(StrictModel):

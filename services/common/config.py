@@ -20,41 +20,17 @@ from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_va
 
 from services.common.agentic_config import AgenticConfig
 from services.common.strict import StrictModel
+from services.common.task_config import CountdownDistribution
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class TaskConfig(StrictModel):
+class TaskConfig(CountdownDistribution):
     """The count-down task family (see ``services.tasks.arith``)."""
 
-    min_steps: int = Field(1, ge=1, le=200, description="Fewest scratchpad steps of a prompt.")
-    max_steps: int = Field(40, ge=1, le=200, description="Most scratchpad steps of a prompt.")
-    alpha: float = Field(1.4, gt=0.0, le=10.0, description="Power-law tail: P(steps=q) ∝ q^-alpha.")
-    max_step: int = Field(9, ge=2, le=9, description="The subtracted value d is drawn from 2..max_step.")
-    max_value: int = Field(999, ge=102, le=10**9, description="Largest start value n.")
     seed: int = Field(0, ge=0, description="Seed of the training prompt stream.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TaskConfig:
-        if self.min_steps > self.max_steps:
-            raise ValueError(f"min_steps ({self.min_steps}) must be <= max_steps ({self.max_steps})")
-        if self.max_value < self.max_steps * self.max_step + 100:
-            raise ValueError(
-                f"max_value ({self.max_value}) must be >= max_steps * max_step + 100 "
-                f"({self.max_steps * self.max_step + 100})"
-            )
-        return self
-
-    def distribution(self) -> dict[str, int | float]:
-        return {
-            "min_steps": self.min_steps,
-            "max_steps": self.max_steps,
-            "alpha": self.alpha,
-            "max_step": self.max_step,
-            "max_value": self.max_value,
-        }
 
 
 class ModelConfig(StrictModel):

@@ -71,6 +71,17 @@ def spawn_service(args: list[str], port_file: Path, log: Path, *, what: str, env
     return proc, port_file.read_text().split()
 
 
+def stop_service(proc: subprocess.Popen, timeout_s: float = 20.0) -> int:
+    """SIGTERM (if it still runs), wait ``timeout_s``, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 def start_sgs(workdir: Path, checkpoint: Path, overrides: list[str], instance: int | None = None) -> SGSProcess:
     from services.common.config import load_config, write_config
 
@@ -86,12 +97,7 @@ def start_sgs(workdir: Path, checkpoint: Path, overrides: list[str], instance: i
 
 
 def stop_sgs(sgs: SGSProcess) -> int:
-    sgs.proc.send_signal(signal.SIGTERM)
-    try:
-        return sgs.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        sgs.proc.kill()
-        return sgs.proc.wait()
+    return stop_service(sgs.proc, 30)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from contextlib import contextmanager
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import spawn_service
+from tests.conftest import spawn_service, stop_service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,13 +27,7 @@ class RelayProc:
         self.proc.wait()
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+        return stop_service(self.proc)
 
 
 def start_relay(workdir: Path, name: str, *args: str, faults: str = "", port: int = 0) -> RelayProc:

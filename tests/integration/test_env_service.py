@@ -4,8 +4,6 @@ killed mid-trajectory, and multi-turn trajectories against a real SGS process (h
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +19,7 @@ from services.agentic.protocol import MAX_ACTION_CHARS
 from services.agentic.runner import PolicyCodec, SgsGenerator, ThreadedEnv, make_managers, run_trajectory_level
 from services.common.config import load_config
 from services.proto import braid_pb2 as pb
-from tests.conftest import FAST_ENGINE, spawn_service, start_sgs, stop_sgs
+from tests.conftest import FAST_ENGINE, spawn_service, start_sgs, stop_service, stop_sgs
 from tests.unit.test_agentic_manager import CODEC, ScriptedGenerator, calc_scripts
 
 
@@ -37,13 +35,7 @@ class Worker:
 
     def stop(self) -> int:
         self.client.close_channel()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return stop_service(self.proc)
 
 
 @pytest.fixture(scope="module")

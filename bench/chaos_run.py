@@ -231,26 +231,21 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     write_config(cfg, run_dir / "config.json")
     (run_dir / "metrics.jsonl").write_text("")
     result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size)
-    proxies: list = []
-    fronted: dict[str, str] = {}
+    inject = Injector(s, run_dir, None, timeout_s)
+    fronted: dict[str, str] = {}  # SGS address -> the proxy's
 
     def front(address: str) -> str:  # the trainer reaches the first SGS (or the router) through a proxy
-        if not s.fault or proxies:
+        if not s.fault or inject.proxy is not None:
             return address
-        proxies.append(FaultProxy(address).start())
+        inject.proxy = FaultProxy(address).start()
         if s.fault == "delay":
-            proxies[0].set(Faults(delay_ms=20, jitter_ms=20))
-        fronted[address] = proxies[0].address
-        return proxies[0].address
+            inject.proxy.set(Faults(delay_ms=20, jitter_ms=20))
+        fronted[address] = inject.proxy.address
+        return inject.proxy.address
 
-    inject = Injector(s, run_dir, None, timeout_s)
     t0 = time.time()
     try:
-        def on_poll() -> None:
-            inject.proxy = proxies[0] if proxies else None
-            inject()
-
-        run_processes(run_dir, checkpoint, on_poll=on_poll, poll_s=0.2,
+        run_processes(run_dir, checkpoint, on_poll=inject, poll_s=0.2,
                       on_finish=lambda sup: result.weights.update(weights_check(sup, run_dir, fronted)), front=front)
         summary = json.loads((run_dir / "summary.json").read_text())
         result.completed = summary["final_weight_version"] == iterations
@@ -258,10 +253,10 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     except Exception as err:  # the run failed: recorded, the suite goes on
         result.error = f"{type(err).__name__}: {str(err)[-2000:]}"
     finally:
-        for p in proxies:
-            p.stop()
+        if inject.proxy is not None:
+            inject.proxy.stop()
     result.wall_s = time.time() - t0
-    result.faults = inject.done + (["net:delay"] if s.fault == "delay" and proxies else [])  # on the link all along
+    result.faults = inject.done + (["net:delay"] if s.fault == "delay" and inject.proxy is not None else [])  # on the link all along
     result.fault_at = inject.fault_at
     result.steps_before_fault = inject.steps_before
     rows = _rows(run_dir)

@@ -1,7 +1,8 @@
 """Local launcher: every process of one run on this host, supervised until the trainer exits.
 
 ``run_processes`` starts the weight relays, the SGS instances (behind the router when the config
-routes), the scale-out controller when enabled (``flows.scaleout``) and the trainer, through
+routes), the scale-out controller when enabled (``flows.scaleout``), the environment workers of
+an agentic run and the trainer, through
 ``flows.processes``; used by the Prefect flow and by the benchmarks.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.processes import (
-    Service, Supervisor, router_enabled, start_instances, start_relays, start_router, start_trainer, supervise_trainer,
+    Service, Supervisor, router_enabled, start_env_workers, start_instances, start_relays, start_router, start_trainer,
+    supervise_trainer,
 )
 
 
@@ -31,7 +33,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     config = str(run_dir / "config.json")
     controller = None
     try:
-        tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1  # it resumes lost trajectories
+        # the bounded runner resumes a lost instance's trajectories (the agentic runner does not)
+        tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1 and not cfg.agentic.enabled
         w = cfg.weights
         relays = (
             start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
@@ -58,6 +61,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         if front is not None:
             fronts = [(front(a), svc) for a, svc in fronts]
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
+        if cfg.agentic.enabled:  # environment workers: separate processes, restarted on their ports when they die
+            base += ["--env-workers", ",".join(start_env_workers(sup, run_dir, cfg.agentic.workers))]
         start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 
         def tick() -> bool:

@@ -6,7 +6,8 @@ when any supervised process exits unexpectedly; ``stop_all`` sends SIGTERM, then
 after a grace period. ``start_relays``, ``start_instances``, ``start_router`` and
 ``start_trainer`` (one process or ``trainer.ranks`` data-parallel ranks) start the services of a
 run; ``flows.launcher`` (one host), ``flows.site_services`` (one site of a deployment) and
-``flows.scaleout`` (units added at run time) use them.
+``flows.scaleout`` (units added at run time) use them; ``start_env_workers`` the environment
+workers of an agentic run.
 """
 
 from __future__ import annotations
@@ -227,6 +228,26 @@ def start_instances(
         sup.start(f"sgs-{i}", "services.generation", args, threads=threads, tolerate_exit=tolerate_exit)
         port_files.append(port_file)
     return [f"{host}:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
+
+
+def start_env_worker(sup: Supervisor, run_dir: Path, name: str, *, config: Path | None = None, host: str = "127.0.0.1",
+                     port: int = 0) -> str:
+    """Start one environment worker process ``name`` (``python -m services.agentic``, the run's
+    ``agentic`` section) and return its address. A worker that dies is started again on the same
+    port (its trajectories are dropped and counted by the trainer; new ones reach it again)."""
+    port_file = run_dir / f"{name}.port"
+    port_file.unlink(missing_ok=True)
+    args = ["--config", str(config or run_dir / "config.json"), "--host", host, "--port", str(port),
+            "--port-file", str(port_file), "--id", name]
+    sup.start(name, "services.agentic", args, threads=1)
+    bound = int(sup.wait_for_file(port_file, SGS_READY_TIMEOUT_S))
+    sup.restartable(name, lambda: start_env_worker(sup, run_dir, name, config=config, host=host, port=bound))
+    return f"{host}:{bound}"
+
+
+def start_env_workers(sup: Supervisor, run_dir: Path, n: int, *, config: Path | None = None) -> list[str]:
+    """Start ``n`` environment workers (``env-i``); return their loopback addresses."""
+    return [start_env_worker(sup, run_dir, f"env-{i}", config=config) for i in range(n)]
 
 
 def router_enabled(cfg) -> bool:

@@ -125,6 +125,8 @@ def _bounded_lines(rows: list[dict]) -> list[str]:
         return []
     last = rows[-1]
     aborted = ", ".join(f"{k[len('aborted_'):]} {v}" for k, v in last.items() if k.startswith("aborted_")) or "none"
+    if "trajectories" in last:  # an agentic run: its own lines (``_agentic_lines``)
+        return [f"| staleness bound eta / violations | {last['eta']} / {sum(r['bound_violations'] for r in rows)} |"]
     return [
         f"| staleness bound eta / violations | {last['eta']} / {sum(r['bound_violations'] for r in rows)} |",
         f"| inherent staleness (Laminar M - K), mean | {_mean(rows, 'inherent_staleness_mean'):.2f} |",
@@ -133,11 +135,54 @@ def _bounded_lines(rows: list[dict]) -> list[str]:
     ]
 
 
+def _agentic_lines(rows: list[dict], run_dir: Path) -> list[str]:
+    """An agentic run's trajectories: turns, tokens, time per stage, failures, one transcript."""
+    if not rows or "trajectories" not in rows[-1]:
+        return []
+    last = rows[-1]
+    groups_aborted = ", ".join(f"{k[len('groups_aborted_'):]} {v}" for k, v in last.items()
+                               if k.startswith("groups_aborted_")) or "none"
+    dropped = ", ".join(f"{k[len('dropped_'):]} {v}" for k, v in last.items()
+                        if k.startswith("dropped_") and k != "dropped_tokens") or "none"
+    lines = [
+        "", "## Agentic trajectories", "",
+        "| metric | value |", "|---|---|",
+        f"| interaction | {last['interaction']} |",
+        f"| turns per trajectory: mean / max | {_mean(rows, 'turns_mean'):.2f} / {max(r['turns_max'] for r in rows)} |",
+        f"| generated / observation tokens per trajectory | {_mean(rows, 'generated_tokens_mean'):.1f} / "
+        f"{_mean(rows, 'observation_tokens_mean'):.1f} |",
+        f"| per turn: generation / environment step (latency injected) | {1000 * _mean(rows, 'gen_turn_s_mean'):.1f} ms / "
+        f"{1000 * _mean(rows, 'env_step_s_mean'):.1f} ms ({1000 * _mean(rows, 'env_latency_s_mean'):.1f} ms) |",
+        f"| reward per trajectory (scoring time) | {1000 * _mean(rows, 'reward_s_mean'):.1f} ms |",
+        f"| weight versions spanned by one trajectory, max | {max(r['version_span_max'] for r in rows)} |",
+        f"| trajectories launched / finished / dropped / aborted | {last.get('trajectories_launched', 0)} / "
+        f"{last.get('trajectories_finished', 0)} / {last.get('trajectories_dropped', 0)} / {last.get('trajectories_aborted', 0)} |",
+        f"| dropped by cause; replaced | {dropped}; {last.get('replacements', 0)} |",
+        f"| aborted groups | {groups_aborted} |",
+        f"| generated tokens thrown away (aborted / dropped) | {last.get('aborted_tokens', 0)} / {last.get('dropped_tokens', 0)} |",
+    ]
+    return lines + _transcript(run_dir / "trajectories.jsonl")
+
+
+def _transcript(path: Path) -> list[str]:
+    """The last trained trajectory that earned a reward (else the last one), turn by turn."""
+    if not path.exists():
+        return []
+    records = [json.loads(x) for x in path.read_text().splitlines()[-200:] if x.strip()]
+    if not records:
+        return []
+    rec = next((r for r in reversed(records) if r["reward"] > 0), records[-1])
+    out = ["", f"A trained trajectory (step {rec['step']}, {rec['env']} episode {rec['seed']}, reward {rec['reward']:g}):", "",
+           "| turn | action (generated) | observation |", "|---|---|---|", f"| prompt | | `{rec['prompt']}` |"]
+    out += [f"| {i} | `{t['action']}` | `{t['observation']}` |" for i, t in enumerate(rec["turns"])]
+    return out
+
+
 def _mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows) if rows else 0.0
 
 
-def render_markdown(rows: list[dict], summary: dict) -> str:
+def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) -> str:
     ws, fin = summary["eval_warmstart"], summary["eval_final"]
     wall = sum(r["iteration_time_s"] for r in rows)
     lines = [
@@ -156,6 +201,7 @@ def render_markdown(rows: list[dict], summary: dict) -> str:
         f"| staleness (versions): mean / max | {_mean(rows, 'staleness_mean'):.2f} / {max((r['staleness_max'] for r in rows), default=0)} |",
         f"| trainer stall per weight push | {1000 * _mean(rows, 'push_stall_s'):.1f} ms |",
         *_bounded_lines(rows),
+        *_agentic_lines(rows, run_dir),
         "",
         "![learning curve](learning_curve.png)",
         "",
@@ -187,5 +233,5 @@ def write_report(run_dir: Path) -> Path:
     plot_staleness(rows, run_dir / "staleness.png")
     plot_lengths(rows, run_dir / "lengths.png")
     path = run_dir / "report.md"
-    path.write_text(render_markdown(rows, summary))
+    path.write_text(render_markdown(rows, summary, run_dir))
     return path

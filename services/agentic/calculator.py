@@ -73,6 +73,15 @@ class CalculatorEnv(Environment):
         self.problem, self.done = sampler.sample(), False
         return Observation(self.problem.prompt)
 
+    def expert(self) -> list[str]:
+        if self.problem is None:
+            raise EpisodeOver("expert before reset")
+        return demonstration(self.problem)
+
+    @property
+    def difficulty(self) -> int:
+        return self.problem.difficulty if self.problem is not None else 0
+
     def step(self, action: Action) -> StepResult:
         if self.problem is None or self.done:
             raise EpisodeOver("the episode is over" if self.done else "step before reset")

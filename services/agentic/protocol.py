@@ -87,6 +87,19 @@ class Environment(ABC):
     def step(self, action: Action) -> StepResult:
         """Apply one action. Raises ``EpisodeOver`` after the episode ended."""
 
+    @abstractmethod
+    def expert(self) -> list[str]:
+        """An expert's action texts for the episode just reset (the warm start's demonstrations)."""
+
+    @property
+    def difficulty(self) -> int:
+        """How hard the episode just reset is (the evaluation's breakdown); 0 when the kind has no measure."""
+        return 0
+
+    # Whether held-out evaluation episodes are kept out of training by their first observation.
+    # False for kinds with few distinct episodes (every one is also a training episode).
+    held_out_by_observation: ClassVar[bool] = True
+
 
 class EpisodeOver(RuntimeError):
     """A step after the episode ended (or before reset)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -133,19 +134,52 @@ class LocalEnv:
 
 
 class SgsGenerator:
-    """An ``ActionGenerator`` over a ``GenerationClient``: one Generate call (one sample) per turn."""
+    """An ``ActionGenerator`` over SGS clients (instances, or one router): one Generate call (one
+    sample) per turn. With several clients a turn goes to the least busy one, preferring the
+    instance that served the trajectory's previous turn (its prefix is cached there) unless that
+    one is busier than the least busy by more than ``STICKY_SLACK`` calls. A cancelled turn (a
+    redundant trajectory no longer wanted) cancels its call on the SGS too."""
 
-    def __init__(self, client, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
+    STICKY_SLACK = 2
+    STICKY_MEMORY = 65536  # trajectories whose last instance is remembered
+
+    def __init__(self, clients, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
                  on_sample: Callable[[SampleRecord], None] | None = None) -> None:
-        self.client, self.executor = client, executor
+        self.clients = list(clients) if isinstance(clients, (list, tuple)) else [clients]
+        if not self.clients:
+            raise ValueError("SgsGenerator needs at least one SGS client")
+        self.executor = executor
         self.temperature, self.tag, self.on_sample = temperature, tag, on_sample
+        self.inflight = [0] * len(self.clients)
+        self._last: OrderedDict[str, int] = OrderedDict()
 
-    async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int) -> SampleRecord:
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self._generate, request_id, context, max_new_tokens)
+    def pick(self, trajectory_id: str) -> int:
+        """The client for the next turn of ``trajectory_id`` (called on the event loop's thread)."""
+        least = min(range(len(self.clients)), key=lambda i: self.inflight[i])
+        prev = self._last.get(trajectory_id)
+        chosen = prev if prev is not None and self.inflight[prev] <= self.inflight[least] + self.STICKY_SLACK else least
+        self._last[trajectory_id] = chosen
+        self._last.move_to_end(trajectory_id)
+        while len(self._last) > self.STICKY_MEMORY:
+            self._last.popitem(last=False)
+        return chosen
 
-    def _generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int) -> SampleRecord:
-        params = GenerateParams(samples_per_prompt=1, max_new_tokens=max_new_tokens, temperature=self.temperature, tag=self.tag)
-        samples = list(self.client.generate([PromptSpec(request_id, context)], params))
+    async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int, *, min_version: int = 0,
+                       task: str = "") -> SampleRecord:
+        i = self.pick(request_id.rsplit("/t", 1)[0])
+        params = GenerateParams(samples_per_prompt=1, max_new_tokens=max_new_tokens, min_weight_version=min_version,
+                                temperature=self.temperature, tag=self.tag)
+        self.inflight[i] += 1
+        call = None
+        try:
+            call = self.clients[i].start([PromptSpec(request_id, context)], params)
+            samples = await asyncio.get_running_loop().run_in_executor(self.executor, list, call)
+        except asyncio.CancelledError:
+            if call is not None:
+                call.cancel()
+            raise
+        finally:
+            self.inflight[i] -= 1
         if len(samples) != 1:
             raise RuntimeError(f"{request_id}: the SGS returned {len(samples)} samples for one")
         if self.on_sample is not None:

@@ -32,6 +32,7 @@ class Turn:
     gen_s: float = 0.0
     env_s: float = 0.0  # step wall time seen by the manager, retries and latency included
     latency_s: float = 0.0  # injected environment latency reported by the worker
+    observation: str = ""  # the environment's text after this turn (tokenized alone into obs_len tokens)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Trajectory:
     status: Status
     started_at: float
     finished_at: float
+    prompt_text: str = ""  # the first observation (tokenized into the first prompt_len tokens)
 
     @property
     def num_turns(self) -> int:
@@ -80,6 +82,7 @@ class Dropped:
     turns_done: int
     reason: str
     code: str  # the last failure's status name (or TIMEOUT)
+    generated_tokens: int = 0  # work lost with it
 
 
 class TrajectoryBuilder:
@@ -115,9 +118,9 @@ class TrajectoryBuilder:
         self.logprobs.extend([0.0] * len(ids))
 
     def build(self, *, trajectory_id: str, env_kind: str, seed: int, turns: Sequence[Turn], status: Status,
-              started_at: float, finished_at: float) -> Trajectory:
+              started_at: float, finished_at: float, prompt_text: str = "") -> Trajectory:
         assert len(self.token_ids) == len(self.loss_mask) == len(self.logprobs)
         return Trajectory(
             trajectory_id, env_kind, seed, tuple(self.token_ids), tuple(self.loss_mask), tuple(self.logprobs),
-            self.prompt_len, tuple(turns), sum(t.reward for t in turns), status, started_at, finished_at,
+            self.prompt_len, tuple(turns), sum(t.reward for t in turns), status, started_at, finished_at, prompt_text,
         )

@@ -61,6 +61,17 @@ class WalkEnv(Environment):
         self.done, self._started = False, True
         return Observation(observe(self.position, self.target))
 
+    held_out_by_observation = False  # size x (size - 1) episodes: evaluation episodes are training episodes too
+
+    def expert(self) -> list[str]:
+        if not self._started:
+            raise EpisodeOver("expert before reset")
+        return demonstration(self.position, self.target, self.cfg.max_moves_per_turn)
+
+    @property
+    def difficulty(self) -> int:
+        return abs(self.target - self.position) if self._started else 0
+
     def step(self, action: Action) -> StepResult:
         if not self._started or self.done:
             raise EpisodeOver("the episode is over" if self._started else "step before reset")

@@ -1,8 +1,9 @@
 """Configuration of agentic multi-turn rollouts (``services/agentic``, RollArt §5.3; docs/agentic.md).
 
-Off by default: no existing config or run reads this section. The environment worker
-(``python -m services.agentic``) and the rollout runners (``services.agentic.runner``) read it;
-training on multi-turn trajectories is not built yet, so ``enabled: true`` is refused.
+Off by default. With ``enabled: true`` a run trains on multi-turn trajectories of ``env``: the
+launcher starts ``workers`` environment worker processes, the trainer drives one EnvManager per
+trajectory (``services.trainer.agentic``) and evaluates on held-out episodes. The environment
+worker (``python -m services.agentic``) and the rollout runners read this section either way.
 """
 
 from __future__ import annotations
@@ -57,8 +58,21 @@ class AgenticConfig(StrictModel):
     """Agentic multi-turn rollouts: environment workers and one EnvManager per trajectory."""
 
     enabled: bool = Field(
-        False, description="Train on multi-turn trajectories (not built yet: refused; the worker and runners work without it)."
+        False, description="Train on multi-turn trajectories of env (GRPO groups of trainer.group_size trajectories of one episode)."
     )
+    interaction: Literal["trajectory", "batch"] = Field(
+        "trajectory", description="trajectory: each trajectory steps its environment as soon as its turn is generated (RollArt); "
+        "batch: the baseline, every trajectory of a wave generates turn k, then every environment steps, then turn k+1.",
+    )
+    redundant_trajectories: int = Field(
+        0, ge=0, le=64, description="Extra trajectories launched per GRPO group (redundant environment rollouts): the first "
+        "group_size to finish are kept, the rest aborted and counted.",
+    )
+    max_replacements: int = Field(
+        4, ge=0, le=1000, description="Trajectories of one group lost to environment or reward failures that are replaced by "
+        "a new one on the same episode; one more loss aborts the group (counted).",
+    )
+    log_trajectories: bool = Field(True, description="Write every trained trajectory (tokens, mask, turns, reward) to trajectories.jsonl.")
     env: str = Field("calculator", description="Environment kind of the rollouts (services.agentic.ENVIRONMENTS).")
     workers: int = Field(1, ge=1, le=256, description="Environment worker processes; trajectories go to them round robin.")
     worker_threads: int = Field(64, ge=1, le=4096, description="Steps one worker runs at once (each holds a thread for its latency and step).")
@@ -77,11 +91,6 @@ class AgenticConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AgenticConfig:
-        if self.enabled:
-            raise ValueError(
-                "agentic.enabled: training on multi-turn trajectories is not built yet (docs/agentic.md); the "
-                "environment worker (python -m services.agentic) and services.agentic.runner read this section without it"
-            )
         from services.agentic.registry import ENVIRONMENTS
 
         ENVIRONMENTS[self.env]  # raises naming the registered kinds

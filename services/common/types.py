@@ -45,6 +45,13 @@ class SampleRecord:
     submitted_at: float
     started_at: float
     finished_at: float
+    # trained tokens among ``token_ids`` (1) and context tokens the loss skips (0): a multi-turn
+    # trajectory's environment observations (services.agentic.training); empty = every token
+    loss_mask: tuple[int, ...] = ()
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask else len(self.token_ids)
 
 
 @dataclass(frozen=True)

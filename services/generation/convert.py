@@ -47,15 +47,24 @@ def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], Generate
     return prompts, params
 
 
+# Dataclass fields that never cross the wire: a trajectory's loss mask is the trainer's, built
+# after generation (the SGS streams generated tokens only).
+LOCAL_ONLY = frozenset({"loss_mask"})
+
+
 def _to_pb(message_cls, obj):
     """Dataclass -> protobuf message with the same field names."""
-    return message_cls(**{f.name: getattr(obj, f.name) for f in fields(obj)})
+    if getattr(obj, "loss_mask", ()):
+        raise ValueError(f"{type(obj).__name__} with a loss mask is a training sample, not a wire message")
+    return message_cls(**{f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in LOCAL_ONLY})
 
 
 def _from_pb(cls, message):
     """Protobuf message -> dataclass ``cls`` with the same field names (repeated -> tuple)."""
     values = {}
     for f in fields(cls):
+        if f.name in LOCAL_ONLY:
+            continue
         value = getattr(message, f.name)
         repeated = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
         values[f.name] = tuple(value) if repeated else value

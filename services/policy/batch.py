@@ -24,10 +24,15 @@ class PackedBatch:
         return int(self.completion_mask.sum().item())
 
 
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) -> PackedBatch:
-    """Concatenate each prompt with its completion and right-pad to the longest."""
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+         masks: list[tuple[int, ...]] | None = None) -> PackedBatch:
+    """Concatenate each prompt with its completion and right-pad to the longest. ``masks[b]``
+    (one 0/1 per completion token; empty = all 1) leaves completion tokens out of
+    ``completion_mask``: a multi-turn trajectory's observation tokens are context, not targets."""
     if len(prompts) != len(completions) or not prompts:
         raise ValueError(f"need equal, non-empty lists (got {len(prompts)} prompts, {len(completions)} completions)")
+    if masks is not None and len(masks) != len(completions):
+        raise ValueError(f"{len(masks)} loss masks for {len(completions)} completions")
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     width = max(lengths)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -38,7 +43,13 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int) ->
         ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[b, : len(seq)] = 1
         # target position t+1 is completion token j when t+1 = len(p) + j
-        cmask[b, len(p) - 1 : len(seq) - 1] = 1.0
+        mask = masks[b] if masks is not None else ()
+        if mask:
+            if len(mask) != len(c):
+                raise ValueError(f"sequence {b}: loss mask of {len(mask)} for {len(c)} completion tokens")
+            cmask[b, len(p) - 1 : len(seq) - 1] = torch.tensor(mask, dtype=torch.float32)
+        else:
+            cmask[b, len(p) - 1 : len(seq) - 1] = 1.0
     return PackedBatch(ids, attn, cmask)
 
 

@@ -1,7 +1,8 @@
 """Supervised warm start: a short SFT pass on task demonstrations, cached by content hash.
 
 RL needs a policy that sometimes succeeds. The warm start trains next-token prediction on the
-reference scratchpads (loss on completion tokens only) with AdamW and cosine decay, then saves
+reference scratchpads (loss on completion tokens only) — or, with ``agentic.enabled``, on the
+environment expert's multi-turn episodes (loss on the action tokens only) — with AdamW and cosine decay, then saves
 an HF checkpoint under ``<cache_dir>/warmstart-<hash>/``. The hash covers everything that
 determines the result (model source and config, task distribution, SFT settings, held-out
 set), so a second run with the same settings loads the checkpoint instead of training.
@@ -35,7 +36,48 @@ def cache_key(cfg: RunConfig) -> str:
         "eval": cfg.eval.model_dump(mode="json"),
         "format": 1,
     }
+    if cfg.agentic.enabled:  # multi-turn demonstrations of the environment's expert instead
+        a = cfg.agentic
+        payload["agentic"] = {"env": a.env, a.env: getattr(a, a.env).model_dump(mode="json"), "max_turns": a.max_turns}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+Demos = tuple[list[list[int]], list[list[int]], list[tuple[int, ...]] | None]  # prompts, completions, loss masks
+
+
+class ArithDemos:
+    """The count-down task's reference scratchpads (single turn; every completion token trained)."""
+
+    def __init__(self, cfg: RunConfig, policy: Policy) -> None:
+        held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **cfg.task.distribution()))
+        self.sampler = ProblemSampler(cfg.warmstart.seed, exclude=held_out, **cfg.task.distribution())  # type: ignore[arg-type]
+        self.policy = policy
+
+    def batch(self, n: int) -> Demos:
+        problems, policy = self.sampler.batch(n), self.policy
+        prompts = [policy.encode_prompt(p.prompt) for p in problems]
+        comps = [policy.tokenizer.encode(demonstration(p), add_special_tokens=False) + [policy.eos_id] for p in problems]
+        return prompts, comps, None
+
+
+class AgenticDemos:
+    """Multi-turn expert episodes of ``agentic.env`` laid out as rollouts are (``services.agentic.training``):
+    the loss covers the expert's action tokens only, held-out evaluation episodes are excluded."""
+
+    def __init__(self, cfg: RunConfig, policy: Policy) -> None:
+        from services.agentic.episodes import EpisodeStream, eval_episodes
+        from services.agentic.registry import ENVIRONMENTS
+
+        a = cfg.agentic
+        self.env = ENVIRONMENTS[a.env].from_config(a)
+        self.stream = EpisodeStream(a, cfg.warmstart.seed, eval_episodes(a, cfg.eval.seed, cfg.eval.prompts), tag="warmstart")
+        self.policy, self.max_turns = policy, a.max_turns
+
+    def batch(self, n: int) -> Demos:
+        from services.agentic.training import demonstration as episode
+
+        demos = [episode(self.env, e.seed, self.policy, self.max_turns) for e in self.stream.take(n)]
+        return [d.prompt_ids for d in demos], [d.completion_ids for d in demos], [d.loss_mask for d in demos]
 
 
 def base_policy(cfg: RunConfig) -> Policy:
@@ -45,8 +87,7 @@ def base_policy(cfg: RunConfig) -> Policy:
 def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]:
     """Train ``policy`` in place on demonstrations; returns the loss per step."""
     ws = cfg.warmstart
-    held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **cfg.task.distribution()))
-    sampler = ProblemSampler(ws.seed, exclude=held_out, **cfg.task.distribution())  # type: ignore[arg-type]
+    source = AgenticDemos(cfg, policy) if cfg.agentic.enabled else ArithDemos(cfg, policy)
     model = policy.model
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -61,16 +102,15 @@ def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]
     losses: list[float] = []
     bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, unit="step", mininterval=progress_interval())
     for step in bar:
-        problems = sampler.batch(ws.batch_size)
-        prompts = [policy.encode_prompt(p.prompt) for p in problems]
-        comps = [policy.tokenizer.encode(demonstration(p), add_special_tokens=False) + [policy.eos_id] for p in problems]
-        n_tokens = sum(len(c) for c in comps)
+        prompts, comps, masks = source.batch(ws.batch_size)
+        n_tokens = sum(sum(m) for m in masks) if masks is not None else sum(len(c) for c in comps)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for idx in length_buckets([len(p) + len(c) for p, c in zip(prompts, comps)], ws.micro_batch_tokens):
-            batch = pack([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id)
+            batch = pack([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id,
+                         [masks[i] for i in idx] if masks is not None else None)
             logp = token_logprobs(model, batch)
             loss = -(logp * batch.completion_mask).sum() / n_tokens
             loss.backward()

@@ -83,6 +83,14 @@ def warmstart_eval(trainer, run_dir: Path, resumed: bool):
     return result
 
 
+def build_agentic(cfg, policy, clients, env_workers: list[str]):
+    """The rollout machinery of an agentic run (``services.trainer.agentic_setup``)."""
+    from services.agentic.rollout import EnvScorer
+    from services.trainer.agentic_setup import build_rollout
+
+    return build_rollout(cfg, policy, clients, env_workers, EnvScorer())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
@@ -98,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sgs-tls", action="store_true", help="reach the SGS (--sgs) with mutual TLS too (needs --tls-dir)"
     )
+    parser.add_argument("--env-workers", default="",
+                        help="environment worker addresses host:port[,...] (agentic.enabled; the launcher starts them)")
     parser.add_argument("--attempt", type=int, default=0,
                         help="restart count (the launcher's): > 0 resumes from the run dir's newest recovery checkpoint")
     parser.add_argument("--died-at", type=float, default=None,
@@ -118,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
-    from services.tasks.arith import fingerprint
     from services.trainer.loop import RLTrainer
     from services.trainer.resume import recovery_summary
 
@@ -137,10 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg.weights.transport, cfg.weights, relays=relays, chunk_bytes=cfg.trainer.chunk_bytes,
         training_site=ns.training_site, tls=tls,
     )
-    trainer = RLTrainer(cfg, load_policy(ns.model, cfg.model.chat_template), clients, run_dir, transport=transport,
-                        parallel=parallel)
+    policy = load_policy(ns.model, cfg.model.chat_template)
+    trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel)
+    envs = [a for a in ns.env_workers.split(",") if a]
+    if cfg.agentic.enabled and not envs:
+        parser.error("agentic.enabled: pass the environment workers with --env-workers")
 
     resumed = trainer.open_recovery(ns.attempt, ns.died_at, started_at)
+    if cfg.agentic.enabled:  # after recovery: a restarted trainer's SGS clients shift versions on the wire
+        trainer.rollout = build_agentic(cfg, policy, trainer.clients, envs)
 
     def progress(k: int, row: dict) -> None:
         logging.info(
@@ -172,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "improvement": after.accuracy - before.accuracy,
         "improvement_in_stderr": (after.accuracy - before.accuracy) / max(after.stderr, 1e-9),
         "eval_prompts": after.prompts,
-        "eval_fingerprint": fingerprint(trainer.eval_set),
+        "eval_fingerprint": trainer.eval_fingerprint(),
         "samples_per_second": samples / rl_seconds,
         "rl_seconds": rl_seconds,
         "rl_started_at": t0,
@@ -182,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         **recovery_summary(run_dir, ns.attempt),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if trainer.rollout is not None:
+        trainer.rollout.close()
     for client in clients:
         client.close()
     if parallel is not None:

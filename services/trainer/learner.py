@@ -142,14 +142,15 @@ class Learner:
 
     def _weight(self, samples: list[SampleRecord]) -> float:
         if self.algo.loss_agg == "token_mean":
-            return float(sum(len(s.token_ids) for s in samples))
+            return float(sum(s.trained_tokens for s in samples))
         return float(len(samples))
 
     def _loss_backward(self, items: list[tuple[SampleRecord, float]]) -> None:
         """items: (sample, its group signal); one forward/backward of the policy (and critic)."""
         device = self.device
         prompts = [list(s.prompt_token_ids) for s, _ in items]
-        batch = _to(pack(prompts, [list(s.token_ids) for s, _ in items], self.policy.pad_id), device)
+        masks = [s.loss_mask for s, _ in items] if any(s.loss_mask for s, _ in items) else None
+        batch = _to(pack(prompts, [list(s.token_ids) for s, _ in items], self.policy.pad_id, masks), device)
         behav = completion_values(batch, [len(p) for p in prompts], [list(s.logprobs) for s, _ in items])
         logp_ref, values = None, None
         with compute_context(device, self.cfg.trainer.dtype):  # log-probs and values come out float32

@@ -164,10 +164,10 @@ class TrainerRuntime:
 
     def tally(self, sample: SampleRecord, r: float, staleness: int, acc: Accumulator) -> None:
         acc.samples += 1
-        acc.tokens += len(sample.token_ids)
+        acc.tokens += sample.trained_tokens  # a multi-turn trajectory's generated tokens (not its observations)
         acc.rewards += r
         acc.correct += int(r == 1.0)
-        acc.lengths.append(len(sample.token_ids))
+        acc.lengths.append(sample.trained_tokens)
         acc.staleness.append(staleness)
         acc.gen_first_start = min(acc.gen_first_start, sample.started_at)
         acc.gen_last_finish = max(acc.gen_last_finish, sample.finished_at)

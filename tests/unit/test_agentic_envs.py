@@ -139,7 +139,7 @@ def test_config_is_off_by_default_and_refuses_bad_values():
     c = cfg()
     assert not c.enabled and c.latency.kind == "none"
     for override, fragment in [
-        ("agentic.enabled=true", "not built yet"),
+        ("agentic.redundant_trajectories=-1", "agentic.redundant_trajectories: Input should be greater than or equal to 0"),
         ("agentic.env=chess", "unknown environment kind 'chess'; registered: ['calculator', 'walk']"),
         ("agentic.max_turns=0", "agentic.max_turns: Input should be greater than or equal to 1"),
         ("agentic.latency.kind=gamma", "agentic.latency.kind: Input should be 'none', 'fixed' or 'normal'"),

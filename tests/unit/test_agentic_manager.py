@@ -38,7 +38,8 @@ class ScriptedGenerator:
         self.slow = slow or {}  # trajectory id -> extra delay of its first turn
         self.samples: dict[str, list[SampleRecord]] = {}
 
-    async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int) -> SampleRecord:
+    async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int, *, min_version: int = 0,
+                       task: str = "") -> SampleRecord:
         tid, turn = request_id.rsplit("/t", 1)
         k = int(turn)
         if self.events is not None:

@@ -1,0 +1,362 @@
+"""``agentic.enabled``: GRPO on multi-turn trajectories (RollArt §5.3) under the staleness bound.
+
+The coordinator runs in the trainer process; its thread owns the staleness manager, the groups
+and the learner, and acts on events from the rollout loop (``services.agentic.rollout``):
+
+1. **launch** — a GRPO group is ``group_size`` trajectories of one episode (plus
+   ``agentic.redundant_trajectories`` extra ones). It starts when ``StalenessManager.can_reserve``
+   allows one at the trainer's version V (StaleFlow Algorithm 2) and ``agentic.concurrency``
+   leaves room; it is *reserved* with ``V_traj = V``. Every turn of its trajectories is generated
+   with ``min_weight_version = V_traj``, so however many versions a trajectory spans, its oldest
+   token is no older than V_traj: a trajectory spanning versions is bounded exactly as a partial
+   rollout is (``V_traj + eta >= V_buf``). The mode sets eta: ``sync`` (and ``sequential``) 0,
+   ``one_step`` 1, ``bounded`` ``trainer.eta``.
+2. **interaction** — ``trajectory`` (RollArt): each trajectory is one task that generates and
+   steps its environment on its own, then asks for its reward; ``batch`` (the baseline): the
+   trajectories launched together form a wave that generates turn k, then steps every
+   environment, then turn k + 1, and is scored when the wave ends; the next wave starts after.
+3. **collect** — a finished trajectory with its reward joins its group. When ``group_size`` have
+   finished (the first to finish), the group's other trajectories are cancelled (redundant
+   rollouts: the aborted work is counted), DAPO's filter may abort it, otherwise it is
+   *occupied*. A trajectory lost to an environment or reward failure is counted and replaced
+   by a new trajectory of the same episode (``agentic.max_replacements`` per group; then the
+   group is aborted, counted), and the environment pool pauses a worker that looks dead.
+4. **train** — the head buffer's occupied groups are final: their gradients are computed as
+   they appear; a Ready head buffer is *consumed*: one optimizer step, version + 1, the weights
+   offered to every SGS instance.
+
+Every consumed trajectory is checked against the bound (``bound_violations`` must stay 0) and,
+with ``agentic.log_trajectories``, written to ``trajectories.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.agentic.episodes import Episode, EpisodeStream
+from services.agentic.manager import EnvManager
+from services.agentic.rollout import Rollout, Score, ScoreFailed
+from services.agentic.runner import run_batch_level
+from services.agentic.training import to_sample
+from services.agentic.trajectory import Dropped, Trajectory
+from services.buffer.pools import ExperienceBuffer
+from services.buffer.staleness import Aborted, Entry, StalenessManager
+from services.trainer.agentic_report import TrajectoryLog, consumed_metrics
+from services.trainer.algorithms import dapo_keep_group
+from services.trainer.learner import Group
+from services.trainer.runtime import Accumulator, TrainerRuntime
+
+log = logging.getLogger("braid.agentic")
+
+ETA_OF_MODE = {"sequential": 0, "sync": 0, "one_step": 1}
+COLLECT_S = 0.05
+
+
+@dataclass
+class _Member:
+    tid: str
+    group: str
+    index: int
+    env: int  # the environment worker's index in the pool
+    manager: EnvManager
+    state: Literal["pending", "running"] = "pending"
+    future: object = None  # concurrent.futures.Future of its task (trajectory level)
+
+
+@dataclass
+class _Group:
+    key: str
+    episode: Episode
+    v_traj: int
+    finished: dict[int, tuple[Trajectory, Score]] = field(default_factory=dict)
+    next_index: int = 0
+    replacements: int = 0
+    complete: bool = False
+
+
+def eta_of(tc) -> int:
+    return tc.eta if tc.mode == "bounded" else ETA_OF_MODE[tc.mode]
+
+
+class AgenticRunner:
+    def __init__(self, rt: TrainerRuntime, rollout: Rollout, held_out: list[Episode]) -> None:
+        tc, a = rt.cfg.trainer, rt.cfg.agentic
+        self.rt, self.tc, self.a, self.rollout = rt, tc, a, rollout
+        self.eta = eta_of(tc)
+        self.mgr = StalenessManager(self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
+                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version)
+        self.episodes = EpisodeStream(a, rt.cfg.task.seed, held_out)
+        self.per_group = tc.group_size + a.redundant_trajectories
+        self.events: queue.Queue = queue.Queue()
+        self.groups: dict[str, _Group] = {}
+        self.members: dict[str, _Member] = {}  # pending or running
+        self.pending: list[_Member] = []
+        self.running = 0
+        self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
+        self.kept: dict[str, list[tuple[int, Trajectory, Score]]] = {}  # occupied groups' trajectories (metrics, log)
+        self.trained: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        self.created = 0  # groups created by this attempt (their keys)
+        self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if a.log_trajectories else None
+        if rt.runner_state is not None and "episodes" in rt.runner_state:  # resumed from a recovery checkpoint
+            self.episodes.restore(rt.runner_state["episodes"])
+
+    def state(self) -> dict:
+        """The recovery checkpoint's part: the data cursors (groups in flight are not kept: a
+        restarted trainer draws new episodes)."""
+        return {"sampler": self.rt.sampler.state(), "episodes": self.episodes.state()}
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, iterations: int, progress=None) -> None:
+        self.rt.learner.begin()
+        t_start = time.time()
+        try:
+            for k in range(self.rt.version, iterations):
+                while not self.mgr.ready():
+                    self._launch()
+                    self._collect(COLLECT_S)
+                    self._train_head()
+                row = self._consume(k, t_start)
+                t_start = row["t_end"]
+                if progress is not None:
+                    progress(k, row)
+                self.rt.maybe_save_recovery(self.state)
+        finally:
+            self._shutdown()
+        self.rt.publisher.wait(self.rt.version)
+
+    # ------------------------------------------------------------------ launching
+    def _room(self) -> int:
+        return self.a.concurrency - self.running - len(self.pending)
+
+    def _launch(self) -> None:
+        batch = self.a.interaction == "batch"
+        if not batch or (self.running == 0 and not self.pending):  # batch level: a wave at a time
+            while self._room() >= self.per_group and self.mgr.can_reserve(self.rt.version):
+                self._new_group()
+        self._start_pending()
+        if self.running == 0 and not self.pending and not self.mgr.ready():
+            raise RuntimeError(f"nothing in flight and no group can start at version {self.rt.version} "
+                               f"(head buffer {self.mgr.head} is {self.mgr.state(self.mgr.head)})")
+
+    def _new_group(self) -> None:
+        ep = self.episodes.next()
+        key = f"{ep.kind}-{ep.seed}-a{self.rt.attempt}g{self.created}"
+        self.created += 1
+        self.mgr.reserve(key, self.rt.version)
+        g = self.groups[key] = _Group(key, ep, self.rt.version)
+        for _ in range(self.per_group):
+            self._add_member(g)
+        self.counts["groups_launched"] += 1
+
+    def _add_member(self, g: _Group) -> None:
+        tid = f"{g.key}/{g.next_index}"
+        manager, env = self.rollout.manager(tid, g.episode, g.v_traj)
+        m = _Member(tid, g.key, g.next_index, env, manager)
+        g.next_index += 1
+        self.members[tid] = m
+        self.pending.append(m)
+        self.counts["trajectories_launched"] += 1
+
+    def _start_pending(self) -> None:
+        if not self.pending:
+            return
+        if self.a.interaction == "trajectory":
+            for m in self.pending:
+                m.state, m.future = "running", self.rollout.loop.submit(self._run_one(m))
+        elif self.running == 0:
+            for m in self.pending:
+                m.state = "running"
+            self.rollout.loop.submit(self._run_wave(list(self.pending)))
+            self.counts["waves"] += 1
+        else:
+            return
+        self.running += len(self.pending)
+        self.pending = []
+
+    # ------------------------------------------------------------------ on the rollout loop
+    async def _run_one(self, m: _Member) -> None:
+        try:
+            result = await m.manager.run()
+            await self._report(m, result)
+        except asyncio.CancelledError:
+            m.manager.abandon()
+            self.events.put(("cancelled", m.tid, m.manager.generated_tokens))
+            raise
+        except BaseException as exc:  # noqa: BLE001 - surfaced in the coordinator thread
+            self.events.put(("error", m.tid, exc))
+        await m.manager.wait_closed()
+
+    async def _run_wave(self, wave: list[_Member]) -> None:
+        try:
+            await run_batch_level([m.manager for m in wave])
+            async with asyncio.TaskGroup() as tg:  # rewards of the whole wave, after it (batch style)
+                for m in wave:
+                    tg.create_task(self._report(m, m.manager.result()))
+        except BaseException as exc:  # noqa: BLE001
+            self.events.put(("error", wave[0].tid, exc))
+
+    async def _report(self, m: _Member, result: Trajectory | Dropped) -> None:
+        if isinstance(result, Dropped):
+            self.events.put(("dropped", m.tid, result))
+            return
+        try:
+            score = await self.rollout.scorer.score(result)
+        except ScoreFailed as err:
+            self.events.put(("dropped", m.tid, Dropped(result.trajectory_id, result.env_kind, result.seed, result.num_turns,
+                                                       f"reward: {err}", err.code, result.generated_tokens)))
+            return
+        self.events.put(("done", m.tid, result, score))
+
+    # ------------------------------------------------------------------ collecting
+    def _collect(self, timeout: float) -> None:
+        try:
+            event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._on_event(event)
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _on_event(self, event: tuple) -> None:
+        kind, tid = event[0], event[1]
+        if kind == "error":
+            raise RuntimeError(f"trajectory {tid} failed: {event[2]!r}") from event[2]
+        m = self.members.pop(tid, None)
+        if m is None:  # cancelled by the coordinator already: its work is thrown away
+            self.counts["aborted_tokens"] += event[2] if kind == "cancelled" else event[2].generated_tokens
+            if kind == "done":
+                self.counts["finished_after_abort"] += 1
+            return
+        self.running -= 1
+        g = self.groups[m.group]
+        if kind == "dropped":
+            self._on_dropped(g, m, event[2])
+        elif kind == "done":
+            self._on_done(g, m, event[2], event[3])
+        else:
+            raise AssertionError(f"{tid}: {kind} of a member the coordinator did not cancel")
+
+    def _on_done(self, g: _Group, m: _Member, traj: Trajectory, score: Score) -> None:
+        self.counts["trajectories_finished"] += 1
+        if g.complete:  # a redundant trajectory that finished with its group (batch level)
+            self.counts["redundant_discarded"] += 1
+            self.counts["aborted_tokens"] += traj.generated_tokens
+            return
+        g.finished[m.index] = (traj, score)
+        if len(g.finished) >= self.tc.group_size:
+            self._complete(g)
+
+    def _on_dropped(self, g: _Group, m: _Member, d: Dropped) -> None:
+        self.counts["trajectories_dropped"] += 1
+        self.counts[f"dropped_{d.code}"] += 1
+        self.counts["dropped_tokens"] += d.generated_tokens
+        self.rollout.envs.failed(m.env, d.code)
+        log.warning("trajectory %s dropped after %d turns: %s", d.trajectory_id, d.turns_done, d.reason)
+        if g.complete:
+            return
+        live = sum(1 for x in self.members.values() if x.group == g.key)
+        if len(g.finished) + live >= self.tc.group_size:
+            return  # the group's other (redundant) trajectories can still fill it
+        if g.replacements < self.a.max_replacements:
+            g.replacements += 1
+            self.counts["replacements"] += 1
+            self._add_member(g)
+        else:
+            self.mgr.abort(g.key, "failures")
+            self._forget(g.key, "failures")
+
+    def _complete(self, g: _Group) -> None:
+        g.complete = True
+        self._cancel_members(g.key)
+        done = sorted(g.finished.items(), key=lambda kv: kv[1][0].finished_at)[: self.tc.group_size]
+        rewards = [score.reward for _, (_, score) in done]
+        if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
+            self.mgr.abort(g.key, "filtered")
+            self._forget(g.key, "filtered")
+            return
+        samples = [to_sample(traj, g.key, idx) for idx, (traj, _) in done]
+        self.experience.put(g.key, Group(samples, rewards))
+        self.kept[g.key] = [(idx, traj, score) for idx, (traj, score) in done]
+        self.mgr.occupy(g.key, generated_version=min(s.weight_version for s in samples))
+
+    def _cancel_members(self, key: str) -> None:
+        """Abandon a group's trajectories still pending or running (their work is counted as aborted)."""
+        for m in [x for x in self.members.values() if x.group == key]:
+            del self.members[m.tid]
+            self.counts["trajectories_aborted"] += 1
+            if m.state == "pending":
+                self.pending.remove(m)
+                continue
+            self.running -= 1
+            if m.future is not None:  # trajectory level; a wave's member runs to the wave's end, ignored
+                m.future.cancel()
+
+    def _forget(self, key: str, reason: str) -> None:
+        """A group left the staleness manager (aborted): cancel its trajectories, drop what it kept."""
+        self.counts[f"groups_aborted_{reason}"] += 1
+        self._cancel_members(key)
+        self.groups.pop(key, None)
+        self.kept.pop(key, None)
+        if key in self.experience:
+            self.experience.take([key])
+
+    # ------------------------------------------------------------------ training
+    def _train_head(self) -> None:
+        """Backward the head buffer's occupied groups as they appear (they are final)."""
+        new = [e.key for e in self.mgr.head_occupied() if e.key not in self.trained]
+        room = self.mgr.batch - len(self.trained)  # with redundant groups never train a surplus one
+        new = new[: max(room, 0)]
+        if new and (len(new) >= self.tc.micro_batch_groups or len(new) == room):
+            self.rt.learner.backward([self.experience.get(k) for k in new])
+            self.trained.update(new)
+
+    def _prefer_trained(self, occupied: list[Entry], n: int) -> list[Entry]:
+        return sorted(occupied, key=lambda e: e.key not in self.trained)[:n]
+
+    def _consume(self, k: int, t_start: float) -> dict:
+        result = self.mgr.consume(select=self._prefer_trained)
+        keys = [e.key for e in result.entries]
+        groups = self.experience.take(keys)
+        untrained = [g for key, g in zip(keys, groups) if key not in self.trained]
+        if untrained:
+            self.rt.learner.backward(untrained)
+        self._drop(result.aborted)
+        stats = self.rt.learner.stats
+        out = self.rt.step_and_snapshot(stats, offer=True, consumed=groups)
+        kept = {key: self.kept.pop(key) for key in keys}
+        acc = Accumulator()
+        for g in groups:
+            for s, r in zip(g.samples, g.rewards):
+                self.rt.tally(s, r, result.buffer_version - self.groups[s.group_id].v_traj, acc)
+        if self.log is not None:
+            self.log.write(out.version, result.buffer_version, kept)
+        for key in keys:
+            self.groups.pop(key)
+        self.trained.clear()
+        extra = consumed_metrics(result.entries, kept, self.eta) | {"eta": self.eta, "interaction": self.a.interaction,
+                                                                    **dict(sorted(self.counts.items()))}
+        row = self.rt.record(k, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, extra)
+        self.rt.learner.begin()
+        return row
+
+    def _drop(self, aborted: list[Aborted]) -> None:
+        for a in aborted:
+            if a.key in self.groups:
+                self._forget(a.key, a.reason)
+
+    def _shutdown(self) -> None:
+        for key in list(self.groups):
+            self._cancel_members(key)
+        self.pending = []
+        if self.log is not None:
+            self.log.close()

@@ -1,0 +1,72 @@
+"""An agentic trainer's rollout machinery and its held-out evaluation.
+
+``build_rollout`` wires what the trainer process was given (SGS clients, environment worker
+addresses, a reward scorer) into a ``services.agentic.rollout.Rollout``. ``evaluate`` runs the
+held-out episodes (``eval.prompts`` of them, fixed by ``eval.seed``) at the trainer's current
+version, one trajectory each at the training temperature, and scores them by the environment's
+own reward: accuracy is the fraction of episodes solved (reward 1), with its binomial standard
+error and a breakdown by the episode's difficulty (the calculator's subtraction steps, the
+walk's distance). The reward service is not asked: evaluation measures task success, whatever
+reward (a learned model, say) training optimises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from services.agentic.episodes import Episode
+from services.agentic.manager import Limits
+from services.agentic.registry import ENVIRONMENTS
+from services.agentic.rollout import EnvPool, Rollout, RolloutLoop, Scorer
+from services.agentic.runner import PolicyCodec, SgsGenerator
+from services.agentic.trajectory import Trajectory
+from services.common.config import RunConfig
+from services.trainer.evaluate import BUCKETS, EvalResult, bucket_name
+
+EXTRA_THREADS = 16  # beyond the concurrency: evaluation, session closes
+
+
+def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str], scorer: Scorer) -> Rollout:
+    a = cfg.agentic
+    executor = ThreadPoolExecutor(max_workers=2 * a.concurrency + EXTRA_THREADS, thread_name_prefix="agentic")
+    envs = EnvPool.connect(env_addresses, executor)
+    envs.wait_ready()
+    generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic")
+    return Rollout(loop=RolloutLoop(), generator=generator, envs=envs, codec=PolicyCodec(policy),
+                   limits=Limits.from_config(a), scorer=scorer, executor=executor)
+
+
+def difficulty(cfg: RunConfig, episode: Episode) -> int:
+    env = ENVIRONMENTS[episode.kind].from_config(cfg.agentic)
+    env.reset(episode.seed)
+    return env.difficulty
+
+
+def fingerprint(episodes: list[Episode]) -> str:
+    """Identifies the held-out set (runs compare accuracies only on the same set)."""
+    text = "\n".join(f"{e.kind}:{e.seed}" for e in episodes)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def score(cfg: RunConfig, episodes: list[Episode], trajs: list[Trajectory], version: int) -> EvalResult:
+    solved = [(difficulty(cfg, e), float(t.reward >= 1.0)) for e, t in zip(episodes, trajs, strict=True)]
+    n = len(solved)
+    acc = sum(r for _, r in solved) / n
+    breakdown = {}
+    for lo, hi in BUCKETS:
+        rs = [r for d, r in solved if lo <= d <= hi]
+        if rs:
+            breakdown[bucket_name(lo, hi)] = {"n": len(rs), "accuracy": sum(rs) / len(rs)}
+    return EvalResult(weight_version=version, prompts=n, accuracy=acc, stderr=math.sqrt(acc * (1 - acc) / n),
+                      response_len_mean=sum(t.generated_tokens for t in trajs) / n, by_difficulty=breakdown)
+
+
+def evaluate(rt, rollout: Rollout, episodes: list[Episode], tag: str) -> EvalResult:
+    t0 = time.time()
+    rt.publisher.wait(rt.version)
+    trajs = rollout.evaluate(episodes, rt.version, rt.cfg.agentic.concurrency, tag=tag)
+    rt.timeline["eval"].append([-1, t0, time.time()])
+    return score(rt.cfg, episodes, trajs, rt.version)

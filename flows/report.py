@@ -143,7 +143,7 @@ def _agentic_lines(rows: list[dict], run_dir: Path) -> list[str]:
     groups_aborted = ", ".join(f"{k[len('groups_aborted_'):]} {v}" for k, v in last.items()
                                if k.startswith("groups_aborted_")) or "none"
     dropped = ", ".join(f"{k[len('dropped_'):]} {v}" for k, v in last.items()
-                        if k.startswith("dropped_") and k != "dropped_tokens") or "none"
+                        if k.startswith("dropped_") and k != "dropped_tokens" and not k.startswith("dropped_on_env_")) or "none"
     lines = [
         "", "## Agentic trajectories", "",
         "| metric | value |", "|---|---|",

@@ -260,6 +260,7 @@ class AgenticRunner:
         self.counts["trajectories_dropped"] += 1
         self.counts[f"dropped_{d.code}"] += 1
         self.counts["dropped_tokens"] += d.generated_tokens
+        self.counts[f"dropped_on_env_{m.env}"] += 1
         self.rollout.envs.failed(m.env, d.code)
         log.warning("trajectory %s dropped after %d turns: %s", d.trajectory_id, d.turns_done, d.reason)
         if g.complete:

@@ -1,0 +1,113 @@
+"""Agentic training end to end: SGS, environment workers and the trainer as real processes.
+
+Every trained token is either one the SGS generated for that turn (its own generation log says
+so: request, length, version, context) or the observation the environment returned, tokenized
+alone; every trajectory's observations and reward replay exactly through a fresh environment;
+every group is consumed once within the staleness bound; a killed environment worker costs only
+the trajectories it held (counted, replaced) and is started again on its port."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+
+from flows.launcher import run_processes
+from ranker.genlog import GenerationLog
+from services.agentic.registry import ENVIRONMENTS
+from services.common.config import load_config, write_config
+from services.policy.model import load_policy
+from services.trainer.ledger import check_ledger
+from tests.conftest import FAST_ENGINE, ROOT
+
+AGENTIC = ["agentic.enabled=true", "agentic.workers=2", "agentic.concurrency=16", "trainer.prompts_per_iteration=2",
+           "trainer.group_size=4", "trainer.micro_batch_groups=1", "eval.prompts=8", "agentic.max_turns=6"]
+
+
+def _run(tmp_path, checkpoint, overrides, on_poll=None):
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, *AGENTIC, *overrides])
+    write_config(cfg, tmp_path / "config.json")
+    (tmp_path / "metrics.jsonl").write_text("")
+    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=on_poll, poll_s=0.2).read_text())
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    trajs = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    return cfg, summary, rows, trajs
+
+
+def _check_groups(cfg, summary, rows, trajs) -> None:
+    tc = cfg.trainer
+    assert [r["iteration"] for r in rows] == list(range(tc.iterations)) and summary["final_weight_version"] == tc.iterations
+    assert len(trajs) == tc.iterations * tc.prompts_per_iteration * tc.group_size
+    for r in rows:
+        assert r["bound_violations"] == 0 and r["entry_staleness_max"] <= tc.eta and r["trajectories"] == 8
+    c = rows[-1]
+    assert c["trajectories_launched"] >= c["trajectories_finished"] + c["trajectories_dropped"] + c["trajectories_aborted"]
+
+
+def test_every_trained_token_is_the_sgs_s_or_the_environment_s(tmp_path, tiny_checkpoint):
+    genlog = tmp_path / "gen.sqlite"
+    cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
+        "trainer.mode=bounded", "trainer.eta=1", "trainer.iterations=4", "agentic.redundant_trajectories=1",
+        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.01", f"generation.genlog={genlog}"])
+    _check_groups(cfg, summary, rows, trajs)
+    assert check_ledger(tmp_path / "ledger.jsonl", iterations=4, groups_per_step=2).ok
+    assert rows[-1]["trajectories_aborted"] > 0  # the redundant trajectory of a full group was cancelled
+    policy = load_policy(str(tiny_checkpoint))
+    with GenerationLog(genlog) as log:
+        sgs = {r.prompt_id: r for r in log.recent(100_000)}
+    for t in trajs:
+        ids, mask = t["token_ids"], t["loss_mask"]
+        assert ids[:t["prompt_len"]] == policy.encode_prompt(t["prompt"]) and not any(mask[:t["prompt_len"]])
+        env = ENVIRONMENTS[t["env"]].from_config(cfg.agentic)
+        assert env.reset(t["seed"]).text == t["prompt"]
+        pos, reward = t["prompt_len"], 0.0
+        for k, turn in enumerate(t["turns"]):
+            assert turn["gen_start"] == pos
+            gen = ids[pos: pos + turn["gen_len"]]
+            row = sgs[f"{t['trajectory_id']}/t{k}"]  # the SGS's own record of this turn's sample
+            assert row.response_length == turn["gen_len"] and row.weight_version == turn["weight_version"]
+            assert row.prompt == policy.decode(ids[:pos])  # the context it was given: the trajectory so far
+            assert mask[pos: pos + len(gen)] == [1] * len(gen) and policy.decode(gen) == turn["action"]
+            pos += len(gen)
+            out = env.step(env.parse_action(turn["action"]))  # a fresh environment replays the episode
+            assert out.observation.text == turn["observation"]
+            obs = policy.tokenizer.encode(turn["observation"], add_special_tokens=False) if turn["observation"] else []
+            assert ids[pos: pos + turn["obs_len"]] == obs and not any(mask[pos: pos + turn["obs_len"]])
+            pos += turn["obs_len"]
+            reward += out.reward
+        assert pos == len(ids) == len(mask) and t["env_reward"] == t["reward"] == reward
+    assert summary["eval_prompts"] == 8 and 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+def _env_worker(run_dir, name):
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd[1:3] == ["-m", "services.agentic"] and "--id" in cmd and cmd[cmd.index("--id") + 1] == name \
+                and str(run_dir) in " ".join(cmd):
+            return proc
+    return None
+
+
+def test_a_killed_environment_worker_costs_only_its_trajectories(tmp_path, tiny_checkpoint):
+    killed: list[int] = []
+
+    def kill_env_0_after_the_first_step():
+        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
+            return
+        proc = _env_worker(tmp_path, "env-0")
+        if proc is not None:
+            proc.kill()
+            killed.append(proc.pid)
+
+    cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
+        "trainer.mode=one_step", "trainer.iterations=6", "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05",
+        "agentic.retry_backoff_s=0.05"], on_poll=kill_env_0_after_the_first_step)
+    assert killed, "env-0 was not found"
+    _check_groups(cfg, summary, rows, trajs)
+    last = rows[-1]
+    assert last["trajectories_dropped"] > 0 and last["replacements"] > 0
+    assert last.get("dropped_on_env_1", 0) == 0 and last["dropped_on_env_0"] == last["trajectories_dropped"]
+    assert last.get("groups_aborted_failures", 0) == 0  # every group still filled
+    restarts = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
+    assert [r["service"] for r in restarts] == ["env-0"]
+    assert _env_worker(tmp_path, "env-0") is None  # stopped with the run (the restarted one too)

@@ -342,15 +342,15 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _pools_need_the_router(self) -> RunConfig:
+    def _affinity_needs_the_router(self) -> RunConfig:
         gen = self.generation
         if not gen.affinity:
             return self
         if self.trainer.mode == "bounded":
             raise ValueError("generation.affinity is honoured by the SGS router; trainer.mode 'bounded' routes groups "
                              "to instances itself, which does not read it (docs/affinity.md)")
-        routed = gen.dispatch.router == "on" or (gen.dispatch.router == "auto" and (gen.instances > 1 or self.scaleout.enabled))
-        if not routed:
+        router = gen.dispatch.router
+        if router == "off" or (router == "auto" and gen.instances == 1 and not self.scaleout.enabled):
             raise ValueError(f"generation.affinity needs the SGS router: generation.dispatch.router is "
                              f"{gen.dispatch.router!r} with {gen.instances} instance(s) (set it to 'on')")
         return self

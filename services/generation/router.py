@@ -294,8 +294,9 @@ class RouterCore:
                 self._observe(seq, out)
                 self._log_event({
                     "event": "sample", "call": call.call_id, "instance": i, "seq": seq.wire_id,
-                    "task": seq.prompt.task, "pool": pool_of_instance(i, self.cfg), "estimate": seq.estimate, "tokens": len(out.token_ids), "submitted_at": out.submitted_at,
-                    "started_at": out.started_at, "finished_at": out.finished_at,
+                    "task": seq.prompt.task, "pool": pool_of_instance(i, self.cfg), "estimate": seq.estimate,
+                    "tokens": len(out.token_ids), "submitted_at": out.submitted_at, "started_at": out.started_at,
+                    "finished_at": out.finished_at,
                 })
                 call.out.put(out)
             call.out.put(_END)

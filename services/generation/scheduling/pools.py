@@ -62,6 +62,7 @@ def pool_of_instance(index: int, gen: GenerationConfig) -> str | None:
 
 
 def hardware_of_pool(pool: str | None, gen: GenerationConfig) -> str | None:
+    """The ``hardware`` label of pool ``pool`` (None for no pool)."""
     return next((p.hardware for p in gen.pools if p.name == pool), None)
 
 

@@ -143,7 +143,8 @@ class WorkloadSpec(StrictModel):
     seed: int = Field(0, ge=0, description="Seed of the length draws.")
 
 
-def _load(cls, path: str | Path, what: str):
+def load_input(cls, path: str | Path, what: str):
+    """Load a planning input file into ``cls``; ``AllocationInputError`` names the file and field."""
     path = Path(path)
     if not path.is_file():
         raise AllocationInputError(f"{path}: no such {what} file")
@@ -154,11 +155,11 @@ def _load(cls, path: str | Path, what: str):
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    return _load(ClusterSpec, path, "cluster")
+    return load_input(ClusterSpec, path, "cluster")
 
 
 def load_workload(path: str | Path) -> WorkloadSpec:
-    return _load(WorkloadSpec, path, "workload")
+    return load_input(WorkloadSpec, path, "workload")
 
 
 def draw(spec: LengthSpec, n: int, rng: random.Random) -> list[int]:

@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.allocate_cli import add_parser as add_allocate_parser  # argparse only; the planner loads lazily
 
     add_allocate_parser(sub)
+    from flows.affinity_cli import add_parser as add_affinity_parser  # argparse only; the planner loads lazily
+
+    add_affinity_parser(sub)
     return parser
 
 

@@ -7,7 +7,9 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
   migrated trajectory (``V_traj`` fixed) only to an instance whose version is not older.
 - ``pick_instance``: among routable instances with spare capacity, the oldest version first
   (StaleFlow's routing groups candidates by ascending version: older instances spend their
-  remaining staleness budget before it expires), then the least loaded.
+  remaining staleness budget before it expires), then the least loaded; optionally only
+  among the instances of the trajectory's pool (RollArt's hardware affinity:
+  ``services.generation.scheduling.pools.eligible_instances``).
 - ``instances_to_sync``: *lazy* synchronisation. An instance takes the newest weights only
   when it can no longer start trajectories at its version (the bound forbids it) or when it
   is idle. Each sync costs a drain (or, with partial rollout, an interrupt and re-prefill), so
@@ -19,7 +21,7 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 
@@ -42,12 +44,16 @@ def check_routable(v_traj: int | None, inst: InstanceView, can_reserve: CanReser
 
 
 def pick_instance(
-    v_traj: int | None, instances: list[InstanceView], can_reserve: CanReserve, need: int = 1
+    v_traj: int | None, instances: list[InstanceView], can_reserve: CanReserve, need: int = 1,
+    eligible: Collection[int] | None = None,
 ) -> InstanceView | None:
-    """The instance to run a trajectory (or a group of ``need`` samples) on, or None."""
+    """The instance to run a trajectory (or a group of ``need`` samples) on, or None.
+    ``eligible``: the instance indices the trajectory's task may use (hardware affinity,
+    ``scheduling.pools.eligible_instances``); None = any."""
     candidates = [
         i for i in instances
-        if i.alive and i.inflight + need <= i.capacity and check_routable(v_traj, i, can_reserve)
+        if (eligible is None or i.index in eligible)
+        and i.alive and i.inflight + need <= i.capacity and check_routable(v_traj, i, can_reserve)
     ]
     return min(candidates, key=lambda i: (i.version, i.inflight, i.index), default=None)
 

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
 from services.common.agentic_config import AgenticConfig
+from services.common.pool_config import PoolConfig, check_pools
 from services.common.strict import StrictModel
 from services.common.task_config import CountdownDistribution
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
@@ -170,11 +171,30 @@ class GenerationConfig(StrictModel):
         "(ranker.store.RankerWatcher over this directory; None = no estimator).",
     )
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    pools: list[PoolConfig] = Field(
+        default_factory=list, max_length=64,
+        description="Named instance pools on one kind of hardware each, partitioning 0..instances-1 "
+        "(docs/affinity.md); empty = one implicit pool of every instance.",
+    )
+    affinity: dict[str, str] = Field(
+        default_factory=dict,
+        description="Task tag (PromptSpec.task) -> pool whose instances generate it; 'default' = tasks not listed "
+        "(without it they are refused, FAILED_PRECONDITION); empty = any instance. Needs pools.",
+    )
+    scaleout_pool: str = Field(
+        "", max_length=64,
+        description="Pool that instances added at run time (scale-out, AddInstance) join; '' = the first pool.",
+    )
 
     @model_validator(mode="after")
     def _delays_fit(self) -> GenerationConfig:
         if len(self.step_delay_ms) > self.instances:
             raise ValueError(f"step_delay_ms has {len(self.step_delay_ms)} entries for {self.instances} instances")
+        return self
+
+    @model_validator(mode="after")
+    def _pools_partition(self) -> GenerationConfig:
+        check_pools(self.pools, self.affinity, self.instances, self.scaleout_pool)
         return self
 
     def delay_of(self, instance: int) -> float:
@@ -319,6 +339,20 @@ class RunConfig(StrictModel):
                 f"per instance exceeds generation.max_inflight ({self.generation.max_inflight}): every open call "
                 f"holds one of the instance's max_inflight + 16 server threads"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _affinity_needs_the_router(self) -> RunConfig:
+        gen = self.generation
+        if not gen.affinity:
+            return self
+        if self.trainer.mode == "bounded":
+            raise ValueError("generation.affinity is honoured by the SGS router; trainer.mode 'bounded' routes groups "
+                             "to instances itself, which does not read it (docs/affinity.md)")
+        router = gen.dispatch.router
+        if router == "off" or (router == "auto" and gen.instances == 1 and not self.scaleout.enabled):
+            raise ValueError(f"generation.affinity needs the SGS router: generation.dispatch.router is "
+                             f"{gen.dispatch.router!r} with {gen.instances} instance(s) (set it to 'on')")
         return self
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ class PromptSpec:
     group_id: str = ""
     estimated_length: float = 0.0  # estimated output tokens (0 = unknown); LPT admission and dispatch
     forced_length: int = 0  # forced-length replay: exactly this many tokens, EOS ignored (0 = off)
+    task: str = ""  # task tag (environment kind); the router sends it to its pool (generation.affinity); "" = untagged
 
     @property
     def group(self) -> str:

@@ -15,7 +15,7 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
         prompts=[
             pb.Prompt(
                 prompt_id=p.prompt_id, group_id=p.group_id, token_ids=list(p.token_ids),
-                estimated_length=p.estimated_length, forced_length=p.forced_length,
+                estimated_length=p.estimated_length, forced_length=p.forced_length, task=p.task,
             )
             for p in prompts
         ],
@@ -32,7 +32,8 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
 
 def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], GenerateParams]:
     prompts = [
-        PromptSpec(p.prompt_id, tuple(p.token_ids), p.group_id, p.estimated_length, p.forced_length) for p in req.prompts
+        PromptSpec(p.prompt_id, tuple(p.token_ids), p.group_id, p.estimated_length, p.forced_length, p.task)
+        for p in req.prompts
     ]
     params = GenerateParams(
         samples_per_prompt=req.samples_per_prompt,

@@ -11,15 +11,19 @@ For each Generate call the router
    none. Sequences without an estimate are still served: estimate-driven policies treat them
    as typical (median) sequences, and a request without any estimate is dispatched
    round-robin and admitted FCFS (``scheduling.dispatch``/``admission``);
-3. asks the configured dispatch policy (a pure function from ``scheduling.dispatch``) for a
-   plan, given the instances' outstanding work, the recent length distribution, the
-   estimator's recent errors (estimate -> actual pairs of finished samples) and the PTL
-   profile's cost model;
+3. splits the sequences by the pool their task maps to (``scheduling.pools``, RollArt's
+   hardware affinity; one pool of every open instance without ``generation.affinity``) and
+   asks the configured dispatch policy (a pure function from ``scheduling.dispatch``) for a
+   plan per pool over that pool's instances, given their outstanding work, the recent length
+   distribution, the estimator's recent errors (estimate -> actual pairs of finished samples)
+   and the PTL profile's cost model; a task with no open instance in its pool is refused
+   (``AffinityError``: FAILED_PRECONDITION at the edge) before anything is dispatched;
 4. sends each instance its share as one Generate call (one sequence per wire prompt,
    ``prompt_id/sample_index``, estimates attached so the instance admits them LPT) and
    merges the instances' streams into the caller's stream in completion order, restoring
    the caller's prompt ids and sample indices;
-5. logs a per-instance timeline (JSONL): one line per dispatched call and per finished sample.
+5. logs a per-instance timeline (JSONL): one line per dispatched call (with its pools) and per
+   finished sample (with its task and the instance's pool).
 
 ``UpdateWeights`` is forwarded to every instance (``fanout.WeightFanout``); ``Health``
 aggregates the instances'. Mechanism only: every decision is the policy's.
@@ -29,7 +33,9 @@ slots that are never reused, so in-flight calls keep their slot index. ``add_ins
 a new instance to the current weights (the caller's ``bring_up``) before its slot opens for
 dispatch; ``remove_instance`` closes a slot to new work and waits until the instance has
 returned every sequence it holds (nothing is lost or re-run). Dispatch policies see only the
-open slots, numbered densely, and the plan is mapped back to slots.
+open slots of a pool, numbered densely, and the plan is mapped back to slots. An added instance
+joins ``generation.scaleout_pool``; the last open instance of a pool that affinity routes to
+cannot be removed.
 """
 
 from __future__ import annotations
@@ -60,6 +66,15 @@ from services.generation.scheduling import (
     LengthWindow,
     SeqRequest,
     dispatch,
+)
+from services.generation.scheduling.pools import (
+    PoolShare,
+    hardware_of_pool,
+    last_of_routed_pool,
+    merge_plans,
+    pool_of_instance,
+    routed_tasks,
+    split_by_pool,
 )
 
 log = logging.getLogger("braid.router")
@@ -134,6 +149,9 @@ class RouterCore:
     ) -> None:
         if not clients:
             raise ValueError("the router needs at least one instance")
+        if cfg.pools and len(clients) != cfg.instances:
+            raise ValueError(f"generation.pools describe {cfg.instances} instances (generation.instances); "
+                             f"the router was given {len(clients)}")
         self.clients = clients
         self.cfg = cfg
         self.dcfg = cfg.dispatch
@@ -188,22 +206,36 @@ class RouterCore:
     def active_clients(self) -> list[GenerationClient]:
         return [self.clients[i] for i in self.slots()]
 
-    def context(self) -> DispatchContext:
-        """The dispatch view: open slots numbered 0..n-1 (``slots()[k]`` is instance ``k``)."""
+    def context(self, members: Sequence[int], seed: int) -> DispatchContext:
+        """The dispatch view of the open slots ``members`` (one pool's), numbered 0..n-1
+        (``members[k]`` is instance ``k``)."""
         with self._lock:
-            open_slots = [i for i, on in enumerate(self._active) if on]
-            loads = tuple(InstanceLoad(k, self._outstanding[i], self._work[i]) for k, i in enumerate(open_slots))
+            loads = tuple(InstanceLoad(k, self._outstanding[i], self._work[i]) for k, i in enumerate(members))
             dist = self._lengths.distribution(self.dcfg.min_history)
             pairs = list(self._pairs)
         errors = EstimateErrorModel(pairs) if len(pairs) >= self.dcfg.min_history else None
         return DispatchContext(
             instances=loads, spec=self.spec, lengths=dist, alpha=self.dcfg.alpha, admission=self.cfg.admission,
-            errors=errors, scenarios=self.dcfg.scenarios, seed=self.dcfg.seed + next(self._calls),
+            errors=errors, scenarios=self.dcfg.scenarios, seed=seed,
             rotation=min(range(len(loads)), key=lambda i: (loads[i].outstanding, i)), unit=self.dcfg.unit,
         )
 
+    def _plan(self, seqs: list[_Seq]) -> tuple[int, DispatchPlan, list[tuple[PoolShare, DispatchPlan]]]:
+        """(seed, merged plan in slots, per-pool plans): the dispatch policy once per pool over
+        that pool's open slots (all open slots without affinity). Called under ``_membership``."""
+        pools = split_by_pool([s.prompt.task for s in seqs], self.cfg, self.slots())
+        seed = self.dcfg.seed + next(self._calls)
+        parts = []
+        for pool in pools:
+            share = [seqs[k] for k in pool.members]
+            requests = [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate, group=s.prompt.prompt_id)
+                        for s in share]
+            parts.append((pool, dispatch(self.dcfg.policy, requests, self.context(pool.slots, seed))))
+        return seed, merge_plans(parts), parts
+
     def start(self, prompts: list[PromptSpec], params: GenerateParams) -> RouterCall:
-        """Dispatch a validated request and start one Generate call per instance that got work."""
+        """Dispatch a validated request and start one Generate call per instance that got work.
+        Raises ``AffinityError`` (nothing dispatched) when a prompt's task has no open instance."""
         est, source = self.estimates(prompts)
         seqs: list[_Seq] = []
         for p, e in zip(prompts, est):
@@ -211,17 +243,13 @@ class RouterCore:
                 seqs.append(_Seq(f"{p.prompt_id}/{k}", p, k, e))
         with self._membership:  # no slot closes between the view and the booking of its share
             t_dispatch = time.time()  # taken under the lock: orders dispatches and removals in the timeline
-            slots = self.slots()
-            ctx = self.context()
             t0 = time.perf_counter()
-            plan = dispatch(
-                self.dcfg.policy, [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate, group=s.prompt.prompt_id) for s in seqs], ctx
-            )
+            seed, plan, parts = self._plan(seqs)
             dispatch_s = time.perf_counter() - t0
-            call = RouterCall(ctx.seed, len(seqs), plan, source)
+            call = RouterCall(seed, len(seqs), plan, source)
             shares: list[list[_Seq]] = [[] for _ in self.clients]
             for s in seqs:
-                s.instance = slots[plan.assignment[s.wire_id]]
+                s.instance = plan.assignment[s.wire_id]
                 shares[s.instance].append(s)
             work = [sum(s.estimate or 0.0 for s in share) for share in shares]
             with self._lock:
@@ -234,6 +262,9 @@ class RouterCore:
             "ranker": self.estimator_name() if self.estimator_name and source in ("estimator", "mixed") else None,
             "dispatch_s": dispatch_s, "predicted_makespan_s": plan.predicted_makespan_s, "notes": plan.notes,
             "long_instances": list(plan.long_instances),
+            "pools": [{"pool": pool.pool, "hardware": hardware_of_pool(pool.pool, self.cfg), "tasks": list(pool.tasks),
+                       "instances": list(pool.slots), "sequences": len(pool.members),
+                       "predicted_makespan_s": part.predicted_makespan_s} for pool, part in parts],
         })
         wire_params = replace(params, samples_per_prompt=1)
         call.out.put(("open", sum(1 for share in shares if share)))
@@ -243,7 +274,7 @@ class RouterCore:
             forward = self.dcfg.forward_estimates
             wire = [
                 PromptSpec(s.wire_id, s.prompt.token_ids, s.prompt.group, (s.estimate or 0.0) if forward else 0.0,
-                           s.prompt.forced_length)
+                           s.prompt.forced_length, s.prompt.task)
                 for s in share
             ]
             handle = self.clients[i].start(wire, wire_params)
@@ -263,8 +294,9 @@ class RouterCore:
                 self._observe(seq, out)
                 self._log_event({
                     "event": "sample", "call": call.call_id, "instance": i, "seq": seq.wire_id,
-                    "estimate": seq.estimate, "tokens": len(out.token_ids), "submitted_at": out.submitted_at,
-                    "started_at": out.started_at, "finished_at": out.finished_at,
+                    "task": seq.prompt.task, "pool": pool_of_instance(i, self.cfg), "estimate": seq.estimate,
+                    "tokens": len(out.token_ids), "submitted_at": out.submitted_at, "started_at": out.started_at,
+                    "finished_at": out.finished_at,
                 })
                 call.out.put(out)
             call.out.put(_END)
@@ -311,7 +343,8 @@ class RouterCore:
         if not slot:
             raise RuntimeError(f"bring-up of {client.address} returned without joining it")
         self._log_event({"event": "add_instance", "t": time.time(), "slot": slot[0], "address": client.address,
-                         "weight_version": version, "instances": self.addresses()})
+                         "pool": pool_of_instance(slot[0], self.cfg), "weight_version": version,
+                         "instances": self.addresses()})
         return version
 
     def remove_instance(self, address: str, timeout_s: float) -> int:
@@ -327,6 +360,10 @@ class RouterCore:
             if len(open_slots) == 1:
                 raise MembershipError(grpc.StatusCode.FAILED_PRECONDITION, f"{address} is the last instance; add another first")
             slot = match[0]
+            if (pool := last_of_routed_pool(slot, self.cfg, open_slots)) is not None:
+                raise MembershipError(grpc.StatusCode.FAILED_PRECONDITION,
+                                      f"{address} is the last instance of pool {pool!r}, which generation.affinity routes "
+                                      f"tasks {routed_tasks(pool, self.cfg)} to; add another first")
             self._active[slot] = False
             held = self._outstanding[slot]
             t_removed = time.time()  # under the lock, like a dispatch's "t"

@@ -2,17 +2,19 @@
 
 Same contract and status codes as an instance (``server.py``): INVALID_ARGUMENT for malformed
 requests (validated here, before anything is dispatched), RESOURCE_EXHAUSTED for oversized
-messages (transport), and an instance's own status when it fails or refuses (e.g.
-UNAVAILABLE when an instance is down, FAILED_PRECONDITION / DATA_LOSS for a refused weight
-version), with the instance named in the message. Weight versions reach the instances through
-``fanout.WeightFanout``: ``UpdateWeights`` streams them through the router (direct transport),
-``PullWeights`` tells each instance to pull from its own relay (relay transport).
+messages (transport), FAILED_PRECONDITION for a prompt whose task has no open instance in its
+pool (``generation.affinity``, docs/affinity.md; nothing is dispatched), and an instance's own
+status when it fails or refuses (e.g. UNAVAILABLE when an instance is down, FAILED_PRECONDITION /
+DATA_LOSS for a refused weight version), with the instance named in the message. Weight
+versions reach the instances through ``fanout.WeightFanout``: ``UpdateWeights`` streams them
+through the router (direct transport), ``PullWeights`` tells each instance to pull from its own
+relay (relay transport).
 
 ``AddInstance`` / ``RemoveInstance`` change the instance set at run time (dynamic DP
 scale-out, docs/scaleout.md): INVALID_ARGUMENT for a malformed address or wait, ALREADY_EXISTS
 for an instance already routed to, UNAVAILABLE when the new instance does not answer,
-NOT_FOUND for an unknown one, FAILED_PRECONDITION for removing the last instance,
-DEADLINE_EXCEEDED when a removed instance's in-flight work outlasts the wait.
+NOT_FOUND for an unknown one, FAILED_PRECONDITION for removing the last instance (or the last
+of a pool that ``generation.affinity`` routes tasks to), DEADLINE_EXCEEDED when a removed instance's in-flight work outlasts the wait.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from services.generation import convert
 from services.generation.fanout import FanoutError, WeightFanout
 from services.generation.client import GenerationClient
 from services.generation.router import InstanceFailed, MembershipError, RouterCore
+from services.generation.scheduling.pools import AffinityError
 from services.generation.server import MAX_WAIT_S, RequestError, pull_problem, validate_request
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
@@ -54,7 +57,10 @@ class RouterServicer(pb_grpc.GenerationServicer):
             validate_request(prompts, params, self.cfg, vocab_size=self.vocab_size, max_positions=self.max_positions)
         except RequestError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        call = self.core.start(prompts, params)
+        try:
+            call = self.core.start(prompts, params)
+        except AffinityError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         context.add_callback(call.cancel)
         try:
             for sample in self.core.results(call, context.is_active):

@@ -19,6 +19,7 @@ import grpc
 
 from services.common.config import GenerationConfig
 from services.common.malformed import MalformedRequests
+from services.common.pool_config import task_problem
 from services.common.types import GenerateParams, PromptSpec
 from services.common.weights import WeightAssembler, WeightError
 from services.generation import convert
@@ -84,6 +85,8 @@ def validate_request(
         seen.add(p.prompt_id)
         if len(p.group_id) > MAX_ID_CHARS:
             raise RequestError(f"group_id of {p.prompt_id!r} is longer than {MAX_ID_CHARS} characters")
+        if (why := task_problem(p.task)) is not None:
+            raise RequestError(f"prompt {p.prompt_id!r}: {why}")
         if not p.token_ids:
             raise RequestError(f"prompt {p.prompt_id!r} has no tokens")
         if len(p.token_ids) > cfg.max_prompt_tokens:

@@ -93,7 +93,7 @@ class TrainerRuntime:
         for p in problems:
             self.problems[p.prompt_id] = p
         return [
-            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt)), forced_length=forced_length)
+            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt)), forced_length=forced_length, task="arith")
             for p in problems
         ]
 

@@ -130,6 +130,7 @@ def test_instance_admits_longest_estimate_first(stack, tiny_checkpoint):
         ([PromptSpec("a", (1, 5), "", 0.0, 500)], GenerateParams(), "forced_length 500 exceeds"),
         ([PromptSpec("a", (1, 5), "", -3.0)], GenerateParams(), "estimated_length must be finite"),
         ([PromptSpec("a", (1, 99))], GenerateParams(), "outside [0,"),
+        ([PromptSpec("a", (1, 5), task="no spaces")], GenerateParams(), "task tag may hold only"),
     ],
 )
 def test_bad_requests_are_refused_with_clear_status(stack, prompts, params, match):
@@ -195,6 +196,57 @@ def test_estimator_is_injected_for_prompts_without_estimates(stack, tiny_checkpo
     assert len(list(core.results(call))) == 2 and call.estimate_source == "none" and core.estimator_failures == 1
     for c in clients:
         c.close()
+
+
+POOLS = [
+    "generation.pools=[{name: compute, hardware: H800, instances: [0]}, {name: bandwidth, hardware: H20, instances: [1]}]",
+    "generation.affinity={calculator: compute, math: bandwidth}", "generation.dispatch.policy=round_robin",
+]
+
+
+@pytest.fixture(scope="module")
+def pooled(stack, tmp_path_factory, tiny_checkpoint):
+    """A second router process over the same two instances, with one pool per instance and a
+    task -> pool map (RollArt's hardware affinity; docs/affinity.md)."""
+    from services.common.config import load_config, write_config
+
+    workdir = tmp_path_factory.mktemp("pooled")
+    write_config(load_config(ROOT / "deploy/configs/smoke.yaml", [*OVERRIDES, *POOLS]), workdir / "config.json")
+    proc, client, log, timeline = start_router(workdir, tiny_checkpoint, workdir / "config.json", [i.address for i in stack[1]])
+    yield client, stack[1], timeline
+    client.close()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, log.read_text()[-3000:]
+
+
+def test_each_task_runs_only_on_its_pool(pooled):
+    client, _, timeline = pooled
+    tasks = ["calculator", "math", "math", "calculator", "math", "calculator"]
+    prompts = [PromptSpec(f"t{i}", (1, 5, 6, 7), "", 0.0, 3 + i, task) for i, task in enumerate(tasks)]
+    samples = list(client.generate(prompts, GenerateParams(samples_per_prompt=3)))
+    assert sorted((s.prompt_id, s.sample_index) for s in samples) == sorted((p.prompt_id, k) for p in prompts for k in range(3))
+    events = [json.loads(line) for line in timeline.read_text().splitlines()]
+    dispatched = [e for e in events if e["event"] == "dispatch"][-1]
+    assert {p["pool"]: (p["hardware"], p["tasks"], p["instances"], p["sequences"]) for p in dispatched["pools"]} == {
+        "compute": ("H800", ["calculator"], [0], 9), "bandwidth": ("H20", ["math"], [1], 9)}
+    ran = [(e["task"], e["pool"], e["instance"]) for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
+    assert sorted(ran) == sorted([("calculator", "compute", 0)] * 9 + [("math", "bandwidth", 1)] * 9)
+
+
+def test_a_task_without_a_pool_is_refused_and_a_pool_keeps_its_last_instance(pooled):
+    client, instances, timeline = pooled
+    before = timeline.read_text().count('"dispatch"')
+    mixed = [PromptSpec("ok", (1, 5), "", 0.0, 2, "math"), PromptSpec("lost", (1, 5), "", 0.0, 2, "walk")]
+    with pytest.raises(grpc.RpcError) as err:
+        list(client.generate(mixed, GenerateParams()))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "task 'walk' has no pool: generation.affinity lists ['calculator', 'math'] and no 'default'" in err.value.details()
+    assert timeline.read_text().count('"dispatch"') == before  # nothing was dispatched
+    with pytest.raises(grpc.RpcError) as err:
+        client.remove_instance(instances[0].address, wait_s=1)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "last instance of pool 'compute', which generation.affinity routes tasks ['calculator'] to" in err.value.details()
+    assert [s.prompt_id for s in client.generate(mixed[:1], GenerateParams())] == ["ok"]  # still serving
 
 
 def test_lost_instance_is_reported_as_unavailable(stack):

@@ -344,7 +344,7 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _affinity_needs_the_router(self) -> RunConfig:
         gen = self.generation
-        if not gen.affinity:
+        if not gen.affinity or self.agentic.enabled:  # an agentic trainer honours it itself when it has no router
             return self
         if self.trainer.mode == "bounded":
             raise ValueError("generation.affinity is honoured by the SGS router; trainer.mode 'bounded' routes groups "

@@ -24,6 +24,7 @@ from services.agentic.rollout import EnvPool, Rollout, RolloutLoop, Scorer
 from services.agentic.runner import PolicyCodec, SgsGenerator
 from services.agentic.trajectory import Trajectory
 from services.common.config import RunConfig
+from services.generation.scheduling.pools import eligible_instances
 from services.trainer.evaluate import BUCKETS, EvalResult, bucket_name
 
 EXTRA_THREADS = 16  # beyond the concurrency: evaluation, session closes
@@ -34,7 +35,9 @@ def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str], sco
     executor = ThreadPoolExecutor(max_workers=2 * a.concurrency + EXTRA_THREADS, thread_name_prefix="agentic")
     envs = EnvPool.connect(env_addresses, executor)
     envs.wait_ready()
-    generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic")
+    direct = len(clients) == cfg.generation.instances  # instances, not one router in front of several
+    eligible = (lambda task, n: eligible_instances(task, cfg.generation, range(n))) if direct and cfg.generation.affinity else None
+    generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic", eligible=eligible)
     return Rollout(loop=RolloutLoop(), generator=generator, envs=envs, codec=PolicyCodec(policy),
                    limits=Limits.from_config(a), scorer=scorer, executor=executor)
 

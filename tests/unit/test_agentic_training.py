@@ -13,6 +13,7 @@ from services.agentic.training import demonstration, to_sample
 from services.agentic.trajectory import TrajectoryBuilder, Turn
 from services.agentic.walk import WalkEnv
 from services.common.config import ConfigError, load_config
+from services.common.types import SampleRecord
 from services.generation.convert import sample_to_pb
 from services.policy.batch import pack
 from services.policy.model import Policy, char_tokenizer
@@ -129,3 +130,48 @@ def test_env_pool_round_robin_skips_a_worker_that_looked_dead_for_a_while():
 def test_agentic_runs_refuse_what_they_do_not_support(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["agentic.enabled=true", "trainer.group_size=8", override])
+
+
+class _FakeClient:
+    """An SGS client that answers at once and records what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple] = []
+
+    def start(self, prompts, params):
+        (p,) = prompts
+        self.asked.append((p, params))
+        sample = SampleRecord(p.prompt_id, p.prompt_id, 0, p.token_ids, (5, 2), (-0.1, -0.2), params.min_weight_version,
+                              "stop", 0, 0, 0)
+        return _Call([sample])
+
+
+class _Call(list):
+    def cancel(self) -> None:
+        pass
+
+
+def test_generator_tags_prompts_with_the_task_and_keeps_to_its_pool():
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.agentic.runner import SgsGenerator
+    from services.generation.scheduling.pools import eligible_instances
+
+    gen_cfg = load_config(None, ["generation.instances=3", "agentic.enabled=true",
+                                 "generation.pools=[{name: a, instances: [0]}, {name: b, instances: [1, 2]}]",
+                                 "generation.affinity={calculator: b, default: a}"]).generation
+    clients = [_FakeClient() for _ in range(3)]
+    with ThreadPoolExecutor(4) as ex:
+        gen = SgsGenerator(clients, ex, eligible=lambda task, n: eligible_instances(task, gen_cfg, range(n)))
+
+        async def turns():
+            for k in range(6):
+                await gen.generate(f"g{k % 3}/0/t{k}", (1, 2), 4, min_version=3, task="calculator")
+            await gen.generate("w/0/t0", (1,), 4, task="walk")
+
+        asyncio.run(turns())
+    calc = [p for c in clients[1:] for p, _ in c.asked]
+    assert len(calc) == 6 and {p.task for p in calc} == {"calculator"}
+    assert all(params.min_weight_version == 3 for c in clients[1:] for _, params in c.asked)
+    assert [p.task for p, _ in clients[0].asked] == ["walk"]  # the default pool

@@ -77,7 +77,6 @@ class _Group:
     finished: dict[int, tuple[Trajectory, Score]] = field(default_factory=dict)
     next_index: int = 0
     replacements: int = 0
-    complete: bool = False
 
 
 def eta_of(tc) -> int:
@@ -248,10 +247,6 @@ class AgenticRunner:
 
     def _on_done(self, g: _Group, m: _Member, traj: Trajectory, score: Score) -> None:
         self.counts["trajectories_finished"] += 1
-        if g.complete:  # a redundant trajectory that finished with its group (batch level)
-            self.counts["redundant_discarded"] += 1
-            self.counts["aborted_tokens"] += traj.generated_tokens
-            return
         g.finished[m.index] = (traj, score)
         if len(g.finished) >= self.tc.group_size:
             self._complete(g)
@@ -263,8 +258,6 @@ class AgenticRunner:
         self.counts[f"dropped_on_env_{m.env}"] += 1
         self.rollout.envs.failed(m.env, d.code)
         log.warning("trajectory %s dropped after %d turns: %s", d.trajectory_id, d.turns_done, d.reason)
-        if g.complete:
-            return
         live = sum(1 for x in self.members.values() if x.group == g.key)
         if len(g.finished) + live >= self.tc.group_size:
             return  # the group's other (redundant) trajectories can still fill it
@@ -277,8 +270,7 @@ class AgenticRunner:
             self._forget(g.key, "failures")
 
     def _complete(self, g: _Group) -> None:
-        g.complete = True
-        self._cancel_members(g.key)
+        self._cancel_members(g.key)  # the group is full: its other trajectories are surplus
         done = sorted(g.finished.items(), key=lambda kv: kv[1][0].finished_at)[: self.tc.group_size]
         rewards = [score.reward for _, (_, score) in done]
         if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):

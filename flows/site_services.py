@@ -37,7 +37,8 @@ from prefect.states import Cancelled, State
 from pydantic import Field
 
 from flows.processes import (
-    Supervisor, router_enabled, start_instances, start_relay, start_router, start_trainer, supervise_trainer,
+    Supervisor, router_enabled, start_env_workers, start_instances, start_relay, start_router, start_trainer,
+    supervise_trainer,
 )
 from flows.two_site import ENDPOINTS_KEY, FINAL, INSTANCES_KEY, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
@@ -210,6 +211,9 @@ def training_site(
             links = ["--relays", ",".join([master, *(relays or [])])]
         if sites.tls.enabled:  # the SGS (or its router) and the other sites' relays are across the link
             links += ["--tls-dir", sites.tls.dir, "--sgs-tls"]
+        if config.agentic.enabled:  # environment workers beside the trainer that drives them (loopback)
+            links += ["--env-workers", ",".join(start_env_workers(sup, rd, config.agentic.workers, config=cfg_path))]
+
         def start(attempt: int, died_at: float | None):
             logger.info("site %s: trainer (attempt %d) started against %s", s.name, attempt, ", ".join(sgs))
             return start_trainer(

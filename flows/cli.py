@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.allocate_cli import add_parser as add_allocate_parser  # argparse only; the planner loads lazily
 
     add_allocate_parser(sub)
+    from flows.reward_cli import add_parser as add_reward_parser  # argparse only; torch loads lazily
+
+    add_reward_parser(sub)
     return parser
 
 

@@ -1,8 +1,10 @@
 """The reward worker as a real process on loopback: Score and Health, every refusal with its status,
-unparseable bytes on each method, a full queue and slow scores."""
+unparseable bytes on each method, a full queue and slow scores, the model kind served and refused."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from services.common.config import load_config
 from services.proto import braid_pb2 as pb
 from services.reward.client import RewardClient, RewardError
 from services.reward.protocol import MAX_TEXT_CHARS, RewardRequest
-from tests.conftest import spawn_service, stop_service
+from tests.conftest import ROOT, spawn_service, stop_service
 
 AGENTIC = load_config(None, []).agentic
 
@@ -132,5 +134,37 @@ def test_a_full_worker_refuses_and_slow_scores_time_out(tmp_path):
         assert all("longer than reward.timeout_s (5.0s) on worker busy" in out[k][1] for k in "ab")
         h = w.client.health()
         assert (h.served, h.in_flight) == (0, 0) and h.busy_s > 0.0
+    finally:
+        assert w.stop() == 0
+
+
+def _run_worker(*overrides: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "services.reward", "--port", "0"]
+    for o in overrides:
+        args += ["--set", o]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_model_worker_without_a_loadable_model_refuses_to_start(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    proc = _run_worker("reward.kind=model", f"reward.model_path={tmp_path}")
+    assert proc.returncode == 2 and "missing tokenizer.json, reward_meta.json" in proc.stderr
+    proc = _run_worker("reward.kind=model")
+    assert proc.returncode == 2 and "reward.kind 'model' needs reward.model_path" in proc.stderr
+
+
+@pytest.mark.slow  # torch and transformers load in the test and in the worker: ~40 s on a loaded 2-core machine
+def test_a_model_worker_scores_with_its_classifier(tmp_path):
+    from services.reward.model import ClassifierSpec, build_classifier, save_classifier
+
+    model, tok = build_classifier(ClassifierSpec())  # untrained: the service does not care
+    save_classifier(model, tok, tmp_path / "model", {"tasks": ["calculator"], "max_tokens": 256})
+    w = Worker(tmp_path, "m0", ["reward.kind=model", f"reward.model_path={tmp_path / 'model'}"])
+    try:
+        scored = w.client.score(calculator_transcript(3))
+        assert scored.kind == "model" and 0.0 <= scored.reward <= 1.0 and scored.info["p_correct"] == f"{scored.reward:.4f}"
+        code, message = code_of(w.client.score, RewardRequest("r", "walk", 0, "3,5=", (">>",), ("",)))
+        assert code == "INVALID_ARGUMENT" and "trained on tasks ['calculator']" in message
+        assert w.client.health().kind == "model"
     finally:
         assert w.stop() == 0

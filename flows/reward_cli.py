@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default="deploy/configs/default.yaml", help="run config (its agentic.calculator section)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override, e.g. agentic.calculator.max_steps=3")
     p.add_argument("--out", required=True, help="directory to write the classifier to (reward.model_path)")
-    p.add_argument("--steps", type=_positive, default=400, help="optimizer steps")
+    p.add_argument("--steps", type=_positive, default=1500, help="optimizer steps")
     p.add_argument("--examples", type=_positive, default=3000, help="training transcripts (held out: a third as many)")
     p.add_argument("--seed", type=int, default=0, help="seed of the transcripts and the initial weights")
     p.set_defaults(func=_train)

@@ -33,6 +33,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from flows.processes import Service, Supervisor, tail
@@ -80,8 +81,9 @@ class RewardPoolController:
         """Start ``reward.workers`` workers, write the membership file; return their addresses."""
         n = self.cfg.reward.workers
         started = [self._launch(self._take_index()) for _ in range(n)]  # all start at once, then wait for each
+        members = [(self._await(name, port_file, svc), svc) for name, port_file, svc in started]
         with self._lock:
-            self.members = [(self._await(name, port_file, svc), svc) for name, port_file, svc in started]
+            self.members = members
         self._publish()
         self._log({"event": "start", "workers": self.addresses})
         return self.addresses
@@ -105,14 +107,14 @@ class RewardPoolController:
         self.history.append(sample)
         horizon = sample.t_s - 4 * (self.limits.window_s + self.limits.cooldown_s)
         self.history = [s for s in self.history if s.t_s >= horizon]
-        busy = self._busy is not None and self._busy.is_alive()
         decision = decide(self.history, len(members), self.limits, self.last_change_s)
+        if self._busy is not None and self._busy.is_alive():
+            decision = replace(decision, action="hold", workers=len(members), reason="a change is in progress")
         self._log({"event": "decision", "workers": len(members), "reporting": sample.reporting,
                    "utilisation": sample.busy_s / sample.capacity_s if sample.capacity_s else None,
                    "queued": sample.queued, "window_utilisation": decision.utilisation,
-                   "action": "hold" if busy else decision.action,
-                   "reason": "a change is in progress" if busy else decision.reason})
-        if decision.action != "hold" and not busy:
+                   "action": decision.action, "reason": decision.reason})
+        if decision.action != "hold":
             self._busy = threading.Thread(target=contextvars.copy_context().run, args=(self._act, decision.action),
                                           name="reward-scaling", daemon=True)
             self._busy.start()

@@ -13,10 +13,11 @@ over many workers for many threads at once:
 - **never hangs**: each attempt has the deadline ``timeout_s``, so a call ends within
   ``(retries + 1) x timeout_s`` plus the backoffs;
 - **membership**: with ``membership``, the pool follows a JSON file ``{"version": n, "workers":
-  ["host:port", ...]}`` that the controller (``flows/reward_pool.py``) replaces atomically when a
-  worker joins or leaves. Every call first checks the file (a ``stat``) and re-reads it when it
-  changed: a new worker gets calls at once; a removed one gets no new calls, and its channel is
-  closed when its last call in flight returns.
+  ["host:port", ...]}`` that the controller (``flows/reward_pool.py``) writes in ``start()`` (it
+  must exist when the pool is built) and replaces atomically when a worker joins or leaves. Every
+  call first checks the file (a ``stat``) and re-reads it when it changed: a new worker gets calls
+  at once; a removed one gets no new calls, and its channel is closed when its last call in flight
+  returns.
 
 ``RewardError(code, message, retryable)`` is what a failed call raises; ``code`` is a gRPC
 status name.
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import grpc
 
+from services.common.reward_config import RewardConfig
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.reward.protocol import RewardRequest, RewardResult
@@ -141,7 +143,8 @@ class RewardPool:
         self._refresh()
 
     @classmethod
-    def from_config(cls, cfg, addresses: list[str] | None = None, membership: Path | None = None) -> RewardPool:
+    def from_config(cls, cfg: RewardConfig, addresses: list[str] | None = None,
+                    membership: Path | None = None) -> RewardPool:
         """A pool with the ``reward`` section's timeout, retries and backoff."""
         return cls(addresses, membership, timeout_s=cfg.timeout_s, retries=cfg.retries, backoff_s=cfg.retry_backoff_s)
 

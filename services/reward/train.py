@@ -38,7 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from services.agentic.calculator import CalculatorEnv, demonstration
 from services.common.agentic_config import AgenticConfig
-from services.reward.model import ClassifierSpec, build_classifier, encode, probabilities, save_classifier
+from services.reward.model import ClassifierSpec, batch, build_classifier, encode, probabilities, save_classifier
 from services.reward.protocol import RewardRequest
 from services.reward.rule import RuleReward
 
@@ -52,7 +52,7 @@ INVALID_TEXTS = ("", "x", "9-", "#", "12-3-4", ">5", "-")
 class TrainSpec:
     """The training run (`braid reward train` sets steps, examples and seed)."""
 
-    steps: int = 400
+    steps: int = 1500
     batch_size: int = 32
     lr: float = 1e-2
     warmup_steps: int = 20
@@ -145,8 +145,6 @@ def _train(agentic: AgenticConfig, spec: TrainSpec) -> tuple[PreTrainedModel, Pr
 
 
 def _fit(model: PreTrainedModel, pad_id: int, data: list[tuple[list[int], int]], spec: TrainSpec) -> list[float]:
-    from services.reward.model import batch
-
     torch.manual_seed(spec.seed)
     gen = random.Random(spec.seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
@@ -175,8 +173,8 @@ def _fit(model: PreTrainedModel, pad_id: int, data: list[tuple[list[int], int]],
     return losses
 
 
-def evaluate(model: PreTrainedModel, tok: PreTrainedTokenizerFast, held: list[tuple[RewardRequest, int]], seen: set[tuple[int, ...]], max_tokens: int,
-             batch_size: int = 256) -> dict:
+def evaluate(model: PreTrainedModel, tok: PreTrainedTokenizerFast, held: list[tuple[RewardRequest, int]],
+             seen: set[tuple[int, ...]], max_tokens: int, batch_size: int = 256) -> dict:
     """Accuracy (P(correct) >= 0.5) on the held-out transcripts against the majority-class baseline,
     also on those whose rendering never occurs in training (``unseen``) and per change."""
     rows = [encode(tok, r, max_tokens) for r, _ in held]

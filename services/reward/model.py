@@ -45,11 +45,11 @@ RENDERING = "bos+prompt,(action+eos+observation)*/v1"
 class ClassifierSpec:
     """The built classifier's shape (a tiny Qwen2 with a 2-label head)."""
 
-    hidden_size: int = 32
+    hidden_size: int = 64
     num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    intermediate_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
     max_tokens: int = 256  # positions; longer transcripts keep <bos> and their tail
     init_seed: int = 0
 

@@ -54,7 +54,7 @@ class TrainSpec:
 
     steps: int = 1500
     batch_size: int = 32
-    lr: float = 1e-2
+    lr: float = 3e-3  # 1e-2 got stuck on the default distribution (never learned wrong answers)
     warmup_steps: int = 20
     train_examples: int = 3000  # transcripts generated for training
     eval_examples: int = 1000  # held-out transcripts (other seeds)

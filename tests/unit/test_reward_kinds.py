@@ -18,11 +18,14 @@ TEST_CONFIG = ["agentic.calculator.max_steps=3"]  # short transcripts: trains in
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A classifier trained on the test config (what `braid reward train` runs, smaller)."""
+    """A classifier trained on the test config: short transcripts, a smaller model, 300 steps."""
+    from services.reward.model import ClassifierSpec
     from services.reward.train import TrainSpec, train
 
     out = tmp_path_factory.mktemp("reward-model")
-    metrics = train(load_config(None, TEST_CONFIG).agentic, out, TrainSpec(steps=300, train_examples=2000, eval_examples=600))
+    small = ClassifierSpec(hidden_size=32, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    spec = TrainSpec(steps=300, lr=1e-2, train_examples=2000, eval_examples=600, model=small)
+    metrics = train(load_config(None, TEST_CONFIG).agentic, out, spec)
     return out, metrics
 
 
@@ -58,7 +61,6 @@ def test_contract_of_every_reward_kind(reward_fn):
 
 def test_training_beats_the_majority_baseline_on_held_out_transcripts(trained):
     path, m = trained
-    print(json.dumps(m))
     assert m["held_out"] == 600 and m["held_out_accuracy"] >= m["held_out_majority_baseline"] + 0.1, m
     assert m["train_s"] < 300  # seconds on a loaded 2-core machine; well under a minute on a quiet one
     meta = json.loads((path / MODEL_META).read_text())

@@ -153,7 +153,7 @@ def test_a_model_worker_without_a_loadable_model_refuses_to_start(tmp_path):
     assert proc.returncode == 2 and "reward.kind 'model' needs reward.model_path" in proc.stderr
 
 
-@pytest.mark.slow  # torch and transformers load in the test and in the worker: ~40 s on a loaded 2-core machine
+@pytest.mark.slow  # torch and transformers load in the test and in the worker: 12 to 40 s here, with the load
 def test_a_model_worker_scores_with_its_classifier(tmp_path):
     from services.reward.model import ClassifierSpec, build_classifier, save_classifier
 

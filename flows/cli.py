@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.affinity_cli import add_parser as add_affinity_parser  # argparse only; the planner loads lazily
 
     add_affinity_parser(sub)
+    from flows.reward_cli import add_parser as add_reward_parser  # argparse only; torch loads lazily
+
+    add_reward_parser(sub)
     return parser
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_va
 
 from services.common.agentic_config import AgenticConfig
 from services.common.pool_config import PoolConfig, check_pools
+from services.common.reward_config import RewardConfig
 from services.common.strict import StrictModel
 from services.common.task_config import CountdownDistribution
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
@@ -319,6 +320,7 @@ class RunConfig(StrictModel):
     forced_length_ramp: ForcedLengthRamp = Field(default_factory=ForcedLengthRamp)
     forced_length_replay: ForcedLengthReplay = Field(default_factory=ForcedLengthReplay)
     agentic: AgenticConfig = Field(default_factory=AgenticConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
 
     @model_validator(mode="after")
     def _router_mode(self) -> RunConfig:

@@ -440,3 +440,60 @@ class EnvHealthReply(_message.Message):
     steps: int
     kinds: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, worker_id: _Optional[str] = ..., sessions: _Optional[int] = ..., steps: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("request_id", "task", "seed", "prompt", "actions", "observations")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    task: str
+    seed: int
+    prompt: str
+    actions: _containers.RepeatedScalarFieldContainer[str]
+    observations: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., task: _Optional[str] = ..., seed: _Optional[int] = ..., prompt: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., observations: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ScoreReply(_message.Message):
+    __slots__ = ("reward", "kind", "info", "worker", "score_s")
+    class InfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    SCORE_S_FIELD_NUMBER: _ClassVar[int]
+    reward: float
+    kind: str
+    info: _containers.ScalarMap[str, str]
+    worker: str
+    score_s: float
+    def __init__(self, reward: _Optional[float] = ..., kind: _Optional[str] = ..., info: _Optional[_Mapping[str, str]] = ..., worker: _Optional[str] = ..., score_s: _Optional[float] = ...) -> None: ...
+
+class RewardHealthReply(_message.Message):
+    __slots__ = ("worker_id", "kind", "threads", "in_flight", "queued", "served", "busy_s", "max_queue")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    kind: str
+    threads: int
+    in_flight: int
+    queued: int
+    served: int
+    busy_s: float
+    max_queue: int
+    def __init__(self, worker_id: _Optional[str] = ..., kind: _Optional[str] = ..., threads: _Optional[int] = ..., in_flight: _Optional[int] = ..., queued: _Optional[int] = ..., served: _Optional[int] = ..., busy_s: _Optional[float] = ..., max_queue: _Optional[int] = ...) -> None: ...

@@ -903,3 +903,139 @@ class Environment:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RewardStub:
+    """---------------------------------------------------------------- Reward worker (services/reward)
+
+    A stateless reward worker (RollArt's serverless reward: reward computation in its own pool of
+    processes that scales elastically). Score judges one finished trajectory from its text alone, so
+    any worker can score any trajectory and a failed call can be retried on another. Kinds: "rule"
+    replays the transcript through a fresh environment (or checks the single-turn task's answer);
+    "model" is a learned classifier returning P(correct).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Score = channel.unary_unary(
+                '/braid.v1.Reward/Score',
+                request_serializer=services_dot_proto_dot_braid__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.ScoreReply.FromString,
+                _registered_method=True)
+        self.Health = channel.unary_unary(
+                '/braid.v1.Reward/Health',
+                request_serializer=services_dot_proto_dot_braid__pb2.HealthRequest.SerializeToString,
+                response_deserializer=services_dot_proto_dot_braid__pb2.RewardHealthReply.FromString,
+                _registered_method=True)
+
+
+class RewardServicer:
+    """---------------------------------------------------------------- Reward worker (services/reward)
+
+    A stateless reward worker (RollArt's serverless reward: reward computation in its own pool of
+    processes that scales elastically). Score judges one finished trajectory from its text alone, so
+    any worker can score any trajectory and a failed call can be retried on another. Kinds: "rule"
+    replays the transcript through a fresh environment (or checks the single-turn task's answer);
+    "model" is a learned classifier returning P(correct).
+    """
+
+    def Score(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Health(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RewardServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.ScoreRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.ScoreReply.SerializeToString,
+            ),
+            'Health': grpc.unary_unary_rpc_method_handler(
+                    servicer.Health,
+                    request_deserializer=services_dot_proto_dot_braid__pb2.HealthRequest.FromString,
+                    response_serializer=services_dot_proto_dot_braid__pb2.RewardHealthReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'braid.v1.Reward', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('braid.v1.Reward', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Reward:
+    """---------------------------------------------------------------- Reward worker (services/reward)
+
+    A stateless reward worker (RollArt's serverless reward: reward computation in its own pool of
+    processes that scales elastically). Score judges one finished trajectory from its text alone, so
+    any worker can score any trajectory and a failed call can be retried on another. Kinds: "rule"
+    replays the transcript through a fresh environment (or checks the single-turn task's answer);
+    "model" is a learned classifier returning P(correct).
+    """
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Reward/Score',
+            services_dot_proto_dot_braid__pb2.ScoreRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.ScoreReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Health(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/braid.v1.Reward/Health',
+            services_dot_proto_dot_braid__pb2.HealthRequest.SerializeToString,
+            services_dot_proto_dot_braid__pb2.RewardHealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

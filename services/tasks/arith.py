@@ -136,3 +136,16 @@ def fingerprint(problems: list[Problem]) -> str:
     """Short digest of a problem set (recorded in the run summary)."""
     h = hashlib.sha256("\n".join(p.prompt for p in problems).encode())
     return h.hexdigest()[:16]
+
+
+_PROMPT = re.compile(r"(\d{1,9})-(\d{1,9})>(\d{1,9})=")
+
+
+def parse_prompt(text: str) -> Problem | None:
+    """The problem a prompt states (the inverse of ``Problem.prompt``), or None when ``text`` is not a
+    count-down prompt: ``n-d>m=`` with 1..9-digit numbers, ``d >= 1`` and ``n > m``."""
+    match = _PROMPT.fullmatch(text)
+    if match is None:
+        return None
+    n, d, m = (int(g) for g in match.groups())
+    return Problem(prompt_id="", n=n, d=d, m=m) if d >= 1 and n > m else None

@@ -1,0 +1,94 @@
+"""The reward interface: a finished trajectory's text in, a score out; pure.
+
+A ``RewardRequest`` carries everything needed to judge one trajectory without any state on the
+worker (the task, the episode seed, the prompt, each turn's action text and the observation the
+environment returned after it), so any worker can score any request and a failed call can be
+retried on another. A ``RewardFunction`` of one kind (``registry.REWARD_KINDS``) turns a request
+into a ``Scored`` (reward and info); the worker adds who scored it and how long it took
+(``RewardResult``). A request that cannot be scored raises ``InvalidRequest`` (the service
+answers INVALID_ARGUMENT with its message).
+
+Limits (checked by ``check_request`` before any kind sees the request): ids up to 256
+characters, prompt, action and observation texts up to 4096 characters each, up to 1024 turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from services.agentic.protocol import MAX_ACTION_CHARS
+from services.agentic.registry import ENVIRONMENTS
+
+MAX_ID_CHARS = 256
+MAX_TEXT_CHARS = MAX_ACTION_CHARS  # a prompt, action or observation: the environment worker's limit
+MAX_TURNS = 1024  # agentic.max_turns' bound
+SINGLE_TURN_TASKS = ("arith",)  # services.tasks.arith: one completion, no environment
+
+
+def tasks() -> list[str]:
+    """Every task a reward request may name: the environment kinds and the single-turn tasks."""
+    return sorted([*ENVIRONMENTS.names(), *SINGLE_TURN_TASKS])
+
+
+@dataclass(frozen=True)
+class RewardRequest:
+    request_id: str  # e.g. the trajectory id (<= 256 characters)
+    task: str  # an environment kind ("calculator", "walk") or a single-turn task ("arith")
+    seed: int  # the episode seed (environment tasks); ignored for arith
+    prompt: str  # the first observation (arith: the prompt, e.g. "247-9>200=")
+    actions: tuple[str, ...]  # each turn's action text, EOS excluded (arith: one element, the completion)
+    observations: tuple[str, ...]  # the observation after each action ("" when none)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a reward function answers: the reward and why."""
+
+    reward: float
+    info: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    reward: float
+    kind: str  # "rule" | "model"
+    info: Mapping[str, str]  # e.g. {"correct": "true"} or why a transcript was rejected
+    worker: str  # id of the worker that scored it
+    score_s: float  # wall time on the worker
+
+
+class InvalidRequest(ValueError):
+    """A request that cannot be scored (bad field, unknown task, inconsistent transcript)."""
+
+
+class RewardFunction(Protocol):
+    """One reward kind. ``score`` is deterministic, thread-safe and raises only ``InvalidRequest``
+    for the caller's mistakes (anything else is a bug of the worker)."""
+
+    kind: ClassVar[str]
+
+    def score(self, request: RewardRequest) -> Scored: ...
+
+
+def check_request(request: RewardRequest) -> None:
+    """Raise ``InvalidRequest`` for an unknown task or a field over its limit."""
+    if request.task not in tasks():
+        raise InvalidRequest(f"unknown task {request.task[:64]!r}; served: {tasks()}")
+    if len(request.request_id) > MAX_ID_CHARS:
+        raise InvalidRequest(f"request_id of {len(request.request_id)} characters; the limit is {MAX_ID_CHARS}")
+    if len(request.actions) > MAX_TURNS or len(request.observations) > MAX_TURNS:
+        raise InvalidRequest(
+            f"{len(request.actions)} actions and {len(request.observations)} observations; the limit is {MAX_TURNS} turns"
+        )
+    texts = [("prompt", request.prompt)]
+    texts += [(f"action {k}", a) for k, a in enumerate(request.actions)]
+    texts += [(f"observation {k}", o) for k, o in enumerate(request.observations)]
+    for name, text in texts:
+        if len(text) > MAX_TEXT_CHARS:
+            raise InvalidRequest(f"{name} of {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+
+
+class RewardUnavailable(RuntimeError):
+    """A reward kind cannot be built from this config (e.g. no loadable model): the worker refuses to start."""

@@ -1,8 +1,8 @@
 """Local launcher: every process of one run on this host, supervised until the trainer exits.
 
 ``run_processes`` starts the weight relays, the SGS instances (behind the router when the config
-routes), the scale-out controller when enabled (``flows.scaleout``), the environment workers of
-an agentic run and the trainer, through
+routes), the scale-out controller when enabled (``flows.scaleout``), the environment workers and
+the reward pool (``flows.reward_pool``) of an agentic run and the trainer, through
 ``flows.processes``; used by the Prefect flow and by the benchmarks.
 """
 
@@ -14,6 +14,7 @@ from flows.processes import (
     Service, Supervisor, router_enabled, start_env_workers, start_instances, start_relays, start_router, start_trainer,
     supervise_trainer,
 )
+from flows.reward_pool import RewardPoolController
 
 
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5, *, on_finish=None,
@@ -32,6 +33,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     sup = Supervisor(run_dir, cfg.trainer.recovery.max_restarts)  # a dead relay or router is started again
     config = str(run_dir / "config.json")
     controller = None
+    rewards = None
     try:
         # the bounded runner resumes a lost instance's trajectories (the agentic runner does not)
         tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1 and not cfg.agentic.enabled
@@ -61,13 +63,18 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         if front is not None:
             fronts = [(front(a), svc) for a, svc in fronts]
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
-        if cfg.agentic.enabled:  # environment workers: separate processes, restarted on their ports when they die
+        if cfg.agentic.enabled:  # environment workers and the reward pool: processes, restarted on their ports
             base += ["--env-workers", ",".join(start_env_workers(sup, run_dir, cfg.agentic.workers))]
+            rewards = RewardPoolController(sup, run_dir, cfg)
+            rewards.start()
+            base += ["--reward-membership", str(rewards.membership)]
         start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 
         def tick() -> bool:
             if controller is not None:
                 controller.poll()
+            if rewards is not None:
+                rewards.poll()  # grows and shrinks the reward pool (reward.scaling)
             if on_poll is not None:
                 on_poll()
             return False
@@ -81,6 +88,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     finally:
         if controller is not None:
             controller.close()
+        if rewards is not None:
+            rewards.close()
         sup.stop_all()
     return run_dir / "summary.json"
 

@@ -20,7 +20,8 @@ checking the other processes:
 - ``in``: take the newest worker out of the membership file first (pools stop sending it calls),
   wait until its in-flight count is 0, then stop its process (SIGTERM).
 
-Each decision and each action is appended as a JSON line to ``reward-scaling.jsonl``. The
+Each action and each decision to change (a 'hold' at most every ``HOLD_LOG_EVERY_S``) is appended as a JSON
+line to ``reward-scaling.jsonl``. The
 policy's cooldown counts from when an action finished (the worker joined, or left).
 """
 
@@ -47,6 +48,7 @@ EVENTS = "reward-scaling.jsonl"
 HEALTH_TIMEOUT_S = 2.0  # a poll never waits longer on one worker
 DRAIN_SETTLE_S = 0.2  # after leaving the membership: calls already on their way reach the worker first
 STOP_TIMEOUT_S = 10.0  # a stopped worker exits within its own 2 s grace; then SIGKILL
+HOLD_LOG_EVERY_S = 10.0  # 'hold' decisions are logged at most this often (polls come every 0.5 s)
 READY_TIMEOUT_S = 120.0  # a worker process starts in about a second (the model kind loads torch: a few)
 
 
@@ -71,6 +73,7 @@ class RewardPoolController:
         self._log_lock = threading.Lock()
         self._busy: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._last_hold_logged = float("-inf")
 
     @property
     def addresses(self) -> list[str]:
@@ -110,6 +113,10 @@ class RewardPoolController:
         decision = decide(self.history, len(members), self.limits, self.last_change_s)
         if self._busy is not None and self._busy.is_alive():
             decision = replace(decision, action="hold", workers=len(members), reason="a change is in progress")
+        if decision.action == "hold" and sample.t_s - self._last_hold_logged < HOLD_LOG_EVERY_S:
+            return decision  # one 'hold' line per HOLD_LOG_EVERY_S, every change logged
+        if decision.action == "hold":
+            self._last_hold_logged = sample.t_s
         self._log({"event": "decision", "workers": len(members), "reporting": sample.reporting,
                    "utilisation": sample.busy_s / sample.capacity_s if sample.capacity_s else None,
                    "queued": sample.queued, "window_utilisation": decision.utilisation,

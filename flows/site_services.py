@@ -40,6 +40,7 @@ from flows.processes import (
     Supervisor, router_enabled, start_env_workers, start_instances, start_relay, start_router, start_trainer,
     supervise_trainer,
 )
+from flows.reward_pool import RewardPoolController
 from flows.two_site import ENDPOINTS_KEY, FINAL, INSTANCES_KEY, RELAY_KEY, STOP_KEY
 from services.common.config import RunConfig, write_config
 from services.common.sites import Role, SiteConfig, SitesConfig
@@ -211,8 +212,17 @@ def training_site(
             links = ["--relays", ",".join([master, *(relays or [])])]
         if sites.tls.enabled:  # the SGS (or its router) and the other sites' relays are across the link
             links += ["--tls-dir", sites.tls.dir, "--sgs-tls"]
-        if config.agentic.enabled:  # environment workers beside the trainer that drives them (loopback)
+        rewards = None
+        if config.agentic.enabled:  # environment workers and the reward pool beside the trainer (loopback)
             links += ["--env-workers", ",".join(start_env_workers(sup, rd, config.agentic.workers, config=cfg_path))]
+            rewards = RewardPoolController(sup, rd, config, config=cfg_path)
+            rewards.start()
+            links += ["--reward-membership", str(rewards.membership)]
+
+        def tick() -> bool:
+            if rewards is not None:
+                rewards.poll()
+            return stop.requested()
 
         def start(attempt: int, died_at: float | None):
             logger.info("site %s: trainer (attempt %d) started against %s", s.name, attempt, ", ".join(sgs))
@@ -225,9 +235,11 @@ def training_site(
 
         # a dead trainer restarts and resumes (trainer.recovery); a stop request means the run is over
         # elsewhere (another site died): end Cancelled, not Failed
-        if supervise_trainer(sup, start, config.trainer.recovery.max_restarts, stop.requested, POLL_S) < 0:
+        if supervise_trainer(sup, start, config.trainer.recovery.max_restarts, tick, POLL_S) < 0:
             return Cancelled(message=f"site {s.name}: stopped before the trainer finished ({stop.reason})")
         sup.check()  # the other ranks' exits
     finally:
+        if rewards is not None:
+            rewards.close()
         sup.stop_all()
     return {"site": s.name, "summary": str(rd / "summary.json")}

@@ -7,10 +7,10 @@
   robin, skipping a worker whose last trajectory was dropped for being unreachable for
   ``suspend_s`` (the supervisor restarts a dead worker on its port; after the pause it is tried
   again), so a dead worker costs the trajectories it held and not the ones after.
-- ``Scorer`` — turns a finished trajectory into its training reward (``EnvScorer``: the
-  environment's own rule-based reward; the reward service's client is another). A scoring
-  failure is a ``ScoreFailed`` (the trajectory is dropped and counted, like an environment
-  failure).
+- ``Scorer`` — turns a finished trajectory into its training reward (``ServiceScorer``: the
+  reward service, what runs use; ``EnvScorer``: the environment's own rule-based reward, for
+  tests). A scoring failure is a ``ScoreFailed`` (the trajectory is dropped and counted, like an
+  environment failure).
 - ``Rollout`` — the pieces together: managers for (trajectory id, episode, V_traj) and the
   held-out evaluation of a policy version.
 
@@ -140,6 +140,31 @@ class EnvScorer:
 
     async def score(self, traj: Trajectory) -> Score:
         return Score(traj.reward, {"source": "environment"})
+
+
+class ServiceScorer:
+    """The reward service's score (``services.reward``: a stateless pool of workers, RollArt's
+    serverless reward): the trajectory's text (prompt, each action, each observation) goes to the
+    least loaded worker, retried elsewhere on UNAVAILABLE/DEADLINE_EXCEEDED/RESOURCE_EXHAUSTED by
+    the pool. The rule kind replays the transcript through a fresh environment, so a worker that
+    reported another observation than the environment's is caught (INVALID_ARGUMENT: dropped)."""
+
+    def __init__(self, pool, executor: concurrent.futures.Executor) -> None:
+        self.pool, self.executor = pool, executor
+
+    async def score(self, traj: Trajectory) -> Score:
+        from services.reward.client import RewardError
+        from services.reward.protocol import RewardRequest
+
+        request = RewardRequest(traj.trajectory_id, traj.env_kind, traj.seed, traj.prompt_text,
+                                tuple(t.action_text for t in traj.turns), tuple(t.observation for t in traj.turns))
+        t0 = time.monotonic()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self.executor, self.pool.score, request)
+        except RewardError as err:
+            raise ScoreFailed(err.code, err.message) from None
+        info = {**result.info, "kind": result.kind, "worker": result.worker, "worker_s": f"{result.score_s:.6f}"}
+        return Score(result.reward, info, time.monotonic() - t0)
 
 
 class Rollout:

@@ -83,12 +83,15 @@ def warmstart_eval(trainer, run_dir: Path, resumed: bool):
     return result
 
 
-def build_agentic(cfg, policy, clients, env_workers: list[str]):
-    """The rollout machinery of an agentic run (``services.trainer.agentic_setup``)."""
-    from services.agentic.rollout import EnvScorer
+def build_agentic(cfg, policy, clients, env_workers: list[str], reward_membership: str):
+    """The rollout machinery of an agentic run (``services.trainer.agentic_setup``): rewards from
+    the reward pool whose membership file the launcher keeps."""
+    from services.agentic.rollout import ServiceScorer
+    from services.reward.client import RewardPool
     from services.trainer.agentic_setup import build_rollout
 
-    return build_rollout(cfg, policy, clients, env_workers, EnvScorer())
+    return build_rollout(cfg, policy, clients, env_workers,
+                         lambda ex: ServiceScorer(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), ex))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--env-workers", default="",
                         help="environment worker addresses host:port[,...] (agentic.enabled; the launcher starts them)")
+    parser.add_argument("--reward-membership", default="",
+                        help="the reward pool's membership file (agentic.enabled; the launcher starts the workers)")
     parser.add_argument("--attempt", type=int, default=0,
                         help="restart count (the launcher's): > 0 resumes from the run dir's newest recovery checkpoint")
     parser.add_argument("--died-at", type=float, default=None,
@@ -149,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_policy(ns.model, cfg.model.chat_template)
     trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel)
     envs = [a for a in ns.env_workers.split(",") if a]
-    if cfg.agentic.enabled and not envs:
-        parser.error("agentic.enabled: pass the environment workers with --env-workers")
+    if cfg.agentic.enabled and not (envs and ns.reward_membership):
+        parser.error("agentic.enabled: pass the environment workers (--env-workers) and the reward pool (--reward-membership)")
 
     resumed = trainer.open_recovery(ns.attempt, ns.died_at, started_at)
     if cfg.agentic.enabled:  # after recovery: a restarted trainer's SGS clients shift versions on the wire
-        trainer.rollout = build_agentic(cfg, policy, trainer.clients, envs)
+        trainer.rollout = build_agentic(cfg, policy, trainer.clients, envs, ns.reward_membership)
 
     def progress(k: int, row: dict) -> None:
         logging.info(

@@ -55,6 +55,9 @@ from services.trainer.runtime import Accumulator, TrainerRuntime
 log = logging.getLogger("braid.agentic")
 
 ETA_OF_MODE = {"sequential": 0, "sync": 0, "one_step": 1}
+# always in the metrics: launched = finished + dropped + aborted + still running
+COUNTED = ("groups_launched", "trajectories_launched", "trajectories_finished", "trajectories_dropped",
+           "trajectories_aborted", "replacements", "aborted_tokens", "dropped_tokens")
 COLLECT_S = 0.05
 
 
@@ -100,7 +103,7 @@ class AgenticRunner:
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.kept: dict[str, list[tuple[int, Trajectory, Score]]] = {}  # occupied groups' trajectories (metrics, log)
         self.trained: set[str] = set()
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTED, 0))
         self.created = 0  # groups created by this attempt (their keys)
         self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if a.log_trajectories else None
         if rt.runner_state is not None and "episodes" in rt.runner_state:  # resumed from a recovery checkpoint

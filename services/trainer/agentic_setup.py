@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from services.agentic.episodes import Episode
@@ -30,7 +31,9 @@ from services.trainer.evaluate import BUCKETS, EvalResult, bucket_name
 EXTRA_THREADS = 16  # beyond the concurrency: evaluation, session closes
 
 
-def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str], scorer: Scorer) -> Rollout:
+def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str],
+                  scorer: Callable[[ThreadPoolExecutor], Scorer]) -> Rollout:
+    """``scorer(executor)``: the reward scorer, its blocking calls on the rollout's thread pool."""
     a = cfg.agentic
     executor = ThreadPoolExecutor(max_workers=2 * a.concurrency + EXTRA_THREADS, thread_name_prefix="agentic")
     envs = EnvPool.connect(env_addresses, executor)
@@ -39,7 +42,7 @@ def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str], sco
     eligible = (lambda task, n: eligible_instances(task, cfg.generation, range(n))) if direct and cfg.generation.affinity else None
     generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic", eligible=eligible)
     return Rollout(loop=RolloutLoop(), generator=generator, envs=envs, codec=PolicyCodec(policy),
-                   limits=Limits.from_config(a), scorer=scorer, executor=executor)
+                   limits=Limits.from_config(a), scorer=scorer(executor), executor=executor)
 
 
 def difficulty(cfg: RunConfig, episode: Episode) -> int:

@@ -1,4 +1,4 @@
-"""Agentic training end to end: SGS, environment workers and the trainer as real processes.
+"""Agentic training end to end: SGS, environment workers, reward workers and the trainer as real processes.
 
 Every trained token is either one the SGS generated for that turn (its own generation log says
 so: request, length, version, context) or the observation the environment returned, tokenized
@@ -40,19 +40,22 @@ def _check_groups(cfg, summary, rows, trajs) -> None:
     assert len(trajs) == tc.iterations * tc.prompts_per_iteration * tc.group_size
     for r in rows:
         assert r["bound_violations"] == 0 and r["entry_staleness_max"] <= tc.eta and r["trajectories"] == 8
-    c = rows[-1]
+    c = rows[-1]  # launched = finished + dropped + aborted + the ones still running
     assert c["trajectories_launched"] >= c["trajectories_finished"] + c["trajectories_dropped"] + c["trajectories_aborted"]
 
 
-def test_every_trained_token_is_the_sgs_s_or_the_environment_s(tmp_path, tiny_checkpoint):
-    genlog = tmp_path / "gen.sqlite"
-    cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
-        "trainer.mode=bounded", "trainer.eta=1", "trainer.iterations=4", "agentic.redundant_trajectories=1",
-        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.01", f"generation.genlog={genlog}"])
-    _check_groups(cfg, summary, rows, trajs)
-    assert check_ledger(tmp_path / "ledger.jsonl", iterations=4, groups_per_step=2).ok
-    assert rows[-1]["trajectories_aborted"] > 0  # the redundant trajectory of a full group was cancelled
-    policy = load_policy(str(tiny_checkpoint))
+def _env_worker(run_dir, name):
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd[1:3] == ["-m", "services.agentic"] and "--id" in cmd and cmd[cmd.index("--id") + 1] == name \
+                and str(run_dir) in " ".join(cmd):
+            return proc
+    return None
+
+
+def _check_tokens(cfg, trajs, policy, genlog) -> None:
+    """Every trained token: the SGS's for its turn (its own log says so) or the observation's own encoding;
+    a fresh environment replays every observation and the reward."""
     with GenerationLog(genlog) as log:
         sgs = {r.prompt_id: r for r in log.recent(100_000)}
     for t in trajs:
@@ -75,20 +78,11 @@ def test_every_trained_token_is_the_sgs_s_or_the_environment_s(tmp_path, tiny_ch
             assert ids[pos: pos + turn["obs_len"]] == obs and not any(mask[pos: pos + turn["obs_len"]])
             pos += turn["obs_len"]
             reward += out.reward
-        assert pos == len(ids) == len(mask) and t["env_reward"] == t["reward"] == reward
-    assert summary["eval_prompts"] == 8 and 0.0 <= summary["final_accuracy"] <= 1.0
+        assert pos == len(ids) == len(mask)
+        assert t["reward"] == reward and t["reward_info"]["kind"] == "rule"  # the reward service's replay agrees
 
 
-def _env_worker(run_dir, name):
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if cmd[1:3] == ["-m", "services.agentic"] and "--id" in cmd and cmd[cmd.index("--id") + 1] == name \
-                and str(run_dir) in " ".join(cmd):
-            return proc
-    return None
-
-
-def test_a_killed_environment_worker_costs_only_its_trajectories(tmp_path, tiny_checkpoint):
+def test_trained_tokens_are_the_sgs_s_or_the_environment_s_and_a_killed_worker_costs_only_its_own(tmp_path, tiny_checkpoint):
     killed: list[int] = []
 
     def kill_env_0_after_the_first_step():
@@ -99,15 +93,22 @@ def test_a_killed_environment_worker_costs_only_its_trajectories(tmp_path, tiny_
             proc.kill()
             killed.append(proc.pid)
 
+    genlog = tmp_path / "gen.sqlite"
     cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
-        "trainer.mode=one_step", "trainer.iterations=6", "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05",
-        "agentic.retry_backoff_s=0.05"], on_poll=kill_env_0_after_the_first_step)
+        "trainer.mode=bounded", "trainer.eta=1", "trainer.iterations=6", "agentic.redundant_trajectories=1",
+        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05", "agentic.retry_backoff_s=0.05",
+        f"generation.genlog={genlog}"], on_poll=kill_env_0_after_the_first_step)
     assert killed, "env-0 was not found"
     _check_groups(cfg, summary, rows, trajs)
+    assert check_ledger(tmp_path / "ledger.jsonl", iterations=6, groups_per_step=2).ok
+    _check_tokens(cfg, trajs, load_policy(str(tiny_checkpoint)), genlog)
     last = rows[-1]
+    assert last["trajectories_aborted"] > 0  # redundant trajectories of full groups were cancelled
+    # the kill cost the trajectories env-0 held, counted and replaced; nothing on env-1; every group filled
     assert last["trajectories_dropped"] > 0 and last["replacements"] > 0
     assert last.get("dropped_on_env_1", 0) == 0 and last["dropped_on_env_0"] == last["trajectories_dropped"]
-    assert last.get("groups_aborted_failures", 0) == 0  # every group still filled
+    assert last.get("groups_aborted_failures", 0) == 0
     restarts = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
-    assert [r["service"] for r in restarts] == ["env-0"]
+    assert [r["service"] for r in restarts] == ["env-0"]  # started again on its port
     assert _env_worker(tmp_path, "env-0") is None  # stopped with the run (the restarted one too)
+    assert summary["eval_prompts"] == 8 and 0.0 <= summary["final_accuracy"] <= 1.0

@@ -175,3 +175,34 @@ def test_generator_tags_prompts_with_the_task_and_keeps_to_its_pool():
     assert len(calc) == 6 and {p.task for p in calc} == {"calculator"}
     assert all(params.min_weight_version == 3 for c in clients[1:] for _, params in c.asked)
     assert [p.task for p, _ in clients[0].asked] == ["walk"]  # the default pool
+
+
+def test_service_scorer_sends_the_transcript_and_turns_failures_into_drops():
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.agentic.rollout import ScoreFailed, ServiceScorer
+    from services.reward.client import RewardError
+    from services.reward.protocol import RewardResult
+
+    class Pool:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.asked = fail, []
+
+        def score(self, request):
+            self.asked.append(request)
+            if self.fail:
+                raise RewardError("UNAVAILABLE", "every worker is gone")
+            return RewardResult(1.0, "rule", {"correct": "true"}, "reward-0", 0.001)
+
+    t = _trajectory()
+    with ThreadPoolExecutor(2) as ex:
+        ok = Pool(False)
+        score = asyncio.run(ServiceScorer(ok, ex).score(t))
+        assert score.reward == 1.0 and score.info["worker"] == "reward-0" and score.info["correct"] == "true"
+        (req,) = ok.asked
+        assert (req.request_id, req.task, req.seed, req.prompt) == ("g/0", "calculator", 7, "x")
+        assert req.actions == ("a", "b") and req.observations == ("", "")
+        with pytest.raises(ScoreFailed) as err:
+            asyncio.run(ServiceScorer(Pool(True), ex).score(t))
+        assert err.value.code == "UNAVAILABLE"

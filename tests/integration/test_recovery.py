@@ -104,3 +104,15 @@ def test_bounded_trainer_killed_mid_run_resumes_within_the_bound(tmp_path, tiny_
     ], iterations=8, every=3, late=4)
     assert all(r["bound_violations"] == 0 and r["samples"] == 16 and r["entry_staleness_max"] <= 1 for r in rows)
     assert "regenerated_after_restart" in rows[-1]
+
+
+def test_agentic_trainer_killed_mid_run_resumes_and_consumes_every_group_once(tmp_path, tiny_checkpoint):
+    """An agentic run: the restarted trainer resumes from its checkpoint with new environment
+    sessions (in-flight trajectories are not kept) and every consumed group is consumed once."""
+    summary, rows, kill = _run(tmp_path, tiny_checkpoint, [
+        "trainer.mode=one_step", "agentic.enabled=true", "agentic.concurrency=16", "agentic.max_turns=4",
+        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.1", "trainer.prompts_per_iteration=2",
+        "trainer.group_size=4", "trainer.micro_batch_groups=1",
+    ], iterations=6, every=2)
+    assert kill.rolled_back > 0
+    assert all(r["trajectories"] == 8 and r["bound_violations"] == 0 for r in rows)

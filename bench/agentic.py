@@ -20,7 +20,8 @@ one setting only:
 Both variants of a comparison share everything else: mode ``one_step`` (eta = 1: the same
 staleness capacity for both), batch size, concurrency, environment workers, latency draws (the
 same seed), the SGS engine and the data order. Per run the measure is the **step time**: the
-median ``iteration_time_s`` over the iterations after the first ``--warmup`` (start-up excluded),
+wall time of the iterations after the first ``--warmup`` over their number (start-up excluded;
+``--warmup`` and ``--iterations`` even, so batch-level waves of two buffers are counted whole),
 and trajectories trained per second over the same window. ``--rounds`` rounds; round r runs
 every variant once in rotated order; the ratio of record is the median of the per-round ratios
 (batch step time / trajectory step time, none / redundant) with its range and the flag
@@ -52,7 +53,7 @@ from bench.report_io import flagged_ratio, provenance, provenance_line, results_
 CONFIG = ROOT / "deploy/configs/agentic.yaml"
 CVS = ("0.1", "0.5", "1.0")
 GOAL = 1.5  # issue 21: trajectory / batch at sigma/mu = 1.0, and the gain grows with the variance
-QUICK = {"rounds": 1, "iterations": 4, "warmup": 1, "groups": 4, "cvs": ("1.0",)}
+QUICK = {"rounds": 1, "iterations": 6, "warmup": 2, "groups": 4, "cvs": ("1.0",)}
 
 
 def variants(cvs: tuple[str, ...], redundant: int) -> dict[str, dict]:
@@ -81,12 +82,14 @@ def overrides(v: dict, ns, r: int) -> list[str]:
 
 
 def run_metrics(rows: list[dict], warmup: int) -> dict:
-    """Step time and trained trajectories per second over the iterations after ``warmup``."""
+    """Time per step (the steady window's wall time over its steps: batch-level waves finish
+    several buffers at once, so single steps alternate long and short) and trained trajectories
+    per second, over the iterations after ``warmup``."""
     steady = rows[warmup:] if len(rows) > warmup else rows
     times = [r["iteration_time_s"] for r in steady]
     last = rows[-1]
     return {
-        "step_time_s": statistics.median(times),
+        "step_time_s": sum(times) / len(times),
         "step_times_s": times,
         "trajectories_per_s": sum(r["trajectories"] for r in steady) / sum(times),
         "turns_mean": statistics.mean(r["turns_mean"] for r in steady),
@@ -155,7 +158,7 @@ def markdown(res: dict) -> str:
         f"`one_step`, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, per-turn environment latency "
         f"N({s['mu']} s, sigma) truncated at 0, {s['workers']} environment workers; {s['rounds']} interleaved rounds of "
         f"{s['iterations']} steps, the first {s['warmup']} not counted. Ratio of record: median of the per-round ratios "
-        f"of the median step time [range].", "",
+        f"of the time per step [range].", "",
         "| sigma/mu | batch step (s) | trajectory step (s) | trajectory / batch speed-up | trajectories/s ratio | spread >= effect |",
         "|---|---|---|---|---|---|",
     ]
@@ -218,12 +221,12 @@ def plot(res: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="iterations not counted at the start of each run")
     parser.add_argument("--groups", type=int, default=8, help="GRPO groups per step")
-    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--mu", type=float, default=0.5, help="mean environment latency per turn (s)")
-    parser.add_argument("--min-steps", type=int, default=2, help="fewest calculator subtractions (more turns)")
+    parser.add_argument("--min-steps", type=int, default=3, help="fewest calculator subtractions (more turns)")
     parser.add_argument("--redundant", type=int, default=2, help="extra trajectories per group in the redundant variant")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--eval-prompts", type=int, default=8)

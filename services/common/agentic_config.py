@@ -8,12 +8,15 @@ worker (``python -m services.agentic``) and the rollout runners read this sectio
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from services.common.strict import StrictModel
 from services.common.task_config import CountdownDistribution
+
+if TYPE_CHECKING:
+    from services.common.config import RunConfig
 
 
 class LatencyConfig(StrictModel):
@@ -99,3 +102,35 @@ class AgenticConfig(StrictModel):
                 f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be < max_context_tokens ({self.max_context_tokens})"
             )
         return self
+
+
+def check_agentic_run(run: RunConfig) -> None:
+    """What an agentic run (``services.trainer.agentic``) supports; the rest is refused by name
+    (``RunConfig``'s validator)."""
+    if not run.agentic.enabled:
+        return
+    tc, a = run.trainer, run.agentic
+    unsupported = {
+        "trainer.algorithm.name 'ppo'": tc.algorithm.name == "ppo",  # GAE assumes one contiguous completion
+        "trainer.partial_rollout": tc.partial_rollout,
+        "trainer.repack.enabled": tc.repack.enabled,
+        "trainer.redundancy_samples (use agentic.redundant_trajectories)": tc.redundancy_samples > 0,
+        "trainer.ranks > 1": tc.ranks > 1,
+        "scaleout.enabled": run.scaleout.enabled,
+        "forced_length_ramp / forced_length_replay": bool(run.forced_length_ramp.start or run.forced_length_replay.file),
+    }
+    refused = [name for name, on in unsupported.items() if on]
+    if refused:
+        raise ValueError(f"agentic.enabled does not support {', '.join(refused)} (docs/agentic.md)")
+    if a.concurrency < tc.group_size + a.redundant_trajectories:
+        raise ValueError(f"agentic.concurrency ({a.concurrency}) must hold one group's trajectories: trainer.group_size + "
+                         f"agentic.redundant_trajectories = {tc.group_size + a.redundant_trajectories}")
+    from services.agentic.manager import Limits
+    from services.agentic.runner import context_problem
+
+    g = run.generation
+    positions = run.model.max_positions if run.model.path is None else 10**9  # a checkpoint's: the SGS refuses longer
+    problem = context_problem(Limits.from_config(a), max_prompt_tokens=g.max_prompt_tokens, max_new_tokens=g.max_new_tokens,
+                              max_positions=positions)
+    if problem is not None:
+        raise ValueError(problem)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
-from services.common.agentic_config import AgenticConfig
+from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.pool_config import PoolConfig, check_pools
 from services.common.reward_config import RewardConfig
 from services.common.strict import StrictModel
@@ -404,35 +404,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _agentic_fits(self) -> RunConfig:
-        """What an agentic run (services.trainer.agentic) supports; the rest is refused by name."""
-        if not self.agentic.enabled:
-            return self
-        tc, a = self.trainer, self.agentic
-        unsupported = {
-            "trainer.algorithm.name 'ppo'": tc.algorithm.name == "ppo",  # GAE assumes one contiguous completion
-            "trainer.partial_rollout": tc.partial_rollout,
-            "trainer.repack.enabled": tc.repack.enabled,
-            "trainer.redundancy_samples (use agentic.redundant_trajectories)": tc.redundancy_samples > 0,
-            "trainer.ranks > 1": tc.ranks > 1,
-            "scaleout.enabled": self.scaleout.enabled,
-            "forced_length_ramp / forced_length_replay": bool(self.forced_length_ramp.start or self.forced_length_replay.file),
-        }
-        refused = [name for name, on in unsupported.items() if on]
-        if refused:
-            raise ValueError(f"agentic.enabled does not support {', '.join(refused)} (docs/agentic.md)")
-        if a.concurrency < tc.group_size + a.redundant_trajectories:
-            raise ValueError(f"agentic.concurrency ({a.concurrency}) must hold one group's trajectories: trainer.group_size + "
-                             f"agentic.redundant_trajectories = {tc.group_size + a.redundant_trajectories}")
-        if a.max_new_tokens_per_turn > self.generation.max_new_tokens:
-            raise ValueError(f"agentic.max_new_tokens_per_turn ({a.max_new_tokens_per_turn}) exceeds "
-                             f"generation.max_new_tokens ({self.generation.max_new_tokens})")
-        if a.max_context_tokens - a.max_new_tokens_per_turn > self.generation.max_prompt_tokens:
-            raise ValueError(f"agentic.max_context_tokens - max_new_tokens_per_turn "
-                             f"({a.max_context_tokens - a.max_new_tokens_per_turn}) exceeds generation.max_prompt_tokens "
-                             f"({self.generation.max_prompt_tokens})")
-        if self.model.path is None and a.max_context_tokens > self.model.max_positions:
-            raise ValueError(f"agentic.max_context_tokens ({a.max_context_tokens}) exceeds model.max_positions "
-                             f"({self.model.max_positions})")
+        check_agentic_run(self)
         return self
 
 

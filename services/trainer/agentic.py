@@ -100,6 +100,7 @@ class AgenticRunner:
         self.members: dict[str, _Member] = {}  # pending or running
         self.pending: list[_Member] = []
         self.running = 0
+        self.wave = None  # the running wave's future (batch level)
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.kept: dict[str, list[tuple[int, Trajectory, Score]]] = {}  # occupied groups' trajectories (metrics, log)
         self.trained: set[str] = set()
@@ -175,7 +176,7 @@ class AgenticRunner:
         elif self.running == 0:
             for m in self.pending:
                 m.state = "running"
-            self.rollout.loop.submit(self._run_wave(list(self.pending)))
+            self.wave = self.rollout.loop.submit(self._run_wave(list(self.pending)))
             self.counts["waves"] += 1
         else:
             return
@@ -198,6 +199,14 @@ class AgenticRunner:
     async def _run_wave(self, wave: list[_Member]) -> None:
         try:
             await run_batch_level([m.manager for m in wave])
+        except asyncio.CancelledError:  # the run ended (shutdown): close the wave's sessions
+            for m in wave:
+                m.manager.abandon()
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            self.events.put(("error", wave[0].tid, exc))
+            return
+        try:
             async with asyncio.TaskGroup() as tg:  # rewards of the whole wave, after it (batch style)
                 for m in wave:
                     tg.create_task(self._report(m, m.manager.result()))
@@ -353,6 +362,8 @@ class AgenticRunner:
     def _shutdown(self) -> None:
         for key in list(self.groups):
             self._cancel_members(key)
+        if self.wave is not None:
+            self.wave.cancel()
         self.pending = []
         if self.log is not None:
             self.log.close()

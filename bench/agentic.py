@@ -11,14 +11,18 @@ one setting only:
   (RollArt: mu = 10 s, sigma 1..10 s; here mu = ``--mu``, 0.5 s by default, so a round fits in
   minutes; generation per turn takes milliseconds on the tiny model, so the environment dominates
   as it does there).
-- **redundant vs none** (Fig. 12b): trajectory level at sigma/mu = 1.0 with
-  ``agentic.redundant_trajectories`` extra trajectories per GRPO group (the first ``group_size``
-  to finish are kept, the rest aborted) against none; the redundant variant launches the extra
-  environments on top of the same number of groups in flight (its concurrency is scaled by
-  (group_size + r) / group_size), and the work it throws away is reported beside the speed-up.
+- **redundant vs none** (Fig. 12b): trajectory level at sigma/mu = 1.0 with both of RollArt's
+  dimensions of redundancy, ``--redundant-groups`` extra GRPO groups per step
+  (``trainer.redundancy_groups``: a step trains the first ``groups`` to fill, the surplus is
+  aborted) and ``--redundant`` extra trajectories per group (``agentic.redundant_trajectories``:
+  the first ``group_size`` to finish are kept), against none. The redundant variant launches the
+  extra environments on top of the same work in flight (its concurrency grows by the same
+  factors); the work it throws away is reported beside the speed-up. Redundancy keeps the faster
+  episodes and trajectories: a bias toward easy problems that the speed-up does not show.
 
-Both variants of a comparison share everything else: mode ``one_step`` (eta = 1: the same
-staleness capacity for both), batch size, concurrency, environment workers, latency draws (the
+Both variants of a comparison share everything else: mode ``bounded`` with eta = 1 (for an
+agentic run the same as ``one_step``; ``bounded`` admits the redundant groups), so the same
+staleness capacity for both, batch size, concurrency, environment workers, latency draws (the
 same seed), the SGS engine and the data order. Per run the measure is the **step time**: the
 wall time of the iterations after the first ``--warmup`` over their number (start-up excluded;
 ``--warmup`` and ``--iterations`` even, so batch-level waves of two buffers are counted whole),
@@ -67,11 +71,21 @@ def variants(cvs: tuple[str, ...], redundant: int) -> dict[str, dict]:
     return out
 
 
+def redundancy_overrides(v: dict, ns) -> list[str]:
+    """RollArt's redundant environment rollouts in both of its dimensions (Fig. 12b): more groups
+    than a step trains (``trainer.redundancy_groups``: a buffer is Ready once ``groups`` of them are
+    in, the surplus is aborted) and more trajectories than a group keeps
+    (``agentic.redundant_trajectories``)."""
+    if not v["redundant"]:
+        return []
+    return [f"trainer.redundancy_groups={ns.redundant_groups}", f"agentic.redundant_trajectories={v['redundant']}"]
+
+
 def overrides(v: dict, ns, r: int) -> list[str]:
-    group = ns.group_size
-    concurrency = 2 * ns.groups * (group + v["redundant"])  # eta = 1: two batches in flight
-    return [
-        "trainer.mode=one_step", f"trainer.iterations={ns.iterations}", f"trainer.prompts_per_iteration={ns.groups}",
+    group, groups = ns.group_size, ns.groups + (ns.redundant_groups if v["redundant"] else 0)
+    concurrency = 2 * groups * (group + v["redundant"])  # eta = 1: two buffers in flight
+    return [*redundancy_overrides(v, ns),
+        "trainer.mode=bounded", "trainer.eta=1", f"trainer.iterations={ns.iterations}", f"trainer.prompts_per_iteration={ns.groups}",
         f"trainer.group_size={group}", f"trainer.micro_batch_groups={min(ns.groups, 8)}", f"trainer.seed={r}",
         f"eval.prompts={ns.eval_prompts}", "trainer.recovery.every=0",
         f"agentic.interaction={v['interaction']}", f"agentic.redundant_trajectories={v['redundant']}",
@@ -122,7 +136,7 @@ def round_order(names: list[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int) -> dict:
+def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int, redundant_groups: int) -> dict:
     detail = {}
     for cv in cvs:
         t, b = runs[f"traj@{cv}"], runs[f"batch@{cv}"]
@@ -141,7 +155,8 @@ def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int)
         ratio = flagged_ratio([x["step_time_s"] for x in none], [x["step_time_s"] for x in red])
         out["redundant_vs_none"] = ratio["median"]
         out["redundant_detail"] = {
-            "redundant_trajectories_per_group": redundant, "step_time": ratio,
+            "redundant_trajectories_per_group": redundant, "redundant_groups_per_step": redundant_groups,
+            "step_time": ratio,
             "trajectories_per_s": flagged_ratio([x["trajectories_per_s"] for x in red], [x["trajectories_per_s"] for x in none]),
             "aborted_fraction": statistics.median(x["aborted"] / max(1, x["launched"]) for x in red),
             "aborted_tokens_per_run": statistics.median(x["aborted_tokens"] for x in red),
@@ -155,7 +170,7 @@ def markdown(res: dict) -> str:
     lines = [
         "# Agentic rollouts: trajectory- vs batch-level environment interaction, redundant rollouts", "",
         f"Real agentic training runs (`deploy/configs/agentic.yaml`: {s['env']} task, {s['engine']} engine), mode "
-        f"`one_step`, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, per-turn environment latency "
+        f"`bounded` with eta = 1, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, per-turn environment latency "
         f"N({s['mu']} s, sigma) truncated at 0, {s['workers']} environment workers; {s['rounds']} interleaved rounds of "
         f"{s['iterations']} steps, the first {s['warmup']} not counted. Ratio of record: median of the per-round ratios "
         f"of the time per step [range].", "",
@@ -172,8 +187,9 @@ def markdown(res: dict) -> str:
                       f"**{'met' if res['goal_met'] else 'missed'}** (grows: {res['gain_grows_with_variance']})."]
     if "redundant_detail" in res:
         d = res["redundant_detail"]
-        lines += ["", f"Redundant environment rollouts at sigma/mu = 1.0 ({d['redundant_trajectories_per_group']} extra "
-                      f"trajectories per group): step-time speed-up **{d['step_time']['median']:.2f}x** "
+        lines += ["", f"Redundant environment rollouts at sigma/mu = 1.0 ({d['redundant_groups_per_step']} extra groups per "
+                      f"step, {d['redundant_trajectories_per_group']} extra trajectories per group; the first to finish "
+                      f"are trained, the rest aborted): step-time speed-up **{d['step_time']['median']:.2f}x** "
                       f"[{d['step_time']['min']:.2f}-{d['step_time']['max']:.2f}], trajectories/s "
                       f"{d['trajectories_per_s']['median']:.2f}x; {d['aborted_fraction']:.0%} of the launched trajectories "
                       f"were aborted ({d['aborted_tokens_per_run']:.0f} generated tokens thrown away per run)."]
@@ -228,6 +244,7 @@ def main() -> int:
     parser.add_argument("--mu", type=float, default=0.5, help="mean environment latency per turn (s)")
     parser.add_argument("--min-steps", type=int, default=3, help="fewest calculator subtractions (more turns)")
     parser.add_argument("--redundant", type=int, default=2, help="extra trajectories per group in the redundant variant")
+    parser.add_argument("--redundant-groups", type=int, default=2, help="extra groups per step in the redundant variant")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--eval-prompts", type=int, default=8)
     parser.add_argument("--quick", action="store_true")
@@ -256,7 +273,7 @@ def main() -> int:
             print(f"[{done + 1}/{len(names) * ns.rounds}] round {r}: {name} ({time.time() - t0:.0f}s elapsed)", flush=True)
             runs[name].append(run_one(name, plan[name], r, ns, checkpoint, work))
             print(f"    step {runs[name][-1]['step_time_s']:.2f} s", flush=True)
-    res = summarize(runs, cvs, ns.redundant)
+    res = summarize(runs, cvs, ns.redundant, ns.redundant_groups)
     res["runs"] = runs
     res["settings"] = {"env": base.agentic.env, "engine": base.generation.engine, "groups": ns.groups,
                        "group_size": ns.group_size, "mu": ns.mu, "workers": ns.workers, "rounds": ns.rounds,

@@ -125,6 +125,7 @@ class AgenticRunner:
                     self._launch()
                     self._collect(COLLECT_S)
                     self._train_head()
+                self._launch()  # work the bound allows now runs during the optimizer step (a batch-level wave too)
                 row = self._consume(k, t_start)
                 t_start = row["t_end"]
                 if progress is not None:

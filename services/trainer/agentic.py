@@ -46,9 +46,10 @@ from services.agentic.runner import run_batch_level
 from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
 from services.buffer.pools import ExperienceBuffer
-from services.buffer.staleness import Aborted, Entry, StalenessManager
+from services.buffer.staleness import Aborted, StalenessManager
 from services.trainer.agentic_report import TrajectoryLog, consumed_metrics
 from services.trainer.algorithms import dapo_keep_group
+from services.trainer.head import HeadTrainer
 from services.trainer.learner import Group
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
@@ -103,7 +104,7 @@ class AgenticRunner:
         self.wave = None  # the running wave's future (batch level)
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.kept: dict[str, list[tuple[int, Trajectory, Score]]] = {}  # occupied groups' trajectories (metrics, log)
-        self.trained: set[str] = set()
+        self.head = HeadTrainer(self.mgr, self.experience, rt, tc.micro_batch_groups)
         self.counts: Counter[str] = Counter(dict.fromkeys(COUNTED, 0))
         self.created = 0  # groups created by this attempt (their keys)
         self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if a.log_trajectories else None
@@ -124,7 +125,7 @@ class AgenticRunner:
                 while not self.mgr.ready():
                     self._launch()
                     self._collect(COLLECT_S)
-                    self._train_head()
+                    self.head.train_head()
                 self._launch()  # work the bound allows now runs during the optimizer step (a batch-level wave too)
                 row = self._consume(k, t_start)
                 t_start = row["t_end"]
@@ -317,25 +318,8 @@ class AgenticRunner:
             self.experience.take([key])
 
     # ------------------------------------------------------------------ training
-    def _train_head(self) -> None:
-        """Backward the head buffer's occupied groups as they appear (they are final)."""
-        new = [e.key for e in self.mgr.head_occupied() if e.key not in self.trained]
-        room = self.mgr.batch - len(self.trained)  # with redundant groups never train a surplus one
-        new = new[: max(room, 0)]
-        if new and (len(new) >= self.tc.micro_batch_groups or len(new) == room):
-            self.rt.learner.backward([self.experience.get(k) for k in new])
-            self.trained.update(new)
-
-    def _prefer_trained(self, occupied: list[Entry], n: int) -> list[Entry]:
-        return sorted(occupied, key=lambda e: e.key not in self.trained)[:n]
-
     def _consume(self, k: int, t_start: float) -> dict:
-        result = self.mgr.consume(select=self._prefer_trained)
-        keys = [e.key for e in result.entries]
-        groups = self.experience.take(keys)
-        untrained = [g for key, g in zip(keys, groups) if key not in self.trained]
-        if untrained:
-            self.rt.learner.backward(untrained)
+        result, keys, groups = self.head.consume()
         self._drop(result.aborted)
         stats = self.rt.learner.stats
         out = self.rt.step_and_snapshot(stats, offer=True, consumed=groups)
@@ -348,7 +332,6 @@ class AgenticRunner:
             self.log.write(out.version, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
-        self.trained.clear()
         extra = consumed_metrics(result.entries, kept, self.eta) | {"eta": self.eta, "interaction": self.a.interaction,
                                                                     **dict(sorted(self.counts.items()))}
         row = self.rt.record(k, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, extra)

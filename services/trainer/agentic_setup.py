@@ -13,7 +13,6 @@ reward (a learned model, say) training optimises.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +25,7 @@ from services.agentic.runner import PolicyCodec, SgsGenerator
 from services.agentic.trajectory import Trajectory
 from services.common.config import RunConfig
 from services.generation.scheduling.pools import eligible_instances
-from services.trainer.evaluate import BUCKETS, EvalResult, bucket_name
+from services.trainer.evaluate import EvalResult, summarize
 
 EXTRA_THREADS = 16  # beyond the concurrency: evaluation, session closes
 
@@ -58,16 +57,8 @@ def fingerprint(episodes: list[Episode]) -> str:
 
 
 def score(cfg: RunConfig, episodes: list[Episode], trajs: list[Trajectory], version: int) -> EvalResult:
-    solved = [(difficulty(cfg, e), float(t.reward >= 1.0)) for e, t in zip(episodes, trajs, strict=True)]
-    n = len(solved)
-    acc = sum(r for _, r in solved) / n
-    breakdown = {}
-    for lo, hi in BUCKETS:
-        rs = [r for d, r in solved if lo <= d <= hi]
-        if rs:
-            breakdown[bucket_name(lo, hi)] = {"n": len(rs), "accuracy": sum(rs) / len(rs)}
-    return EvalResult(weight_version=version, prompts=n, accuracy=acc, stderr=math.sqrt(acc * (1 - acc) / n),
-                      response_len_mean=sum(t.generated_tokens for t in trajs) / n, by_difficulty=breakdown)
+    outcomes = [(difficulty(cfg, e), float(t.reward >= 1.0)) for e, t in zip(episodes, trajs, strict=True)]
+    return summarize(outcomes, version, sum(t.generated_tokens for t in trajs) / len(trajs))
 
 
 def evaluate(rt, rollout: Rollout, episodes: list[Episode], tag: str) -> EvalResult:

@@ -48,12 +48,13 @@ from dataclasses import dataclass, field
 
 from services.buffer.pools import ExperienceBuffer, Partial, PartialResponsePool, PromptPool
 from services.buffer.routing import InstanceView, instances_to_sync, pick_instance
-from services.buffer.staleness import Aborted, Entry, StalenessManager
+from services.buffer.staleness import Aborted, StalenessManager
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.tasks.arith import Problem
 from services.trainer import bounded_state
 from services.trainer.algorithms import dapo_keep_group
+from services.trainer.head import HeadTrainer
 from services.trainer.learner import Group
 from services.trainer.length_replay import ReplayLengths
 from services.trainer.repack import Repacker
@@ -113,7 +114,6 @@ class BoundedRunner:
         self.alive = [True] * len(self.pushers)
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
-        self.trained: set[str] = set()
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.counts: Counter[str] = Counter()
         self.gen_busy: list[tuple[float, float]] = []
@@ -123,6 +123,7 @@ class BoundedRunner:
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
             bounded_state.restore(self, trainer.runner_state)
+        self.head = HeadTrainer(self.mgr, self.experience, trainer, tc.micro_batch_groups)  # the restored manager
 
     # ------------------------------------------------------------------ main loop
     def run(self, iterations: int, progress=None) -> None:
@@ -135,7 +136,7 @@ class BoundedRunner:
                     self._repack()
                     self._route()
                     self._collect(timeout=0.02)
-                    self._train_head()
+                    self.head.train_head()
                 row = self._consume(k, t_start)
                 t_start = row["t_end"]
                 if progress is not None:
@@ -352,26 +353,8 @@ class BoundedRunner:
             self.repack.forget(p.key)
 
     # ------------------------------------------------------------------ training
-    def _train_head(self) -> None:
-        """Backward the head buffer's occupied groups as they appear (they are final)."""
-        new = [e.key for e in self.mgr.head_occupied() if e.key not in self.trained]
-        room = self.mgr.batch - len(self.trained)  # with redundancy never train a surplus group
-        new = new[: max(room, 0)]
-        if new and (len(new) >= self.tc.micro_batch_groups or len(new) == room):
-            self.t.learner.backward([self.experience.get(k) for k in new])
-            self.trained.update(new)
-
-    def _prefer_trained(self, occupied: list[Entry], n: int) -> list[Entry]:
-        return sorted(occupied, key=lambda e: e.key not in self.trained)[:n]
-
     def _consume(self, k: int, t_start: float) -> dict:
-        result = self.mgr.consume(select=self._prefer_trained)
-        keys = [e.key for e in result.entries]
-        untrained = [key for key in keys if key not in self.trained]
-        groups = self.experience.take(keys)
-        by_key = dict(zip(keys, groups))
-        if untrained:
-            self.t.learner.backward([by_key[key] for key in untrained])
+        result, keys, groups = self.head.consume()
         self._drop(result.aborted)
         stats = self.t.learner.stats
         out = self.t.step_and_snapshot(stats, offer=False, consumed=groups)  # instances take it when routing says so
@@ -383,7 +366,6 @@ class BoundedRunner:
                 self.t.tally(s, r, result.buffer_version - s.weight_version, acc)
         for key in keys:
             self.groups.pop(key, None)
-        self.trained.clear()
         t_end = time.time()
         self.gen_busy += open_call_intervals(self.groups.values(), t_end)
         self.t.gen_busy.extend(self.gen_busy)

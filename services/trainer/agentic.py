@@ -14,7 +14,9 @@ and the learner, and acts on events from the rollout loop (``services.agentic.ro
 2. **interaction** — ``trajectory`` (RollArt): each trajectory is one task that generates and
    steps its environment on its own, then asks for its reward; ``batch`` (the baseline): the
    trajectories launched together form a wave that generates turn k, then steps every
-   environment, then turn k + 1, and is scored when the wave ends; the next wave starts after.
+   environment, then turn k + 1, and is scored when the wave ends. The next wave starts once the
+   Ready buffers are consumed, as large as the bound then allows (with eta = 1, two steps'
+   groups): the baseline's strongest schedule, waves as large as trajectory level's in-flight work.
 3. **collect** — a finished trajectory with its reward joins its group. When ``group_size`` have
    finished (the first to finish), the group's other trajectories are cancelled (redundant
    rollouts: the aborted work is counted), DAPO's filter may abort it, otherwise it is
@@ -126,7 +128,8 @@ class AgenticRunner:
                     self._launch()
                     self._collect(COLLECT_S)
                     self.head.train_head()
-                self._launch()  # work the bound allows now runs during the optimizer step (a batch-level wave too)
+                if self.a.interaction == "trajectory":
+                    self._launch()  # what the bound allows now starts before the optimizer step and runs during it
                 row = self._consume(k, t_start)
                 t_start = row["t_end"]
                 if progress is not None:

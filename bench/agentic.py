@@ -20,7 +20,7 @@ one setting only:
   factors); the work it throws away is reported beside the speed-up. Redundancy keeps the faster
   episodes and trajectories: a bias toward easy problems that the speed-up does not show.
 
-Both variants of a comparison share everything else: mode ``bounded`` with eta = 1 (for an
+Both variants of a comparison share everything else: mode ``bounded`` with eta = ``--eta`` (1: for an
 agentic run the same as ``one_step``; ``bounded`` admits the redundant groups), so the same
 staleness capacity for both, batch size, concurrency, environment workers, latency draws (the
 same seed), the SGS engine and the data order. Per run the measure is the **step time**: the
@@ -83,9 +83,10 @@ def redundancy_overrides(v: dict, ns) -> list[str]:
 
 def overrides(v: dict, ns, r: int) -> list[str]:
     group, groups = ns.group_size, ns.groups + (ns.redundant_groups if v["redundant"] else 0)
-    concurrency = 2 * groups * (group + v["redundant"])  # eta = 1: two buffers in flight
+    concurrency = 2 * groups * (group + v["redundant"])  # two steps' trajectories in flight (all of eta = 1's room)
     return [*redundancy_overrides(v, ns),
-        "trainer.mode=bounded", "trainer.eta=1", f"trainer.iterations={ns.iterations}", f"trainer.prompts_per_iteration={ns.groups}",
+        "trainer.mode=bounded", f"trainer.eta={ns.eta}", f"trainer.iterations={ns.iterations}",
+        f"trainer.prompts_per_iteration={ns.groups}",
         f"trainer.group_size={group}", f"trainer.micro_batch_groups={min(ns.groups, 8)}", f"trainer.seed={r}",
         f"eval.prompts={ns.eval_prompts}", "trainer.recovery.every=0",
         f"agentic.interaction={v['interaction']}", f"agentic.redundant_trajectories={v['redundant']}",
@@ -170,7 +171,7 @@ def markdown(res: dict) -> str:
     lines = [
         "# Agentic rollouts: trajectory- vs batch-level environment interaction, redundant rollouts", "",
         f"Real agentic training runs (`deploy/configs/agentic.yaml`: {s['env']} task, {s['engine']} engine), mode "
-        f"`bounded` with eta = 1, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, per-turn environment latency "
+        f"`bounded` with eta = {s.get('eta', 1)}, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, per-turn environment latency "
         f"N({s['mu']} s, sigma) truncated at 0, {s['workers']} environment workers; {s['rounds']} interleaved rounds of "
         f"{s['iterations']} steps, the first {s['warmup']} not counted. Ratio of record: median of the per-round ratios "
         f"of the time per step [range].", "",
@@ -247,11 +248,13 @@ def main() -> int:
     parser.add_argument("--redundant-groups", type=int, default=2, help="extra groups per step in the redundant variant")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--eval-prompts", type=int, default=8)
+    parser.add_argument("--eta", type=int, default=1, help="staleness bound of both variants (bounded mode)")
+    parser.add_argument("--cvs", default=",".join(CVS), help="the sigma/mu values, comma-separated")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-agentic"))
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = parser.parse_args()
-    cvs = CVS
+    cvs = tuple(c.strip() for c in ns.cvs.split(",") if c.strip())
     if ns.quick:
         ns.rounds, ns.iterations, ns.warmup, ns.groups = QUICK["rounds"], QUICK["iterations"], QUICK["warmup"], QUICK["groups"]
         cvs = QUICK["cvs"]
@@ -275,7 +278,7 @@ def main() -> int:
             print(f"    step {runs[name][-1]['step_time_s']:.2f} s", flush=True)
     res = summarize(runs, cvs, ns.redundant, ns.redundant_groups)
     res["runs"] = runs
-    res["settings"] = {"env": base.agentic.env, "engine": base.generation.engine, "groups": ns.groups,
+    res["settings"] = {"eta": ns.eta, "env": base.agentic.env, "engine": base.generation.engine, "groups": ns.groups,
                        "group_size": ns.group_size, "mu": ns.mu, "workers": ns.workers, "rounds": ns.rounds,
                        "iterations": ns.iterations, "warmup": ns.warmup, "min_steps": ns.min_steps,
                        "wall_s": time.time() - t0}

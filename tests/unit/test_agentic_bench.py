@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT))
 from bench.agentic import markdown, overrides, run_metrics, summarize, variants  # noqa: E402
 from services.common.config import load_config  # noqa: E402
 
-NS = Namespace(group_size=8, groups=8, redundant_groups=2, iterations=10, eval_prompts=8, workers=4, mu=0.5, min_steps=3)
+NS = Namespace(eta=1, group_size=8, groups=8, redundant_groups=2, iterations=10, eval_prompts=8, workers=4, mu=0.5, min_steps=3)
 
 
 def test_the_variants_differ_only_in_what_is_compared():

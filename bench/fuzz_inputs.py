@@ -8,7 +8,8 @@ the stack's good version by mutations (truncated, reordered, duplicated, corrupt
 names, dtypes, shapes, offsets, digests, indices, manifests); and raw random bytes (the ``bytes``
 variant). Versions and addresses are drawn symbolically (relative to the newest version held,
 ``SELF``/``SGS``/``RELAY``/``ROUTER``) and resolved against the running ``Stack`` at send time, so
-an example means the same thing whatever ran before it. ``data_call`` writes a drawn push to the
+an example means the same thing whatever ran before it; so are environment sessions (a fresh one of
+a kind, or one an expert's turn in) and reward transcripts (an expert's episode with one edit). ``data_call`` writes a drawn push to the
 relay's raw-TCP data channel.
 """
 
@@ -299,6 +300,73 @@ def _a_blob(stack: Stack) -> str:
     return pb.PullMessage.FromString(raw[0]).manifest.shm_path if code == OK and raw else "/dev/shm/braid-none"
 
 
+# ---------------------------------------------------------------- environment and reward workers (issue 21)
+ACTION = st.one_of(TEXT, st.text(min_size=4090, max_size=4200),  # around the 4096-character limit
+                   st.sampled_from(["247-9", "#193", "=", "#", "-", "1+", "99999999999999999999-1", "#-0", "left",
+                                    "#1e309", "9" * 400 + "-1", ">", "->", ">>>>", ">" * 70, "-" * 64, "> -"]))
+KIND = st.one_of(st.sampled_from(["calculator", "walk", "arith"]), TEXT)
+reset_request = st.builds(pb.ResetRequest, kind=KIND, seed=I64, trajectory_id=st.one_of(TEXT, st.text(min_size=257, max_size=260)))
+
+
+def _mostly(good, wild):
+    """``good`` three times in four, ``wild`` otherwise (``one_of`` weighs each branch of a nested
+    ``one_of`` alike, so the wild text's three branches would crowd out the good requests)."""
+    return st.integers(0, 3).flatmap(lambda i: wild if i == 0 else good)
+
+
+# a session opened at send time (kind, expert turns applied) or any text
+SESSION = _mostly(st.tuples(st.sampled_from(["calculator", "walk"]), st.integers(0, 1)), TEXT)
+# "AT": the session's own turn (the step applies); otherwise any turn
+step_request = st.tuples(SESSION, st.one_of(st.just("AT"), st.integers(0, 3), U32), ACTION)
+_TRANSCRIPT_EDITS = ("none", "prompt", "action", "observation", "seed", "task", "truncate", "extend")
+score_request = _mostly(st.one_of(
+    st.builds(  # a single-turn completion of the arith task
+        lambda prompt, action, obs: pb.ScoreRequest(task="arith", prompt=prompt, actions=[action], observations=obs),
+        st.one_of(st.sampled_from(["247-9>200=", "12-3>5=", "999999999-1>0=", "9>5="]), TEXT), ACTION,
+        st.sampled_from([[], [""], ["x"]]),
+    ),
+    # an expert's transcript (resolved at send time) with one edit: ("EXPERT", kind, edit, index, text, seed)
+    st.tuples(st.just("EXPERT"), st.sampled_from(["calculator", "walk"]), st.sampled_from(_TRANSCRIPT_EDITS),
+              st.integers(0, 8), ACTION, I64),
+), st.builds(  # anything
+    pb.ScoreRequest, request_id=st.one_of(TEXT, st.text(min_size=257, max_size=260)), task=KIND, seed=I64,
+    prompt=st.one_of(TEXT, st.sampled_from(["247-9>200=", "9>5="])),
+    actions=st.one_of(st.lists(ACTION, max_size=4), st.lists(st.just("1-1"), min_size=1000, max_size=1100)),
+    observations=st.lists(TEXT, max_size=5),
+))
+
+
+def _session(stack: Stack, session) -> tuple[str, int]:
+    """(session id, its turn) for a drawn ``SESSION``."""
+    if isinstance(session, tuple):
+        kind, steps = session
+        return stack.open_session(kind, steps), steps
+    return session, 0
+
+
+def _score_request(stack: Stack, drawn) -> pb.ScoreRequest:
+    if isinstance(drawn, pb.ScoreRequest):
+        return drawn
+    _, kind, edit, index, text, seed = drawn
+    req = stack.transcript(stack.episodes[kind])
+    n = len(req.actions)
+    if edit == "prompt":
+        req.prompt = text
+    elif edit == "action":
+        req.actions[index % n] = text
+    elif edit == "observation":
+        req.observations[index % n] = text
+    elif edit == "seed":
+        req.seed = seed
+    elif edit == "task":
+        req.task = "walk" if kind == "calculator" else "calculator"
+    elif edit == "truncate":  # a prefix: the episode has not ended (reward 0)
+        del req.actions[index % n:], req.observations[index % n:]
+    elif edit == "extend":  # a turn after the episode ended
+        req.actions.append(text), req.observations.append("")
+    return req
+
+
 def _host() -> str:
     from services.weights.store import host_id
 
@@ -351,6 +419,16 @@ def build(stack: Stack, service: str, method: str, drawn):
             good = manifest_to_pb(manifest_of(stack.good, CHUNK_BYTES), stack.next_version("relay"))
             req.manifest.CopyFrom(mutate_manifest(stack, good, muts))
         return req, 2.0
+    if method == "Step":
+        session, turn, action = drawn
+        session_id, at = _session(stack, session)
+        return pb.StepRequest(session_id=session_id, turn=at if turn == "AT" else turn, action=action), CALL_TIMEOUT_S
+    if method == "Close":
+        return pb.CloseRequest(session_id=_session(stack, drawn)[0]), CALL_TIMEOUT_S
+    if method == "Reset":
+        return drawn, CALL_TIMEOUT_S
+    if method == "Score":
+        return _score_request(stack, drawn), CALL_TIMEOUT_S
     raise KeyError(method)
 
 
@@ -364,6 +442,7 @@ def strategy(stack: Stack, service: str, method: str, variant: str):
         "Interrupt": st.lists(TEXT, max_size=5),
         "Push": push_stream, "Pull": pull_request, "Versions": st.just(None), "Heartbeat": TEXT,
         "SetChain": chain_request, "OpenTransfer": transfer_request,
+        "Reset": reset_request, "Step": step_request, "Close": SESSION, "Score": score_request,
     }[method]
 
 

@@ -2,7 +2,7 @@
 
 Shared by ``tests/integration/test_fuzz_services.py`` (a few examples per method, in ``make test``)
 and ``bench/fuzz.py`` (many, for the record). The stack is ``bench/fuzz_stack.py`` (a weight relay,
-an SGS instance and the router, real processes on loopback); the inputs are
+an SGS instance, the router, an environment worker and a reward worker, real processes on loopback); the inputs are
 ``bench/fuzz_inputs.py`` (protobuf messages built to be wrong, weight streams mutated from a good
 version, raw random bytes), sent to every method of ``braid.proto`` and the relay's data channel.
 The property, per example:
@@ -17,8 +17,10 @@ The property, per example:
 After a method's examples, ``Stack.check_nothing_lost`` pulls every version the relay holds and
 checks it byte-exact against the good weights (a refused push never touches a committed version; a
 mutated push that is accepted can only be the good bytes under another version number), pushes
-and pulls a fresh version, and has the SGS and the router generate greedily with the same tokens
-as before the fuzzing (the installed weights are still the good ones).
+and pulls a fresh version, has the SGS and the router generate greedily with the same tokens
+as before the fuzzing (the installed weights are still the good ones), and plays an expert's
+calculator episode through the environment worker and scores it on the reward worker with the
+same observations, rewards and score as before.
 """
 
 from __future__ import annotations
@@ -62,6 +64,14 @@ ALLOWED = {
         # CLOSED: the relay closed without a status (a stream cut short: it keeps the prefix for a resume)
         "DataChannel": {OK, *_W, "ALREADY_EXISTS", "PERMISSION_DENIED", "CLOSED"},
     },
+    # an environment bug is INTERNAL (the session fails, the worker lives): a crash here too
+    "env": {
+        "Reset": {OK, "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"},
+        "Step": {OK, "INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION"},
+        "Close": {OK, "NOT_FOUND"},
+        "Health": {OK},
+    },
+    "reward": {"Score": {OK, "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"}, "Health": {OK}},
 }
 VARIANTS = ("message", "bytes")
 

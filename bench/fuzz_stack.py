@@ -1,11 +1,13 @@
 """The service stack the gRPC fuzzing runs against (issue 20 item 5): real processes on loopback.
 
-A weight relay, an SGS instance (hf engine, the tiny checkpoint) pulling from it, and the SGS router
-over that instance, started by the launcher's own code (``flows.processes``). ``Stack`` sends a
+A weight relay, an SGS instance (hf engine, the tiny checkpoint) pulling from it, the SGS router
+over that instance, an environment worker and a reward worker (issue 21), started by the
+launcher's own code (``flows.processes``, ``flows.reward_pool``). ``Stack`` sends a
 request (messages, a request stream, or raw bytes through a generic call) and returns the status
 name; it knows the good inputs (the checkpoint's weights as a chunk stream and a push) and the
 versions each service holds, and ``check_nothing_lost`` checks after the fuzzing that every version
-the relay holds is byte-exact and greedy generation is unchanged. The inputs are drawn by
+the relay holds is byte-exact, greedy generation is unchanged, and the environment worker still plays an
+expert's episode to its reward and the reward worker still scores it the same. The inputs are drawn by
 ``bench/fuzz_inputs.py``; the property and the bookkeeping are ``bench/fuzz_services.py``.
 """
 
@@ -32,7 +34,12 @@ OVERRIDES = [
     "generation.dispatch.policy=round_robin",
 ]
 
-SERVICE_NAME = {"sgs": "braid.v1.Generation", "router": "braid.v1.Generation", "relay": "braid.v1.WeightRelay"}
+SERVICE_NAME = {"sgs": "braid.v1.Generation", "router": "braid.v1.Generation", "relay": "braid.v1.WeightRelay",
+                "env": "braid.v1.Environment", "reward": "braid.v1.Reward"}
+HEALTH_REPLY = {"sgs": pb.HealthReply, "router": pb.HealthReply, "env": pb.EnvHealthReply,
+                "reward": pb.RewardHealthReply}
+EPISODE_SEED = 7  # the episodes played before and after the fuzzing: the first from this seed on of each kind
+ENV_KINDS = ("calculator", "walk")
 STREAM_REQUEST = {"UpdateWeights", "Push"}
 STREAM_REPLY = {"Generate", "Pull"}
 NEWEST_CAP = 2**62 + 2**20  # above it, a held version is an arriving int64-max one (never committed)
@@ -59,9 +66,12 @@ class Stack:
     good: dict = field(default_factory=dict)  # name -> tensor: the checkpoint's weights
     vocab: int = 0
     greedy: dict[str, list] = field(default_factory=dict)  # the greedy tokens before fuzzing
+    episodes: dict = field(default_factory=dict)  # kind -> the expert's episode and its score before fuzzing
+    _experts: dict = field(default_factory=dict)
 
     def start(self) -> Stack:
-        from flows.processes import Supervisor, start_instances, start_relay, start_router
+        from flows.processes import Supervisor, start_env_worker, start_instances, start_relay, start_router
+        from flows.reward_pool import RewardPoolController
         from services.common.config import load_config, write_config
         from services.policy.model import load_policy
 
@@ -73,7 +83,9 @@ class Stack:
         relay, _ = start_relay(self.sup, self.workdir, "relay", keep=2, shm=True, max_message_mb=MESSAGE_MB)
         [sgs] = start_instances(self.sup, self.workdir, str(self.checkpoint), 1, threads=1, config=config, relays=[relay])
         router = start_router(self.sup, self.workdir, str(self.checkpoint), [sgs], config=config)
-        self.addresses = {"relay": relay, "sgs": sgs, "router": router}
+        env = start_env_worker(self.sup, self.workdir, "env-0", config=config)
+        [reward] = RewardPoolController(self.sup, self.workdir, cfg, config=config).start()
+        self.addresses = {"relay": relay, "sgs": sgs, "router": router, "env": env, "reward": reward}
         limit = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         self.channels = {k: grpc.insecure_channel(a, options=limit) for k, a in self.addresses.items()}
         policy = load_policy(self.checkpoint)
@@ -83,6 +95,7 @@ class Stack:
         ack = self.push_good()  # the relay's first version fixes its model fingerprint
         assert ack.committed, ack
         self.greedy = {s: self.generate_greedy(s) for s in ("sgs", "router")}
+        self.episodes = {kind: self.play_expert_episode(kind) for kind in ENV_KINDS}
         return self
 
     def stop(self) -> None:
@@ -116,11 +129,11 @@ class Stack:
         return pb.TransferRequest(direction="push", manifest=manifest_to_pb(manifest_of(self.good, CHUNK_BYTES), version),
                                   sender="fuzz")
 
-    def health(self, service: str) -> pb.HealthReply:
+    def health(self, service: str):
         code, details, raw = self.call(service, "Health", pb.HealthRequest())
         if code != OK:
             raise AssertionError(f"{service} Health answered {code}: {details}")
-        return pb.HealthReply.FromString(raw)
+        return HEALTH_REPLY[service].FromString(raw)
 
     def relay_versions(self) -> pb.VersionsReply:
         code, details, raw = self.call("relay", "Versions", pb.VersionsRequest())
@@ -131,8 +144,8 @@ class Stack:
     def check_alive(self) -> None:
         """Every process runs and answers (raises ``ServiceDied`` / ``AssertionError``)."""
         self.sup.check()
-        self.health("sgs")
-        self.health("router")
+        for service in ("sgs", "router", "env", "reward"):
+            self.health(service)
         self.relay_versions()
 
     def wait_healthy(self, timeout_s: float) -> None:
@@ -200,6 +213,62 @@ class Stack:
             raise AssertionError(f"{service}: a good Generate answered {code}: {details}")
         return sorted((s.prompt_id, list(s.token_ids)) for s in map(pb.Sample.FromString, raw))
 
+    def _reset(self, kind: str) -> pb.ResetReply:
+        code, details, raw = self.call("env", "Reset", pb.ResetRequest(kind=kind, seed=self.expert(kind)[0]))
+        if code != OK:
+            raise AssertionError(f"env: a good Reset of {kind} answered {code}: {details}")
+        return pb.ResetReply.FromString(raw)
+
+    def _step(self, request: pb.StepRequest) -> pb.StepReply:
+        code, details, raw = self.call("env", "Step", request)
+        if code != OK:
+            raise AssertionError(f"env: a good Step answered {code}: {details}")
+        return pb.StepReply.FromString(raw)
+
+    def expert(self, kind: str) -> tuple[int, list[str]]:
+        """The first episode of environment ``kind`` from seed ``EPISODE_SEED`` on whose expert takes
+        two turns or more: (seed, the expert's turns)."""
+        if kind not in self._experts:
+            from services.agentic.registry import ENVIRONMENTS
+            from services.common.config import load_config
+
+            env = ENVIRONMENTS[kind].from_config(load_config(ROOT / "deploy/configs/smoke.yaml").agentic)
+            seed = EPISODE_SEED
+            while env.reset(seed) and len(env.expert()) < 2:
+                seed += 1
+            self._experts[kind] = (seed, env.expert())
+        return self._experts[kind]
+
+    def open_session(self, kind: str, steps: int = 0) -> str:
+        """A fresh session of ``kind`` on the environment worker, ``steps`` expert turns in."""
+        session = self._reset(kind).session_id
+        for turn, action in enumerate(self.expert(kind)[1][:steps]):
+            self._step(pb.StepRequest(session_id=session, turn=turn, action=action))
+        return session
+
+    def play_expert_episode(self, kind: str) -> dict:
+        """An expert's episode of ``kind`` through the environment worker, scored by the reward worker:
+        the transcript, the rewards and the score (what the fuzzing must not change)."""
+        opened = self._reset(kind)
+        seed, actions = self.expert(kind)
+        replies = [self._step(pb.StepRequest(session_id=opened.session_id, turn=t, action=a)) for t, a in enumerate(actions)]
+        code, details, _ = self.call("env", "Close", pb.CloseRequest(session_id=opened.session_id))
+        assert code == OK, f"env: a good Close answered {code}: {details}"
+        episode = {"kind": kind, "seed": seed, "prompt": opened.observation, "actions": actions,
+                   "observations": [r.observation for r in replies], "rewards": [r.reward for r in replies],
+                   "done": [r.done for r in replies]}
+        code, details, raw = self.call("reward", "Score", self.transcript(episode))
+        if code != OK:
+            raise AssertionError(f"reward: a good Score of {kind} answered {code}: {details}")
+        episode["score"] = pb.ScoreReply.FromString(raw).reward
+        assert episode["done"][-1] and episode["score"] == 1.0, f"the expert's {kind} episode did not succeed: {episode}"
+        return episode
+
+    @staticmethod
+    def transcript(episode: dict) -> pb.ScoreRequest:
+        return pb.ScoreRequest(request_id="expert", task=episode["kind"], seed=episode["seed"], prompt=episode["prompt"],
+                               actions=episode["actions"], observations=episode["observations"])
+
     # ------------------------------------------------------------ nothing lost
     def check_nothing_lost(self) -> dict:
         """Every version the relay holds is the good weights byte-exact; a fresh version goes in
@@ -232,4 +301,7 @@ class Stack:
         for service in ("sgs", "router"):
             got = self.generate_greedy(service)
             assert got == self.greedy[service], f"{service}: greedy tokens changed: {got} != {self.greedy[service]}"
-        return {"relay_versions_checked": len(held), "greedy_unchanged": True}
+        for kind in ENV_KINDS:
+            episode = self.play_expert_episode(kind)
+            assert episode == self.episodes[kind], f"the expert's {kind} episode changed: {episode} != {self.episodes[kind]}"
+        return {"relay_versions_checked": len(held), "greedy_unchanged": True, "episode_unchanged": True}

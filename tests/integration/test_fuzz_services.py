@@ -1,11 +1,11 @@
 """Bad input at every gRPC method of real service processes (property-based; ``bench/fuzz_services.py``).
 
-A relay, an SGS instance (hf engine) pulling from it and the router over the instance run as
-processes on loopback. Each method gets a few hypothesis examples per variant (protobuf messages
+A relay, an SGS instance (hf engine) pulling from it, the router over the instance, an environment
+worker and a reward worker run as processes on loopback. Each method gets a few hypothesis examples per variant (protobuf messages
 built to be wrong, raw random bytes): the reply is OK or an allowed status with a message, never
 UNKNOWN/INTERNAL, and every process stays alive and healthy; afterwards nothing is lost (the relay
 serves every held version byte-exact, a fresh version goes in and out, greedy generation is
-unchanged). ``bench/fuzz.py`` runs the same properties with many more examples. The explicit
+unchanged, an expert's episode plays and scores as before). ``bench/fuzz.py`` runs the same properties with many more examples. The explicit
 regression tests below are the inputs that crashed or wedged a service before the fixes.
 """
 
@@ -19,7 +19,7 @@ from bench.fuzz_services import Tally, cases, run_case
 from bench.fuzz_stack import Stack
 from services.proto import braid_pb2 as pb
 
-EXAMPLES = 10  # per (service, method, variant): ~330 inputs in all; bench/fuzz.py runs thousands
+EXAMPLES = 10  # per (service, method, variant): ~430 inputs in all; bench/fuzz.py runs thousands
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def test_bad_input_gets_a_clear_status_and_no_service_dies(stack, tally, service
 
 
 def test_nothing_is_lost_after_the_fuzzing(stack, tally):
-    assert stack.check_nothing_lost()["greedy_unchanged"]
+    lost = stack.check_nothing_lost()
+    assert lost["greedy_unchanged"] and lost["episode_unchanged"]
     assert not tally.crashes
 
 

@@ -2,13 +2,14 @@
 every config and data file the CLI reads, with the inputs tried counted.
 
 Starts the stack of ``bench/fuzz_stack.py`` (a weight relay, an SGS instance on the hf engine pulling
-from it, the router over the instance: real processes on loopback) and runs each (service, method,
+from it, the router over the instance, an environment worker and a reward worker: real processes on
+loopback) and runs each (service, method,
 variant) property with ``--examples`` hypothesis examples, then the file properties of
 ``bench/fuzz_files.py`` with ``--file-examples``. A crash is a service process that died, a reply
 UNKNOWN or INTERNAL (an unhandled exception), a status outside the method's allowed set or without
 a message, a wait nobody asked for; for files, a traceback or an exit status other than 0 / 2.
 It must be 0. Then nothing may be lost: every relay version byte-exact, greedy generation as
-before. Writes ``fuzz.json`` and ``fuzz.md`` (``--quick``: a few examples, to a scratch directory).
+before, each environment kind's expert episode played and scored as before. Writes ``fuzz.json`` and ``fuzz.md`` (``--quick``: a few examples, to a scratch directory).
 
     python bench/fuzz.py                 # ~10 min on 2 cores
     python bench/fuzz.py --quick
@@ -45,7 +46,7 @@ def markdown(r: dict) -> str:
         f"{r['inputs_total']} gRPC inputs ({r['examples_per_case']} hypothesis examples per method and variant: "
         f"protobuf messages built to be wrong, raw random bytes) to real processes, and {r['file_inputs_total']} "
         f"broken files; **{r['crashes_total']} crashes**, **{r['file_failures_total']} file failures**; nothing lost: "
-        f"{'yes' if r['nothing_lost'].get('greedy_unchanged') else 'NO'} ({r['wall_s']:.0f} s).", "",
+        f"{'yes' if r['nothing_lost'].get('greedy_unchanged') and r['nothing_lost'].get('episode_unchanged', True) else 'NO'} ({r['wall_s']:.0f} s).", "",
         parts_line(r.get("parts", {}), "services"), "",
         "| service | method | inputs (messages / bytes) | status codes returned | crashes |",
         "|---|---|---|---|---|",

@@ -12,7 +12,8 @@ The version counts as staged when **every** instance acked; the first instance f
 reported with its gRPC status and the instance named.
 
 Dynamic membership (scale-out, docs/scaleout.md): the instances are read from ``members()`` at
-every version, and ``bring_up(client)`` gives a joining instance the newest version the router
+every version (the router's open slots and those still draining), a failure of an instance that
+left ``members()`` while the version was on its way (drained, then stopped) is not the version's, and ``bring_up(client)`` gives a joining instance the newest version the router
 has forwarded (the ``pull`` version from its relay, or a replay of the last ``push`` stream,
 which the router then keeps in memory: ``keep_last``) under the same lock as ``push``/``pull``,
 so no version slips between its bring-up and its first fan-out.
@@ -111,13 +112,20 @@ class WeightFanout:
                 self._put(q, _END, threads[i])
             for t in threads:
                 t.join(self.timeout_s)
-        for err in errors:
-            if err is not None:
+        staying = self._staying()
+        for i, err in enumerate(errors):
+            if err is not None and i in staying:
                 raise err
-        if any(a is None for a in acks):
-            raise FanoutError(acks.index(None), self.clients[acks.index(None)].address,
+        missing = [i for i, a in enumerate(acks) if a is None and i in staying]
+        if missing:
+            raise FanoutError(missing[0], self.clients[missing[0]].address,
                               grpc.StatusCode.DEADLINE_EXCEEDED, "no acknowledgement within the deadline")
         return [a for a in acks if a is not None]
+
+    def _staying(self) -> set[int]:
+        """Indices of ``self.clients`` still members now (a drained instance left while the version was on its way)."""
+        now = {id(c) for c in self.members()}
+        return {i for i, c in enumerate(self.clients) if id(c) in now}
 
     def pull(self, version: int, wait_s: float) -> list[pb.UpdateAck]:
         """Tell every instance to pull ``version`` (-1 = latest) from its relay; return their acks."""
@@ -129,15 +137,20 @@ class WeightFanout:
 
     def _pull(self, version: int, wait_s: float) -> list[pb.UpdateAck]:
 
-        def one(i: int) -> pb.UpdateAck:
+        def one(i: int) -> pb.UpdateAck | FanoutError:
             client = self.clients[i]
             try:
                 return client.pull_weights(version, wait_s=wait_s)
             except grpc.RpcError as err:
-                raise FanoutError(i, client.address, err.code(), err.details() or str(err)) from None
+                return FanoutError(i, client.address, err.code(), err.details() or str(err))
 
         with ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="fanout-pull") as pool:
-            return list(pool.map(one, range(len(self.clients))))
+            replies = list(pool.map(one, range(len(self.clients))))
+        staying = self._staying()
+        for i, reply in enumerate(replies):
+            if isinstance(reply, FanoutError) and i in staying:
+                raise reply
+        return [r for r in replies if not isinstance(r, FanoutError)]
 
     @staticmethod
     def _put(q: queue.Queue, item: object, thread: threading.Thread) -> None:

@@ -206,6 +206,13 @@ class RouterCore:
     def active_clients(self) -> list[GenerationClient]:
         return [self.clients[i] for i in self.slots()]
 
+    def weight_clients(self) -> list[GenerationClient]:
+        """The instances a new weight version goes to: the open slots and the closed ones still
+        finishing work (a draining instance may hold a request that waits for this very version;
+        leaving it out would leave that request, and the drain, waiting forever)."""
+        with self._lock:
+            return [c for i, c in enumerate(self.clients) if self._active[i] or self._outstanding[i] > 0]
+
     def context(self, members: Sequence[int], seed: int) -> DispatchContext:
         """The dispatch view of the open slots ``members`` (one pool's), numbered 0..n-1
         (``members[k]`` is instance ``k``)."""

@@ -49,7 +49,7 @@ class RouterServicer(pb_grpc.GenerationServicer):
         self.max_positions = max_positions
         self.drain_timeout_s = drain_timeout_s
         # keep_weights: the last pushed version stays in memory for instances that join later
-        self.fanout = WeightFanout(core.active_clients, keep_last=keep_weights)
+        self.fanout = WeightFanout(core.weight_clients, keep_last=keep_weights)
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)

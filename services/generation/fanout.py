@@ -12,11 +12,12 @@ The version counts as staged when **every** instance acked; the first instance f
 reported with its gRPC status and the instance named.
 
 Dynamic membership (scale-out, docs/scaleout.md): the instances are read from ``members()`` at
-every version (the router's open slots and those still draining), a failure of an instance that
-left ``members()`` while the version was on its way (drained, then stopped) is not the version's, and ``bring_up(client)`` gives a joining instance the newest version the router
-has forwarded (the ``pull`` version from its relay, or a replay of the last ``push`` stream,
-which the router then keeps in memory: ``keep_last``) under the same lock as ``push``/``pull``,
-so no version slips between its bring-up and its first fan-out.
+every version (the router's open slots and those still draining); a failure of an instance that
+left ``members()`` while the version was on its way (drained, then stopped) is not the version's;
+``bring_up(client)`` gives a joining instance the newest version the router has forwarded (the
+``pull`` version from its relay, or a replay of the last ``push`` stream, which the router then
+keeps in memory: ``keep_last``) under the same lock as ``push``/``pull``, so no version slips
+between its bring-up and its first fan-out.
 """
 
 from __future__ import annotations

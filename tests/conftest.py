@@ -49,6 +49,16 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One temporary Prefect API for every test that runs a flow in-process (starting one costs
+    ~9 s on 2 cores; the flow runs of different tests never share state)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
 class SGSProcess:
     def __init__(self, proc: subprocess.Popen, address: str, log: Path) -> None:
         self.proc, self.address, self.log = proc, address, log

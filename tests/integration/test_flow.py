@@ -12,14 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 def _run(tmp_path: Path, mode: str, extra: tuple[str, ...] = ()) -> tuple[dict, Path]:
     from flows.rl_training import rl_training
 

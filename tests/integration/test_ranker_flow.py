@@ -40,14 +40,6 @@ def test_transformer_and_ensemble_round_trip(tmp_path):
     np.testing.assert_allclose(again.predict(test.prompts), ens.predict(test.prompts), rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 def _fill_log(path: Path, rows: list[dict], version: int, scale: float = 1.0) -> None:
     with GenerationLog(path) as log:
         log.append(GenRecord(r["id"], r["prompt"], max(1, int(r["response_length"] * scale)), version, 0, float(i))

@@ -203,14 +203,6 @@ def test_vllm_generates_from_the_llama_checkpoint(checkpoints):
         engine.close()
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 def test_braid_run_on_a_qwen2_checkpoint(prefect_api, checkpoints, tmp_path, monkeypatch, capsys):
     """``braid run --model DIR``: warm start, SGS and trainer all on the checkpoint, with its chat template."""
     from flows.cli import main

@@ -80,8 +80,11 @@ def warm_start(run_dir: str) -> str:
 
 
 def _read_metrics(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line) for line in lines if line.strip()]
+    """The complete rows of ``metrics.jsonl``: a last line without its newline is still being
+    written by the trainer (a long row reaches the file in more than one write) and is skipped."""
+    text = path.read_text() if path.exists() else ""
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 class _Progress:

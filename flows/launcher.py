@@ -1,8 +1,8 @@
 """Local launcher: every process of one run on this host, supervised until the trainer exits.
 
 ``run_processes`` starts the weight relays, the SGS instances (behind the router when the config
-routes), the scale-out controller when enabled (``flows.scaleout``), the environment workers and
-the reward pool (``flows.reward_pool``) of an agentic run and the trainer, through
+routes), the scale-out controller when enabled (``flows.scaleout``), the environment workers of an
+agentic run, the reward pool (``flows.reward_pool``) and the trainer, through
 ``flows.processes``; used by the Prefect flow and by the benchmarks.
 """
 
@@ -63,11 +63,11 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         if front is not None:
             fronts = [(front(a), svc) for a, svc in fronts]
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
-        if cfg.agentic.enabled:  # environment workers and the reward pool: processes, restarted on their ports
+        if cfg.agentic.enabled:  # environment workers: processes, restarted on their ports
             base += ["--env-workers", ",".join(start_env_workers(sup, run_dir, cfg.agentic.workers))]
-            rewards = RewardPoolController(sup, run_dir, cfg)
-            rewards.start()
-            base += ["--reward-membership", str(rewards.membership)]
+        rewards = RewardPoolController(sup, run_dir, cfg)  # every run's rewards: worker processes, restarted on their ports
+        rewards.start()
+        base += ["--reward-membership", str(rewards.membership)]
         start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 
         def tick() -> bool:

@@ -1,11 +1,15 @@
-"""Registry checks a run passes before anything starts.
+"""Checks a run passes before anything starts.
 
 The config schema (``services.common.config``) stays pure data: which keys the registries hold
 (engines, dispatch policies) is checked here, when a run is prepared (``braid run``, ``braid
 config``, the flow's ``prepare-run``), so a typo fails at once and names what is registered.
+``check_task`` reads a dataset task's files here too, so a bad file, row or field is refused
+before any process starts, naming the file, the line and the field.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from services.common.config import ConfigError, RunConfig
 
@@ -20,3 +24,35 @@ def check_registries(cfg: RunConfig) -> RunConfig:
     if cfg.generation.dispatch.policy not in policy_names():
         raise ConfigError(f"generation.dispatch.policy {cfg.generation.dispatch.policy!r} is not one of {policy_names()}")
     return cfg
+
+
+def check_task(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a dataset task's files and the reward's import path made absolute (every service
+    finds them whatever its working directory), after reading the files: ``ConfigError`` with the
+    loader's message (file, line, field) for a bad one, or when the run needs more prompts than
+    ``task.dataset.epochs`` passes give, or when the dataset's name is a built-in task's."""
+    if cfg.task.kind != "dataset":
+        return cfg
+    from services.reward.protocol import tasks
+    from services.tasks.dataset import DatasetError, load_dataset, prompts_needed_check
+
+    ds = cfg.task.dataset
+    assert ds is not None
+    if ds.name in tasks():
+        raise ConfigError(f"task.dataset.name {ds.name!r} is a built-in task's name ({tasks()}): choose another")
+    absolute = ds.model_copy(update={"train": str(Path(ds.train).resolve()),
+                                     "heldout": str(Path(ds.heldout).resolve()) if ds.heldout else None})
+    try:
+        train, _ = load_dataset(absolute, cfg.eval.prompts, cfg.eval.seed)
+        prompts_needed_check(len(train), ds.epochs, cfg.trainer.iterations * cfg.trainer.prompts_per_iteration, ds.name)
+    except DatasetError as err:
+        raise ConfigError(f"task.dataset: {err}") from None
+    data = cfg.model_dump(mode="json")
+    data["task"]["dataset"] = absolute.model_dump(mode="json")
+    data["reward"]["python_path"] = [str(Path(p).resolve()) for p in cfg.reward.python_path]
+    return RunConfig.model_validate(data)
+
+
+def check_run(cfg: RunConfig) -> RunConfig:
+    """Every check of this module: registries, then the task's data."""
+    return check_task(check_registries(cfg))

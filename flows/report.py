@@ -182,6 +182,13 @@ def _mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows) if rows else 0.0
 
 
+def _breakdown_header(summary: dict) -> list[str]:
+    """The count-down task breaks accuracy down by scratchpad steps; a dataset by its group field."""
+    group = summary.get("breakdown", "steps")
+    title = "difficulty (scratchpad steps)" if group == "steps" else f"`{group}`"
+    return [f"## Accuracy by {title}", "", f"| {group} | prompts | warm start | final |", "|---|---|---|---|"]
+
+
 def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) -> str:
     ws, fin = summary["eval_warmstart"], summary["eval_final"]
     wall = sum(r["iteration_time_s"] for r in rows)
@@ -195,6 +202,8 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         f"| final accuracy | {summary['final_accuracy']:.3f} ± {summary['accuracy_stderr']:.3f} |",
         f"| improvement | {summary['improvement']:+.3f} ({summary['improvement_in_stderr']:.1f} × final s.e.) |",
         f"| iterations | {summary['iterations']} |",
+        *([f"| reward failures (counted 0, not correct; `reward-failures.jsonl`) | {summary['reward_failures']} |"]
+          if summary.get("reward_failures") else []),
         f"| samples/s (RL phase) | {summary['samples_per_second']:.1f} |",
         f"| mean generation / training time per iteration | {_mean(rows, 'gen_time_s'):.2f} s / {_mean(rows, 'train_time_s'):.2f} s |",
         f"| idle fraction: generation / training | {sum(r['idle_gen_s'] for r in rows) / wall:.2f} / {sum(r['idle_train_s'] for r in rows) / wall:.2f} |",
@@ -209,10 +218,7 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         "",
         *(["![output-length distribution](lengths.png)", ""] if any(r.get("response_lens") for r in rows) else []),
         *(["![staleness per buffer](staleness.png)", ""] if any("entry_staleness_hist" in r for r in rows) else []),
-        "## Accuracy by difficulty (scratchpad steps)",
-        "",
-        "| steps | prompts | warm start | final |",
-        "|---|---|---|---|",
+        *_breakdown_header(summary),
     ]
     for name, final in fin["by_difficulty"].items():
         before = ws["by_difficulty"].get(name, {}).get("accuracy", float("nan"))

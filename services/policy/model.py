@@ -46,14 +46,20 @@ class Policy:
         pad = self.tokenizer.pad_token_id
         return self.eos_id if pad is None else int(pad)
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, system: str | None = None) -> list[int]:
+        """The prompt's token ids: with ``chat_template``, ``text`` as the user message (after a system
+        message when ``system`` is given) and the assistant turn opened; otherwise the text itself,
+        after ``system`` and a blank line, behind the tokenizer's BOS."""
         if self.chat_template:  # the template places any BOS itself
             if not self.tokenizer.chat_template:
                 raise ValueError("model.chat_template is on but the checkpoint's tokenizer has no chat template")
+            messages = ([{"role": "system", "content": system}] if system is not None else [])
             rendered = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+                [*messages, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
             )
             return [int(i) for i in self.tokenizer.encode(rendered, add_special_tokens=False)]
+        if system:
+            text = f"{system}\n\n{text}"
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         bos = self.tokenizer.bos_token_id
         return ([int(bos)] if bos is not None else []) + [int(i) for i in ids]

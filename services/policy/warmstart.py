@@ -1,11 +1,14 @@
 """Supervised warm start: a short SFT pass on task demonstrations, cached by content hash.
 
 RL needs a policy that sometimes succeeds. The warm start trains next-token prediction on the
-reference scratchpads (loss on completion tokens only) — or, with ``agentic.enabled``, on the
-environment expert's multi-turn episodes (loss on the action tokens only) — with AdamW and cosine decay, then saves
+reference scratchpads (loss on completion tokens only) — on a dataset task, its rows' reference
+answers; with ``agentic.enabled``, the environment expert's multi-turn episodes (loss on the
+action tokens only) — with AdamW and cosine decay, then saves
 an HF checkpoint under ``<cache_dir>/warmstart-<hash>/``. The hash covers everything that
-determines the result (model source and config, task distribution, SFT settings, held-out
-set), so a second run with the same settings loads the checkpoint instead of training.
+determines the result (model source and config, task distribution or dataset files, SFT settings,
+held-out set), so a second run with the same settings loads the checkpoint instead of training;
+with ``warmstart.steps: 0`` it is the base model as it is (a pretrained checkpoint), keyed by the
+model alone.
 Held-out evaluation prompts are excluded from the demonstrations.
 """
 
@@ -29,9 +32,17 @@ from services.tasks.arith import ProblemSampler, demonstration, eval_problems
 
 
 def cache_key(cfg: RunConfig) -> str:
+    model = cfg.model.model_dump(mode="json", exclude=set() if cfg.model.chat_template else {"chat_template"})
+    if cfg.model.path:
+        from services.policy.importer import imported_dir, is_gguf_spec
+
+        if is_gguf_spec(cfg.model.path):  # the file's content, not its name
+            model["path"] = str(imported_dir(cfg.model.path, cfg.cache_dir))
+    if cfg.warmstart.steps == 0:  # no demonstrations: the warm start is the base model as it is
+        return hashlib.sha256(json.dumps({"model": model, "format": 1}, sort_keys=True).encode()).hexdigest()[:16]
     payload = {
-        "model": cfg.model.model_dump(mode="json", exclude=set() if cfg.model.chat_template else {"chat_template"}),
-        "task": cfg.task.distribution(),
+        "model": model,
+        "task": task_identity(cfg),
         "warmstart": cfg.warmstart.model_dump(mode="json"),
         "eval": cfg.eval.model_dump(mode="json"),
         "format": 1,
@@ -40,6 +51,25 @@ def cache_key(cfg: RunConfig) -> str:
         a = cfg.agentic
         payload["agentic"] = {"env": a.env, a.env: getattr(a, a.env).model_dump(mode="json"), "max_turns": a.max_turns}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def task_identity(cfg: RunConfig) -> dict:
+    """What determines the demonstrations: the count-down distribution, or the dataset's settings
+    and the content of its files."""
+    if cfg.task.kind != "dataset":
+        return cfg.task.distribution()
+    assert cfg.task.dataset is not None
+    ds = cfg.task.dataset
+    files = [f for f in (ds.train, ds.heldout) if f]
+    return {**ds.model_dump(mode="json"), "seed": cfg.task.seed, "sha256": [_file_digest(Path(f)) for f in files]}
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
 
 
 Demos = tuple[list[list[int]], list[list[int]], list[tuple[int, ...]] | None]  # prompts, completions, loss masks
@@ -57,6 +87,25 @@ class ArithDemos:
         problems, policy = self.sampler.batch(n), self.policy
         prompts = [policy.encode_prompt(p.prompt) for p in problems]
         comps = [policy.tokenizer.encode(demonstration(p), add_special_tokens=False) + [policy.eos_id] for p in problems]
+        return prompts, comps, None
+
+
+class DatasetDemos:
+    """A dataset's rows as demonstrations: the prompt, then the reference answer text as the completion
+    (e.g. GSM8K's worked solutions); held-out rows are excluded."""
+
+    def __init__(self, cfg: RunConfig, policy: Policy) -> None:
+        from services.tasks.dataset import DatasetSampler, load_dataset
+
+        assert cfg.task.dataset is not None
+        train, _ = load_dataset(cfg.task.dataset, cfg.eval.prompts, cfg.eval.seed)
+        self.sampler = DatasetSampler(train, cfg.warmstart.seed)
+        self.policy = policy
+
+    def batch(self, n: int) -> Demos:
+        items, policy = self.sampler.batch(n), self.policy
+        prompts = [policy.encode_prompt(i.prompt, i.system) for i in items]
+        comps = [policy.tokenizer.encode(i.answer, add_special_tokens=False) + [policy.eos_id] for i in items]
         return prompts, comps, None
 
 
@@ -81,13 +130,20 @@ class AgenticDemos:
 
 
 def base_policy(cfg: RunConfig) -> Policy:
-    return load_policy(cfg.model.path, cfg.model.chat_template) if cfg.model.path else build_policy(cfg.model)
+    """The model the warm start begins from: ``model.path`` (a checkpoint directory, or a GGUF file
+    imported once into the cache: ``services.policy.importer``), else the built tiny model."""
+    if not cfg.model.path:
+        return build_policy(cfg.model)
+    from services.policy.importer import resolve_model
+
+    return load_policy(resolve_model(cfg.model.path, cfg.cache_dir), cfg.model.chat_template)
 
 
 def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]:
     """Train ``policy`` in place on demonstrations; returns the loss per step."""
     ws = cfg.warmstart
-    source = AgenticDemos(cfg, policy) if cfg.agentic.enabled else ArithDemos(cfg, policy)
+    kinds = {"arith": ArithDemos, "dataset": DatasetDemos}
+    source = AgenticDemos(cfg, policy) if cfg.agentic.enabled else kinds[cfg.task.kind](cfg, policy)
     model = policy.model
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0, betas=(0.9, 0.98))

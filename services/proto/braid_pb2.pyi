@@ -442,20 +442,24 @@ class EnvHealthReply(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., sessions: _Optional[int] = ..., steps: _Optional[int] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
-    __slots__ = ("request_id", "task", "seed", "prompt", "actions", "observations")
+    __slots__ = ("request_id", "task", "seed", "prompt", "actions", "observations", "reference", "row_json")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    ROW_JSON_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     task: str
     seed: int
     prompt: str
     actions: _containers.RepeatedScalarFieldContainer[str]
     observations: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., task: _Optional[str] = ..., seed: _Optional[int] = ..., prompt: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., observations: _Optional[_Iterable[str]] = ...) -> None: ...
+    reference: str
+    row_json: str
+    def __init__(self, request_id: _Optional[str] = ..., task: _Optional[str] = ..., seed: _Optional[int] = ..., prompt: _Optional[str] = ..., actions: _Optional[_Iterable[str]] = ..., observations: _Optional[_Iterable[str]] = ..., reference: _Optional[str] = ..., row_json: _Optional[str] = ...) -> None: ...
 
 class ScoreReply(_message.Message):
     __slots__ = ("reward", "kind", "info", "worker", "score_s")

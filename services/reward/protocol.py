@@ -9,17 +9,19 @@ into a ``Scored`` (reward and info); the worker adds who scored it and how long 
 answers INVALID_ARGUMENT with its message).
 
 Limits (checked by ``check_request`` before any kind sees the request): ids up to 256
-characters, prompt, action and observation texts up to 4096 characters each, up to 1024 turns.
+characters, prompt, action, observation and reference texts up to 4096 characters each, up to
+1024 turns, a dataset row's JSON up to 64 KiB.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from services.agentic.protocol import MAX_ACTION_CHARS
 from services.agentic.registry import ENVIRONMENTS
+from services.common.task_config import MAX_ROW_JSON_CHARS
 
 MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = MAX_ACTION_CHARS  # a prompt, action or observation: the environment worker's limit
@@ -40,6 +42,8 @@ class RewardRequest:
     prompt: str  # the first observation (arith: the prompt, e.g. "247-9>200=")
     actions: tuple[str, ...]  # each turn's action text, EOS excluded (arith: one element, the completion)
     observations: tuple[str, ...]  # the observation after each action ("" when none)
+    reference: str = ""  # dataset tasks: the row's reference answer
+    row_json: str = ""  # dataset tasks: the whole row as a JSON object (your own reward functions get it as a dict)
 
 
 @dataclass(frozen=True)
@@ -72,17 +76,21 @@ class RewardFunction(Protocol):
     def score(self, request: RewardRequest) -> Scored: ...
 
 
-def check_request(request: RewardRequest) -> None:
-    """Raise ``InvalidRequest`` for an unknown task or a field over its limit."""
-    if request.task not in tasks():
-        raise InvalidRequest(f"unknown task {request.task[:64]!r}; served: {tasks()}")
+def check_request(request: RewardRequest, extra_tasks: Sequence[str] = ()) -> None:
+    """Raise ``InvalidRequest`` for an unknown task (``extra_tasks``: a run's dataset tasks, served
+    besides the built-in ones) or a field over its limit."""
+    served = [*tasks(), *extra_tasks]
+    if request.task not in served:
+        raise InvalidRequest(f"unknown task {request.task[:64]!r}; served: {served}")
     if len(request.request_id) > MAX_ID_CHARS:
         raise InvalidRequest(f"request_id of {len(request.request_id)} characters; the limit is {MAX_ID_CHARS}")
     if len(request.actions) > MAX_TURNS or len(request.observations) > MAX_TURNS:
         raise InvalidRequest(
             f"{len(request.actions)} actions and {len(request.observations)} observations; the limit is {MAX_TURNS} turns"
         )
-    texts = [("prompt", request.prompt)]
+    if len(request.row_json) > MAX_ROW_JSON_CHARS:
+        raise InvalidRequest(f"row_json of {len(request.row_json)} characters; the limit is {MAX_ROW_JSON_CHARS}")
+    texts = [("prompt", request.prompt), ("reference", request.reference)]
     texts += [(f"action {k}", a) for k, a in enumerate(request.actions)]
     texts += [(f"observation {k}", o) for k, o in enumerate(request.observations)]
     for name, text in texts:

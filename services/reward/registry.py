@@ -24,6 +24,11 @@ MODEL_META = "reward_meta.json"  # written by `braid reward train` beside the ch
 def _rule(cfg: RunConfig) -> RewardFunction:
     from services.reward.rule import RuleReward
 
+    if cfg.task.kind == "dataset":  # the run's own rows: reward.terms (services.reward.dataset)
+        from services.reward.dataset import DatasetReward
+
+        assert cfg.task.dataset is not None
+        return RuleReward(cfg.agentic, DatasetReward(cfg.reward, (cfg.task.dataset.name,)))
     return RuleReward(cfg.agentic)
 
 

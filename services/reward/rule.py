@@ -10,7 +10,9 @@ turn. A transcript that stops before the episode ends (the turn or context limit
 scores what it earned.
 
 The single-turn task ``arith`` (``services.tasks.arith``): the problem is parsed from the prompt
-text and the one action (the completion) is scored by the task's own ``reward``.
+text and the one action (the completion) is scored by the task's own ``reward``. A dataset task
+(``task.kind: dataset``; the run's dataset name) is scored by its ``reward.terms``
+(``services.reward.dataset``).
 
 Info: ``turns``, ``done``, ``invalid_turns`` and the last step's info (the calculator's
 ``correct``, the walk's ``event``); arith: ``correct``.
@@ -26,6 +28,7 @@ from services.tasks import arith
 
 if TYPE_CHECKING:
     from services.common.agentic_config import AgenticConfig
+    from services.reward.dataset import DatasetReward
 
 _SHOWN = 64  # characters of a text quoted in an error
 
@@ -33,11 +36,16 @@ _SHOWN = 64  # characters of a text quoted in an error
 class RuleReward:
     kind: ClassVar[str] = "rule"
 
-    def __init__(self, agentic: AgenticConfig) -> None:
+    def __init__(self, agentic: AgenticConfig, dataset: DatasetReward | None = None) -> None:
         self.agentic = agentic
+        self.dataset = dataset
+        self.extra_tasks: tuple[str, ...] = dataset.tasks if dataset is not None else ()
 
     def score(self, request: RewardRequest) -> Scored:
-        check_request(request)
+        check_request(request, self.extra_tasks)
+        if request.task in self.extra_tasks:
+            assert self.dataset is not None
+            return self.dataset.score(request)
         if request.task == "arith":
             return score_arith(request)
         return self.replay(request)

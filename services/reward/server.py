@@ -27,12 +27,13 @@ MAX_MESSAGE_BYTES = 16 << 20  # a transcript: up to 1024 turns of 2 x 4096 chara
 
 def request_from_pb(request: pb.ScoreRequest) -> RewardRequest:
     return RewardRequest(request.request_id, request.task, request.seed, request.prompt, tuple(request.actions),
-                         tuple(request.observations))
+                         tuple(request.observations), request.reference, request.row_json)
 
 
 def request_to_pb(request: RewardRequest) -> pb.ScoreRequest:
     return pb.ScoreRequest(request_id=request.request_id, task=request.task, seed=request.seed, prompt=request.prompt,
-                           actions=list(request.actions), observations=list(request.observations))
+                           actions=list(request.actions), observations=list(request.observations),
+                           reference=request.reference, row_json=request.row_json)
 
 
 class RewardServicer(pb_grpc.RewardServicer):

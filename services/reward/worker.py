@@ -64,11 +64,12 @@ class RewardWorker:
         self._busy_done = 0.0
         self._running: dict[int, float] = {}  # scoring thread id -> when its call started
         self._pool = ThreadPoolExecutor(max_workers=cfg.threads, thread_name_prefix="reward-score")
+        self._tasks: tuple[str, ...] = tuple(getattr(fn, "extra_tasks", ()))  # a run's dataset tasks
 
     def score(self, request: RewardRequest) -> RewardResult:
         arrived = self._clock()
         try:
-            check_request(request)
+            check_request(request, self._tasks)
         except InvalidRequest as err:
             raise RewardRequestError("INVALID_ARGUMENT", str(err)) from None
         self._admit()

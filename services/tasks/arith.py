@@ -39,6 +39,14 @@ class Problem:
     d: int
     m: int
 
+    # what every task item carries (services.tasks.source): the task tag, no system message, no group,
+    # no reference text or row (the reward parses the problem from the prompt)
+    task = "arith"
+    system = None
+    group = ""  # the evaluation breaks down by difficulty instead
+    reference = ""
+    row_json = ""
+
     @property
     def prompt(self) -> str:
         return f"{self.n}-{self.d}>{self.m}="

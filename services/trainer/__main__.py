@@ -94,6 +94,15 @@ def build_agentic(cfg, policy, clients, env_workers: list[str], reward_membershi
                          lambda ex: ServiceScorer(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), ex))
 
 
+def single_turn_rewards(cfg, reward_membership: str, run_dir: Path):
+    """The reward service's client of a single-turn run (``services.trainer.rewards``)."""
+    from services.reward.client import RewardPool
+    from services.trainer.rewards import ServiceRewards
+
+    return ServiceRewards(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), run_dir,
+                          threads=min(cfg.reward.threads, 16))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
@@ -111,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--env-workers", default="",
                         help="environment worker addresses host:port[,...] (agentic.enabled; the launcher starts them)")
-    parser.add_argument("--reward-membership", default="",
-                        help="the reward pool's membership file (agentic.enabled; the launcher starts the workers)")
+    parser.add_argument("--reward-membership", required=True,
+                        help="the reward pool's membership file (the launcher starts the workers; every run scores there)")
     parser.add_argument("--attempt", type=int, default=0,
                         help="restart count (the launcher's): > 0 resumes from the run dir's newest recovery checkpoint")
     parser.add_argument("--died-at", type=float, default=None,
@@ -135,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.policy.model import load_policy
     from services.trainer.loop import RLTrainer
     from services.trainer.resume import recovery_summary
+    from services.trainer.rewards import failures_logged
 
     run_dir = Path(ns.run_dir)
     clients = [
@@ -152,10 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         training_site=ns.training_site, tls=tls,
     )
     policy = load_policy(ns.model, cfg.model.chat_template)
-    trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel)
+    rewards = None if cfg.agentic.enabled else single_turn_rewards(cfg, ns.reward_membership, run_dir)
+    trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel, rewards=rewards)
     envs = [a for a in ns.env_workers.split(",") if a]
-    if cfg.agentic.enabled and not (envs and ns.reward_membership):
-        parser.error("agentic.enabled: pass the environment workers (--env-workers) and the reward pool (--reward-membership)")
+    if cfg.agentic.enabled and not envs:
+        parser.error("agentic.enabled: pass the environment workers (--env-workers)")
 
     resumed = trainer.open_recovery(ns.attempt, ns.died_at, started_at)
     if cfg.agentic.enabled:  # after recovery: a restarted trainer's SGS clients shift versions on the wire
@@ -198,11 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         "final_weight_version": trainer.version,
         "eval_warmstart": before.to_json(),
         "eval_final": after.to_json(),
+        "reward_failures": failures_logged(run_dir),  # every attempt's, evaluations included
+        "breakdown": (cfg.task.dataset.group_field or "none") if cfg.task.kind == "dataset" else "steps",
         **recovery_summary(run_dir, ns.attempt),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if trainer.rollout is not None:
         trainer.rollout.close()
+    if rewards is not None:
+        rewards.close()
     for client in clients:
         client.close()
     if parallel is not None:

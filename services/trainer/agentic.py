@@ -53,6 +53,7 @@ from services.trainer.agentic_report import TrajectoryLog, consumed_metrics
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.head import HeadTrainer
 from services.trainer.learner import Group
+from services.trainer.rewards import Outcome
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
 log = logging.getLogger("braid.agentic")
@@ -330,7 +331,7 @@ class AgenticRunner:
         acc = Accumulator()
         for g in groups:
             for s, r in zip(g.samples, g.rewards):
-                self.rt.tally(s, r, result.buffer_version - self.groups[s.group_id].v_traj, acc)
+                self.rt.tally(s, Outcome(r, r == 1.0), result.buffer_version - self.groups[s.group_id].v_traj, acc)
         if self.log is not None:
             self.log.write(out.version, result.buffer_version, kept)
         for key in keys:

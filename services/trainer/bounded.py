@@ -39,25 +39,27 @@ from __future__ import annotations
 
 import logging
 import queue
-
-import grpc
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+
+import grpc
 
 from services.buffer.pools import ExperienceBuffer, Partial, PartialResponsePool, PromptPool
 from services.buffer.routing import InstanceView, instances_to_sync, pick_instance
 from services.buffer.staleness import Aborted, StalenessManager
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
-from services.tasks.arith import Problem
+from services.tasks.source import TaskItem
 from services.trainer import bounded_state
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.head import HeadTrainer
 from services.trainer.learner import Group
 from services.trainer.length_replay import ReplayLengths
 from services.trainer.repack import Repacker
+from services.trainer.rewards import Outcome
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
 log = logging.getLogger("braid.bounded")
@@ -76,12 +78,18 @@ class _Call:
 
 @dataclass
 class _GroupState:
-    problem: Problem
+    problem: TaskItem
     v_traj: int
-    finished: dict[int, tuple[SampleRecord, float]] = field(default_factory=dict)
+    finished: dict[int, tuple[SampleRecord, Future[Outcome]]] = field(default_factory=dict)  # reward pending
     calls: list[_Call] = field(default_factory=list)
     complete: bool = False
     forced: int = 0  # the group's forced length (0 = the policy decides); a resumed sample generates the rest
+
+
+def outcomes_of(group: Group) -> list[Outcome]:
+    """A trained group's samples as outcomes for the tally (its failures were counted when it completed)."""
+    correct = group.correct if group.correct is not None else [r == 1.0 for r in group.rewards]
+    return [Outcome(r, c) for r, c in zip(group.rewards, correct)]
 
 
 def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
@@ -103,7 +111,7 @@ class BoundedRunner:
             tc.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
             redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=trainer.version,
         )
-        self.prompts: PromptPool[Problem] = PromptPool.from_batches(trainer.sampler.batch, tc.prompts_per_iteration)
+        self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(trainer.sampler.batch, tc.prompts_per_iteration)
         self.partial = PartialResponsePool()
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.events: queue.Queue = queue.Queue()
@@ -116,6 +124,7 @@ class BoundedRunner:
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.counts: Counter[str] = Counter()
+        self.reward_failures = 0  # samples of groups completed since the last step whose reward failed
         self.gen_busy: list[tuple[float, float]] = []
         self.repack = Repacker.from_config(tc.repack)
         replay = trainer.cfg.forced_length_replay
@@ -210,7 +219,7 @@ class BoundedRunner:
         while (inst := pick_instance(None, self._views(), self.mgr.can_reserve, need=g)) is not None:
             self._launch_group(self.prompts.take(), inst)
 
-    def _launch_group(self, problem: Problem, inst: InstanceView) -> None:
+    def _launch_group(self, problem: TaskItem, inst: InstanceView) -> None:
         key = problem.prompt_id
         self.mgr.reserve(key, inst.version)
         forced = self.replay.length(key) if self.replay else self.t.cfg.forced_length_ramp.length(self.t.version)
@@ -333,13 +342,15 @@ class BoundedRunner:
         self._cancel_calls(state)
         done = sorted(state.finished.items())[: self.tc.group_size]
         samples = [s for _, (s, _) in done]
-        rewards = [r for _, (_, r) in done]
+        outcomes = [f.result() for _, (_, f) in done]  # scored while the group's other samples ran
+        rewards = [o.reward for o in outcomes]
+        self.reward_failures += sum(1 for o in outcomes if o.failure)
         if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
             self.mgr.abort(key, "filtered")
             self.counts["filtered"] += 1
             del self.groups[key]
             return
-        self.experience.put(key, Group(samples, rewards))
+        self.experience.put(key, Group(samples, rewards, [o.correct for o in outcomes]))
         self.mgr.occupy(key, generated_version=min(s.weight_version for s in samples))
 
     def _cancel_calls(self, state: _GroupState) -> None:
@@ -362,8 +373,9 @@ class BoundedRunner:
         self.stepped = True
         acc = Accumulator()
         for g in groups:
-            for s, r in zip(g.samples, g.rewards):
-                self.t.tally(s, r, result.buffer_version - s.weight_version, acc)
+            for s, o in zip(g.samples, outcomes_of(g)):
+                self.t.tally(s, o, result.buffer_version - s.weight_version, acc)
+        acc.reward_failures, self.reward_failures = self.reward_failures, 0  # every group completed since the last step
         for key in keys:
             self.groups.pop(key, None)
         t_end = time.time()

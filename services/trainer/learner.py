@@ -38,10 +38,12 @@ from services.trainer.parallel import ParallelContext, max_across, sum_across
 
 @dataclass
 class Group:
-    """The finished samples of one prompt and their rewards (same order)."""
+    """The finished samples of one prompt and their rewards (same order); ``correct``: whether each
+    is correct (accuracy), None = reward 1."""
 
     samples: list[SampleRecord]
     rewards: list[float]
+    correct: list[bool] | None = None
 
 
 @dataclass
@@ -93,6 +95,8 @@ class Learner:
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=self.algo.critic_lr)
         self._normaliser = 0.0
         self.stats = StepStats()
+        # the policy is the distribution the SGS samples from: logits / generation.temperature
+        self.temperature = cfg.generation.temperature
 
     def begin(self) -> StepStats:
         """Start a new batch: clear gradients and statistics."""
@@ -154,10 +158,10 @@ class Learner:
         behav = completion_values(batch, [len(p) for p in prompts], [list(s.logprobs) for s, _ in items])
         logp_ref, values = None, None
         with compute_context(device, self.cfg.trainer.dtype):  # log-probs and values come out float32
-            logp = token_logprobs(self.model, batch)
+            logp = token_logprobs(self.model, batch, self.temperature)
             if self.ref is not None:
                 with torch.no_grad():
-                    logp_ref = token_logprobs(self.ref, batch)
+                    logp_ref = token_logprobs(self.ref, batch, self.temperature)
             if self.critic is not None:
                 values = self.critic.values(batch)
         mask = batch.completion_mask

@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 from services.common.types import GenerateParams, SampleRecord
 from services.trainer.batching import DynamicBatcher
 from services.trainer.learner import Group
+from services.trainer.rewards import Outcome
 from services.trainer.runtime import Accumulator, TrainerRuntime
 from services.trainer.streams import SampleStream
 
@@ -28,7 +30,7 @@ class LockstepRunner:
     def __init__(self, rt: TrainerRuntime) -> None:
         self.rt = rt
         self.mode = rt.cfg.trainer.mode
-        self._rewards: dict[tuple[str, int], float] = {}  # scored on arrival, used when the group completes
+        self._rewards: dict[tuple[str, int], Future[Outcome]] = {}  # scored on arrival, awaited when the group completes
         self._cursors: dict[int, tuple] = {}  # iteration -> the sampler's state before its batch was drawn
 
     def run(self, iterations: int, progress=None) -> None:
@@ -65,24 +67,26 @@ class LockstepRunner:
         source = list(stream) if self.mode == "sequential" else stream
         consumed: list[Group] = []
         for sample in source:
-            self._observe(sample, acc)
+            self._observe(sample)
             groups = batcher.add(sample)
             if groups:
-                consumed += [self._rewarded(g) for g in groups]
+                consumed += [self._rewarded(g, acc) for g in groups]
                 learner.backward(consumed[-len(groups):])
         groups = batcher.flush()
         if groups:
-            consumed += [self._rewarded(g) for g in groups]
+            consumed += [self._rewarded(g, acc) for g in groups]
             learner.backward(consumed[-len(groups):])
         if batcher.incomplete:
             raise RuntimeError(f"iteration {iteration}: {batcher.incomplete} groups incomplete at end of stream")
         out = self.rt.step_and_snapshot(stats, offer=True, consumed=consumed)
         return self.rt.record(iteration, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s)
 
-    def _rewarded(self, samples: list[SampleRecord]) -> Group:
-        return Group(samples, [self._rewards.pop((s.prompt_id, s.sample_index)) for s in samples])
+    def _rewarded(self, samples: list[SampleRecord], acc: Accumulator) -> Group:
+        """The complete group with its rewards (waiting for the last scores), tallied."""
+        outcomes = [self._rewards.pop((s.prompt_id, s.sample_index)).result() for s in samples]
+        for s, o in zip(samples, outcomes):
+            self.rt.tally(s, o, self.rt.version - s.weight_version, acc)
+        return Group(samples, [o.reward for o in outcomes], [o.correct for o in outcomes])
 
-    def _observe(self, sample: SampleRecord, acc: Accumulator) -> None:
-        r = self.rt.score(sample)
-        self._rewards[(sample.prompt_id, sample.sample_index)] = r
-        self.rt.tally(sample, r, self.rt.version - sample.weight_version, acc)
+    def _observe(self, sample: SampleRecord) -> None:
+        self._rewards[(sample.prompt_id, sample.sample_index)] = self.rt.score(sample)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +27,11 @@ from services.common.config import RunConfig
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerationClient
 from services.policy.model import Policy, save_policy
-from services.tasks.arith import Problem, ProblemSampler, eval_problems, reward
+from services.tasks.source import TaskItem, build_task
 from services.trainer.evaluate import EvalResult, score
 from services.trainer.learner import Learner, StepStats
 from services.trainer.parallel import Leader, ParallelContext
+from services.trainer.rewards import Outcome, ServiceRewards
 from services.trainer.streams import SampleStream, WeightPublisher
 from services.trainer.timeline import idle
 
@@ -40,6 +42,7 @@ class Accumulator:
     tokens: int = 0
     rewards: float = 0.0
     correct: int = 0
+    reward_failures: int = 0
     lengths: list[int] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
     gen_first_start: float = float("inf")
@@ -60,7 +63,7 @@ class Published:
 class TrainerRuntime:
     def __init__(
         self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None,
-        parallel: ParallelContext | None = None,
+        parallel: ParallelContext | None = None, rewards: ServiceRewards | None = None,
     ) -> None:
         tc = cfg.trainer
         torch.set_num_threads(tc.threads)
@@ -72,11 +75,11 @@ class TrainerRuntime:
         self.clients = clients
         self.run_dir = run_dir
         self.version = 0
-        dist = cfg.task.distribution()
-        self.eval_set = eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist)
-        held_out = frozenset(p.prompt for p in self.eval_set)
-        self.sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)  # type: ignore[arg-type]
-        self.problems: dict[str, Problem] = {}
+        self.task = build_task(cfg.task, cfg.eval)
+        self.eval_set = self.task.eval_set
+        self.sampler = self.task.sampler
+        self.problems: dict[str, TaskItem] = {}
+        self.rewards = rewards  # the reward service's client (single-turn runs; agentic runs score in their rollout)
         self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport)
         self.gen_busy: list[tuple[float, float]] = []
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
@@ -89,11 +92,12 @@ class TrainerRuntime:
         self.resumed_version = 0
         self._recovering: tuple[float | None, float] | None = None  # (death seen at, this process's start)
 
-    def prompt_specs(self, problems: list[Problem], forced_length: int = 0) -> list[PromptSpec]:
+    def prompt_specs(self, problems: list[TaskItem], forced_length: int = 0) -> list[PromptSpec]:
         for p in problems:
             self.problems[p.prompt_id] = p
         return [
-            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt)), forced_length=forced_length, task="arith")
+            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt, p.system)), forced_length=forced_length,
+                       task=p.task)
             for p in problems
         ]
 
@@ -101,9 +105,11 @@ class TrainerRuntime:
         t0 = time.time()
         self.publisher.wait(self.version)
         stream = SampleStream(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
-        samples = list(stream)
+        pending = [(s, self.score(s)) for s in stream]  # scored as they stream in
+        samples = [s for s, _ in pending]
+        outcomes = [f.result() for _, f in pending]
         self.timeline["eval"].append([-1, t0, time.time()])
-        return score(self.eval_set, samples, self.policy, self.version)
+        return score(self.eval_set, samples, outcomes, self.version)
 
     def open_recovery(self, attempt: int, died_at: float | None = None, started_at: float | None = None) -> bool:
         """Resume from the newest recovery checkpoint when there is one or this is a restart
@@ -159,14 +165,18 @@ class TrainerRuntime:
             with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
                 f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
 
-    def score(self, sample: SampleRecord) -> float:
-        return reward(self.problems[sample.prompt_id], self.policy.decode(list(sample.token_ids)))
+    def score(self, sample: SampleRecord) -> Future[Outcome]:
+        """The sample's reward from the reward service, as a future (``services.trainer.rewards``)."""
+        if self.rewards is None:
+            raise RuntimeError("the trainer has no reward service client (the launcher passes --reward-membership)")
+        return self.rewards.submit(self.problems[sample.prompt_id], sample, self.policy.decode(list(sample.token_ids)))
 
-    def tally(self, sample: SampleRecord, r: float, staleness: int, acc: Accumulator) -> None:
+    def tally(self, sample: SampleRecord, outcome: Outcome, staleness: int, acc: Accumulator) -> None:
         acc.samples += 1
         acc.tokens += sample.trained_tokens  # a multi-turn trajectory's generated tokens (not its observations)
-        acc.rewards += r
-        acc.correct += int(r == 1.0)
+        acc.rewards += outcome.reward
+        acc.correct += int(outcome.correct)
+        acc.reward_failures += int(bool(outcome.failure))
         acc.lengths.append(sample.trained_tokens)
         acc.staleness.append(staleness)
         acc.gen_first_start = min(acc.gen_first_start, sample.started_at)
@@ -188,6 +198,7 @@ class TrainerRuntime:
             "reward_mean": acc.rewards / acc.samples,
             "accuracy": acc.correct / acc.samples,
             "samples": acc.samples,
+            "reward_failures": acc.reward_failures,
             "trained_samples": st.trained_samples,
             "zero_advantage_groups": st.zero_adv_groups,
             "loss": st.loss,

@@ -36,7 +36,12 @@ def _spans(timeline: dict, lane: str) -> dict[int, tuple[float, float]]:
 
 
 def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path):
-    result, run_dir = _run(tmp_path, "one_step")
+    # one iteration's 16 samples fill the engine (max_inflight), so iteration 1 generates after iteration 0,
+    # 48 tokens a sample at >= 10 ms an engine step (>= 0.5 s): longer than the reward service's round trips
+    # between a batch's last sample and its first backward (~0.1 s under a heavy CPU load; the tiny model's
+    # ~0.1 s batches, both in the engine at once, did not overlap training then)
+    result, run_dir = _run(tmp_path, "one_step", ("generation.max_inflight=16", "generation.step_delay_ms=[10]",
+                                                  "generation.forced_lengths=true", "forced_length_ramp.start=48"))
     for name in ("config.json", "metrics.jsonl", "timeline.json", "summary.json", "report.md", "learning_curve.png", "timeline.png"):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())

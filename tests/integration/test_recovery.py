@@ -14,6 +14,7 @@ from services.common.config import load_config, write_config
 from services.trainer import recovery
 from services.trainer.ledger import check_ledger, read_records
 from tests.conftest import FAST_ENGINE, ROOT
+from tests.integration.datasets import dataset_overrides, write_rows
 
 
 def _trainer(run_dir) -> psutil.Process | None:
@@ -90,10 +91,20 @@ def _run(tmp_path, checkpoint, overrides, iterations: int, every: int, late: int
 
 
 def test_one_step_trainer_killed_mid_run_resumes_and_consumes_every_sample_once(tmp_path, tiny_checkpoint):
-    summary, rows, kill = _run(tmp_path, tiny_checkpoint, ["trainer.mode=one_step", "generation.step_delay_ms=[10]"],
-                               iterations=6, every=2)
+    # a dataset task: the restarted trainer continues the file's epoch order from the checkpoint's cursor
+    data = tmp_path / "rows.jsonl"
+    write_rows(data)
+    summary, rows, kill = _run(tmp_path, tiny_checkpoint, ["trainer.mode=one_step", "generation.step_delay_ms=[10]",
+                                                           *dataset_overrides(data)], iterations=6, every=2)
     assert kill.rolled_back > 0  # one-step iterations are evenly spaced: the kill comes after a step past the checkpoint
     assert all(r["samples"] == 16 and r["staleness_max"] <= 1 for r in rows)
+    # the history that made the final weights drew the stream's first 24 rows, each once: d0 .. d23
+    latest: dict[int, tuple[int, list[str]]] = {}
+    for r in read_records(tmp_path / "ledger.jsonl")[0]:
+        if r["event"] == "consume":
+            attempt, ids = latest.get(r["step"], (r["attempt"], []))
+            latest[r["step"]] = (r["attempt"], ids + [r["prompt_id"]] if attempt == r["attempt"] else [r["prompt_id"]])
+    assert sorted(i for _, ids in latest.values() for i in ids) == sorted(f"d{i}" for i in range(24))
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial-rollout"])

@@ -199,3 +199,19 @@ def test_critic_values_are_aligned_with_the_completion_grid(arch):
     # the backbone is a copy: training the critic leaves the policy alone
     critic_embed = critic.backbone.embed_tokens.weight
     assert critic_embed.data_ptr() != policy.model.model.embed_tokens.weight.data_ptr()
+
+
+def test_trainer_log_probs_use_the_sampling_temperature():
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    logits = torch.randn(1, 4, 7)
+
+    class Out:
+        def __init__(self, x):
+            self.logits = x
+
+    model.forward = lambda input_ids, attention_mask: Out(logits)  # type: ignore[method-assign]
+    batch = pack([[1]], [[2, 3, 4]], 0)
+    for t in (1.0, 0.6):
+        expected = torch.log_softmax(logits[:, :-1] / t, -1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(token_logprobs(model, batch, t), expected)

@@ -173,10 +173,12 @@ def plot(r: dict, path: Path) -> None:
     axes[1].set_xticks(list(x), ["all", *fams])
     axes[1].set(title=f"held-out accuracy (gain {r['gain_se']:.1f} s.e.)", ylabel="accuracy")
     axes[1].legend()
-    for key in ("before", "after"):
+    for shift, key in ((-0.2, "before"), (0.2, "after")):
         m = r[key]
-        axes[2].bar([f"{key} p50", f"{key} p90", f"{key} p99"], [m["length_p50"], m["length_p90"], m["length_p99"]])
+        axes[2].bar([i + shift for i in range(3)], [m["length_p50"], m["length_p90"], m["length_p99"]], width=0.4, label=key)
+    axes[2].set_xticks(range(3), ["p50", "p90", "p99"])
     axes[2].set(title="held-out output length (tokens)")
+    axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -38,8 +38,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # first, before bench/ (whose ranker.py would shadow the ranker package), even on PYTHONPATH
 
 from bench.report_io import provenance, provenance_line, results_dir, write_results  # noqa: E402
 

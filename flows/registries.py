@@ -4,7 +4,8 @@ The config schema (``services.common.config``) stays pure data: which keys the r
 (engines, dispatch policies) is checked here, when a run is prepared (``braid run``, ``braid
 config``, the flow's ``prepare-run``), so a typo fails at once and names what is registered.
 ``check_task`` reads a dataset task's files here too, so a bad file, row or field is refused
-before any process starts, naming the file, the line and the field.
+before any process starts, naming the file, the line and the field, and imports the reward
+functions the workers will call.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def check_registries(cfg: RunConfig) -> RunConfig:
 def check_task(cfg: RunConfig) -> RunConfig:
     """``cfg`` with a dataset task's files and the reward's import path made absolute (every service
     finds them whatever its working directory), after reading the files: ``ConfigError`` with the
-    loader's message (file, line, field) for a bad one, or when the run needs more prompts than
-    ``task.dataset.epochs`` passes give, or when the dataset's name is a built-in task's."""
+    loader's message (file, line, field) for a bad one, when the run needs more prompts than
+    ``task.dataset.epochs`` passes give, when the dataset's name is a built-in task's, or when a
+    reward function does not load."""
     if cfg.task.kind != "dataset":
         return cfg
     from services.reward.protocol import tasks
@@ -50,7 +52,21 @@ def check_task(cfg: RunConfig) -> RunConfig:
     data = cfg.model_dump(mode="json")
     data["task"]["dataset"] = absolute.model_dump(mode="json")
     data["reward"]["python_path"] = [str(Path(p).resolve()) for p in cfg.reward.python_path]
+    check_reward_functions(cfg)
     return RunConfig.model_validate(data)
+
+
+def check_reward_functions(cfg: RunConfig) -> None:
+    """Import every ``module:function`` term as the reward workers will, so a spec that does not load
+    (no module, an import error, no function, a signature that cannot take the arguments) is refused now."""
+    from services.reward.dataset import RewardFunctionError, load_function
+
+    for i, term in enumerate(cfg.reward.terms):
+        if ":" in term.fn:
+            try:
+                load_function(term.fn, cfg.reward.python_path)
+            except RewardFunctionError as err:
+                raise ConfigError(f"reward.terms.{i}: {err}") from None
 
 
 def check_run(cfg: RunConfig) -> RunConfig:

@@ -77,9 +77,6 @@ class ServiceRewards:
         request = reward_request(item, completion, f"{sample.prompt_id}/{sample.sample_index}")
         return self._executor.submit(self._score, request, sample.weight_version)
 
-    def score_now(self, item: TaskItem, sample: SampleRecord, completion: str) -> Outcome:
-        return self.submit(item, sample, completion).result()
-
     def _score(self, request: RewardRequest, version: int) -> Outcome:
         try:
             return outcome_of(self.pool.score(request))

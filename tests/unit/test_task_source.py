@@ -76,10 +76,11 @@ def test_preparing_a_run_reads_the_data_and_makes_its_paths_absolute(tmp_path, m
     (["task.dataset.epochs=1", "trainer.iterations=20"], "epochs"),
     (["task.dataset.name=calculator"], "built-in task"),
     (["task.dataset.train=/no/such.jsonl"], "/no/such.jsonl"),
+    (["reward.terms=[{fn: 'no_such_module_here:f'}]"], "cannot import module 'no_such_module_here'"),
 ])
 def test_preparing_a_run_refuses_bad_data_naming_it(tmp_path, over, fragment):
     base = ["task.kind=dataset", f"task.dataset.train={_rows(tmp_path / 'd.jsonl')}", "task.dataset.prompt_field=question",
             "eval.prompts=5"]
-    with pytest.raises(ConfigError, match="task.dataset") as err:
+    with pytest.raises(ConfigError, match="task.dataset|reward.terms") as err:
         check_run(load_config(SMOKE, [*base, *over]))
     assert fragment in str(err.value)

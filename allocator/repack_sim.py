@@ -1,6 +1,6 @@
 """Discrete-event model of ``bounded``-mode generation on N instances, with and without repack.
 
-The live bounded runner (``services.trainer.bounded``) observes SGS instances, asks pure
+The live bounded runner (``services.rollout.orchestrator``) observes SGS instances, asks pure
 policies, acts. This model replaces the instances and the learner with simulated ones and
 asks **the same policy objects**: ``StalenessManager`` (reserve / occupy / consume),
 ``routing.pick_instance`` and ``routing.instances_to_sync`` (``idle_only`` when repack is
@@ -36,9 +36,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from services.buffer.coordinator import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
-from services.buffer.routing import InstanceView, instances_to_sync, pick_instance
-from services.buffer.staleness import StalenessManager
+from services.rollout.repack_policy import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
+from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
+from services.rollout.staleness import StalenessManager
 from services.generation.scheduling.cost import StepCost
 from services.tasks.arith import ProblemSampler, demonstration
 

@@ -8,7 +8,7 @@ Two variants, identical but for ``trainer.repack.enabled``:
 
 - ``none``   — lazy weight sync: a blocked instance takes new weights at once and drains its tail;
 - ``repack`` — Health snapshots every ``trainer.repack.interval_s``; ramping-down instances of one
-  version are consolidated by best fit (``services.buffer.coordinator``), sources freed to pull.
+  version are consolidated by best fit (``services.rollout.repack_policy``), sources freed to pull.
 
 ``--rounds`` rounds; round r runs both with sampling seed r in rotated order
 (``bench/e2e_throughput.run_rounds``). Per run: samples/s and trained tokens/s over the steady
@@ -334,7 +334,7 @@ def main() -> int:
     base = [f"trainer.iterations={ns.iterations}", f"trainer.repack.interval_s={ns.interval}"]
     per_round, workload = (lambda r: []), None
     if ns.workload == "replay":
-        from services.trainer.length_replay import scale_to_cap, summary
+        from services.rollout.length_replay import scale_to_cap, summary
 
         cap = base_cfg.generation.max_new_tokens
         lengths = scale_to_cap(recorded_lengths(replay_src, ns.replay_model), SOURCE_CAP, cap)

@@ -2,7 +2,7 @@
 
 Off by default. With ``enabled: true`` a run trains on multi-turn trajectories of ``env``: the
 launcher starts ``workers`` environment worker processes, the trainer drives one EnvManager per
-trajectory (``services.trainer.agentic``) and evaluates on held-out episodes. The environment
+trajectory (``services.rollout.agentic``) and evaluates on held-out episodes. The environment
 worker (``python -m services.agentic``) and the rollout runners read this section either way.
 """
 
@@ -105,7 +105,7 @@ class AgenticConfig(StrictModel):
 
 
 def check_agentic_run(run: RunConfig) -> None:
-    """What an agentic run (``services.trainer.agentic``) supports; the rest is refused by name
+    """What an agentic run (``services.rollout.agentic``) supports; the rest is refused by name
     (``RunConfig``'s validator)."""
     if not run.agentic.enabled:
         return

@@ -296,7 +296,7 @@ class ForcedLengthRamp(StrictModel):
 
 
 class ForcedLengthReplay(StrictModel):
-    """Forced-length replay of recorded lengths (``services.trainer.length_replay``): each GRPO
+    """Forced-length replay of recorded lengths (``services.rollout.length_replay``): each GRPO
     group is exactly as long as a length drawn for its prompt (a hash of seed and prompt id) from a
     file of recorded output lengths, so the run's length distribution, long tail included, is the
     recorded one (bench/coordination.py ``--workload replay``). ``bounded`` mode only."""

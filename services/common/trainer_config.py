@@ -36,7 +36,7 @@ class AlgorithmConfig(StrictModel):
 
 
 class RepackConfig(StrictModel):
-    """Dynamic repack in bounded mode (Laminar §5, ``services.buffer.coordinator``): consolidate the
+    """Dynamic repack in bounded mode (Laminar §5, ``services.rollout.repack_policy``): consolidate the
     long-tail trajectories of ramping-down instances onto a few, freeing the rest for new weights."""
 
     enabled: bool = Field(False, description="Migrate long tails between instances (needs an engine that can interrupt: vllm, hf).")

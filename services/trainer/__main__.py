@@ -84,20 +84,20 @@ def warmstart_eval(trainer, run_dir: Path, resumed: bool):
 
 
 def build_agentic(cfg, policy, clients, env_workers: list[str], reward_membership: str):
-    """The rollout machinery of an agentic run (``services.trainer.agentic_setup``): rewards from
+    """The rollout machinery of an agentic run (``services.rollout.agentic_setup``): rewards from
     the reward pool whose membership file the launcher keeps."""
     from services.agentic.rollout import ServiceScorer
     from services.reward.client import RewardPool
-    from services.trainer.agentic_setup import build_rollout
+    from services.rollout.agentic_setup import build_rollout
 
     return build_rollout(cfg, policy, clients, env_workers,
                          lambda ex: ServiceScorer(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), ex))
 
 
 def single_turn_rewards(cfg, reward_membership: str, run_dir: Path):
-    """The reward service's client of a single-turn run (``services.trainer.rewards``)."""
+    """The reward service's client of a single-turn run (``services.rollout.rewards``)."""
     from services.reward.client import RewardPool
-    from services.trainer.rewards import ServiceRewards
+    from services.rollout.rewards import ServiceRewards
 
     return ServiceRewards(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), run_dir,
                           threads=min(cfg.reward.threads, 16))
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from services.policy.model import load_policy
     from services.trainer.loop import RLTrainer
     from services.trainer.resume import recovery_summary
-    from services.trainer.rewards import failures_logged
+    from services.rollout.rewards import failures_logged
 
     run_dir = Path(ns.run_dir)
     clients = [

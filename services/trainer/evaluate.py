@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from services.common.types import SampleRecord
 from services.tasks.source import TaskItem
-from services.trainer.rewards import Outcome
+from services.rollout.rewards import Outcome
 
 # difficulty buckets (scratchpad steps) for the per-difficulty breakdown
 BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 10**9))
@@ -21,7 +21,7 @@ class EvalResult:
     stderr: float
     response_len_mean: float
     by_difficulty: dict[str, dict[str, float]]
-    reward_failures: int = 0  # samples whose reward failed (counted incorrect; services.trainer.rewards)
+    reward_failures: int = 0  # samples whose reward failed (counted incorrect; services.rollout.rewards)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,10 +1,9 @@
 """The RL trainer: consumes SGS sample streams, takes RL steps, publishes weights.
 
 ``RLTrainer`` is the run (``runtime.TrainerRuntime``: config, learner, SGS clients, weight
-publisher, version, metrics) and runs ``trainer.iterations`` with the runner of
-``trainer.mode``: ``lockstep`` (``sequential``, ``sync``, ``one_step``) or ``bounded``
-(trajectory-level asynchrony under the staleness bound). The runners are peers: each sees only
-the runtime.
+publisher, version, metrics) and runs ``trainer.iterations`` through the rollout orchestrator
+(``services.rollout.orchestrator``), whose one path serves every ``trainer.mode`` as a value of
+the staleness bound eta (``services.rollout.modes``).
 
 Weights leave through ``WeightPublisher`` (background push through the configured weight
 transport: the relay plane or direct streams), so the trainer stalls only for a snapshot copy.
@@ -14,12 +13,9 @@ Every iteration appends a line to ``metrics.jsonl``; the stage intervals go to
 
 from __future__ import annotations
 
-from services.trainer.bounded import BoundedRunner
+from services.rollout.orchestrator import Orchestrator
 from services.trainer.evaluate import EvalResult
-from services.trainer.lockstep import LockstepRunner
 from services.trainer.runtime import TrainerRuntime
-
-RUNNERS = {"sequential": LockstepRunner, "sync": LockstepRunner, "one_step": LockstepRunner, "bounded": BoundedRunner}
 
 
 class RLTrainer(TrainerRuntime):
@@ -31,11 +27,11 @@ class RLTrainer(TrainerRuntime):
     def run_iterations(self, progress=None) -> None:
         """``trainer.iterations`` optimizer steps in ``trainer.mode``; ``progress(k, row)`` after each."""
         if self.cfg.agentic.enabled:
-            from services.trainer.agentic import AgenticRunner
+            from services.rollout.agentic import AgenticRunner
 
             AgenticRunner(self, self._rollout(), self.agentic_eval).run(self.cfg.trainer.iterations, progress)
             return
-        RUNNERS[self.cfg.trainer.mode](self).run(self.cfg.trainer.iterations, progress)
+        Orchestrator(self).run(self.cfg.trainer.iterations, progress)
 
     @property
     def agentic_eval(self):
@@ -47,7 +43,7 @@ class RLTrainer(TrainerRuntime):
     def evaluate(self, tag: str) -> EvalResult:
         if not self.cfg.agentic.enabled:
             return super().evaluate(tag)
-        from services.trainer.agentic_setup import evaluate
+        from services.rollout.agentic_setup import evaluate
 
         return evaluate(self, self._rollout(), self.agentic_eval, tag)
 
@@ -56,7 +52,7 @@ class RLTrainer(TrainerRuntime):
             from services.tasks.arith import fingerprint
 
             return fingerprint(self.eval_set)
-        from services.trainer.agentic_setup import fingerprint
+        from services.rollout.agentic_setup import fingerprint
 
         return fingerprint(self.agentic_eval)
 

@@ -6,10 +6,8 @@ metrics file) and the steps every mode takes: prompt specs, scoring, tallying a 
 ``step_and_snapshot`` (the optimizer step, version + 1, the weights copied out through the
 weight transport, the checkpoint when due), recording an iteration's metrics, evaluation.
 
-The runners are peers over this one interface, none imports another: ``lockstep``
-(``sequential``, ``sync``, ``one_step``: whole iterations in lock step with generation) and
-``bounded`` (trajectory-level asynchrony under the staleness bound). ``loop.RLTrainer`` picks
-the runner of ``trainer.mode``.
+The rollout orchestrator (``services.rollout.orchestrator``, every single-turn mode) and the
+multi-turn runner (``services.rollout.agentic``) work over this one interface.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ from services.tasks.source import TaskItem, build_task
 from services.trainer.evaluate import EvalResult, score
 from services.trainer.learner import Learner, StepStats
 from services.trainer.parallel import Leader, ParallelContext
-from services.trainer.rewards import Outcome, ServiceRewards
-from services.trainer.streams import SampleStream, WeightPublisher
+from services.rollout.rewards import Outcome, ServiceRewards
+from services.rollout.publisher import SampleStream, WeightPublisher
 from services.trainer.timeline import idle
 
 
@@ -166,7 +164,7 @@ class TrainerRuntime:
                 f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
 
     def score(self, sample: SampleRecord) -> Future[Outcome]:
-        """The sample's reward from the reward service, as a future (``services.trainer.rewards``)."""
+        """The sample's reward from the reward service, as a future (``services.rollout.rewards``)."""
         if self.rewards is None:
             raise RuntimeError("the trainer has no reward service client (the launcher passes --reward-membership)")
         return self.rewards.submit(self.problems[sample.prompt_id], sample, self.policy.decode(list(sample.token_ids)))

@@ -94,7 +94,7 @@ def test_a_migrated_sample_keeps_its_replayed_forced_length(tmp_path, tiny_check
     """forced_length_replay under repack: a sample interrupted on its source resumes on the
     destination for what it lacks of its group's length, so the tokens trained at each step are
     exactly the drawn lengths of the groups the ledger says that step consumed."""
-    from services.trainer.length_replay import ReplayLengths
+    from services.rollout.length_replay import ReplayLengths
 
     lengths = tmp_path / "lengths.json"
     lengths.write_text(json.dumps([4, 8, 12, 16, 24, 32, 48, 60]))

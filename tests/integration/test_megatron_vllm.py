@@ -73,7 +73,7 @@ def _specs(forced: int = 0) -> list[PromptSpec]:
 
 def test_grpo_on_megatron_pushes_weights_that_vllm_generates_with(client, checkpoint, megatron_cpu):
     from services.trainer.learner import Learner
-    from services.trainer.streams import WeightPublisher
+    from services.rollout.publisher import WeightPublisher
 
     cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"backend": "megatron", "lr": 3e-2}})
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The agentic coordinator (services.trainer.agentic) over in-process environments and a fake SGS:
+"""The agentic coordinator (services.rollout.agentic) over in-process environments and a fake SGS:
 full GRPO groups within the staleness bound, redundant trajectories aborted and counted, lost
 trajectories replaced, a group given up after too many losses, batch-level waves."""
 
@@ -20,7 +20,7 @@ from services.agentic.sessions import SessionTable
 from services.common.config import load_config
 from services.common.types import SampleRecord
 from services.policy.model import Policy, char_tokenizer
-from services.trainer.agentic import AgenticRunner
+from services.rollout.agentic import AgenticRunner
 from services.trainer.learner import StepStats
 from services.trainer.runtime import Published, TrainerRuntime
 

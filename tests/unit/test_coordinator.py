@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.buffer.coordinator import (
+from services.rollout.repack_policy import (
     InstanceSnapshot,
     Migrate,
     RepackCoordinator,

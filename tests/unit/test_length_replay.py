@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from services.common.config import ConfigError, load_config
-from services.trainer.length_replay import ReplayLengths, scale_to_cap, summary
+from services.rollout.length_replay import ReplayLengths, scale_to_cap, summary
 from tests.conftest import ROOT
 
 

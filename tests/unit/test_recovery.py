@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.buffer.pools import PromptPool
+from services.rollout.pools import PromptPool
 from services.common.trainer_config import TrainerConfig
 from services.common.types import GenerateParams, SampleRecord
 from services.tasks.arith import ProblemSampler
@@ -96,8 +96,8 @@ def _bounded_runner(sampler: ProblemSampler, version: int = 0):
     from collections import Counter
     from types import SimpleNamespace
 
-    from services.buffer.pools import ExperienceBuffer
-    from services.buffer.staleness import StalenessManager
+    from services.rollout.pools import ExperienceBuffer
+    from services.rollout.staleness import StalenessManager
 
     return SimpleNamespace(
         t=SimpleNamespace(sampler=sampler, version=version, problems={}),
@@ -111,8 +111,8 @@ def _bounded_runner(sampler: ProblemSampler, version: int = 0):
 
 
 def test_bounded_state_keeps_finished_groups_and_regenerates_the_ones_in_flight(tmp_path):
-    from services.trainer import bounded_state
-    from services.trainer.bounded import _GroupState
+    from services.rollout import checkpoint as bounded_state
+    from services.rollout.orchestrator import _GroupState
     from services.trainer.learner import Group
 
     runner = _bounded_runner(ProblemSampler(5))

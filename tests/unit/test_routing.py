@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.buffer.routing import InstanceView, check_routable, instances_to_sync, pick_instance
-from services.buffer.staleness import StalenessManager
+from services.rollout.routing import InstanceView, check_routable, instances_to_sync, pick_instance
+from services.rollout.staleness import StalenessManager
 
 
 def views(*specs):

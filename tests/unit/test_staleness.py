@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.buffer.staleness import StalenessError, StalenessManager
+from services.rollout.staleness import StalenessError, StalenessManager
 
 
 def test_reserve_is_worst_case_and_occupy_moves_reservations_back():

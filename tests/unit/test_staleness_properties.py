@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from services.buffer.staleness import StalenessError, StalenessManager
+from services.rollout.staleness import StalenessError, StalenessManager
 
 
 def head_could_be_ready(mgr: StalenessManager) -> bool:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.buffer.routing import InstanceView, pick_instance
+from services.rollout.routing import InstanceView, pick_instance
 from services.common.config import ConfigError, GenerationConfig, load_config
 from services.common.pool_config import task_problem
 from services.common.types import GenerateParams, PromptSpec

@@ -11,7 +11,7 @@ def test_union_and_idle():
 def test_bounded_mode_counts_open_calls_as_busy_until_the_iteration_ends():
     """A sample still running when an iteration ends reports its interval only later: before
     this, such an iteration read as idle generation although work was in flight."""
-    from services.trainer.bounded import _Call, _GroupState, open_call_intervals
+    from services.rollout.orchestrator import _Call, _GroupState, open_call_intervals
 
     running = _Call(0, "g1", ["g1/0"], open=1, launched=10.0)
     returned = _Call(1, "g2", ["g2/0"], open=0, launched=5.0)

@@ -11,7 +11,7 @@ from services.common.types import SampleRecord
 from services.reward.client import RewardError
 from services.reward.protocol import RewardResult
 from services.tasks.arith import Problem
-from services.trainer.rewards import FAILURES, Outcome, ServiceRewards, failures_logged, outcome_of
+from services.rollout.rewards import FAILURES, Outcome, ServiceRewards, failures_logged, outcome_of
 
 
 class Pool:

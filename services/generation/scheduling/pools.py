@@ -10,7 +10,7 @@ ones (few turns, long reasoning, e.g. GEM-math) on bandwidth-rich ones (H20) (§
 - ``eligible_instances(task, gen, open_slots)``: the open instances a sequence of ``task`` may
   run on. Used by the SGS router (``split_by_pool``: the configured dispatch policy runs once per
   pool over that pool's instances, ``merge_plans`` joins the plans) and usable by a coordinator
-  that talks to instances directly (bounded mode: ``services.buffer.routing.pick_instance``'s
+  that talks to instances directly (bounded mode: ``services.rollout.routing.pick_instance``'s
   ``eligible`` filter).
 - Instance indices are the router's slots: slot ``i < generation.instances`` is configured
   instance ``i``; later slots (instances added at run time) belong to

@@ -10,18 +10,22 @@ returns what the step trains. Gradients accumulate in the learner until the call
 
 from __future__ import annotations
 
-from services.buffer.pools import ExperienceBuffer
-from services.buffer.staleness import ConsumeResult, Entry, StalenessManager
+from services.rollout.pools import ExperienceBuffer
+from services.rollout.staleness import ConsumeResult, Entry, StalenessManager
 from services.trainer.learner import Group
 
 
 class HeadTrainer:
-    def __init__(self, mgr: StalenessManager, experience: ExperienceBuffer[Group], runtime, micro_batch_groups: int) -> None:
+    def __init__(self, mgr: StalenessManager, experience: ExperienceBuffer[Group], runtime, micro_batch_groups: int,
+                 stream: bool = True) -> None:
         self.mgr, self.experience, self.rt, self.micro = mgr, experience, runtime, micro_batch_groups
+        self.stream = stream  # False: every backward waits for ``consume`` (the sequential baseline)
         self.trained: set[str] = set()
 
     def train_head(self) -> None:
         """Backward the head buffer's occupied groups as they appear."""
+        if not self.stream:
+            return
         new = [e.key for e in self.mgr.head_occupied() if e.key not in self.trained]
         room = self.mgr.batch - len(self.trained)  # with redundancy never train a surplus group
         new = new[: max(room, 0)]

@@ -1,5 +1,5 @@
 """The bounded runner's snapshots and repack migrations (mechanism around
-``services.buffer.coordinator``).
+``services.rollout.repack_policy``).
 
 Every ``trainer.repack.interval_s`` (and right after each optimizer step) the runner takes a
 snapshot of every live SGS instance through its Health RPC: KV-cache use, running and queued
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from services.buffer.coordinator import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
+from services.rollout.repack_policy import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
 
 log = logging.getLogger("braid.repack")
 

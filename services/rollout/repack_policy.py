@@ -1,7 +1,7 @@
 """Dynamic repack of long-tail trajectories (Laminar §5, Algorithm 1), as pure policy.
 
 Snapshots in, commands out; the clock is injected. The bounded runner
-(``services.trainer.bounded``) takes a snapshot of every SGS instance (its Health: KV-cache
+(``services.rollout.orchestrator``) takes a snapshot of every SGS instance (its Health: KV-cache
 use, running and queued samples, installed weight version), asks ``RepackCoordinator.plan``,
 and carries out each ``Migrate`` as StaleFlow's commands: Interrupt on the source (its
 trajectories come back with their tokens so far), Route of each to the destination (re-prefill,

@@ -1,4 +1,4 @@
-"""The bounded runner's part of a recovery checkpoint (``services.trainer.resume``).
+"""The orchestrator's part of a recovery checkpoint (``services.trainer.resume``).
 
 ``capture`` runs right after a consume (no gradient accumulated, no group half-trained) and
 saves: the staleness manager as it is (every buffer, reserved and occupied entry, the head =
@@ -33,8 +33,8 @@ def capture(runner) -> dict:
 
 
 def restore(runner, state: dict) -> None:
-    from services.buffer.pools import PromptPool
-    from services.trainer.bounded import _GroupState
+    from services.rollout.pools import PromptPool
+    from services.rollout.orchestrator import _GroupState
 
     mgr = state["manager"]
     if mgr.head != runner.t.version:

@@ -1,11 +1,13 @@
-"""``bounded`` mode: trajectory-level asynchrony under a strict per-trajectory staleness bound.
+"""The rollout orchestrator: every pipeline mode on one path (Laminar / StaleFlow's rollout manager).
 
-The rollout coordinator of Laminar / StaleFlow, run inside the trainer process. One thread
-observes, asks the pure policies, and acts:
+Modes are values of the staleness bound eta (``services.rollout.modes``): ``sync`` is eta 0,
+``one_step`` eta 1, ``bounded`` ``trainer.eta``; ``sequential`` is eta 0 with training held
+until the batch is complete. One thread observes, asks the pure policies, and acts:
 
 1. **sync** — ``routing.instances_to_sync`` says which SGS instances take the newest weights
    (lazily: when the bound stops them from starting work at their version, or when idle).
-   Instances therefore run different versions at once.
+   Instances therefore run different versions at once (with eta 0 every instance syncs as soon
+   as a step lands: the bound forbids work at an older version).
 2. **route** — interrupted trajectories resume first (partial rollout: prompt + tokens so far,
    on any instance whose version is not older than their ``V_traj``); then new GRPO groups
    start wherever ``StalenessManager.can_reserve`` allows (StaleFlow Algorithm 2), each as
@@ -16,13 +18,14 @@ observes, asks the pure policies, and acts:
    cancelled, DAPO's filter may abort it, otherwise it is *occupied* and written to the
    experience buffer. Interrupted samples (partial rollout) update the partial-response pool.
 4. **train** — occupied groups of the head buffer are final, so their gradients are computed
-   as soon as they appear (streaming, as in the other modes); when the head buffer is Ready
+   as soon as they appear (streaming; not in ``sequential``); when the head buffer is Ready
    it is *consumed*: one optimizer step, version + 1.
 
-**Repack** (Laminar §5, ``trainer.repack``; ``services.trainer.repack``): every interval the
-runner snapshots the instances (KV use, running, queued, version); the long tails of ramping-down
-instances are migrated (Interrupt, then resumed on a destination of the same version) so the
-sources are freed to take newer weights. Migration keeps each trajectory's ``V_traj`` and entry.
+**Repack** (Laminar §5, ``trainer.repack``; ``services.rollout.repack``): every interval the
+orchestrator snapshots the instances (KV use, running, queued, version); the long tails of
+ramping-down instances are migrated (Interrupt, then resumed on a destination of the same
+version) so the sources are freed to take newer weights. Migration keeps each trajectory's
+``V_traj`` and entry.
 
 **Instance failure** (Laminar §3.3): when a call fails with UNAVAILABLE the instance is
 marked dead; every trajectory the partial-response pool places on it resumes elsewhere from
@@ -47,19 +50,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from services.buffer.pools import ExperienceBuffer, Partial, PartialResponsePool, PromptPool
-from services.buffer.routing import InstanceView, instances_to_sync, pick_instance
-from services.buffer.staleness import Aborted, StalenessManager
+from services.rollout.pools import ExperienceBuffer, Partial, PartialResponsePool, PromptPool
+from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
+from services.rollout.staleness import Aborted, StalenessManager
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.tasks.source import TaskItem
-from services.trainer import bounded_state
+from services.rollout import checkpoint
 from services.trainer.algorithms import dapo_keep_group
-from services.trainer.head import HeadTrainer
+from services.rollout.head import HeadTrainer
 from services.trainer.learner import Group
-from services.trainer.length_replay import ReplayLengths
-from services.trainer.repack import Repacker
-from services.trainer.rewards import Outcome
+from services.rollout.length_replay import ReplayLengths
+from services.rollout.modes import eta_of, instance_capacity, streams_training
+from services.rollout.repack import Repacker
+from services.rollout.rewards import Outcome
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
 log = logging.getLogger("braid.bounded")
@@ -99,16 +103,24 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
     return [(c.launched, t_end) for st in groups for c in st.calls if c.open]
 
 
-class BoundedRunner:
-    """The coordinator over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
+def engines_behind(cfg, addresses: int) -> int:
+    """Engine instances behind each SGS address: 1 when the trainer dials the instances, all of
+    them (the most scale-out may add) when it dials one router in front of them."""
+    total = cfg.scaleout.max_instances if cfg.scaleout.enabled else cfg.generation.instances
+    return max(1, -(-total // max(1, addresses)))
+
+
+class Orchestrator:
+    """The rollout orchestrator over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
 
     def __init__(self, trainer: TrainerRuntime) -> None:
         tc = trainer.cfg.trainer
         self.t = trainer
         self.tc = tc
+        self.eta = eta_of(tc)
         self.max_new = trainer.cfg.generation.max_new_tokens
         self.mgr = StalenessManager(
-            tc.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
+            self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
             redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=trainer.version,
         )
         self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(trainer.sampler.batch, tc.prompts_per_iteration)
@@ -117,7 +129,10 @@ class BoundedRunner:
         self.events: queue.Queue = queue.Queue()
         self.pushers = trainer.publisher.pushers
         trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
-        self.capacity = tc.max_inflight_groups * (tc.group_size + tc.redundancy_samples)
+        self.capacity = instance_capacity(
+            tc.mode, tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
+            trainer.cfg.generation.max_inflight, engines_behind(trainer.cfg, len(trainer.clients)),
+        )
         self.inflight = [0] * len(self.pushers)
         self.alive = [True] * len(self.pushers)
         self.groups: dict[str, _GroupState] = {}
@@ -131,8 +146,9 @@ class BoundedRunner:
         self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
-            bounded_state.restore(self, trainer.runner_state)
-        self.head = HeadTrainer(self.mgr, self.experience, trainer, tc.micro_batch_groups)  # the restored manager
+            checkpoint.restore(self, trainer.runner_state)
+        # the restored manager; sequential holds every backward until the batch is complete
+        self.head = HeadTrainer(self.mgr, self.experience, trainer, tc.micro_batch_groups, stream=streams_training(tc))
 
     # ------------------------------------------------------------------ main loop
     def run(self, iterations: int, progress=None) -> None:
@@ -150,7 +166,7 @@ class BoundedRunner:
                 t_start = row["t_end"]
                 if progress is not None:
                     progress(k, row)
-                self.t.maybe_save_recovery(lambda: bounded_state.capture(self))
+                self.t.maybe_save_recovery(lambda: checkpoint.capture(self))
         finally:
             self._shutdown()
 
@@ -402,12 +418,12 @@ class BoundedRunner:
         entries = result.entries
         hist = Counter(e.staleness for e in entries)
         return {
-            "eta": self.tc.eta,
+            "eta": self.eta,
             "buffer_version": result.buffer_version,
             "entry_staleness_hist": {str(s): n for s, n in sorted(hist.items())},
             "entry_staleness_max": max(e.staleness for e in entries),
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
-            "bound_violations": sum(1 for e in entries if e.version + self.tc.eta < e.buffer_version),
+            "bound_violations": sum(1 for e in entries if e.version + self.eta < e.buffer_version),
             "instance_versions": [p.offered for p in self.pushers],
             # by the address the trainer dials: False = lost (its trajectories resumed elsewhere)
             "instances_alive": {c.address: ok for c, ok in zip(self.t.clients, self.alive)},

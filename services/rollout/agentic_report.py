@@ -21,7 +21,7 @@ from pathlib import Path
 
 from services.agentic.rollout import Score
 from services.agentic.trajectory import Trajectory
-from services.buffer.staleness import ConsumedEntry
+from services.rollout.staleness import ConsumedEntry
 
 Kept = dict[str, list[tuple[int, Trajectory, Score]]]  # group key -> (index, trajectory, score) trained
 

@@ -47,18 +47,18 @@ from services.agentic.rollout import Rollout, Score, ScoreFailed
 from services.agentic.runner import run_batch_level
 from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
-from services.buffer.pools import ExperienceBuffer
-from services.buffer.staleness import Aborted, StalenessManager
-from services.trainer.agentic_report import TrajectoryLog, consumed_metrics
+from services.rollout.pools import ExperienceBuffer
+from services.rollout.staleness import Aborted, StalenessManager
+from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
 from services.trainer.algorithms import dapo_keep_group
-from services.trainer.head import HeadTrainer
+from services.rollout.head import HeadTrainer
+from services.rollout.modes import eta_of
 from services.trainer.learner import Group
-from services.trainer.rewards import Outcome
+from services.rollout.rewards import Outcome
 from services.trainer.runtime import Accumulator, TrainerRuntime
 
 log = logging.getLogger("braid.agentic")
 
-ETA_OF_MODE = {"sequential": 0, "sync": 0, "one_step": 1}
 # always in the metrics: launched = finished + dropped + aborted + still running
 COUNTED = ("groups_launched", "trajectories_launched", "trajectories_finished", "trajectories_dropped",
            "trajectories_aborted", "replacements", "aborted_tokens", "dropped_tokens")
@@ -84,10 +84,6 @@ class _Group:
     finished: dict[int, tuple[Trajectory, Score]] = field(default_factory=dict)
     next_index: int = 0
     replacements: int = 0
-
-
-def eta_of(tc) -> int:
-    return tc.eta if tc.mode == "bounded" else ETA_OF_MODE[tc.mode]
 
 
 class AgenticRunner:

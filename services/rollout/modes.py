@@ -1,0 +1,46 @@
+"""Pipeline modes as values of the staleness bound (pure).
+
+The orchestrator has one path for every mode; a mode only sets eta, the bound every trained
+trajectory satisfies (``V_traj + eta >= V_buf``, ``services.rollout.staleness``), and whether the
+head buffer's gradients stream while it fills:
+
+- ``sync``: eta 0. Every group of step k is generated with version k (on-policy); the trainer
+  backwards complete groups while the rest still generate (StreamRL's dynamic-batch pipelining).
+- ``sequential``: eta 0 with training held until the whole batch has been generated (the naive
+  baseline).
+- ``one_step``: eta 1. The next step's groups start before this step trains, with the weights
+  the instances have then (StreamRL's one-step asynchronous pipelining).
+- ``bounded``: eta = ``trainer.eta``; instances run different versions at once, synced lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+ETA_OF_MODE = {"sequential": 0, "sync": 0, "one_step": 1}
+
+
+class ModeSettings(Protocol):
+    mode: str
+    eta: int
+
+
+def eta_of(tc: ModeSettings) -> int:
+    """The staleness bound of ``tc.mode`` (``trainer.eta`` in bounded mode)."""
+    return tc.eta if tc.mode == "bounded" else ETA_OF_MODE[tc.mode]
+
+
+def streams_training(tc: ModeSettings) -> bool:
+    """Whether complete groups are backwarded while the head buffer still fills."""
+    return tc.mode != "sequential"
+
+
+def instance_capacity(mode: str, per_group: int, max_inflight_groups: int, engine_max_inflight: int,
+                      behind: int = 1) -> int:
+    """Samples the orchestrator keeps in flight on one SGS address (``behind`` engine instances
+    when it is a router). ``bounded`` holds ``trainer.max_inflight_groups`` groups per instance
+    (its runs of record were tuned with it); the lock-step modes fill each engine's admission
+    (``generation.max_inflight``) as one request per step used to: the bound, not the
+    capacity, is what limits how far generation runs ahead."""
+    groups = max_inflight_groups if mode == "bounded" else max(1, engine_max_inflight // per_group)
+    return groups * per_group * behind

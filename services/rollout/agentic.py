@@ -36,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -47,15 +45,13 @@ from services.agentic.rollout import Rollout, Score, ScoreFailed
 from services.agentic.runner import run_batch_level
 from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
-from services.rollout.pools import ExperienceBuffer
-from services.rollout.staleness import Aborted, StalenessManager
+from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
-from services.trainer.algorithms import dapo_keep_group
-from services.rollout.head import HeadTrainer
-from services.rollout.modes import eta_of
-from services.trainer.learner import Group
+from services.rollout.lifecycle import GroupLifecycle
 from services.rollout.rewards import Outcome
-from services.trainer.runtime import Accumulator, TrainerRuntime
+from services.rollout.staleness import ConsumeResult
+from services.trainer.learner import Group
+from services.trainer.runtime import Published, TrainerRuntime
 
 log = logging.getLogger("braid.agentic")
 
@@ -86,55 +82,39 @@ class _Group:
     replacements: int = 0
 
 
-class AgenticRunner:
+class AgenticRunner(GroupLifecycle):
     def __init__(self, rt: TrainerRuntime, rollout: Rollout, held_out: list[Episode]) -> None:
-        tc, a = rt.cfg.trainer, rt.cfg.agentic
-        self.rt, self.tc, self.a, self.rollout = rt, tc, a, rollout
-        self.eta = eta_of(tc)
-        self.mgr = StalenessManager(self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
-                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version)
-        self.episodes = EpisodeStream(a, rt.cfg.task.seed, held_out)
-        self.per_group = tc.group_size + a.redundant_trajectories
+        super().__init__(rt)
+        self.a, self.rollout = rt.cfg.agentic, rollout
+        self.episodes = EpisodeStream(self.a, rt.cfg.task.seed, held_out)
+        self.per_group = self.tc.group_size + self.a.redundant_trajectories
         self.events: queue.Queue = queue.Queue()
         self.groups: dict[str, _Group] = {}
         self.members: dict[str, _Member] = {}  # pending or running
         self.pending: list[_Member] = []
         self.running = 0
         self.wave = None  # the running wave's future (batch level)
-        self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.kept: dict[str, list[tuple[int, Trajectory, Score]]] = {}  # occupied groups' trajectories (metrics, log)
-        self.head = HeadTrainer(self.mgr, self.experience, rt, tc.micro_batch_groups)
-        self.counts: Counter[str] = Counter(dict.fromkeys(COUNTED, 0))
+        self.counts.update(dict.fromkeys(COUNTED, 0))
         self.created = 0  # groups created by this attempt (their keys)
-        self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if a.log_trajectories else None
+        self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if self.a.log_trajectories else None
         if rt.runner_state is not None and "episodes" in rt.runner_state:  # resumed from a recovery checkpoint
             self.episodes.restore(rt.runner_state["episodes"])
+        self.start_head()
 
-    def state(self) -> dict:
+    def checkpoint_state(self) -> dict:
         """The recovery checkpoint's part: the data cursors (groups in flight are not kept: a
         restarted trainer draws new episodes)."""
         return {"sampler": self.rt.sampler.state(), "episodes": self.episodes.state()}
 
-    # ------------------------------------------------------------------ main loop
-    def run(self, iterations: int, progress=None) -> None:
-        self.rt.learner.begin()
-        t_start = time.time()
-        try:
-            for k in range(self.rt.version, iterations):
-                while not self.mgr.ready():
-                    self._launch()
-                    self._collect(COLLECT_S)
-                    self.head.train_head()
-                if self.a.interaction == "trajectory":
-                    self._launch()  # what the bound allows now starts before the optimizer step and runs during it
-                row = self._consume(k, t_start)
-                t_start = row["t_end"]
-                if progress is not None:
-                    progress(k, row)
-                self.rt.maybe_save_recovery(self.state)
-        finally:
-            self._shutdown()
-        self.rt.publisher.wait(self.rt.version)
+    def tick(self) -> None:
+        self._launch()
+        self._collect(COLLECT_S)
+        self.head.train_head()
+
+    def before_step(self) -> None:
+        if self.a.interaction == "trajectory":
+            self._launch()  # what the bound allows now starts before the optimizer step and runs during it
 
     # ------------------------------------------------------------------ launching
     def _room(self) -> int:
@@ -280,21 +260,15 @@ class AgenticRunner:
             self.counts["replacements"] += 1
             self._add_member(g)
         else:
-            self.mgr.abort(g.key, "failures")
-            self._forget(g.key, "failures")
+            self.abort(g.key, "failures")
 
     def _complete(self, g: _Group) -> None:
         self._cancel_members(g.key)  # the group is full: its other trajectories are surplus
         done = sorted(g.finished.items(), key=lambda kv: kv[1][0].finished_at)[: self.tc.group_size]
-        rewards = [score.reward for _, (_, score) in done]
-        if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
-            self.mgr.abort(g.key, "filtered")
-            self._forget(g.key, "filtered")
-            return
         samples = [to_sample(traj, g.key, idx) for idx, (traj, _) in done]
-        self.experience.put(g.key, Group(samples, rewards))
-        self.kept[g.key] = [(idx, traj, score) for idx, (traj, score) in done]
-        self.mgr.occupy(g.key, generated_version=min(s.weight_version for s in samples))
+        outcomes = [Outcome(score.reward, score.reward == 1.0) for _, (_, score) in done]
+        if self.complete(g.key, samples, outcomes):
+            self.kept[g.key] = [(idx, traj, score) for idx, (traj, score) in done]
 
     def _cancel_members(self, key: str) -> None:
         """Abandon a group's trajectories still pending or running (their work is counted as aborted)."""
@@ -308,42 +282,28 @@ class AgenticRunner:
             if m.future is not None:  # trajectory level; a wave's member runs to the wave's end, ignored
                 m.future.cancel()
 
-    def _forget(self, key: str, reason: str) -> None:
+    def forget(self, key: str, reason: str) -> None:
         """A group left the staleness manager (aborted): cancel its trajectories, drop what it kept."""
+        if key not in self.groups:
+            return
         self.counts[f"groups_aborted_{reason}"] += 1
         self._cancel_members(key)
         self.groups.pop(key, None)
         self.kept.pop(key, None)
-        if key in self.experience:
-            self.experience.take([key])
 
     # ------------------------------------------------------------------ training
-    def _consume(self, k: int, t_start: float) -> dict:
-        result, keys, groups = self.head.consume()
-        self._drop(result.aborted)
-        stats = self.rt.learner.stats
-        out = self.rt.step_and_snapshot(stats, offer=True, consumed=groups)
+    def staleness_of(self, result: ConsumeResult, sample: SampleRecord) -> int:
+        return result.buffer_version - self.groups[sample.group_id].v_traj  # however many versions it spanned
+
+    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group], out: Published) -> dict:
         kept = {key: self.kept.pop(key) for key in keys}
-        acc = Accumulator()
-        for g in groups:
-            for s, r in zip(g.samples, g.rewards):
-                self.rt.tally(s, Outcome(r, r == 1.0), result.buffer_version - self.groups[s.group_id].v_traj, acc)
         if self.log is not None:
             self.log.write(out.version, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
-        extra = consumed_metrics(result.entries, kept, self.eta) | {"eta": self.eta, "interaction": self.a.interaction,
-                                                                    **dict(sorted(self.counts.items()))}
-        row = self.rt.record(k, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, extra)
-        self.rt.learner.begin()
-        return row
+        return consumed_metrics(kept) | {"interaction": self.a.interaction}
 
-    def _drop(self, aborted: list[Aborted]) -> None:
-        for a in aborted:
-            if a.key in self.groups:
-                self._forget(a.key, a.reason)
-
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         for key in list(self.groups):
             self._cancel_members(key)
         if self.wave is not None:

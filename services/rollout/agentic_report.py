@@ -2,7 +2,8 @@
 
 ``consumed_metrics`` summarises one consumed buffer's trajectories for ``metrics.jsonl``: turns,
 generated and observation tokens, time in generation, environment and reward, the weight
-versions a trajectory spanned, the staleness histogram of its groups and the bound check.
+versions a trajectory spanned (the staleness histogram and the bound check are every
+workflow's: ``services.rollout.lifecycle``).
 
 ``trajectories.jsonl`` (``TrajectoryLog``) has one line per trained trajectory: the step it
 trained, its group and index, the episode, the reward (and the environment's own), the status,
@@ -21,7 +22,6 @@ from pathlib import Path
 
 from services.agentic.rollout import Score
 from services.agentic.trajectory import Trajectory
-from services.rollout.staleness import ConsumedEntry
 
 Kept = dict[str, list[tuple[int, Trajectory, Score]]]  # group key -> (index, trajectory, score) trained
 
@@ -30,12 +30,11 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def consumed_metrics(entries: list[ConsumedEntry], kept: Kept, eta: int) -> dict:
+def consumed_metrics(kept: Kept) -> dict:
     trajs = [t for group in kept.values() for _, t, _ in group]
     scores = [s for group in kept.values() for _, _, s in group]
     spans = [max(t.weight_versions) - min(t.weight_versions) for t in trajs if t.turns]
     statuses = Counter(t.status for t in trajs)
-    hist = Counter(e.staleness for e in entries)
     return {
         "trajectories": len(trajs),
         "turns_mean": _mean([t.num_turns for t in trajs]),
@@ -52,9 +51,6 @@ def consumed_metrics(entries: list[ConsumedEntry], kept: Kept, eta: int) -> dict
         "env_reward_mean": _mean([t.reward for t in trajs]),
         "version_span_max": max(spans, default=0),
         "status_hist": dict(sorted(statuses.items())),
-        "entry_staleness_hist": {str(s): n for s, n in sorted(hist.items())},
-        "entry_staleness_max": max(e.staleness for e in entries),
-        "bound_violations": sum(1 for e in entries if e.version + eta < e.buffer_version),
     }
 
 

@@ -33,8 +33,8 @@ def capture(runner) -> dict:
 
 
 def restore(runner, state: dict) -> None:
-    from services.rollout.pools import PromptPool
     from services.rollout.orchestrator import _GroupState
+    from services.rollout.pools import PromptPool
 
     mgr = state["manager"]
     if mgr.head != runner.t.version:

@@ -44,29 +44,27 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import grpc
 
-from services.rollout.pools import ExperienceBuffer, Partial, PartialResponsePool, PromptPool
-from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
-from services.rollout.staleness import Aborted, StalenessManager
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
-from services.tasks.source import TaskItem
 from services.rollout import checkpoint
-from services.trainer.algorithms import dapo_keep_group
-from services.rollout.head import HeadTrainer
-from services.trainer.learner import Group
 from services.rollout.length_replay import ReplayLengths
-from services.rollout.modes import eta_of, instance_capacity, streams_training
+from services.rollout.lifecycle import GroupLifecycle
+from services.rollout.modes import instance_capacity
+from services.rollout.pools import Partial, PartialResponsePool, PromptPool
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
-from services.trainer.runtime import Accumulator, TrainerRuntime
+from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
+from services.rollout.staleness import ConsumeResult
+from services.tasks.source import TaskItem
+from services.trainer.learner import Group
+from services.trainer.runtime import Published, TrainerRuntime
 
-log = logging.getLogger("braid.bounded")
+log = logging.getLogger("braid.rollout")
 
 
 @dataclass
@@ -90,12 +88,6 @@ class _GroupState:
     forced: int = 0  # the group's forced length (0 = the policy decides); a resumed sample generates the rest
 
 
-def outcomes_of(group: Group) -> list[Outcome]:
-    """A trained group's samples as outcomes for the tally (its failures were counted when it completed)."""
-    correct = group.correct if group.correct is not None else [r == 1.0 for r in group.rewards]
-    return [Outcome(r, c) for r, c in zip(group.rewards, correct)]
-
-
 def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
     """Generation is busy while a sample runs, but a sample still running at ``t_end`` reports
     its interval only when it finishes: count each call still open as busy from its launch
@@ -110,22 +102,17 @@ def engines_behind(cfg, addresses: int) -> int:
     return max(1, -(-total // max(1, addresses)))
 
 
-class Orchestrator:
-    """The rollout orchestrator over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
+class Orchestrator(GroupLifecycle):
+    """The single-turn workflow over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
+
+    offer_on_step = False  # instances take a new version when routing says so (``_sync``)
 
     def __init__(self, trainer: TrainerRuntime) -> None:
-        tc = trainer.cfg.trainer
-        self.t = trainer
-        self.tc = tc
-        self.eta = eta_of(tc)
+        super().__init__(trainer)
+        tc = self.tc
         self.max_new = trainer.cfg.generation.max_new_tokens
-        self.mgr = StalenessManager(
-            self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
-            redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=trainer.version,
-        )
         self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(trainer.sampler.batch, tc.prompts_per_iteration)
         self.partial = PartialResponsePool()
-        self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.events: queue.Queue = queue.Queue()
         self.pushers = trainer.publisher.pushers
         trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
@@ -138,8 +125,6 @@ class Orchestrator:
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
-        self.counts: Counter[str] = Counter()
-        self.reward_failures = 0  # samples of groups completed since the last step whose reward failed
         self.gen_busy: list[tuple[float, float]] = []
         self.repack = Repacker.from_config(tc.repack)
         replay = trainer.cfg.forced_length_replay
@@ -147,28 +132,17 @@ class Orchestrator:
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
             checkpoint.restore(self, trainer.runner_state)
-        # the restored manager; sequential holds every backward until the batch is complete
-        self.head = HeadTrainer(self.mgr, self.experience, trainer, tc.micro_batch_groups, stream=streams_training(tc))
+        self.start_head()
 
-    # ------------------------------------------------------------------ main loop
-    def run(self, iterations: int, progress=None) -> None:
-        self.t.learner.begin()
-        t_start = time.time()
-        try:
-            for k in range(self.t.version, iterations):
-                while not self.mgr.ready():
-                    self._sync()
-                    self._repack()
-                    self._route()
-                    self._collect(timeout=0.02)
-                    self.head.train_head()
-                row = self._consume(k, t_start)
-                t_start = row["t_end"]
-                if progress is not None:
-                    progress(k, row)
-                self.t.maybe_save_recovery(lambda: checkpoint.capture(self))
-        finally:
-            self._shutdown()
+    def tick(self) -> None:
+        self._sync()
+        self._repack()
+        self._route()
+        self._collect(timeout=0.02)
+        self.head.train_head()
+
+    def checkpoint_state(self) -> dict:
+        return checkpoint.capture(self)
 
     def _views(self) -> list[InstanceView]:
         incoming = self.repack.incoming()  # migrations on their way count in the destination's load
@@ -193,7 +167,7 @@ class Orchestrator:
 
     def _repack(self) -> None:
         """Snapshot the instances when due; carry out the repack plan (Interrupt on each source)."""
-        plan = self.repack.check(self.t.clients, self.alive, self._lose_instance, force=self.stepped)
+        plan = self.repack.check(self.rt.clients, self.alive, self._lose_instance, force=self.stepped)
         self.stepped = False
         for m in plan:
             if not (self.alive[m.source] and self.alive[m.destination]):
@@ -203,7 +177,7 @@ class Orchestrator:
             waiting = {r.key for r in self.resume}  # interrupted already, not running on the source
             keys = [p.key for p in self.partial.on_instance(m.source) if p.key not in waiting]
             try:
-                self.repack.start(m, keys, [c.tag for c in calls], self.t.clients[m.source])
+                self.repack.start(m, keys, [c.tag for c in calls], self.rt.clients[m.source])
             except grpc.RpcError as err:  # the source went away: its trajectories resume from the pool
                 for k in keys:
                     self.repack.forget(k)
@@ -238,11 +212,11 @@ class Orchestrator:
     def _launch_group(self, problem: TaskItem, inst: InstanceView) -> None:
         key = problem.prompt_id
         self.mgr.reserve(key, inst.version)
-        forced = self.replay.length(key) if self.replay else self.t.cfg.forced_length_ramp.length(self.t.version)
+        forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.rt.version)
         state = _GroupState(problem, inst.version, forced=forced)
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
-        (spec,) = self.t.prompt_specs([problem], forced)
+        (spec,) = self.rt.prompt_specs([problem], forced)
         call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, inst.version, inst.index))
@@ -267,7 +241,7 @@ class Orchestrator:
         call.open = len(call.keys)
         call.launched = time.time()
         self.inflight[call.instance] += call.open
-        call.handle = self.t.clients[call.instance].start(prompts, params)
+        call.handle = self.rt.clients[call.instance].start(prompts, params)
         state.calls.append(call)
         threading.Thread(target=self._read, args=(call,), name=f"call-{call.keys[0]}", daemon=True).start()
 
@@ -313,7 +287,7 @@ class Orchestrator:
         self._finish_sample(state, self.partial.finish(pkey), s)
 
     def _on_error(self, call: _Call, exc: BaseException) -> None:
-        address = self.t.clients[call.instance].address
+        address = self.rt.clients[call.instance].address
         unavailable = isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
         if not unavailable:
             raise RuntimeError(f"SGS instance {call.instance} ({address}) failed: {exc}") from exc
@@ -349,7 +323,7 @@ class Orchestrator:
             finished_at=s.finished_at,
         )
         self.gen_busy.append((s.started_at, s.finished_at))
-        state.finished[p.sample_index] = (sample, self.t.score(sample))
+        state.finished[p.sample_index] = (sample, self.rt.score(sample))
         if len(state.finished) >= self.tc.group_size:
             self._complete(p.group, state)
 
@@ -359,15 +333,7 @@ class Orchestrator:
         done = sorted(state.finished.items())[: self.tc.group_size]
         samples = [s for _, (s, _) in done]
         outcomes = [f.result() for _, (_, f) in done]  # scored while the group's other samples ran
-        rewards = [o.reward for o in outcomes]
-        self.reward_failures += sum(1 for o in outcomes if o.failure)
-        if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
-            self.mgr.abort(key, "filtered")
-            self.counts["filtered"] += 1
-            del self.groups[key]
-            return
-        self.experience.put(key, Group(samples, rewards, [o.correct for o in outcomes]))
-        self.mgr.occupy(key, generated_version=min(s.weight_version for s in samples))
+        self.complete(key, samples, outcomes)
 
     def _cancel_calls(self, state: _GroupState) -> None:
         for call in state.calls:
@@ -380,73 +346,50 @@ class Orchestrator:
             self.repack.forget(p.key)
 
     # ------------------------------------------------------------------ training
-    def _consume(self, k: int, t_start: float) -> dict:
-        result, keys, groups = self.head.consume()
-        self._drop(result.aborted)
-        stats = self.t.learner.stats
-        out = self.t.step_and_snapshot(stats, offer=False, consumed=groups)  # instances take it when routing says so
+    def published(self, out: Published) -> None:
         self.latest = (out.version, out.snapshot)
         self.stepped = True
-        acc = Accumulator()
-        for g in groups:
-            for s, o in zip(g.samples, outcomes_of(g)):
-                self.t.tally(s, o, result.buffer_version - s.weight_version, acc)
-        acc.reward_failures, self.reward_failures = self.reward_failures, 0  # every group completed since the last step
+
+    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group], out: Published) -> dict:
+        entries = result.entries
         for key in keys:
             self.groups.pop(key, None)
         t_end = time.time()
         self.gen_busy += open_call_intervals(self.groups.values(), t_end)
-        self.t.gen_busy.extend(self.gen_busy)
+        self.rt.gen_busy.extend(self.gen_busy)
         self.gen_busy = []
-        row = self.t.record(k, t_start, t_end, acc, stats, out.grad_norm, out.stall_s, self._extra(result))
-        self.t.learner.begin()
-        return row
-
-    def _drop(self, aborted: list[Aborted]) -> None:
-        for a in aborted:
-            self.counts[f"aborted_{a.reason}"] += 1
-            state = self.groups.pop(a.key, None)
-            if state is not None:
-                state.complete = True
-                self._cancel_calls(state)
-                if a.reason == "async_bound":
-                    self.prompts.put_back(state.problem)  # regenerate it on fresher weights
-            if a.key in self.experience:
-                self.experience.take([a.key])
-
-    def _extra(self, result) -> dict:
-        entries = result.entries
-        hist = Counter(e.staleness for e in entries)
         return {
-            "eta": self.eta,
-            "buffer_version": result.buffer_version,
-            "entry_staleness_hist": {str(s): n for s, n in sorted(hist.items())},
-            "entry_staleness_max": max(e.staleness for e in entries),
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
-            "bound_violations": sum(1 for e in entries if e.version + self.eta < e.buffer_version),
             "instance_versions": [p.offered for p in self.pushers],
             # by the address the trainer dials: False = lost (its trajectories resumed elsewhere)
-            "instances_alive": {c.address: ok for c, ok in zip(self.t.clients, self.alive)},
+            "instances_alive": {c.address: ok for c, ok in zip(self.rt.clients, self.alive, strict=True)},
             **self.repack.metrics(),
-            **{k: v for k, v in sorted(self.counts.items())},
         }
 
-    def _shutdown(self) -> None:
+    def forget(self, key: str, reason: str) -> None:
+        state = self.groups.pop(key, None)
+        if state is not None:
+            state.complete = True
+            self._cancel_calls(state)
+            if reason == "async_bound":
+                self.prompts.put_back(state.problem)  # regenerate it on fresher weights
+
+    def shutdown(self) -> None:
         """Cancel work for buffers that will not be trained; bring every live instance to the newest
         version; lost instances leave the trainer's client list (evaluation uses the others)."""
         # an instance that died with nothing in flight has not been noticed yet: ask every one now,
         # or the final offer (a unary PullWeights) and evaluation would fail on it
         try:
-            self.repack.snapshot(self.t.clients, self.alive, self._lose_instance)
+            self.repack.snapshot(self.rt.clients, self.alive, self._lose_instance)
         except RuntimeError as err:  # every instance is gone: keep the error that ended the run, if any
             log.error("at shutdown: %s", err)
         for state in self.groups.values():
             state.complete = True
             self._cancel_calls(state)
         live = [i for i, ok in enumerate(self.alive) if ok]
-        self.t.clients[:] = [self.t.clients[i] for i in live]
-        self.t.publisher.pushers[:] = [self.pushers[i] for i in live]
+        self.rt.clients[:] = [self.rt.clients[i] for i in live]
+        self.rt.publisher.pushers[:] = [self.pushers[i] for i in live]
         version, state = self.latest
         if state is not None:
-            for p in self.t.publisher.pushers:
+            for p in self.rt.publisher.pushers:
                 p.offer(version, state)

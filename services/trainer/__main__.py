@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
+    from services.rollout.rewards import failures_logged
     from services.trainer.loop import RLTrainer
     from services.trainer.resume import recovery_summary
-    from services.rollout.rewards import failures_logged
 
     run_dir = Path(ns.run_dir)
     clients = [

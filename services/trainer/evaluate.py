@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from services.common.types import SampleRecord
-from services.tasks.source import TaskItem
 from services.rollout.rewards import Outcome
+from services.tasks.source import TaskItem
 
 # difficulty buckets (scratchpad steps) for the per-difficulty breakdown
 BUCKETS = ((1, 1), (2, 3), (4, 7), (8, 15), (16, 10**9))

@@ -30,8 +30,8 @@ from services.policy.batch import PackedBatch, completion_values, pack, token_lo
 from services.policy.bucketing import MICRO_BATCH_TOKENS, length_buckets
 from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
-from services.trainer.critic import ValueModel
 from services.trainer.backends import create_backend
+from services.trainer.critic import ValueModel
 from services.trainer.device import compute_context
 from services.trainer.parallel import ParallelContext, max_across, sum_across
 
@@ -238,7 +238,9 @@ class Learner:
                 self.critic_opt.load_state_dict(state["critic_opt"])
             return
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, set_model_state_dict, set_optimizer_state_dict,
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
         )
 
         # two calls, not set_state_dict: given an empty model dict (the followers) it skips the

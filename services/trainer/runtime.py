@@ -25,12 +25,12 @@ from services.common.config import RunConfig
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerationClient
 from services.policy.model import Policy, save_policy
+from services.rollout.publisher import SampleStream, WeightPublisher
+from services.rollout.rewards import Outcome, ServiceRewards
 from services.tasks.source import TaskItem, build_task
 from services.trainer.evaluate import EvalResult, score
 from services.trainer.learner import Learner, StepStats
 from services.trainer.parallel import Leader, ParallelContext
-from services.rollout.rewards import Outcome, ServiceRewards
-from services.rollout.publisher import SampleStream, WeightPublisher
 from services.trainer.timeline import idle
 
 

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import torch
-import torch.utils.checkpoint
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 SUPPORTED = ("qwen2", "llama")  # config.model_type
 

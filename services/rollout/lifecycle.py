@@ -1,0 +1,159 @@
+"""The group lifecycle every workflow shares: reserve, occupy or filter, consume, step.
+
+A GRPO group's life is the same whether its members are single-turn samples
+(``services.rollout.orchestrator``) or multi-turn trajectories (``services.rollout.agentic``):
+it is *reserved* in the staleness manager when it starts, *occupied* when ``group_size`` of its
+members finished (DAPO's dynamic sampling may abort it instead), and *consumed* with the Ready
+head buffer: one optimizer step, version + 1, the weights copied out. ``GroupLifecycle`` owns that
+part (the manager, the experience buffer, the head trainer, the counters, the iteration loop and
+the step); a workflow subclass says how members start and come back (``tick``), what a consumed
+group's metrics are (``step_metrics``) and how to let go of an aborted group (``forget``).
+
+Modes are values of eta (``services.rollout.modes``): the loop is the same for all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from services.common.types import SampleRecord
+from services.rollout.head import HeadTrainer
+from services.rollout.modes import eta_of, streams_training
+from services.rollout.pools import ExperienceBuffer
+from services.rollout.rewards import Outcome
+from services.rollout.staleness import ConsumedEntry, ConsumeResult, StalenessManager
+from services.trainer.algorithms import dapo_keep_group
+from services.trainer.learner import Group
+from services.trainer.runtime import Accumulator, Published, TrainerRuntime
+
+
+def outcomes_of(group: Group) -> list[Outcome]:
+    """A trained group's samples as outcomes for the tally (its failures were counted when it completed)."""
+    correct = group.correct if group.correct is not None else [r == 1.0 for r in group.rewards]
+    return [Outcome(r, c) for r, c in zip(group.rewards, correct, strict=True)]
+
+
+def staleness_metrics(entries: list[ConsumedEntry], eta: int) -> dict:
+    """One consumed buffer's staleness: StaleFlow's histogram (Fig. 18) and the bound check."""
+    hist = Counter(e.staleness for e in entries)
+    return {
+        "entry_staleness_hist": {str(s): n for s, n in sorted(hist.items())},
+        "entry_staleness_max": max(e.staleness for e in entries),
+        "bound_violations": sum(1 for e in entries if e.version + eta < e.buffer_version),
+    }
+
+
+class GroupLifecycle:
+    """The iteration loop over the staleness manager; subclasses are the workflows."""
+
+    offer_on_step = True  # offer every new version to every instance (False: the workflow syncs lazily)
+
+    def __init__(self, rt: TrainerRuntime) -> None:
+        tc = rt.cfg.trainer
+        self.rt, self.tc = rt, tc
+        self.eta = eta_of(tc)
+        self.mgr = StalenessManager(self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
+                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version)
+        self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
+        self.counts: Counter[str] = Counter()
+        self.reward_failures = 0  # samples of groups completed since the last step whose reward failed
+
+    def start_head(self) -> None:
+        """The head trainer over the (possibly restored) manager; sequential holds every backward
+        until the batch is complete."""
+        self.head = HeadTrainer(self.mgr, self.experience, self.rt, self.tc.micro_batch_groups,
+                                stream=streams_training(self.tc))
+
+    # ------------------------------------------------------------------ what a workflow says
+    def tick(self) -> None:
+        """One round of the workflow while the head buffer fills: start, collect, backward."""
+        raise NotImplementedError
+
+    def before_step(self) -> None:
+        """The head buffer is Ready, its step is next (start work that should run during it)."""
+
+    def published(self, out: Published) -> None:
+        """A new version's snapshot exists (``out``)."""
+
+    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group], out: Published) -> dict:
+        """The workflow's extra metrics of one consumed buffer (and its bookkeeping of them)."""
+        return {}
+
+    def forget(self, key: str, reason: str) -> None:
+        """Group ``key`` left the manager (aborted for ``reason``): stop its work, drop its state."""
+
+    def checkpoint_state(self) -> dict:
+        """The workflow's part of a recovery checkpoint (its data cursor under ``sampler``)."""
+        return {"sampler": self.rt.sampler.state()}
+
+    def shutdown(self) -> None:
+        """The run ends: cancel work that will not be trained."""
+
+    def staleness_of(self, result: ConsumeResult, sample: SampleRecord) -> int:
+        return result.buffer_version - sample.weight_version
+
+    # ------------------------------------------------------------------ the shared part
+    def run(self, iterations: int, progress: Callable[[int, dict], None] | None = None) -> None:
+        """Iterations ``version .. iterations - 1`` (a resumed runtime starts at its checkpoint's)."""
+        self.rt.learner.begin()
+        t_start = time.time()
+        try:
+            for k in range(self.rt.version, iterations):
+                while not self.mgr.ready():
+                    self.tick()
+                self.before_step()
+                row = self.consume(k, t_start)
+                t_start = row["t_end"]
+                if progress is not None:
+                    progress(k, row)
+                self.rt.maybe_save_recovery(self.checkpoint_state)
+        finally:
+            self.shutdown()
+        self.rt.publisher.wait(self.rt.version)
+
+    def complete(self, key: str, samples: list[SampleRecord], outcomes: list[Outcome]) -> bool:
+        """``group_size`` members of ``key`` finished: occupy it, or abort it when DAPO's filter
+        drops it (every reward equal). Returns whether it was kept."""
+        rewards = [o.reward for o in outcomes]
+        self.reward_failures += sum(1 for o in outcomes if o.failure)
+        if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
+            self.mgr.abort(key, "filtered")
+            self.counts["filtered"] += 1
+            self.forget(key, "filtered")
+            return False
+        self.experience.put(key, Group(samples, rewards, [o.correct for o in outcomes]))
+        self.mgr.occupy(key, generated_version=min(s.weight_version for s in samples))
+        return True
+
+    def abort(self, key: str, reason: str) -> None:
+        """Give a group up (its members failed for good)."""
+        self.mgr.abort(key, reason)
+        self._drop(key, reason)
+
+    def _drop(self, key: str, reason: str) -> None:
+        self.counts[f"aborted_{reason}"] += 1
+        self.forget(key, reason)
+        if key in self.experience:
+            self.experience.take([key])
+
+    def consume(self, k: int, t_start: float) -> dict:
+        """Consume the Ready head buffer: one optimizer step, the iteration's metrics row."""
+        result, keys, groups = self.head.consume()
+        for a in result.aborted:  # batch-level redundancy surplus, async-bound victims
+            self._drop(a.key, a.reason)
+        stats = self.rt.learner.stats
+        out = self.rt.step_and_snapshot(stats, offer=self.offer_on_step, consumed=groups)
+        self.published(out)
+        acc = Accumulator()
+        for g in groups:
+            for s, o in zip(g.samples, outcomes_of(g), strict=True):
+                self.rt.tally(s, o, self.staleness_of(result, s), acc)
+        acc.reward_failures, self.reward_failures = self.reward_failures, 0  # every group completed since the last step
+        extra = {"eta": self.eta, "buffer_version": result.buffer_version, **staleness_metrics(result.entries, self.eta),
+                 **self.step_metrics(result, keys, groups, out)}
+        extra |= dict(sorted(self.counts.items()))
+        row = self.rt.record(k, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, extra)
+        self.rt.learner.begin()
+        return row

@@ -5,8 +5,9 @@ only structure and values (types, ranges, fields that must agree). Which keys th
 (engines, dispatch policies, pool hardware, environment kinds, reward kinds) is checked here, in one
 place, when a run is prepared (``braid run``, ``braid config``, ``braid reward train``, the flow's
 ``prepare-run``, ``prefect deploy``'s ``run_config`` step), so a typo fails at once, naming the field
-and what is registered; processes the launcher starts read the run directory's config, checked
-before it was written. ``check_task`` reads a dataset task's files here too, so a bad file, row or
+and what is registered. The launcher checks the run directory's config again before it starts any
+process (benchmarks write that file themselves); the processes it starts read a checked config.
+``check_task`` reads a dataset task's files here too, so a bad file, row or
 field is refused before any process starts, naming the file, the line and the field, and imports the
 reward functions the workers will call.
 """

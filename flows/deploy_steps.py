@@ -11,6 +11,7 @@ from __future__ import annotations
 
 def run_config(path: str, overrides: list[str] | None = None) -> dict:
     """Step output ``{"config": <the resolved run config as JSON>}``."""
+    from flows.registries import check_registries
     from services.common.config import load_config
 
-    return {"config": load_config(path, list(overrides or [])).model_dump(mode="json")}
+    return {"config": check_registries(load_config(path, list(overrides or []))).model_dump(mode="json")}

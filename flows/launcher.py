@@ -27,9 +27,10 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     ``on_finish(sup)`` after the trainer finished, while the services still run (the chaos
     suite's checks); ``front(address)`` gives the address the trainer dials for each SGS (or
     router) address (the chaos suite's fault-injecting proxies)."""
+    from flows.registries import check_registries
     from services.common.config import load_config
 
-    cfg = load_config(run_dir / "config.json")
+    cfg = check_registries(load_config(run_dir / "config.json"))  # benchmarks write config.json themselves
     sup = Supervisor(run_dir, cfg.trainer.recovery.max_restarts)  # a dead relay or router is started again
     config = str(run_dir / "config.json")
     controller = None

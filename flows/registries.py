@@ -1,11 +1,15 @@
 """Checks a run passes before anything starts.
 
-The config schema (``services.common.config``) stays pure data: which keys the registries hold
-(engines, dispatch policies) is checked here, when a run is prepared (``braid run``, ``braid
-config``, the flow's ``prepare-run``), so a typo fails at once and names what is registered.
-``check_task`` reads a dataset task's files here too, so a bad file, row or field is refused
-before any process starts, naming the file, the line and the field, and imports the reward
-functions the workers will call.
+The config schema (``services.common.config``) is pure data: it imports no runtime code and checks
+only structure and values (types, ranges, fields that must agree). Which keys the registries hold
+(engines, dispatch policies, pool hardware, environment kinds, reward kinds) is checked here, in one
+place, when a run is prepared (``braid run``, ``braid config``, ``braid reward train``, the flow's
+``prepare-run``, ``prefect deploy``'s ``run_config`` step), so a typo fails at once, naming the field
+and what is registered. The launcher checks the run directory's config again before it starts any
+process (benchmarks write that file themselves); the processes it starts read a checked config.
+``check_task`` reads a dataset task's files here too, so a bad file, row or
+field is refused before any process starts, naming the file, the line and the field, and imports the
+reward functions the workers will call.
 """
 
 from __future__ import annotations
@@ -13,18 +17,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.config import ConfigError, RunConfig
+from services.common.pool_config import CPU_HARDWARE
 
 
 def check_registries(cfg: RunConfig) -> RunConfig:
     """Return ``cfg`` if every registry key it names exists; raise ``ConfigError`` naming the field otherwise."""
+    from services.agentic.registry import ENVIRONMENTS
     from services.generation.engine import ENGINES
     from services.generation.scheduling.dispatch import policy_names
+    from services.reward.registry import REWARD_KINDS
 
     if cfg.generation.engine not in ENGINES:
         raise ConfigError(f"generation.engine {cfg.generation.engine!r} is not one of {sorted(ENGINES)}")
     if cfg.generation.dispatch.policy not in policy_names():
         raise ConfigError(f"generation.dispatch.policy {cfg.generation.dispatch.policy!r} is not one of {policy_names()}")
+    for i, pool in enumerate(cfg.generation.pools):
+        if pool.hardware not in known_hardware():
+            raise ConfigError(f"generation.pools.{i}.hardware: unknown hardware {pool.hardware!r}; known: {known_hardware()}")
+    for field, registry, key in (("agentic.env", ENVIRONMENTS, cfg.agentic.env), ("reward.kind", REWARD_KINDS, cfg.reward.kind)):
+        if key not in registry:
+            raise ConfigError(f"{field}: unknown {registry.what} {key!r}; registered: {registry.names()}")
     return cfg
+
+
+def known_hardware() -> list[str]:
+    """What a pool may run on: the GPU kinds with spec sheets, and this machine's CPU engine."""
+    from services.generation.scheduling.hardware import HARDWARE
+
+    return sorted(HARDWARE) + [CPU_HARDWARE]
 
 
 def check_task(cfg: RunConfig) -> RunConfig:

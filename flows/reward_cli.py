@@ -12,10 +12,11 @@ import sys
 
 
 def _train(ns: argparse.Namespace) -> int:
+    from flows.registries import check_registries
     from services.common.config import ConfigError, load_config
 
     try:
-        cfg = load_config(ns.config, list(ns.set or []))
+        cfg = check_registries(load_config(ns.config, list(ns.set or [])))
     except (ConfigError, FileNotFoundError) as err:
         print(f"braid reward train: {err}", file=sys.stderr)
         return 2

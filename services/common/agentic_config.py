@@ -76,7 +76,10 @@ class AgenticConfig(StrictModel):
         "a new one on the same episode; one more loss aborts the group (counted).",
     )
     log_trajectories: bool = Field(True, description="Write every trained trajectory (tokens, mask, turns, reward) to trajectories.jsonl.")
-    env: str = Field("calculator", description="Environment kind of the rollouts (services.agentic.ENVIRONMENTS).")
+    env: str = Field(
+        "calculator",
+        description="Environment kind of the rollouts (services.agentic.ENVIRONMENTS; checked when a run is prepared).",
+    )
     workers: int = Field(1, ge=1, le=256, description="Environment worker processes; trajectories go to them round robin.")
     worker_threads: int = Field(64, ge=1, le=4096, description="Steps one worker runs at once (each holds a thread for its latency and step).")
     max_sessions: int = Field(4096, ge=1, le=1_000_000, description="Open sessions one worker holds; a Reset beyond is RESOURCE_EXHAUSTED.")
@@ -94,9 +97,6 @@ class AgenticConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AgenticConfig:
-        from services.agentic.registry import ENVIRONMENTS
-
-        ENVIRONMENTS[self.env]  # raises naming the registered kinds
         if self.max_new_tokens_per_turn >= self.max_context_tokens:
             raise ValueError(
                 f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be < max_context_tokens ({self.max_context_tokens})"
@@ -126,12 +126,23 @@ def check_agentic_run(run: RunConfig) -> None:
     if a.concurrency < tc.group_size + a.redundant_trajectories:
         raise ValueError(f"agentic.concurrency ({a.concurrency}) must hold one group's trajectories: trainer.group_size + "
                          f"agentic.redundant_trajectories = {tc.group_size + a.redundant_trajectories}")
-    from services.agentic.manager import Limits
-    from services.agentic.runner import context_problem
-
     g = run.generation
     positions = run.model.max_positions if run.model.path is None else 10**9  # a checkpoint's: the SGS refuses longer
-    problem = context_problem(Limits.from_config(a), max_prompt_tokens=g.max_prompt_tokens, max_new_tokens=g.max_new_tokens,
+    problem = context_problem(a, max_prompt_tokens=g.max_prompt_tokens, max_new_tokens=g.max_new_tokens,
                               max_positions=positions)
     if problem is not None:
         raise ValueError(problem)
+
+
+def context_problem(a: AgenticConfig, *, max_prompt_tokens: int, max_new_tokens: int, max_positions: int) -> str | None:
+    """Why trajectories under ``a``'s turn and context limits cannot be served by an SGS with these
+    limits, or None: every turn's prompt is the running context (at most ``max_context_tokens -
+    max_new_tokens_per_turn`` tokens) and it generates at most ``max_new_tokens_per_turn``."""
+    if a.max_new_tokens_per_turn > max_new_tokens:
+        return f"agentic.max_new_tokens_per_turn ({a.max_new_tokens_per_turn}) exceeds generation.max_new_tokens ({max_new_tokens})"
+    if a.max_context_tokens - a.max_new_tokens_per_turn > max_prompt_tokens:
+        return (f"agentic.max_context_tokens - max_new_tokens_per_turn ({a.max_context_tokens - a.max_new_tokens_per_turn}) "
+                f"exceeds generation.max_prompt_tokens ({max_prompt_tokens})")
+    if a.max_context_tokens > max_positions:
+        return f"agentic.max_context_tokens ({a.max_context_tokens}) exceeds the model's {max_positions} positions"
+    return None

@@ -9,7 +9,8 @@ timeline records them); affinity without pools is refused.
 
 Instances added at run time (``AddInstance``, dynamic scale-out) join ``generation.scaleout_pool``
 (empty: the first pool). The routing itself is ``services.generation.scheduling.pools``
-(docs/affinity.md).
+(docs/affinity.md). Whether a pool's ``hardware`` is a known kind is checked when a run is prepared
+(``flows/registries.py``): this schema is data only.
 """
 
 from __future__ import annotations
@@ -36,14 +37,6 @@ def task_problem(task: str) -> str | None:
     return None
 
 
-def known_hardware() -> list[str]:
-    # a pure table; imported here so that loading a config does not load the scheduling package
-    from services.generation.scheduling.hardware import HARDWARE
-
-
-    return sorted(HARDWARE) + [CPU_HARDWARE]
-
-
 class PoolConfig(StrictModel):
     """One named pool of SGS instances on one kind of hardware."""
 
@@ -54,19 +47,13 @@ class PoolConfig(StrictModel):
     hardware: str = Field(
         CPU_HARDWARE,
         description="What the pool's instances run on: a GPU kind of services/generation/scheduling/hardware.py "
-        "(H20, H800, H100) or 'cpu-local'. Recorded in the router timeline; `braid affinity` plans with it.",
+        "(H20, H800, H100) or 'cpu-local' (checked when a run is prepared, flows/registries.py). Recorded in the "
+        "router timeline; `braid affinity` plans with it.",
     )
     instances: list[NonNegativeInt] = Field(
         min_length=1, max_length=64,
         description="Indices of the pool's SGS instances, each in [0, generation.instances) and in no other pool.",
     )
-
-    @field_validator("hardware")
-    @classmethod
-    def _known_hardware(cls, value: str) -> str:
-        if value not in known_hardware():
-            raise ValueError(f"unknown hardware {value!r}; known: {known_hardware()}")
-        return value
 
     @field_validator("instances")
     @classmethod

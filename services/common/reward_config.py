@@ -98,7 +98,11 @@ def _default_terms() -> list[RewardTermConfig]:
 class RewardConfig(StrictModel):
     """The reward service: reward kind, worker processes, client retries and pool scaling."""
 
-    kind: str = Field("rule", description="Reward kind (services.reward.registry.REWARD_KINDS): rule (replay, exact) or model (a learned classifier).")
+    kind: str = Field(
+        "rule",
+        description="Reward kind (services.reward.registry.REWARD_KINDS; checked when a run is prepared): rule "
+        "(replay, exact) or model (a learned classifier).",
+    )
     model_path: str | None = Field(
         None, description="Local directory of the classifier `braid reward train` wrote (kind 'model'; never downloaded)."
     )
@@ -124,9 +128,6 @@ class RewardConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RewardConfig:
-        from services.reward.registry import REWARD_KINDS
-
-        REWARD_KINDS[self.kind]  # raises naming the registered kinds
         if self.kind == "model" and not self.model_path:
             raise ValueError("reward.kind 'model' needs reward.model_path (a directory written by `braid reward train`)")
         sc = self.scaling

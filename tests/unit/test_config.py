@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
-    assert isinstance(load_config(path), RunConfig)
+    from flows.registries import check_registries
+
+    assert isinstance(check_registries(load_config(path)), RunConfig)
 
 
 def test_overrides_apply_and_parse_scalars():
@@ -68,6 +70,10 @@ def test_cli_refuses_invalid_config_before_starting_anything(capsys, tmp_path):
 @pytest.mark.parametrize("override, fragment", [
     ("generation.engine=sglang", "generation.engine 'sglang' is not one of ['hf', 'vllm']"),
     ("generation.dispatch.policy=fastest", "generation.dispatch.policy 'fastest' is not one of"),
+    ("generation.pools=[{name: a, hardware: A100, instances: [0]}]",
+     "generation.pools.0.hardware: unknown hardware 'A100'; known: ['H100', 'H20', 'H800', 'cpu-local']"),
+    ("agentic.env=chess", "agentic.env: unknown environment kind 'chess'; registered: ['calculator', 'walk']"),
+    ("reward.kind=oracle", "reward.kind: unknown reward kind 'oracle'; registered: ['model', 'rule']"),
 ])
 def test_unknown_registry_keys_fail_when_a_run_is_prepared(override, fragment, capsys):
     from flows.cli import main

@@ -58,8 +58,6 @@ def test_pools_and_affinity_load_and_default_changes_nothing():
         (["generation.pools=[{name: a, instances: [0, 0, 1, 2]}]"], "instances [0] are listed more than once"),
         (["generation.pools=[{name: a, instances: []}, {name: b, instances: [0, 1, 2]}]"],
          "generation.pools.0.instances"),
-        (["generation.pools=[{name: a, hardware: A100, instances: [0, 1, 2]}]"],
-         "unknown hardware 'A100'; known: ['H100', 'H20', 'H800', 'cpu-local']"),
         (["generation.pools=[{name: 'a b', instances: [0, 1, 2]}]"], "generation.pools.0.name"),
         (["generation.pools=[]", "generation.affinity={x: a}"],
          "generation.affinity ({'x': 'a'}) needs generation.pools"),
@@ -74,6 +72,15 @@ def test_invalid_pools_name_the_offending_values(overrides, fragment):
     with pytest.raises(ConfigError) as err:
         load_config(None, BASE + overrides)
     assert fragment in str(err.value)
+
+
+def test_unknown_pool_hardware_fails_when_a_run_is_prepared():
+    from flows.registries import check_registries
+
+    cfg = load_config(None, BASE + ["generation.pools=[{name: a, hardware: A100, instances: [0, 1, 2]}]"])
+    with pytest.raises(ConfigError) as err:
+        check_registries(cfg)  # the schema knows no registry
+    assert "unknown hardware 'A100'; known: ['H100', 'H20', 'H800', 'cpu-local']" in str(err.value)
 
 
 def test_one_instance_with_the_router_on_may_use_affinity():

@@ -251,11 +251,8 @@ def start_env_workers(sup: Supervisor, run_dir: Path, n: int, *, config: Path | 
 
 
 def router_enabled(cfg) -> bool:
-    """Whether the run puts the SGS router in front of its instances (``generation.dispatch.router``)."""
-    mode = cfg.generation.dispatch.router
-    if mode == "auto" and cfg.scaleout.enabled:  # instances join and leave through the router
-        return True
-    return mode == "on" or (mode == "auto" and cfg.generation.instances > 1 and cfg.trainer.mode != "bounded")
+    """Whether the run puts the SGS router in front of its instances (``RunConfig.uses_router``)."""
+    return cfg.uses_router
 
 
 def start_router(

@@ -207,15 +207,3 @@ class PolicyCodec:
 
     def decode(self, ids: list[int]) -> str:
         return self.policy.decode(ids)
-
-
-def context_problem(limits: Limits, *, max_prompt_tokens: int, max_new_tokens: int, max_positions: int) -> str | None:
-    """Why trajectories under ``limits`` cannot be served by an SGS with these limits, or None."""
-    if limits.max_new_tokens > max_new_tokens:
-        return f"agentic.max_new_tokens_per_turn ({limits.max_new_tokens}) exceeds generation.max_new_tokens ({max_new_tokens})"
-    if limits.max_context_tokens - limits.max_new_tokens > max_prompt_tokens:
-        return (f"agentic.max_context_tokens - max_new_tokens_per_turn ({limits.max_context_tokens - limits.max_new_tokens}) "
-                f"exceeds generation.max_prompt_tokens ({max_prompt_tokens})")
-    if limits.max_context_tokens > max_positions:
-        return f"agentic.max_context_tokens ({limits.max_context_tokens}) exceeds the model's {max_positions} positions"
-    return None

@@ -96,8 +96,8 @@ class DispatchConfig(StrictModel):
 
     router: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Put a router process in front of the instances: auto = when generation.instances > 1 "
-        "and trainer.mode is not bounded (bounded mode routes groups to instances itself).",
+        description="Put a router process in front of the instances: auto = with scale-out, or when "
+        "generation.instances > 1 and trainer.mode is not bounded (bounded mode syncs each instance lazily itself).",
     )
     policy: str = Field(
         "lpt",
@@ -334,12 +334,24 @@ class RunConfig(StrictModel):
     agentic: AgenticConfig = Field(default_factory=AgenticConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
+    @property
+    def uses_router(self) -> bool:
+        """Whether the run puts the SGS router in front of its instances (``generation.dispatch.router``):
+        auto = when instances join and leave (scale-out), or several serve a lock-step mode."""
+        mode = self.generation.dispatch.router
+        if mode == "auto" and self.scaleout.enabled:
+            return True
+        return mode == "on" or (mode == "auto" and self.generation.instances > 1 and self.trainer.mode != "bounded")
+
     @model_validator(mode="after")
     def _router_mode(self) -> RunConfig:
-        if self.generation.dispatch.router == "on" and self.trainer.mode == "bounded":
+        tc = self.trainer
+        moving = [name for name, on in (("trainer.partial_rollout", tc.partial_rollout),
+                                        ("trainer.repack.enabled", tc.repack.enabled)) if on]
+        if moving and self.uses_router:
             raise ValueError(
-                "generation.dispatch.router 'on' does not apply to trainer.mode 'bounded' "
-                "(bounded mode routes GRPO groups to instances by weight version itself)"
+                f"{' and '.join(moving)} interrupt trajectories on the instance that runs them, which the SGS router "
+                "does not do: let the trainer reach the instances (generation.dispatch.router 'off', no scale-out)"
             )
         return self
 
@@ -356,25 +368,9 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _affinity_needs_the_router(self) -> RunConfig:
-        gen = self.generation
-        if not gen.affinity or self.agentic.enabled:  # an agentic trainer honours it itself when it has no router
-            return self
-        if self.trainer.mode == "bounded":
-            raise ValueError("generation.affinity is honoured by the SGS router; trainer.mode 'bounded' routes groups "
-                             "to instances itself, which does not read it (docs/affinity.md)")
-        router = gen.dispatch.router
-        if router == "off" or (router == "auto" and gen.instances == 1 and not self.scaleout.enabled):
-            raise ValueError(f"generation.affinity needs the SGS router: generation.dispatch.router is "
-                             f"{gen.dispatch.router!r} with {gen.instances} instance(s) (set it to 'on')")
-        return self
-
-    @model_validator(mode="after")
     def _scaleout_fits(self) -> RunConfig:
         so = self.scaleout
         if so.enabled:
-            if self.trainer.mode == "bounded":
-                raise ValueError("scaleout.enabled does not apply to trainer.mode 'bounded' (it needs the SGS router)")
             if self.generation.dispatch.router == "off":
                 raise ValueError("scaleout.enabled needs the SGS router (generation.dispatch.router 'on' or 'auto')")
             if not so.min_instances <= self.generation.instances <= so.max_instances:
@@ -388,7 +384,7 @@ class RunConfig(StrictModel):
         if ramp.start:
             if not self.generation.forced_lengths:
                 raise ValueError("forced_length_ramp needs generation.forced_lengths: true")
-            if self.trainer.mode == "bounded" and self.trainer.partial_rollout:
+            if self.trainer.partial_rollout:
                 raise ValueError("forced_length_ramp does not apply with trainer.partial_rollout (a resumed "
                                  "trajectory's forced length would have to count the segments before it)")
             k = self.trainer.iterations - 1 if ramp.per_iteration > 0 else 0  # where the ramp is longest
@@ -405,8 +401,6 @@ class RunConfig(StrictModel):
             return self
         if not self.generation.forced_lengths:
             raise ValueError("forced_length_replay needs generation.forced_lengths: true")
-        if self.trainer.mode != "bounded":
-            raise ValueError(f"forced_length_replay applies to trainer.mode 'bounded' only (got {self.trainer.mode!r})")
         if self.trainer.partial_rollout:
             raise ValueError("forced_length_replay does not apply with trainer.partial_rollout")
         if self.forced_length_ramp.start:

@@ -75,14 +75,14 @@ class TrainerConfig(StrictModel):
     )
     eta: int = Field(1, ge=0, le=64, description="Staleness bound of bounded mode: V_traj + eta >= V_buf for every trained trajectory.")
     partial_rollout: bool = Field(
-        False, description="bounded mode: interrupt in-flight trajectories on a new version, re-prefill, continue."
+        False, description="Interrupt in-flight trajectories when their instance takes a new version, re-prefill, continue (any mode)."
     )
     async_bound: int | None = Field(
         None, ge=0, le=64, description="RollArt's per-trajectory bound alpha: abort tracked trajectories older than n - alpha."
     )
     redundancy_groups: int = Field(0, ge=0, le=100_000, description="Batch-level redundancy: extra groups per buffer (surplus aborted).")
     redundancy_samples: int = Field(0, ge=0, le=1024, description="Group-level redundancy: extra samples per group (surplus aborted).")
-    max_inflight_groups: int = Field(16, ge=1, le=100_000, description="bounded mode: groups in flight per SGS instance.")
+    max_inflight_groups: int = Field(16, ge=1, le=100_000, description="bounded mode: groups in flight per SGS instance (the other modes fill generation.max_inflight).")
     repack: RepackConfig = Field(default_factory=RepackConfig)
     checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -130,20 +130,6 @@ class TrainerConfig(StrictModel):
         description="What trains the policy (services.trainer.backends): torch (the Hugging Face model, FSDP2 when "
         "ranks > 1) or megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names).",
     )
-
-    @model_validator(mode="after")
-    def _bounded_only(self) -> TrainerConfig:
-        if self.mode != "bounded":
-            used = [
-                name for name, on in (
-                    ("partial_rollout", self.partial_rollout), ("async_bound", self.async_bound is not None),
-                    ("redundancy_groups", self.redundancy_groups > 0), ("redundancy_samples", self.redundancy_samples > 0),
-                    ("repack.enabled", self.repack.enabled),
-                ) if on
-            ]
-            if used:
-                raise ValueError(f"{', '.join(used)} only apply to mode 'bounded' (mode is {self.mode!r})")
-        return self
 
     @model_validator(mode="after")
     def _parallel_supported(self) -> TrainerConfig:

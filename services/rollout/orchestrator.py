@@ -51,6 +51,7 @@ import grpc
 
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
+from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle
@@ -116,12 +117,12 @@ class Orchestrator(GroupLifecycle):
         self.events: queue.Queue = queue.Queue()
         self.pushers = trainer.publisher.pushers
         trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
-        self.capacity = instance_capacity(
-            tc.mode, tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
-            trainer.cfg.generation.max_inflight, engines_behind(trainer.cfg, len(trainer.clients)),
-        )
+        self.behind = engines_behind(trainer.cfg, len(trainer.clients))
+        self.capacity = instance_capacity(tc.mode, tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
+                                          trainer.cfg.generation.max_inflight, self.behind)
         self.inflight = [0] * len(self.pushers)
         self.alive = [True] * len(self.pushers)
+        self.launched = [0] * len(self.pushers)  # groups started on each instance (resumes not counted)
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
@@ -193,7 +194,15 @@ class Orchestrator(GroupLifecycle):
         dst = self.repack.destination(p.key)
         if dst is not None and views[dst].alive and views[dst].version >= p.version:
             return views[dst]
-        return pick_instance(p.version, views, self.mgr.can_reserve)
+        return pick_instance(p.version, views, self.mgr.can_reserve, eligible=self._eligible(self.groups[p.group].problem.task))
+
+    def _eligible(self, task: str) -> list[int] | None:
+        """The instances a task may use (``generation.affinity``: RollArt's hardware affinity), None
+        = any. A router in front of the instances applies affinity itself."""
+        gen = self.rt.cfg.generation
+        if not gen.affinity or self.behind > 1:
+            return None
+        return eligible_instances(task, gen, [i for i, ok in enumerate(self.alive) if ok])
 
     # ------------------------------------------------------------------ routing
     def _route(self) -> None:
@@ -206,12 +215,14 @@ class Orchestrator(GroupLifecycle):
                 self._launch_resume(p, inst)
         self.resume = waiting
         g = self.tc.group_size + self.tc.redundancy_samples
-        while (inst := pick_instance(None, self._views(), self.mgr.can_reserve, need=g)) is not None:
+        while (inst := pick_instance(None, self._views(), self.mgr.can_reserve, need=g,
+                                     eligible=self._eligible(self.prompts.peek().task))) is not None:
             self._launch_group(self.prompts.take(), inst)
 
     def _launch_group(self, problem: TaskItem, inst: InstanceView) -> None:
         key = problem.prompt_id
         self.mgr.reserve(key, inst.version)
+        self.launched[inst.index] += 1
         forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.rt.version)
         state = _GroupState(problem, inst.version, forced=forced)
         self.groups[key] = state
@@ -361,6 +372,7 @@ class Orchestrator(GroupLifecycle):
         return {
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
             "instance_versions": [p.offered for p in self.pushers],
+            "instance_groups": list(self.launched),
             # by the address the trainer dials: False = lost (its trajectories resumed elsewhere)
             "instances_alive": {c.address: ok for c, ok in zip(self.rt.clients, self.alive, strict=True)},
             **self.repack.metrics(),

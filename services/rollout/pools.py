@@ -37,6 +37,12 @@ class PromptPool(Generic[T]):
         self.taken += 1
         return self._returned.popleft() if self._returned else next(self._source)
 
+    def peek(self) -> T:
+        """The prompt ``take`` hands out next, left in the pool."""
+        if not self._returned:
+            self._returned.append(next(self._source))
+        return self._returned[0]
+
     def put_back(self, item: T) -> None:
         """Return a prompt whose trajectory was given up; it is handed out next."""
         self._returned.append(item)

@@ -194,9 +194,9 @@ def test_unknown_kind_is_refused_when_the_manager_is_built():
 
 
 def test_limits_are_checked_against_what_the_sgs_serves():
-    from services.agentic.runner import context_problem
+    from services.common.agentic_config import context_problem
 
-    lim = Limits.from_config(agentic())  # 16 new tokens per turn, 384 tokens of context
+    lim = agentic()  # 16 new tokens per turn, 384 tokens of context
     assert context_problem(lim, max_prompt_tokens=1024, max_new_tokens=256, max_positions=512) is None
     assert "generation.max_new_tokens (8)" in context_problem(lim, max_prompt_tokens=1024, max_new_tokens=8, max_positions=512)
     assert "generation.max_prompt_tokens (64)" in context_problem(lim, max_prompt_tokens=64, max_new_tokens=256, max_positions=512)

@@ -28,7 +28,6 @@ def test_overrides_apply_and_parse_scalars():
         ("generation.temperature=0", "generation.temperature: Input should be greater than 0"),
         ("trainer.typo=3", "trainer.typo: Extra inputs are not permitted"),
         ("trainer.eta=-1", "trainer.eta: Input should be greater than or equal to 0"),
-        ("trainer.partial_rollout=true", "partial_rollout only apply to mode 'bounded'"),
         ("generation.dtype=int8", "generation.dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
         ("generation.step_delay_ms=[1, 2]", "step_delay_ms has 2 entries for 1 instances"),
         ("task.min_steps=9", None),
@@ -129,3 +128,17 @@ def test_a_json_config_that_is_not_json_is_refused(tmp_path):
     bad.write_text("run_id: yaml-not-json\n")
     with pytest.raises(ConfigError, match="not JSON"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "sync", "one_step", "bounded"])
+def test_every_mode_takes_the_orchestrators_features(mode):
+    """One rollout path: partial rollout, repack, redundancy and the async bound are not bounded-only."""
+    cfg = load_config(None, [f"trainer.mode={mode}", "trainer.partial_rollout=true", "trainer.repack.enabled=true",
+                             "trainer.redundancy_groups=1", "trainer.redundancy_samples=1", "trainer.async_bound=2"])
+    assert cfg.trainer.partial_rollout and cfg.trainer.repack.enabled and not cfg.uses_router
+
+
+@pytest.mark.parametrize("feature", ["trainer.partial_rollout=true", "trainer.repack.enabled=true"])
+def test_interrupting_features_need_the_instances_not_the_router(feature):
+    with pytest.raises(ConfigError, match="the SGS router does not do"):
+        load_config(None, ["generation.instances=2", "generation.dispatch.router='on'", feature])

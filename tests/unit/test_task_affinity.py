@@ -63,9 +63,6 @@ def test_pools_and_affinity_load_and_default_changes_nothing():
          "generation.affinity ({'x': 'a'}) needs generation.pools"),
         (["generation.affinity={'a b': compute}"], "key 'a b': task tag may hold only letters"),
         (["generation.scaleout_pool=zzz"], "generation.scaleout_pool 'zzz' is not one of the pools"),
-        (["trainer.mode=bounded", "generation.affinity={x: compute}"], "trainer.mode 'bounded' routes groups"),
-        (["generation.instances=1", "generation.pools=[{name: a, instances: [0]}]", "generation.affinity={x: a}"],
-         "generation.affinity needs the SGS router"),
     ],
 )
 def test_invalid_pools_name_the_offending_values(overrides, fragment):

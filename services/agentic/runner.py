@@ -26,6 +26,7 @@ from services.agentic.protocol import StepOutcome
 from services.agentic.sessions import EnvRequestError, SessionTable
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.rollout.routing import InstanceRouter
 
 Mode = Literal["trajectory", "batch"]
 
@@ -135,47 +136,53 @@ class LocalEnv:
 
 class SgsGenerator:
     """An ``ActionGenerator`` over SGS clients (instances, or one router): one Generate call (one
-    sample) per turn. With several clients a turn goes to the least busy one, preferring the
-    instance that served the trajectory's previous turn (its prefix is cached there) unless that
-    one is busier than the least busy by more than ``STICKY_SLACK`` calls; ``eligible`` narrows the
-    choice to the instances of the task's pool (hardware affinity, when it talks to instances
-    directly; a router applies it itself). Every prompt carries the task tag (the environment
-    kind). A cancelled turn (a redundant trajectory no longer wanted) cancels its call on the SGS too."""
+    sample) per turn, on the instance the rollout's ``InstanceRouter`` picks
+    (``services.rollout.routing``): the least busy, preferring the instance that served the
+    trajectory's previous turn (its prefix is cached there) unless that one is busier than the least
+    busy by more than ``STICKY_SLACK`` calls; ``eligible`` narrows the choice to the instances of
+    the task's pool (hardware affinity, when it talks to instances directly; a router applies it
+    itself). Every prompt carries the task tag (the environment kind). A cancelled turn (a
+    redundant trajectory no longer wanted) cancels its call on the SGS too."""
 
     STICKY_SLACK = 2
     STICKY_MEMORY = 65536  # trajectories whose last instance is remembered
 
     def __init__(self, clients, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
                  on_sample: Callable[[SampleRecord], None] | None = None,
-                 eligible: Callable[[str, int], list[int]] | None = None) -> None:
+                 eligible: Callable[[str, int], list[int]] | None = None, router: InstanceRouter | None = None) -> None:
         self.clients = list(clients) if isinstance(clients, (list, tuple)) else [clients]
         if not self.clients:
             raise ValueError("SgsGenerator needs at least one SGS client")
         self.executor = executor
         self.temperature, self.tag, self.on_sample = temperature, tag, on_sample
         self.eligible = eligible  # (task, clients) -> the client indices that may serve it (hardware affinity)
-        self.inflight = [0] * len(self.clients)
+        # the SGS holds a turn until its instance has min_weight_version, so any version is routable;
+        # the rollout's concurrency, not a per-instance capacity, bounds what is in flight
+        self.router = router or InstanceRouter(len(self.clients), capacity=1 << 30, versions=lambda: [0] * len(self.clients))
         self._last: OrderedDict[str, int] = OrderedDict()
 
+    @property
+    def inflight(self) -> list[int]:
+        return self.router.inflight
+
     def pick(self, trajectory_id: str, task: str = "") -> int:
-        """The client for the next turn of ``trajectory_id`` (called on the event loop's thread)."""
-        candidates = self.eligible(task, len(self.clients)) if self.eligible is not None else range(len(self.clients))
-        least = min(candidates, key=lambda i: self.inflight[i])
+        """The client for the next turn of ``trajectory_id`` (counted in flight until ``release``)."""
+        eligible = self.eligible(task, len(self.clients)) if self.eligible is not None else None
         prev = self._last.get(trajectory_id)
-        sticky = prev is not None and prev in candidates and self.inflight[prev] <= self.inflight[least] + self.STICKY_SLACK
-        chosen = prev if sticky else least
-        self._last[trajectory_id] = chosen
+        inst = self.router.acquire(None, lambda v: True, eligible=eligible, prefer=prev, slack=self.STICKY_SLACK)
+        if inst is None:
+            raise RuntimeError(f"{trajectory_id}: no SGS instance is alive (task {task!r})")
+        self._last[trajectory_id] = inst.index
         self._last.move_to_end(trajectory_id)
         while len(self._last) > self.STICKY_MEMORY:
             self._last.popitem(last=False)
-        return chosen
+        return inst.index
 
     async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int, *, min_version: int = 0,
                        task: str = "") -> SampleRecord:
         i = self.pick(request_id.rsplit("/t", 1)[0], task)
         params = GenerateParams(samples_per_prompt=1, max_new_tokens=max_new_tokens, min_weight_version=min_version,
                                 temperature=self.temperature, tag=self.tag)
-        self.inflight[i] += 1
         call = None
         try:
             call = self.clients[i].start([PromptSpec(request_id, context, task=task)], params)
@@ -185,7 +192,7 @@ class SgsGenerator:
                 call.cancel()
             raise
         finally:
-            self.inflight[i] -= 1
+            self.router.returned(i)
         if len(samples) != 1:
             raise RuntimeError(f"{request_id}: the SGS returned {len(samples)} samples for one")
         if self.on_sample is not None:

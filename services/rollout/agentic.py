@@ -51,7 +51,7 @@ from services.rollout.lifecycle import GroupLifecycle
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
 from services.trainer.learner import Group
-from services.trainer.runtime import Published, TrainerRuntime
+from services.trainer.runtime import TrainerRuntime
 
 log = logging.getLogger("braid.agentic")
 
@@ -123,19 +123,19 @@ class AgenticRunner(GroupLifecycle):
     def _launch(self) -> None:
         batch = self.a.interaction == "batch"
         if not batch or (self.running == 0 and not self.pending):  # batch level: a wave at a time
-            while self._room() >= self.per_group and self.mgr.can_reserve(self.rt.version):
+            while self._room() >= self.per_group and self.mgr.can_reserve(self.version):
                 self._new_group()
         self._start_pending()
-        if self.running == 0 and not self.pending and not self.mgr.ready():
-            raise RuntimeError(f"nothing in flight and no group can start at version {self.rt.version} "
+        if self.running == 0 and not self.pending and not self.mgr.ready() and not self.waiting_for_a_step():
+            raise RuntimeError(f"nothing in flight and no group can start at version {self.version} "
                                f"(head buffer {self.mgr.head} is {self.mgr.state(self.mgr.head)})")
 
     def _new_group(self) -> None:
         ep = self.episodes.next()
         key = f"{ep.kind}-{ep.seed}-a{self.rt.attempt}g{self.created}"
         self.created += 1
-        self.mgr.reserve(key, self.rt.version)
-        g = self.groups[key] = _Group(key, ep, self.rt.version)
+        self.mgr.reserve(key, self.version)
+        g = self.groups[key] = _Group(key, ep, self.version)
         for _ in range(self.per_group):
             self._add_member(g)
         self.counts["groups_launched"] += 1
@@ -295,10 +295,10 @@ class AgenticRunner(GroupLifecycle):
     def staleness_of(self, result: ConsumeResult, sample: SampleRecord) -> int:
         return result.buffer_version - self.groups[sample.group_id].v_traj  # however many versions it spanned
 
-    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group], out: Published) -> dict:
+    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group]) -> dict:
         kept = {key: self.kept.pop(key) for key in keys}
         if self.log is not None:
-            self.log.write(out.version, result.buffer_version, kept)
+            self.log.write(result.buffer_version + 1, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
         return consumed_metrics(kept) | {"interaction": self.a.interaction}

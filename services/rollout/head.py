@@ -5,10 +5,13 @@ their gradients can be computed as they appear: ``train_head`` backwards them
 ``micro_batch_groups`` at a time (or the last ones that complete the batch), never more than the
 ``batch`` groups a step trains (with redundant groups, a surplus one is never trained). ``consume``
 retires the Ready head buffer preferring the groups already trained, backwards the rest, and
-returns what the step trains. Gradients accumulate in the learner until the caller's step.
+returns what the step trains. ``backward`` hands groups to the learner (``services.rollout.handoff``), where gradients
+accumulate until the step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from services.rollout.pools import ExperienceBuffer
 from services.rollout.staleness import ConsumeResult, Entry, StalenessManager
@@ -16,9 +19,9 @@ from services.trainer.learner import Group
 
 
 class HeadTrainer:
-    def __init__(self, mgr: StalenessManager, experience: ExperienceBuffer[Group], runtime, micro_batch_groups: int,
-                 stream: bool = True) -> None:
-        self.mgr, self.experience, self.rt, self.micro = mgr, experience, runtime, micro_batch_groups
+    def __init__(self, mgr: StalenessManager, experience: ExperienceBuffer[Group],
+                 backward: Callable[[list[Group]], None], micro_batch_groups: int, stream: bool = True) -> None:
+        self.mgr, self.experience, self.backward, self.micro = mgr, experience, backward, micro_batch_groups
         self.stream = stream  # False: every backward waits for ``consume`` (the sequential baseline)
         self.trained: set[str] = set()
 
@@ -30,7 +33,7 @@ class HeadTrainer:
         room = self.mgr.batch - len(self.trained)  # with redundancy never train a surplus group
         new = new[: max(room, 0)]
         if new and (len(new) >= self.micro or len(new) == room):
-            self.rt.learner.backward([self.experience.get(k) for k in new])
+            self.backward([self.experience.get(k) for k in new])
             self.trained.update(new)
 
     def _prefer_trained(self, occupied: list[Entry], n: int) -> list[Entry]:
@@ -43,6 +46,6 @@ class HeadTrainer:
         groups = self.experience.take(keys)
         untrained = [g for key, g in zip(keys, groups) if key not in self.trained]
         if untrained:
-            self.rt.learner.backward(untrained)
+            self.backward(untrained)
         self.trained.clear()
         return result, keys, groups

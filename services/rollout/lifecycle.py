@@ -14,11 +14,14 @@ Modes are values of eta (``services.rollout.modes``): the loop is the same for a
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 
 from services.common.types import SampleRecord
+from services.rollout.handoff import Handoff, StepOrder
 from services.rollout.head import HeadTrainer
 from services.rollout.modes import eta_of, streams_training
 from services.rollout.pools import ExperienceBuffer
@@ -46,24 +49,32 @@ def staleness_metrics(entries: list[ConsumedEntry], eta: int) -> dict:
 
 
 class GroupLifecycle:
-    """The iteration loop over the staleness manager; subclasses are the workflows."""
+    """The iteration loop over the staleness manager; subclasses are the workflows.
+
+    ``run`` starts the workflow on the orchestrator's thread (``_orchestrate``: tick until the head
+    buffer is Ready, consume it, hand the step over, go on) and trains on the caller's thread
+    (``_learn``: backward what arrives, step each consumed buffer, publish). The workflow's state
+    is the orchestrator thread's alone; ``version`` is the newest version it has seen published."""
 
     offer_on_step = True  # offer every new version to every instance (False: the workflow syncs lazily)
+    TICK_WAIT_S = 0.02  # how long the orchestrator waits for a step it needs before it ticks again
 
     def __init__(self, rt: TrainerRuntime) -> None:
         tc = rt.cfg.trainer
         self.rt, self.tc = rt, tc
         self.eta = eta_of(tc)
+        self.version = rt.version
         self.mgr = StalenessManager(self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
                                     redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version)
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.counts: Counter[str] = Counter()
         self.reward_failures = 0  # samples of groups completed since the last step whose reward failed
+        self.handoff = Handoff()
 
     def start_head(self) -> None:
         """The head trainer over the (possibly restored) manager; sequential holds every backward
         until the batch is complete."""
-        self.head = HeadTrainer(self.mgr, self.experience, self.rt, self.tc.micro_batch_groups,
+        self.head = HeadTrainer(self.mgr, self.experience, self.handoff.backward, self.tc.micro_batch_groups,
                                 stream=streams_training(self.tc))
 
     # ------------------------------------------------------------------ what a workflow says
@@ -77,9 +88,13 @@ class GroupLifecycle:
     def published(self, out: Published) -> None:
         """A new version's snapshot exists (``out``)."""
 
-    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group], out: Published) -> dict:
+    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group]) -> dict:
         """The workflow's extra metrics of one consumed buffer (and its bookkeeping of them)."""
         return {}
+
+    def busy_intervals(self) -> list[tuple[float, float]]:
+        """Generation intervals to count in the step's idle time besides its trained samples'."""
+        return []
 
     def forget(self, key: str, reason: str) -> None:
         """Group ``key`` left the manager (aborted for ``reason``): stop its work, drop its state."""
@@ -97,21 +112,49 @@ class GroupLifecycle:
     # ------------------------------------------------------------------ the shared part
     def run(self, iterations: int, progress: Callable[[int, dict], None] | None = None) -> None:
         """Iterations ``version .. iterations - 1`` (a resumed runtime starts at its checkpoint's)."""
-        self.rt.learner.begin()
-        t_start = time.time()
+        first = self.rt.version
+        thread = threading.Thread(target=self._orchestrate, args=(first, iterations), name="rollout", daemon=True)
+        thread.start()
         try:
-            for k in range(self.rt.version, iterations):
-                while not self.mgr.ready():
-                    self.tick()
-                self.before_step()
-                row = self.consume(k, t_start)
-                t_start = row["t_end"]
-                if progress is not None:
-                    progress(k, row)
-                self.rt.maybe_save_recovery(self.checkpoint_state)
+            self._learn(first, iterations, progress)
         finally:
-            self.shutdown()
+            self.handoff.close()
+            thread.join(timeout=120)
+        if thread.is_alive():
+            raise RuntimeError("the rollout orchestrator did not stop within 120 s of the last step")
         self.rt.publisher.wait(self.rt.version)
+
+    def _orchestrate(self, first: int, iterations: int) -> None:
+        try:
+            for k in range(first, iterations):
+                while not self.mgr.ready():
+                    self._see_published(0.0)
+                    self.tick()
+                    self._check_learner()
+                self.before_step()
+                self._hand_over(k)
+            while self.version < iterations and not self.handoff.closed.is_set():
+                self._see_published(self.TICK_WAIT_S)  # the last step's weights, for the shutdown's sync
+        except BaseException as exc:  # noqa: BLE001 - raised in the learner's thread
+            self.handoff.fail(exc)
+        finally:
+            try:
+                self.shutdown()
+            except BaseException as exc:  # noqa: BLE001
+                self.handoff.fail(exc)
+
+    def _check_learner(self) -> None:
+        if self.handoff.closed.is_set():
+            raise RuntimeError("the learner stopped")
+
+    def _see_published(self, timeout: float) -> None:
+        for out in self.handoff.published(timeout):
+            self.version = out.version
+            self.published(out)
+
+    def waiting_for_a_step(self) -> bool:
+        """A consumed buffer's weights are not published yet (what can start next may need them)."""
+        return self.version < self.mgr.head
 
     def complete(self, key: str, samples: list[SampleRecord], outcomes: list[Outcome]) -> bool:
         """``group_size`` members of ``key`` finished: occupy it, or abort it when DAPO's filter
@@ -138,22 +181,45 @@ class GroupLifecycle:
         if key in self.experience:
             self.experience.take([key])
 
-    def consume(self, k: int, t_start: float) -> dict:
-        """Consume the Ready head buffer: one optimizer step, the iteration's metrics row."""
+    def _hand_over(self, k: int) -> None:
+        """Consume the Ready head buffer and hand its step to the learner (on the orchestrator's thread)."""
         result, keys, groups = self.head.consume()
         for a in result.aborted:  # batch-level redundancy surplus, async-bound victims
             self._drop(a.key, a.reason)
-        stats = self.rt.learner.stats
-        out = self.rt.step_and_snapshot(stats, offer=self.offer_on_step, consumed=groups)
-        self.published(out)
-        acc = Accumulator()
-        for g in groups:
-            for s, o in zip(g.samples, outcomes_of(g), strict=True):
-                self.rt.tally(s, o, self.staleness_of(result, s), acc)
-        acc.reward_failures, self.reward_failures = self.reward_failures, 0  # every group completed since the last step
+        staleness = [[self.staleness_of(result, s) for s in g.samples] for g in groups]
+        failures, self.reward_failures = self.reward_failures, 0  # every group completed since the last step
         extra = {"eta": self.eta, "buffer_version": result.buffer_version, **staleness_metrics(result.entries, self.eta),
-                 **self.step_metrics(result, keys, groups, out)}
+                 **self.step_metrics(result, keys, groups)}
         extra |= dict(sorted(self.counts.items()))
-        row = self.rt.record(k, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, extra)
+        # the state a checkpoint of the step's version holds, copied now: this thread goes on changing it
+        due = self.rt.recovery_due(result.buffer_version + 1)
+        self.handoff.step(StepOrder(k, result, groups, staleness, failures, extra, self.busy_intervals(),
+                                    copy.deepcopy(self.checkpoint_state()) if due else None))
+
+    def _learn(self, first: int, iterations: int, progress: Callable[[int, dict], None] | None) -> None:
+        """Backward what the orchestrator hands over; step each consumed buffer (the caller's thread)."""
         self.rt.learner.begin()
+        t_start = time.time()
+        for _ in range(first, iterations):
+            while not isinstance(order := self.handoff.take(), StepOrder):
+                self.rt.learner.backward(order)
+            row = self._step(order, t_start)
+            t_start = row["t_end"]
+            if progress is not None:
+                progress(order.iteration, row)
+
+    def _step(self, order: StepOrder, t_start: float) -> dict:
+        stats = self.rt.learner.stats
+        out = self.rt.step_and_snapshot(stats, offer=self.offer_on_step, consumed=order.groups)
+        self.handoff.publish(out)
+        acc = Accumulator()
+        for g, ages in zip(order.groups, order.staleness, strict=True):
+            for s, o, age in zip(g.samples, outcomes_of(g), ages, strict=True):
+                self.rt.tally(s, o, age, acc)
+        acc.reward_failures = order.reward_failures
+        self.rt.gen_busy.extend(order.gen_busy)
+        row = self.rt.record(order.iteration, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, order.extra)
+        self.rt.learner.begin()
+        if order.checkpoint is not None:
+            self.rt.save_recovery(order.checkpoint)
         return row

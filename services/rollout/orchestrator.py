@@ -59,7 +59,7 @@ from services.rollout.modes import instance_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
-from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
+from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync
 from services.rollout.staleness import ConsumeResult
 from services.tasks.source import TaskItem
 from services.trainer.learner import Group
@@ -120,20 +120,29 @@ class Orchestrator(GroupLifecycle):
         self.behind = engines_behind(trainer.cfg, len(trainer.clients))
         self.capacity = instance_capacity(tc.mode, tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
                                           trainer.cfg.generation.max_inflight, self.behind)
-        self.inflight = [0] * len(self.pushers)
-        self.alive = [True] * len(self.pushers)
         self.launched = [0] * len(self.pushers)  # groups started on each instance (resumes not counted)
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.gen_busy: list[tuple[float, float]] = []
         self.repack = Repacker.from_config(tc.repack)
+        self.router = InstanceRouter(len(self.pushers), self.capacity, lambda: [p.offered for p in self.pushers],
+                                     incoming=self.repack.incoming)
+        self.alive = self.router.alive  # the same list: a lost instance is marked there
         replay = trainer.cfg.forced_length_replay
         self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
-            checkpoint.restore(self, trainer.runner_state)
+            self._restore(checkpoint.restore(trainer.runner_state, trainer.version, trainer.sampler.batch,
+                                             tc.prompts_per_iteration))
         self.start_head()
+
+    def _restore(self, r: checkpoint.Restored) -> None:
+        self.mgr, self.prompts, self.counts = r.manager, r.prompts, r.counts
+        for key, (problem, v_traj, group) in r.finished.items():
+            self.groups[key] = _GroupState(problem, v_traj, complete=True)
+            self.experience.put(key, group)
+            self.rt.problems[key] = problem
 
     def tick(self) -> None:
         self._sync()
@@ -145,20 +154,13 @@ class Orchestrator(GroupLifecycle):
     def checkpoint_state(self) -> dict:
         return checkpoint.capture(self)
 
-    def _views(self) -> list[InstanceView]:
-        incoming = self.repack.incoming()  # migrations on their way count in the destination's load
-        return [
-            InstanceView(i, p.offered, self.inflight[i] + incoming[i], self.capacity, self.alive[i])
-            for i, p in enumerate(self.pushers)
-        ]
-
     def _sync(self) -> None:
         for i, pusher in enumerate(self.pushers):  # an instance whose weights can no longer arrive
             if self.alive[i] and pusher.error is not None:  # would wait forever for its offered version
                 self._lose_instance(i, f"weight push failed: {pusher.error}")
         version, state = self.latest
         idle_only = self.repack.enabled and not self.tc.partial_rollout
-        for i in instances_to_sync(self._views(), version, self.mgr.can_reserve, idle_only):
+        for i in instances_to_sync(self.router.views(), version, self.mgr.can_reserve, idle_only):
             try:
                 self.pushers[i].offer(version, state)
             except RuntimeError as err:  # its push thread failed since the check above
@@ -190,11 +192,11 @@ class Orchestrator(GroupLifecycle):
     def _resume_target(self, p: Partial) -> InstanceView | None:
         """A migrated trajectory resumes on its planned destination when that is still routable;
         any other trajectory (or a migration whose destination is gone) where routing says."""
-        views = self._views()
+        views = self.router.views()
         dst = self.repack.destination(p.key)
         if dst is not None and views[dst].alive and views[dst].version >= p.version:
             return views[dst]
-        return pick_instance(p.version, views, self.mgr.can_reserve, eligible=self._eligible(self.groups[p.group].problem.task))
+        return self.router.pick(p.version, self.mgr.can_reserve, eligible=self._eligible(self.groups[p.group].problem.task))
 
     def _eligible(self, task: str) -> list[int] | None:
         """The instances a task may use (``generation.affinity``: RollArt's hardware affinity), None
@@ -215,15 +217,15 @@ class Orchestrator(GroupLifecycle):
                 self._launch_resume(p, inst)
         self.resume = waiting
         g = self.tc.group_size + self.tc.redundancy_samples
-        while (inst := pick_instance(None, self._views(), self.mgr.can_reserve, need=g,
-                                     eligible=self._eligible(self.prompts.peek().task))) is not None:
+        while (inst := self.router.pick(None, self.mgr.can_reserve, need=g,
+                                        eligible=self._eligible(self.prompts.peek().task))) is not None:
             self._launch_group(self.prompts.take(), inst)
 
     def _launch_group(self, problem: TaskItem, inst: InstanceView) -> None:
         key = problem.prompt_id
         self.mgr.reserve(key, inst.version)
         self.launched[inst.index] += 1
-        forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.rt.version)
+        forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
         state = _GroupState(problem, inst.version, forced=forced)
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
@@ -251,7 +253,7 @@ class Orchestrator(GroupLifecycle):
     def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState) -> None:
         call.open = len(call.keys)
         call.launched = time.time()
-        self.inflight[call.instance] += call.open
+        self.router.started(call.instance, call.open)
         call.handle = self.rt.clients[call.instance].start(prompts, params)
         state.calls.append(call)
         threading.Thread(target=self._read, args=(call,), name=f"call-{call.keys[0]}", daemon=True).start()
@@ -285,7 +287,7 @@ class Orchestrator(GroupLifecycle):
         if state is None or state.complete or call.handle.cancelled:
             return  # surplus of a finished, aborted or cancelled group
         call.open -= 1
-        self.inflight[call.instance] -= 1
+        self.router.returned(call.instance)
         pkey = call.keys[0] if len(call.keys) == 1 else f"{call.group}/{s.sample_index}"
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
@@ -307,7 +309,7 @@ class Orchestrator(GroupLifecycle):
 
     def _lose_instance(self, i: int, why: str) -> None:
         """Mark instance ``i`` dead and resume its trajectories elsewhere from their recorded tokens."""
-        self.alive[i] = False
+        self.router.lose(i)
         self.counts["instances_lost"] += 1
         if not any(self.alive):
             raise RuntimeError(f"every SGS instance is gone (last: {why})")
@@ -317,7 +319,6 @@ class Orchestrator(GroupLifecycle):
                 if call.instance == i and call.handle is not None and not call.handle.cancelled:
                     call.handle.cancel()
                     call.open = 0
-        self.inflight[i] = 0
         for p in self.partial.on_instance(i):
             if p not in self.resume:
                 self.resume.append(p)
@@ -350,7 +351,7 @@ class Orchestrator(GroupLifecycle):
         for call in state.calls:
             if call.open and call.handle is not None and not call.handle.cancelled:
                 call.handle.cancel()
-                self.inflight[call.instance] -= call.open
+                self.router.returned(call.instance, call.open)
                 call.open = 0
         for p in self.partial.drop_group(state.problem.prompt_id):
             self.resume = [r for r in self.resume if r.key != p.key]
@@ -361,14 +362,15 @@ class Orchestrator(GroupLifecycle):
         self.latest = (out.version, out.snapshot)
         self.stepped = True
 
-    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group], out: Published) -> dict:
+    def busy_intervals(self) -> list[tuple[float, float]]:
+        busy = self.gen_busy + open_call_intervals(self.groups.values(), time.time())
+        self.gen_busy = []
+        return busy
+
+    def step_metrics(self, result: ConsumeResult, keys: list[str], groups: list[Group]) -> dict:
         entries = result.entries
         for key in keys:
             self.groups.pop(key, None)
-        t_end = time.time()
-        self.gen_busy += open_call_intervals(self.groups.values(), t_end)
-        self.rt.gen_busy.extend(self.gen_busy)
-        self.gen_busy = []
         return {
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
             "instance_versions": [p.offered for p in self.pushers],

@@ -1,9 +1,6 @@
-"""Mechanism around the SGS clients: sample streams read on threads, weights pushed on threads.
+"""Weights pushed to the SGS instances on background threads.
 
-``SampleStream`` splits a request's prompts across the SGS instances (round robin by prompt,
-so a GRPO group stays on one instance), runs one Generate call per instance on a background
-thread and merges the samples into one queue in completion order, so two iterations' streams
-can be open at once (one-step asynchrony). ``WeightPusher`` brings one instance to the newest
+``WeightPusher`` brings one instance to the newest
 offered version from a background thread (a newer version supersedes one not yet sent);
 ``WeightPublisher`` snapshots the model once per version through the configured weight
 transport (``services.trainer.transport``: ``direct`` streams to every instance, ``relay``
@@ -14,55 +11,14 @@ re-raised in the trainer at its next call.
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
-from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.common.weights import WeightStream
 from services.generation.client import GenerationClient
 
 _END = object()
-
-
-class SampleStream:
-    def __init__(self, clients: list[GenerationClient], prompts: list[PromptSpec], params: GenerateParams) -> None:
-        self.expected = len(prompts) * params.samples_per_prompt
-        self.submitted_at = time.time()
-        self._queue: queue.Queue = queue.Queue()
-        shares = [prompts[i :: len(clients)] for i in range(len(clients))]
-        self._open = sum(1 for share in shares if share)
-        for i, (client, share) in enumerate(zip(clients, shares)):
-            if share:
-                threading.Thread(
-                    target=self._read, args=(client, share, params), name=f"stream-{params.tag}-{i}", daemon=True
-                ).start()
-
-    def _read(self, client: GenerationClient, prompts: list[PromptSpec], params: GenerateParams) -> None:
-        try:
-            for sample in client.generate(prompts, params):
-                self._queue.put(sample)
-            self._queue.put(_END)
-        except BaseException as exc:  # surfaced to the consumer
-            self._queue.put(exc)
-
-    def __iter__(self) -> Iterator[SampleRecord]:
-        received = 0
-        open_calls = self._open
-        while open_calls:
-            item = self._queue.get()
-            if item is _END:
-                open_calls -= 1
-                continue
-            if isinstance(item, BaseException):
-                raise RuntimeError(f"generation stream failed: {item}") from item
-            received += 1
-            yield item
-        if received != self.expected:
-            raise RuntimeError(f"stream ended after {received} of {self.expected} samples")
 
 
 class WeightPublisher:

@@ -21,6 +21,7 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -45,17 +46,23 @@ def check_routable(v_traj: int | None, inst: InstanceView, can_reserve: CanReser
 
 def pick_instance(
     v_traj: int | None, instances: list[InstanceView], can_reserve: CanReserve, need: int = 1,
-    eligible: Collection[int] | None = None,
+    eligible: Collection[int] | None = None, prefer: int | None = None, slack: int = 0,
 ) -> InstanceView | None:
     """The instance to run a trajectory (or a group of ``need`` samples) on, or None.
     ``eligible``: the instance indices the trajectory's task may use (hardware affinity,
-    ``scheduling.pools.eligible_instances``); None = any."""
+    ``scheduling.pools.eligible_instances``); None = any. ``prefer``: the instance that served the
+    trajectory's previous turn (its prefix is cached there), kept unless it is busier than the
+    choice by more than ``slack`` samples."""
     candidates = [
         i for i in instances
         if (eligible is None or i.index in eligible)
         and i.alive and i.inflight + need <= i.capacity and check_routable(v_traj, i, can_reserve)
     ]
-    return min(candidates, key=lambda i: (i.version, i.inflight, i.index), default=None)
+    best = min(candidates, key=lambda i: (i.version, i.inflight, i.index), default=None)
+    sticky = next((i for i in candidates if i.index == prefer), None)
+    if best is not None and sticky is not None and sticky.inflight <= best.inflight + slack:
+        return sticky
+    return best
 
 
 def instances_to_sync(
@@ -66,3 +73,57 @@ def instances_to_sync(
         i.index for i in instances
         if i.alive and i.version < newest and (i.inflight == 0 or (not idle_only and not can_reserve(i.version)))
     ]
+
+
+class InstanceRouter:
+    """The one place that picks an SGS instance, for every workflow: a single-turn group, a resumed
+    or migrated trajectory, a multi-turn trajectory's next turn, an evaluation share. It keeps what
+    the picks need — samples in flight per instance, which instances are alive — and asks
+    ``pick_instance`` (staleness-aware, capacity, affinity, stickiness). ``versions()``: the version
+    new work on each instance runs with (the weights offered to it); ``incoming()``: samples on
+    their way to each (repack migrations), counted in its load. Thread-safe: a multi-turn run picks
+    from its event loop's thread."""
+
+    def __init__(self, n: int, capacity: int, versions: Callable[[], list[int]],
+                 incoming: Callable[[], list[int]] | None = None) -> None:
+        self.capacity = capacity
+        self.versions, self.incoming = versions, incoming
+        self.inflight = [0] * n
+        self.alive = [True] * n
+        self._lock = threading.RLock()  # ``acquire`` picks (``views``) under it
+
+    def views(self) -> list[InstanceView]:
+        extra = self.incoming() if self.incoming is not None else [0] * len(self.inflight)
+        with self._lock:
+            return [InstanceView(i, v, self.inflight[i] + extra[i], self.capacity, self.alive[i])
+                    for i, v in enumerate(self.versions())]
+
+    def pick(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1, eligible: Collection[int] | None = None,
+             prefer: int | None = None, slack: int = 0) -> InstanceView | None:
+        return pick_instance(v_traj, self.views(), can_reserve, need, eligible, prefer, slack)
+
+    def acquire(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1,
+                eligible: Collection[int] | None = None, prefer: int | None = None, slack: int = 0) -> InstanceView | None:
+        """``pick`` and count ``need`` samples on its choice, atomically (concurrent pickers)."""
+        with self._lock:
+            inst = self.pick(v_traj, can_reserve, need, eligible, prefer, slack)
+            if inst is not None:
+                self.inflight[inst.index] += need
+            return inst
+
+    def started(self, i: int, n: int) -> None:
+        with self._lock:
+            self.inflight[i] += n
+
+    def returned(self, i: int, n: int = 1) -> None:
+        with self._lock:
+            self.inflight[i] -= n
+
+    def lose(self, i: int) -> None:
+        """Instance ``i`` is gone: nothing runs there any more."""
+        with self._lock:
+            self.alive[i] = False
+            self.inflight[i] = 0
+
+    def live(self) -> list[int]:
+        return [i for i, ok in enumerate(self.alive) if ok]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,8 @@ from services.common.config import RunConfig
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerationClient
 from services.policy.model import Policy, save_policy
-from services.rollout.publisher import SampleStream, WeightPublisher
+from services.rollout.collect import collect
+from services.rollout.publisher import WeightPublisher
 from services.rollout.rewards import Outcome, ServiceRewards
 from services.tasks.source import TaskItem, build_task
 from services.trainer.evaluate import EvalResult, score
@@ -102,7 +102,7 @@ class TrainerRuntime:
     def evaluate(self, tag: str) -> EvalResult:
         t0 = time.time()
         self.publisher.wait(self.version)
-        stream = SampleStream(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
+        stream = collect(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
         pending = [(s, self.score(s)) for s in stream]  # scored as they stream in
         samples = [s for s, _ in pending]
         outcomes = [f.result() for _, f in pending]
@@ -122,14 +122,17 @@ class TrainerRuntime:
             self._recovering = (died_at, started_at or time.time())
         return resumed
 
-    def maybe_save_recovery(self, runner_state: Callable[[], dict]) -> None:
-        """After an iteration: a recovery checkpoint every ``trainer.recovery.every`` versions
-        (``runner_state()``: the runner's part, its data cursor under ``sampler``)."""
+    def recovery_due(self, version: int) -> bool:
+        """Whether the step to ``version`` saves a recovery checkpoint (every ``trainer.recovery.every``)."""
         every = self.cfg.trainer.recovery.every
-        if every and self.version % every == 0:
-            from services.trainer.resume import save
+        return bool(every) and version % every == 0
 
-            save(self, runner_state())
+    def save_recovery(self, runner_state: dict) -> None:
+        """A recovery checkpoint at this version (``runner_state``: the rollout's part, its data
+        cursor under ``sampler``, captured when the step's buffer was consumed)."""
+        from services.trainer.resume import save
+
+        save(self, runner_state)
 
     def step_and_snapshot(self, stats: StepStats, offer: bool, consumed: list | None = None) -> Published:
         """The batch's optimizer step (``consumed``: its groups, recorded in the ledger first);

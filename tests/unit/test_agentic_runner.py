@@ -88,8 +88,11 @@ class FakeRuntime:
         self.rows.append(row)
         return row
 
-    def maybe_save_recovery(self, state) -> None:
-        self.saved = state()
+    def recovery_due(self, version: int) -> bool:
+        return True
+
+    def save_recovery(self, state) -> None:
+        self.saved = state
 
 
 class DeadFor:

@@ -52,7 +52,6 @@ def test_load_refuses_lengths_over_the_cap_and_bad_files(tmp_path):
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.mode=bounded"], "needs generation.forced_lengths"),
-    (["generation.forced_lengths=true"], "'bounded' only"),
     (["generation.forced_lengths=true", "trainer.mode=bounded", "trainer.partial_rollout=true"], "partial_rollout"),
     (["generation.forced_lengths=true", "trainer.mode=bounded", "forced_length_ramp.start=8"], "exclusive"),
 ])
@@ -61,3 +60,5 @@ def test_replay_config_is_refused_where_it_does_not_apply(overrides, message):
         load_config(ROOT / "deploy/configs/default.yaml", ["forced_length_replay.file=x.json", *overrides])
     ok = ["forced_length_replay.file=x.json", "generation.forced_lengths=true", "trainer.mode=bounded"]
     assert load_config(ROOT / "deploy/configs/default.yaml", ok).forced_length_replay.file == "x.json"
+    # every mode runs on the orchestrator: replay is not bounded-only
+    assert load_config(ROOT / "deploy/configs/default.yaml", ok[:2]).trainer.mode == "one_step"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.rollout.pools import PromptPool
 from services.common.trainer_config import TrainerConfig
 from services.common.types import GenerateParams, SampleRecord
+from services.rollout.pools import PromptPool
 from services.tasks.arith import ProblemSampler
 from services.trainer import recovery
 from services.trainer.resume import ShiftedClient
@@ -92,7 +92,7 @@ def test_a_shifted_client_asks_for_wire_versions_and_reports_trainer_versions():
     assert (health.weight_version, health.pending_version) == (5, -1)
 
 
-def _bounded_runner(sampler: ProblemSampler, version: int = 0):
+def _orchestrator_state(sampler: ProblemSampler, version: int = 0):
     from collections import Counter
     from types import SimpleNamespace
 
@@ -100,7 +100,7 @@ def _bounded_runner(sampler: ProblemSampler, version: int = 0):
     from services.rollout.staleness import StalenessManager
 
     return SimpleNamespace(
-        t=SimpleNamespace(sampler=sampler, version=version, problems={}),
+        rt=SimpleNamespace(sampler=sampler, version=version, problems={}),
         tc=SimpleNamespace(prompts_per_iteration=2),
         mgr=StalenessManager(1, 4, 2, start_version=version),
         experience=ExperienceBuffer(),
@@ -110,12 +110,12 @@ def _bounded_runner(sampler: ProblemSampler, version: int = 0):
     )
 
 
-def test_bounded_state_keeps_finished_groups_and_regenerates_the_ones_in_flight(tmp_path):
-    from services.rollout import checkpoint as bounded_state
+def test_the_orchestrators_state_keeps_finished_groups_and_regenerates_the_ones_in_flight(tmp_path):
+    from services.rollout import checkpoint
     from services.rollout.orchestrator import _GroupState
     from services.trainer.learner import Group
 
-    runner = _bounded_runner(ProblemSampler(5))
+    runner = _orchestrator_state(ProblemSampler(5))
     problems = [runner.prompts.take() for _ in range(3)]
     for p in problems:
         runner.mgr.reserve(p.prompt_id, 0)
@@ -127,17 +127,20 @@ def test_bounded_state_keeps_finished_groups_and_regenerates_the_ones_in_flight(
     runner.groups[done].complete = True
     next_up = runner.prompts.queued()
     # through a real checkpoint file (everything in it must pickle)
-    recovery.save_atomic(tmp_path, 0, {"runner": bounded_state.capture(runner)})
+    recovery.save_atomic(tmp_path, 0, {"runner": checkpoint.capture(runner)})
     state = recovery.load(recovery.newest(tmp_path))["runner"]
 
     sampler = ProblemSampler(5)
     sampler.restore(state["sampler"])
-    again = _bounded_runner(sampler)
-    bounded_state.restore(again, state)
-    assert list(again.mgr.tracked()) == [done] and again.mgr.entry(done).state == "occupied"
-    assert again.experience.get(done).rewards == [1.0, 0.0] and again.groups[done].complete
+    again = checkpoint.restore(state, 0, sampler.batch, 2)
+    assert list(again.manager.tracked()) == [done] and again.manager.entry(done).state == "occupied"
+    problem, v_traj, group = again.finished[done]
+    assert problem == problems[1] and v_traj == 0 and group.rewards == [1.0, 0.0]
+    assert again.counts["regenerated_after_restart"] == 2 and again.counts["syncs"] == 3
     expected = [problems[0], problems[2], *next_up, *ProblemSampler(5).batch(6)[4:]]
     assert [again.prompts.take() for _ in range(len(expected))] == expected
+    with pytest.raises(ValueError, match="head 0 is not the trainer's version 1"):
+        checkpoint.restore(recovery.load(recovery.newest(tmp_path))["runner"], 1, sampler.batch, 2)
     assert again.counts == {"syncs": 3, "regenerated_after_restart": 2}
 
 

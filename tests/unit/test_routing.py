@@ -42,3 +42,28 @@ def test_lazy_sync_only_when_blocked_or_idle():
     m.reserve("b", 0)  # buffer 1 full for version 0
     assert instances_to_sync(inst, 1, m.can_reserve) == [0, 1]
     assert instances_to_sync(inst, 1, m.can_reserve, idle_only=True) == [1]  # repack: blocked 0 waits to be freed
+
+
+def test_a_preferred_instance_is_kept_within_the_slack():
+    views = [InstanceView(0, 3, 4, 10), InstanceView(1, 3, 1, 10)]
+    assert pick_instance(None, views, lambda v: True, prefer=0, slack=3).index == 0
+    assert pick_instance(None, views, lambda v: True, prefer=0, slack=2).index == 1
+    assert pick_instance(None, views, lambda v: True, prefer=7, slack=99).index == 1  # not a candidate
+
+
+def test_the_instance_router_counts_what_it_places_and_forgets_lost_instances():
+    from services.rollout.routing import InstanceRouter
+
+    versions = [2, 1, 1]
+    router = InstanceRouter(3, capacity=4, versions=lambda: versions, incoming=lambda: [0, 0, 3])
+    can = lambda v: v >= 1  # noqa: E731
+    first = router.acquire(None, can, need=2)
+    assert first.index == 1 and router.inflight == [0, 2, 0]  # oldest version first; 2 incoming to instance 2
+    assert router.pick(None, can, need=2).index == 1  # 2 + 2 fits; instance 2 holds 3 incoming + 2 > 4
+    assert router.pick(None, can, need=3).index == 0
+    router.lose(1)
+    assert router.inflight[1] == 0 and router.live() == [0, 2]
+    assert router.pick(None, can, need=1).index == 2  # instance 1 is gone, 2's version is older than 0's
+    assert router.pick(2, can).index == 0  # a resumed trajectory of V_traj 2 needs version >= 2
+    router.returned(1, 0)
+    assert router.pick(None, lambda v: False) is None

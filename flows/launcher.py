@@ -11,7 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.processes import (
-    Service, Supervisor, router_enabled, start_env_workers, start_instances, start_relays, start_router, start_trainer,
+    Service,
+    Supervisor,
+    restartable_instance,
+    router_enabled,
+    start_env_workers,
+    start_instances,
+    start_relays,
+    start_router,
+    start_trainer,
     supervise_trainer,
 )
 from flows.reward_pool import RewardPoolController
@@ -36,8 +44,10 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     controller = None
     rewards = None
     try:
-        # the bounded runner resumes a lost instance's trajectories (the agentic runner does not)
-        tolerate = cfg.trainer.mode == "bounded" and cfg.generation.instances > 1 and not cfg.agentic.enabled
+        # the orchestrator resumes a lost instance's trajectories and readmits it once restarted (in every
+        # single-turn mode; a multi-turn run does not yet)
+        survives = not cfg.agentic.enabled
+        tolerate = survives and cfg.generation.instances > 1
         w = cfg.weights
         relays = (
             start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
@@ -49,6 +59,13 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             relays=relays,
         )
         routed = router_enabled(cfg)
+        if survives and not routed:  # a dead instance is started again on its port
+            def start_one(i: int, port: int) -> None:
+                start_instances(sup, run_dir, checkpoint, 1, cfg.generation.threads, tolerate_exit=tolerate,
+                                relays=relays, first=i, base_port=port - i)
+
+            for i, address in enumerate(addresses):
+                restartable_instance(sup, i, int(address.rsplit(":", 1)[1]), start_one)
         if routed:  # the trainer talks to the router only; it dispatches and merges
             router = start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled)
             if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)

@@ -230,6 +230,18 @@ def start_instances(
     return [f"{host}:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
 
 
+def restartable_instance(sup: Supervisor, i: int, port: int, start_one: Callable[[int, int], object]) -> None:
+    """Mark SGS instance ``sgs-i`` as a server the supervisor starts again on ``port`` when it dies
+    (``start_one(i, port)``: ``start_instances`` for that one, marked again each time); the rollout
+    orchestrator readmits an instance that answers again (``services.rollout.readmit``)."""
+
+    def again() -> None:
+        start_one(i, port)
+        restartable_instance(sup, i, port, start_one)
+
+    sup.restartable(f"sgs-{i}", again)
+
+
 def start_env_worker(sup: Supervisor, run_dir: Path, name: str, *, config: Path | None = None, host: str = "127.0.0.1",
                      port: int = 0) -> str:
     """Start one environment worker process ``name`` (``python -m services.agentic``, the run's

@@ -73,8 +73,8 @@ class GenerationClient:
                     raise
                 time.sleep(0.2)
 
-    def health(self) -> HealthSnapshot:
-        return convert.health_from_pb(self._stub.Health(pb.HealthRequest(), timeout=10))
+    def health(self, timeout_s: float = 10.0) -> HealthSnapshot:
+        return convert.health_from_pb(self._stub.Health(pb.HealthRequest(), timeout=timeout_s))
 
     def generate(self, prompts: list[PromptSpec], params: GenerateParams) -> Iterator[SampleRecord]:
         """Stream samples in completion order. Cancel by closing the iterator."""

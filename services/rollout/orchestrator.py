@@ -57,6 +57,7 @@ from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle
 from services.rollout.modes import instance_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
+from services.rollout.readmit import Readmission
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
 from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync
@@ -107,6 +108,7 @@ class Orchestrator(GroupLifecycle):
     """The single-turn workflow over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
 
     offer_on_step = False  # instances take a new version when routing says so (``_sync``)
+    ALL_LOST_WAIT_S = 120.0  # how long every instance may be gone (restarting) before the run fails
 
     def __init__(self, trainer: TrainerRuntime) -> None:
         super().__init__(trainer)
@@ -129,6 +131,8 @@ class Orchestrator(GroupLifecycle):
         self.router = InstanceRouter(len(self.pushers), self.capacity, lambda: [p.offered for p in self.pushers],
                                      incoming=self.repack.incoming)
         self.alive = self.router.alive  # the same list: a lost instance is marked there
+        self.readmission = Readmission(trainer.publisher)
+        self.all_lost_at: float | None = None  # when the last live instance was lost
         replay = trainer.cfg.forced_length_replay
         self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
         self.stepped = False  # an optimizer step since the last repack check (check at once)
@@ -145,6 +149,7 @@ class Orchestrator(GroupLifecycle):
             self.rt.problems[key] = problem
 
     def tick(self) -> None:
+        self._readmit()
         self._sync()
         self._repack()
         self._route()
@@ -312,7 +317,7 @@ class Orchestrator(GroupLifecycle):
         self.router.lose(i)
         self.counts["instances_lost"] += 1
         if not any(self.alive):
-            raise RuntimeError(f"every SGS instance is gone (last: {why})")
+            self.all_lost_at = time.monotonic()
         log.warning("SGS instance %d lost (%s); resuming its trajectories elsewhere", i, why)
         for state in self.groups.values():
             for call in state.calls:
@@ -323,6 +328,20 @@ class Orchestrator(GroupLifecycle):
             if p not in self.resume:
                 self.resume.append(p)
                 self.counts["recovered"] += 1
+
+    def _readmit(self) -> None:
+        """Lost instances that answer again (the launcher restarted them) take the newest weights and
+        serve again; with none alive the run waits ``ALL_LOST_WAIT_S`` for one before it fails."""
+        lost = [i for i, ok in enumerate(self.alive) if not ok]
+        if not lost:
+            return
+        for i in self.readmission.poll(lost, self.latest):
+            self.router.readmit(i)
+            self.counts["instances_readmitted"] += 1
+            self.all_lost_at = None
+            log.warning("SGS instance %d (%s) is back at version %d", i, self.rt.clients[i].address, self.latest[0])
+        if self.all_lost_at is not None and time.monotonic() - self.all_lost_at > self.ALL_LOST_WAIT_S:
+            raise RuntimeError(f"every SGS instance is gone and none came back within {self.ALL_LOST_WAIT_S:.0f} s")
 
     def _finish_sample(self, state: _GroupState, p: Partial, s: SampleRecord) -> None:
         """Stitch the segments of one trajectory into a SampleRecord of the original prompt."""
@@ -403,6 +422,7 @@ class Orchestrator(GroupLifecycle):
         live = [i for i, ok in enumerate(self.alive) if ok]
         self.rt.clients[:] = [self.rt.clients[i] for i in live]
         self.rt.publisher.pushers[:] = [self.pushers[i] for i in live]
+        self.rt.publisher.clients[:] = [self.rt.publisher.clients[i] for i in live]
         version, state = self.latest
         if state is not None:
             for p in self.rt.publisher.pushers:

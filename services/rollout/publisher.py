@@ -32,10 +32,17 @@ class WeightPublisher:
             transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
         self.transport = transport
         self.offset = 0  # version v is v + offset on the wire (a resumed trainer: services.trainer.resume)
-        # a failed push to one instance ends the run, unless the runner survives lost instances
-        # (the bounded runner: it checks each pusher's ``error`` itself and drops that instance)
+        # a failed push to one instance ends the run, unless the workflow survives lost instances
+        # (the orchestrator: it checks each pusher's ``error`` itself and drops that instance)
         self.push_errors_fatal = True
+        self.clients = list(clients)
         self.pushers = [WeightPusher(self._deliverer(c)) for c in clients]
+
+    def renew(self, i: int) -> WeightPusher:
+        """A fresh pusher for instance ``i`` (restarted after it was lost: the old one's thread failed)."""
+        self.pushers[i].close()
+        self.pushers[i] = WeightPusher(self._deliverer(self.clients[i]))
+        return self.pushers[i]
 
     def _deliverer(self, client: GenerationClient):
         return lambda version, snap: self.transport.deliver(client, version + self.offset, snap)

@@ -125,5 +125,11 @@ class InstanceRouter:
             self.alive[i] = False
             self.inflight[i] = 0
 
+    def readmit(self, i: int) -> None:
+        """Instance ``i`` is back (restarted, at the newest weights): routable again, nothing in flight."""
+        with self._lock:
+            self.alive[i] = True
+            self.inflight[i] = 0
+
     def live(self) -> list[int]:
         return [i for i, ok in enumerate(self.alive) if ok]

@@ -65,7 +65,8 @@ def test_a_lost_instance_loses_no_trajectory(tmp_path, tiny_checkpoint):
     assert killed, "the slow instance was not found"
     assert [r["iteration"] for r in rows] == list(range(5)) and summary["final_weight_version"] == 5
     assert rows[-1]["instances_lost"] == 1 and rows[-1]["recovered"] > 0
-    assert list(rows[-1]["instances_alive"].values()) == [True, False]
+    alive = list(rows[-1]["instances_alive"].values())  # the launcher restarts it: it may be back already
+    assert alive == [True, rows[-1].get("instances_readmitted", 0) == 1]
     assert rows[-1].get("repacks", 0) == 0  # repack is off by default
     assert all(r["bound_violations"] == 0 and r["samples"] == 16 for r in rows)
 

@@ -7,37 +7,73 @@ from __future__ import annotations
 
 import json
 
+import psutil
+
 from flows.launcher import run_processes
 from services.common.config import load_config, write_config
 from tests.conftest import FAST_ENGINE, ROOT
 
 
-def _run(tmp_path, checkpoint, overrides):
+def _run(tmp_path, checkpoint, overrides, on_poll=None):
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml",
                       [FAST_ENGINE, "generation.instances=2", "generation.dispatch.router='off'", *overrides])
     write_config(cfg, tmp_path / "config.json")
     (tmp_path / "metrics.jsonl").write_text("")
-    summary = json.loads(run_processes(tmp_path, str(checkpoint), poll_s=0.2).read_text())
+    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=on_poll, poll_s=0.2).read_text())
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return summary, rows
 
 
-def test_one_step_runs_partial_rollout_redundancy_and_repack(tmp_path, tiny_checkpoint):
-    eta = 1
+def _kill_instance_after_first_step(tmp_path, killed: list[int], instance: str = "1"):
+    def poll() -> None:
+        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
+            return
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if "--instance" in cmd and cmd[cmd.index("--instance") + 1] == instance and str(tmp_path) in " ".join(cmd):
+                proc.kill()
+                killed.append(proc.pid)
+
+    return poll
+
+
+def test_one_step_runs_partial_rollout_redundancy_repack_and_survives_a_killed_instance(tmp_path, tiny_checkpoint):
+    """Every orchestrator mechanism in a lock-step mode at once; instance 1 is killed after the first
+    step: its trajectories resume on instance 0 (the launcher restarts it; it may be back by the end)."""
+    eta, killed = 1, []
     summary, rows = _run(
         tmp_path, tiny_checkpoint,
-        ["trainer.mode=one_step", "trainer.iterations=4", "trainer.partial_rollout=true",
+        ["trainer.mode=one_step", "trainer.iterations=6", "trainer.partial_rollout=true",
          "trainer.redundancy_samples=1", "trainer.redundancy_groups=1",
-         "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[0, 30]"],
+         "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[30, 30]"],
+        on_poll=_kill_instance_after_first_step(tmp_path, killed),
     )
-    assert [r["iteration"] for r in rows] == list(range(4)) and summary["final_weight_version"] == 4
+    assert killed, "instance 1 was not found"
+    assert [r["iteration"] for r in rows] == list(range(6)) and summary["final_weight_version"] == 6
     for r in rows:
         assert r["eta"] == eta and r["bound_violations"] == 0 and r["staleness_max"] <= eta
         assert r["samples"] == 16  # the batch: redundant groups and samples are surplus, never trained
     last = rows[-1]
     assert last.get("aborted_redundant", 0) >= 1, last  # batch-level redundancy: one surplus group a step
-    assert sum(last["instance_groups"]) >= 4 * 4 and min(last["instance_groups"]) > 0
+    assert sum(last["instance_groups"]) >= 6 * 4 and min(last["instance_groups"]) > 0
     assert last.get("kv_snapshots", 0) > 0  # repack observed the instances
+    assert last["instances_lost"] == 1 and last["recovered"] > 0, last
+    assert list(last["instances_alive"].values()) == [True, last.get("instances_readmitted", 0) == 1]
+
+
+def test_a_killed_instance_is_restarted_and_readmitted(tmp_path, tiny_checkpoint):
+    """The only instance is killed after the first step: the run can only go on once the launcher
+    has restarted it and the orchestrator has brought it to the newest weights and readmitted it."""
+    killed: list[int] = []
+    summary, rows = _run(tmp_path, tiny_checkpoint, ["generation.instances=1", "trainer.mode=sync", "trainer.iterations=3"],
+                         on_poll=_kill_instance_after_first_step(tmp_path, killed, instance="0"))
+    assert killed and summary["final_weight_version"] == 3
+    assert all(r["samples"] == 16 and r["staleness_max"] == 0 for r in rows)
+    last = rows[-1]
+    assert last["instances_lost"] == 1 and last["instances_readmitted"] == 1, last
+    assert list(last["instances_alive"].values()) == [True]
+    services = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
+    assert [s["service"] for s in services] == ["sgs-0"]
 
 
 def test_sequential_honours_affinity_without_the_router(tmp_path, tiny_checkpoint):

@@ -36,6 +36,7 @@ def capture(runner) -> dict:
         "groups": {k: (runner.groups[k].problem, runner.groups[k].v_traj) for k in tracked},
         "queued": runner.prompts.queued(),
         "counts": dict(runner.counts),
+        "failures": {k: runner.failures_of.get(k, 0) for k in occupied},
     }
 
 
@@ -48,6 +49,7 @@ class Restored:
     finished: dict[str, tuple[TaskItem, int, Group]]  # key -> (prompt, V_traj, the group's samples and rewards)
     prompts: PromptPool[TaskItem]
     counts: Counter[str]
+    failures: dict[str, int]  # finished group -> its samples whose reward failed
 
 
 def restore(state: dict, version: int, batch: Callable[[int], list[TaskItem]], prompts_per_iteration: int) -> Restored:
@@ -67,4 +69,4 @@ def restore(state: dict, version: int, batch: Callable[[int], list[TaskItem]], p
     counts = Counter(state["counts"])
     counts["regenerated_after_restart"] += len(again)
     return Restored(mgr, finished, PromptPool.from_batches(batch, prompts_per_iteration, queued=again + state["queued"]),
-                    counts)
+                    counts, state.get("failures", {}))

@@ -32,7 +32,7 @@ class StepOrder:
     result: ConsumeResult
     groups: list[Group]
     staleness: list[list[int]]  # per group, per sample: what the metrics report (bounded by eta)
-    reward_failures: int  # samples of the groups completed since the last step whose reward failed
+    reward_failures: int  # trained samples whose reward failed (trained with reward 0)
     extra: dict  # the workflow's metrics of the buffer
     gen_busy: list[tuple[float, float]] = field(default_factory=list)  # generation intervals not yet tallied
     checkpoint: dict | None = None  # the orchestrator's recovery state at the consume (when one is due)

@@ -65,10 +65,11 @@ class GroupLifecycle:
         self.eta = eta_of(tc)
         self.version = rt.version
         self.mgr = StalenessManager(self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
-                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version)
+                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version,
+                                    end_version=tc.iterations)
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.counts: Counter[str] = Counter()
-        self.reward_failures = 0  # samples of groups completed since the last step whose reward failed
+        self.failures_of: dict[str, int] = {}  # occupied group -> its samples whose reward failed (trained as 0)
         self.handoff = Handoff()
 
     def start_head(self) -> None:
@@ -160,13 +161,13 @@ class GroupLifecycle:
         """``group_size`` members of ``key`` finished: occupy it, or abort it when DAPO's filter
         drops it (every reward equal). Returns whether it was kept."""
         rewards = [o.reward for o in outcomes]
-        self.reward_failures += sum(1 for o in outcomes if o.failure)
         if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
             self.mgr.abort(key, "filtered")
             self.counts["filtered"] += 1
             self.forget(key, "filtered")
             return False
         self.experience.put(key, Group(samples, rewards, [o.correct for o in outcomes]))
+        self.failures_of[key] = sum(1 for o in outcomes if o.failure)
         self.mgr.occupy(key, generated_version=min(s.weight_version for s in samples))
         return True
 
@@ -177,6 +178,7 @@ class GroupLifecycle:
 
     def _drop(self, key: str, reason: str) -> None:
         self.counts[f"aborted_{reason}"] += 1
+        self.failures_of.pop(key, None)
         self.forget(key, reason)
         if key in self.experience:
             self.experience.take([key])
@@ -187,7 +189,7 @@ class GroupLifecycle:
         for a in result.aborted:  # batch-level redundancy surplus, async-bound victims
             self._drop(a.key, a.reason)
         staleness = [[self.staleness_of(result, s) for s in g.samples] for g in groups]
-        failures, self.reward_failures = self.reward_failures, 0  # every group completed since the last step
+        failures = sum(self.failures_of.pop(key, 0) for key in keys)  # among the samples this step trains
         extra = {"eta": self.eta, "buffer_version": result.buffer_version, **staleness_metrics(result.entries, self.eta),
                  **self.step_metrics(result, keys, groups)}
         extra |= dict(sorted(self.counts.items()))

@@ -143,9 +143,11 @@ class Orchestrator(GroupLifecycle):
 
     def _restore(self, r: checkpoint.Restored) -> None:
         self.mgr, self.prompts, self.counts = r.manager, r.prompts, r.counts
+        self.mgr.end = self.tc.iterations  # the resumed run's (it may have been changed for the resume)
         for key, (problem, v_traj, group) in r.finished.items():
             self.groups[key] = _GroupState(problem, v_traj, complete=True)
             self.experience.put(key, group)
+            self.failures_of[key] = r.failures.get(key, 0)
             self.rt.problems[key] = problem
 
     def tick(self) -> None:

@@ -116,6 +116,7 @@ class StalenessManager:
         redundancy: int = 0,
         async_bound: int | None = None,
         start_version: int = 0,
+        end_version: int | None = None,
     ) -> None:
         if eta < 0:
             raise StalenessError(f"eta must be >= 0 (got {eta})")
@@ -132,6 +133,9 @@ class StalenessManager:
         self.capacity = self.batch + redundancy
         self.async_bound = async_bound
         self.head = start_version  # the oldest unconsumed buffer = the trainer's version
+        # the run's last step trains buffer end_version - 1: no slot exists from end_version on, so no
+        # trajectory starts that would never be trained
+        self.end = end_version
         self._buffers: dict[int, list[Entry | None]] = {}
         self._where: dict[str, Slot] = {}
 
@@ -250,7 +254,8 @@ class StalenessManager:
         return self._buffers[version]
 
     def _versions(self, lo: int, hi: int) -> Iterator[int]:
-        return iter(range(max(lo, self.head), hi + 1))
+        top = hi if self.end is None else min(hi, self.end - 1)
+        return iter(range(max(lo, self.head), top + 1))
 
     def _reserve_slot(self, version: int) -> Slot | None:
         for b in reversed(list(self._versions(version, version + self.eta))):

@@ -107,6 +107,7 @@ def _orchestrator_state(sampler: ProblemSampler, version: int = 0):
         groups={},
         prompts=PromptPool.from_batches(sampler.batch, 2),
         counts=Counter({"syncs": 3}),
+        failures_of={},
     )
 
 

@@ -146,3 +146,12 @@ def test_bad_calls_are_named():
         m.occupy("a")
     with pytest.raises(StalenessError, match="waiting, not ready"):
         m.consume()
+
+
+def test_no_slot_exists_past_the_runs_last_buffer():
+    m = StalenessManager(2, 2, 1, end_version=2)  # the run trains buffers 0 and 1 (2 entries each)
+    assert [m.reserve(k, 0) for k in "abcd"] == [1, 1, 0, 0]  # capped at buffer 1, not 0 + eta = 2
+    assert not m.can_reserve(0)  # both buffers are full; buffer 2 does not exist
+    assert StalenessManager(2, 2, 1).can_reserve(0) and StalenessManager(2, 2, 1, end_version=0).can_reserve(0) is False
+    m.occupy("d")
+    assert m.location("d") == 0

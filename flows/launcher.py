@@ -44,10 +44,9 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     controller = None
     rewards = None
     try:
-        # the orchestrator resumes a lost instance's trajectories and readmits it once restarted (in every
-        # single-turn mode; a multi-turn run does not yet)
-        survives = not cfg.agentic.enabled
-        tolerate = survives and cfg.generation.instances > 1
+        # the rollout resumes a lost instance's trajectories (a multi-turn run re-runs their turns) and
+        # readmits it once restarted, in every mode
+        tolerate = cfg.generation.instances > 1
         w = cfg.weights
         relays = (
             start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
@@ -59,7 +58,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             relays=relays,
         )
         routed = router_enabled(cfg)
-        if survives and not routed:  # a dead instance is started again on its port
+        if not routed:  # a dead instance is started again on its port
             def start_one(i: int, port: int) -> None:
                 start_instances(sup, run_dir, checkpoint, 1, cfg.generation.threads, tolerate_exit=tolerate,
                                 relays=relays, first=i, base_port=port - i)

@@ -138,7 +138,7 @@ def _serve_site(
     relay = _site_relay(sup, rd, s, sites, config) if config.weights.transport == "relay" else None
     instances = start_instances(
         sup, rd, checkpoint, config.generation.instances, config.generation.threads,
-        tolerate_exit=config.trainer.mode == "bounded" and config.generation.instances > 1,
+        tolerate_exit=config.generation.instances > 1,
         host=s.host, base_port=s.sgs_port, config=cfg_path, relays=[relay[0]] if relay else None,
         tls=None if routed else tls,  # behind the router, instances are reached from this site only
     )

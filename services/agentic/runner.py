@@ -20,6 +20,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import grpc
+
 from services.agentic.client import EnvError
 from services.agentic.manager import EnvBackend, EnvManager, Limits, TokenCodec
 from services.agentic.protocol import StepOutcome
@@ -146,6 +148,7 @@ class SgsGenerator:
 
     STICKY_SLACK = 2
     STICKY_MEMORY = 65536  # trajectories whose last instance is remembered
+    LOST_WAIT_S = 120.0  # how long every instance may be gone (restarting) before a turn fails
 
     def __init__(self, clients, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
                  on_sample: Callable[[SampleRecord], None] | None = None,
@@ -160,6 +163,7 @@ class SgsGenerator:
         # the rollout's concurrency, not a per-instance capacity, bounds what is in flight
         self.router = router or InstanceRouter(len(self.clients), capacity=1 << 30, versions=lambda: [0] * len(self.clients))
         self._last: OrderedDict[str, int] = OrderedDict()
+        self.lost_turns = 0  # turns re-run elsewhere because their instance went away
 
     @property
     def inflight(self) -> list[int]:
@@ -171,7 +175,7 @@ class SgsGenerator:
         prev = self._last.get(trajectory_id)
         inst = self.router.acquire(None, lambda v: True, eligible=eligible, prefer=prev, slack=self.STICKY_SLACK)
         if inst is None:
-            raise RuntimeError(f"{trajectory_id}: no SGS instance is alive (task {task!r})")
+            raise RuntimeError(f"{trajectory_id}: no live SGS instance may serve task {task!r}")
         self._last[trajectory_id] = inst.index
         self._last.move_to_end(trajectory_id)
         while len(self._last) > self.STICKY_MEMORY:
@@ -180,24 +184,46 @@ class SgsGenerator:
 
     async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int, *, min_version: int = 0,
                        task: str = "") -> SampleRecord:
-        i = self.pick(request_id.rsplit("/t", 1)[0], task)
+        """The turn's sample. An instance that went away (UNAVAILABLE) is marked lost in the router
+        and the turn runs again elsewhere from the same context (nothing of the trajectory is lost);
+        with no instance alive it waits ``LOST_WAIT_S`` for one to be readmitted."""
         params = GenerateParams(samples_per_prompt=1, max_new_tokens=max_new_tokens, min_weight_version=min_version,
                                 temperature=self.temperature, tag=self.tag)
+        deadline = time.monotonic() + self.LOST_WAIT_S
+        while True:
+            if not self.router.live():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{request_id}: every SGS instance is gone")
+                await asyncio.sleep(0.2)
+                continue
+            i = self.pick(request_id.rsplit("/t", 1)[0], task)
+            try:
+                samples = await self._call(i, request_id, context, task, params)
+                break
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                self.router.lose(i)
+                self.lost_turns += 1
+        if len(samples) != 1:
+            raise RuntimeError(f"{request_id}: the SGS returned {len(samples)} samples for one")
+        if self.on_sample is not None:
+            self.on_sample(samples[0])
+        return samples[0]
+
+
+    async def _call(self, i: int, request_id: str, context: tuple[int, ...], task: str,
+                    params: GenerateParams) -> list[SampleRecord]:
         call = None
         try:
             call = self.clients[i].start([PromptSpec(request_id, context, task=task)], params)
-            samples = await asyncio.get_running_loop().run_in_executor(self.executor, list, call)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, list, call)
         except asyncio.CancelledError:
             if call is not None:
                 call.cancel()
             raise
         finally:
             self.router.returned(i)
-        if len(samples) != 1:
-            raise RuntimeError(f"{request_id}: the SGS returned {len(samples)} samples for one")
-        if self.on_sample is not None:
-            self.on_sample(samples[0])
-        return samples[0]
 
 
 class PolicyCodec:

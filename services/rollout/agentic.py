@@ -48,10 +48,11 @@ from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
 from services.rollout.lifecycle import GroupLifecycle
+from services.rollout.readmit import Readmission
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
 from services.trainer.learner import Group
-from services.trainer.runtime import TrainerRuntime
+from services.trainer.runtime import Published, TrainerRuntime
 
 log = logging.getLogger("braid.agentic")
 
@@ -100,6 +101,11 @@ class AgenticRunner(GroupLifecycle):
         self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if self.a.log_trajectories else None
         if rt.runner_state is not None and "episodes" in rt.runner_state:  # resumed from a recovery checkpoint
             self.episodes.restore(rt.runner_state["episodes"])
+        # lost instances: the generator re-runs their turns elsewhere; they come back when restarted
+        self.router = getattr(rollout.generator, "router", None)
+        rt.publisher.push_errors_fatal = False  # a failed push loses that instance (``_readmit``)
+        self.readmission = Readmission(rt.publisher)
+        self.latest: tuple[int, object] = (rt.version, rt.start_snapshot)
         self.start_head()
 
     def checkpoint_state(self) -> dict:
@@ -108,9 +114,28 @@ class AgenticRunner(GroupLifecycle):
         return {"sampler": self.rt.sampler.state(), "episodes": self.episodes.state()}
 
     def tick(self) -> None:
+        self._readmit()
         self._launch()
         self._collect(COLLECT_S)
         self.head.train_head()
+
+    def published(self, out: Published) -> None:
+        self.latest = (out.version, out.snapshot)
+
+    def _readmit(self) -> None:
+        """An instance whose weights can no longer arrive is lost (its turns run elsewhere); a lost one
+        that answers again (restarted by the launcher) takes the newest weights and serves again."""
+        if self.router is None:
+            return
+        for i, pusher in enumerate(self.rt.publisher.pushers):
+            if self.router.alive[i] and pusher.error is not None:
+                self.router.lose(i)
+                log.warning("SGS instance %d lost: weight push failed: %s", i, pusher.error)
+        lost = [i for i, ok in enumerate(self.router.alive) if not ok]
+        for i in self.readmission.poll(lost, self.latest) if lost else []:
+            self.router.readmit(i)
+            self.counts["instances_readmitted"] += 1
+            log.warning("SGS instance %d is back at version %d", i, self.latest[0])
 
     def before_step(self) -> None:
         if self.a.interaction == "trajectory":
@@ -301,7 +326,9 @@ class AgenticRunner(GroupLifecycle):
             self.log.write(result.buffer_version + 1, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
-        return consumed_metrics(kept) | {"interaction": self.a.interaction}
+        lost = {} if self.router is None else {"instances_lost": self.router.losses,
+                                               "turns_rerun": getattr(self.rollout.generator, "lost_turns", 0)}
+        return consumed_metrics(kept) | {"interaction": self.a.interaction, **lost}
 
     def shutdown(self) -> None:
         for key in list(self.groups):

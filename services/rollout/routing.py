@@ -90,6 +90,7 @@ class InstanceRouter:
         self.versions, self.incoming = versions, incoming
         self.inflight = [0] * n
         self.alive = [True] * n
+        self.losses = 0  # times an instance was lost
         self._lock = threading.RLock()  # ``acquire`` picks (``views``) under it
 
     def views(self) -> list[InstanceView]:
@@ -122,6 +123,7 @@ class InstanceRouter:
     def lose(self, i: int) -> None:
         """Instance ``i`` is gone: nothing runs there any more."""
         with self._lock:
+            self.losses += int(self.alive[i])
             self.alive[i] = False
             self.inflight[i] = 0
 

@@ -112,3 +112,30 @@ def test_trained_tokens_are_the_sgs_s_or_the_environment_s_and_a_killed_worker_c
     assert [r["service"] for r in restarts] == ["env-0"]  # started again on its port
     assert _env_worker(tmp_path, "env-0") is None  # stopped with the run (the restarted one too)
     assert summary["eval_prompts"] == 8 and 0.0 <= summary["final_accuracy"] <= 1.0
+
+
+def test_a_killed_sgs_instance_comes_back_in_a_multi_turn_run(tmp_path, tiny_checkpoint):
+    """The only SGS instance is killed after the first step: the turns it held fail UNAVAILABLE and
+    wait; the launcher restarts it, the runner readmits it at the newest weights, the turns run
+    again from their contexts, and every group is still trained once within the bound."""
+    killed: list[int] = []
+
+    def kill_the_instance_after_the_first_step():
+        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
+            return
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if cmd[1:3] == ["-m", "services.generation"] and str(tmp_path) in " ".join(cmd):
+                proc.kill()
+                killed.append(proc.pid)
+
+    cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
+        "generation.instances=1", "trainer.mode=one_step", "trainer.iterations=3",
+        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05"], on_poll=kill_the_instance_after_the_first_step)
+    assert killed, "the SGS instance was not found"
+    _check_groups(cfg, summary, rows, trajs)
+    assert check_ledger(tmp_path / "ledger.jsonl", iterations=3, groups_per_step=2).ok
+    last = rows[-1]
+    assert last["instances_lost"] == 1 and last["instances_readmitted"] == 1, last
+    restarts = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
+    assert [r["service"] for r in restarts] == ["sgs-0"]

@@ -30,11 +30,11 @@ from allocator.cluster import (
     load_workload,
     workload_lengths,
 )
-from services.generation.scheduling.hardware import HARDWARE, Hardware
-from services.generation.scheduling.models import MODELS, ModelSpec
 from allocator.padding import expected_work
 from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
 from allocator.training import MFU, TrainSite, TrainWorkload
+from services.generation.scheduling.hardware import HARDWARE, Hardware
+from services.generation.scheduling.models import MODELS, ModelSpec
 
 PLAN_FIELDS = ("gen_gpus", "train_gpus", "gen_parallel", "train_parallel", "t_gen_s", "t_train_s", "iteration_s",
                "samples_per_s", "samples_per_s_per_cost", "planning_time_s")
@@ -110,8 +110,8 @@ def resolve_train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, wher
     """(profile, its path) of the training site: the file it names, checked against the site's
     kind and backend, the model and the workload's algorithm; else the shipped profile matching
     them (``allocator/profiles/``); else (None, None): the roofline."""
-    from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError
     from allocator.train_profile import find_train_profile, load_train_profile
+    from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError
 
     field = f"{where}.train_profile"
     if site.train_profile == ROOFLINE:

@@ -40,10 +40,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.generation.scheduling.models import ModelSpec
 from allocator.simulator import generation_time
 from allocator.training import TrainSearch, TrainSite, TrainWorkload, search
 from services.generation.scheduling import InstanceSpec
+from services.generation.scheduling.models import ModelSpec
 
 Objective = Literal["time", "cost"]
 WINDOW = 2  # DP units evaluated exactly on either side of the binary-search crossing

@@ -87,7 +87,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
     from services.common.config import load_config
     from services.generation.engine import create_engine
     from services.generation.scheduling.models import spec_from_hf_config
-    from services.generation.scheduling.profiles import PTLPoint, Profile, ProfileModel, StepCostFields, save_profile
+    from services.generation.scheduling.profiles import Profile, ProfileModel, PTLPoint, StepCostFields, save_profile
 
     cfg = load_config(config_path)
     gen = cfg.generation.model_copy(update={"max_new_tokens": 480})

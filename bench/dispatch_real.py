@@ -151,9 +151,9 @@ class InSituProfile:
 def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     from dataclasses import replace as dc_replace
 
-    from services.generation.scheduling.profiles import load_profile, shipped_profile
     from flows.processes import Supervisor, start_instances
     from services.common.config import load_config, write_config
+    from services.generation.scheduling.profiles import load_profile, shipped_profile
     from services.policy.model import build_policy, save_policy
 
     n, repeats = (512, 3) if quick else (1024, 4)

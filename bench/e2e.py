@@ -70,17 +70,17 @@ for _path in (ROOT, ROOT / "bench"):
 from e2e_core import (  # noqa: E402  (the pure helpers)
     MODES,
     TARGET_FRACTION,
-    pin_overrides,
-    mode_overrides,
-    repeat_overrides,
+    assemble,
+    buffer_staleness,
+    choose_target,
     combine_repeats,
+    curve_points,
+    mode_overrides,
+    pin_overrides,
+    repeat_overrides,
     staleness_bound,
     steady_throughput,
-    curve_points,
-    choose_target,
-    buffer_staleness,
     total_hist,
-    assemble,
 )
 from e2e_report import markdown, plot  # noqa: E402  (rendering of the results)
 

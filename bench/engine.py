@@ -38,13 +38,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import QUICK_OUT, provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    QUICK_OUT,
+    provenance,
+    provenance_line,
+    ratio_spread,
+    results_dir,
+    spread,
+    write_results,
+)
 
 CONFIG = ROOT / "deploy/configs/default.yaml"
 ENGINES = ("vllm", "hf", "generate")
@@ -311,7 +319,7 @@ def machine_load() -> dict:
         except OSError:
             continue
         tests += int(b"pytest" in cmd and int(proc.name) != mine)
-    return {"utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load1": os.getloadavg()[0],
+    return {"utc": datetime.now(UTC).isoformat(timespec="seconds"), "load1": os.getloadavg()[0],
             "pytest_processes": tests}
 
 

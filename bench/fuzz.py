@@ -29,7 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report_io import (  # noqa: E402
-    parts_line, parts_record, provenance, provenance_line, results_dir, write_results,
+    parts_line,
+    parts_record,
+    provenance,
+    provenance_line,
+    results_dir,
+    write_results,
 )
 
 PARTS = {"services": "services", "files": "files"}  # part -> its section of the results

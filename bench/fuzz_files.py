@@ -432,7 +432,7 @@ def good_genlog(path: Path) -> None:
 # ---------------------------------------------------------------- the property
 @dataclass
 class FileTally:
-    counts: dict = field(default_factory=lambda: {})
+    counts: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)
     failed_input: dict = field(default_factory=dict)  # kind -> the bytes of its last failing example
 

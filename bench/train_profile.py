@@ -58,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allocator.padding import backward_calls, completion_order, deal_groups, micro_batch_work  # noqa: E402
+from allocator.padding import backward_calls, deal_groups, micro_batch_work  # noqa: E402
 from bench.report_io import provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
 
 OUT = ROOT / "bench/results"

@@ -63,7 +63,6 @@ for _path in (ROOT, ROOT / "bench"):
 
 from e2e_core import choose_target as e2e_target  # noqa: E402  (pure helpers shared with bench/e2e.py)
 from e2e_core import time_to_target  # noqa: E402
-
 from trl_fair_report import markdown, plot  # noqa: E402  (the rendering)
 
 from bench.report_io import flagged_ratio, results_dir, set_json_key, spread  # noqa: E402

@@ -163,8 +163,8 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
 
     from bench.weights_lib import start_relay, stop
     from services.common.config import WeightsConfig
-    from services.weights.client import RelayClient
     from services.trainer.transport import RelayTransport
+    from services.weights.client import RelayClient
 
     rows = {}
     for mb in sizes:

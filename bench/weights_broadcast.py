@@ -24,10 +24,10 @@ RELAY_NET = "10.77.0"
 
 def _start(work: Path, net, p: int, tag: str, hop_rate: str):
     """p relays, each in its own namespace behind a rate-limited veth (started in parallel)."""
-    from bench.weights_lib import env, netns_prefix
-
     import subprocess
     import sys
+
+    from bench.weights_lib import env, netns_prefix
 
     procs, addrs, pending = [], [], []
     for i in range(p):

@@ -186,8 +186,8 @@ def split_cpus(cpus: set[int]) -> tuple[set[int], set[int]] | None:
 def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bool = True) -> dict:
     from bench.weights_lib import Netns
     from flows.processes import router_enabled
-    from services.common.config import load_config
     from services.common.certs import make_certs
+    from services.common.config import load_config
 
     sites = work / "xsite-sites.yaml"
     sites.write_text(

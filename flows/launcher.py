@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.processes import (
-    Service, Supervisor, router_enabled, start_env_workers, start_instances, start_relays, start_router, start_trainer,
+    Service,
+    Supervisor,
+    router_enabled,
+    start_env_workers,
+    start_instances,
+    start_relays,
+    start_router,
+    start_trainer,
     supervise_trainer,
 )
 from flows.reward_pool import RewardPoolController

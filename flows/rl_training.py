@@ -33,8 +33,8 @@ from tqdm import tqdm
 from flows.artifacts import embed_images, metrics_table
 from flows.launcher import run_processes
 from flows.processes import child_env
-from flows.report import write_report
 from flows.registries import check_run
+from flows.report import write_report
 from flows.two_site import TwoSiteConfig, run_two_sites
 from services.common.config import ConfigError, RunConfig, apply_overrides, load_config, write_config
 from services.common.progress import progress_interval

@@ -152,7 +152,6 @@ class SiteRuns:
 
     def start(self, role: str, flow_name: str, site: SiteConfig, parameters: dict) -> SiteRun:
         from prefect.deployments import run_deployment
-
         from prefect.exceptions import ObjectNotFound
 
         name = deployment_name(flow_name, site)

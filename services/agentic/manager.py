@@ -186,7 +186,7 @@ class EnvManager:
         for attempt in range(self.limits.step_retries + 1):
             try:
                 return await asyncio.wait_for(call(), self.limits.step_timeout_s + TIMEOUT_GRACE_S)  # type: ignore[arg-type]
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 code, reason = "TIMEOUT", f"{what} got no reply within {self.limits.step_timeout_s + TIMEOUT_GRACE_S}s"
             except EnvError as err:
                 code, reason = err.code, f"{what}: {err}"

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import grpc
 import torch
 
+from services.common.certs import TlsFiles, open_channel
 from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
 from services.common.weights import iter_chunks
 from services.generation import convert
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.common.certs import TlsFiles, open_channel
 
 
 class GenerateCall:

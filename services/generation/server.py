@@ -17,6 +17,7 @@ from concurrent import futures
 
 import grpc
 
+from services.common.certs import TlsFiles, server_credentials
 from services.common.config import GenerationConfig
 from services.common.malformed import MalformedRequests
 from services.common.pool_config import task_problem
@@ -27,7 +28,6 @@ from services.generation.core import CallClosed, GenerationCore
 from services.generation.engine import Sampling
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.common.certs import TlsFiles, server_credentials
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.sgs")

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from services.common.certs import TlsFiles, open_channel
 from services.common.weights import (
     Chunk,
     Manifest,
@@ -44,7 +45,6 @@ from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.weights import datachan as dc
 from services.weights import datapath
-from services.common.certs import TlsFiles, open_channel
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import host_id
 from services.weights.values import (

@@ -35,11 +35,11 @@ from pathlib import Path
 import grpc
 
 from services.common.address import parse_address
+from services.common.certs import TlsFiles, server_credentials
 from services.common.malformed import MalformedRequests
 from services.common.weights import WeightError, blob_chunk
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.common.certs import TlsFiles, server_credentials
 from services.weights.client import RelayClient, RelayError
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END
@@ -130,7 +130,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         path = Path(m.shm_path)
         if self.store.shm_dir is None or m.host_id != self.host:
             raise WeightError("precondition", "this relay cannot adopt shared memory from that host; stream the chunks")
-        if path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm") or not path.name.startswith(SHM_PREFIX):
+        if (path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm")) or not path.name.startswith(SHM_PREFIX):
             raise WeightError("argument", f"shm_path {str(path)!r} is not a braid blob in /dev/shm")
         if not path.is_file():
             raise WeightError("argument", f"shm_path {str(path)!r} is not a file")

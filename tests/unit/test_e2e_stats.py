@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import e2e_stats as st  # noqa: E402
+import e2e_stats as st
 
 
 def test_paired_difference_cancels_prompt_difficulty():

@@ -6,7 +6,15 @@ import itertools
 
 import pytest
 
-from services.buffer.pools import EvictOldest, ExperienceBuffer, Partial, PartialResponsePool, PoolError, PrioritySampler, PromptPool
+from services.buffer.pools import (
+    EvictOldest,
+    ExperienceBuffer,
+    Partial,
+    PartialResponsePool,
+    PoolError,
+    PrioritySampler,
+    PromptPool,
+)
 
 
 def test_prompt_pool_hands_out_in_order_and_returned_prompts_first():

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from allocator.simulator import SimSample, generation_time, simulate
+from services.generation.scheduling import InstanceSpec, StepCost
 from services.generation.scheduling.models import MODELS, get_model
 from services.generation.scheduling.profiles import (
     PROFILE_DIR,
@@ -14,8 +16,6 @@ from services.generation.scheduling.profiles import (
     load_profile,
     save_profile,
 )
-from allocator.simulator import SimSample, generation_time, simulate
-from services.generation.scheduling import InstanceSpec, StepCost
 
 
 @pytest.mark.parametrize("path", sorted(p for p in PROFILE_DIR.glob("*.json") if not p.stem.endswith("-train")), ids=lambda p: p.stem)

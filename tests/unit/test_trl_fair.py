@@ -16,9 +16,9 @@ for _p in (ROOT, ROOT / "bench"):
 
 import trl_fair as tf  # noqa: E402
 import trl_fair_report as tfr  # noqa: E402
+from e2e_core import pin_overrides  # noqa: E402
 
 from bench.report_io import set_json_key  # noqa: E402
-from e2e_core import pin_overrides  # noqa: E402
 from services.common.config import load_config  # noqa: E402
 
 TRL = {"micro_batch": 64, "threads": 2, "generation": "generate", "prompt_tokens": 19}

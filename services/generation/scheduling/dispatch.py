@@ -195,7 +195,7 @@ def _top_units(order: list[int], seqs: Sequence[SeqRequest], n_seqs: int) -> int
 
 def _lpt_balance(order: list[int], work: list[float], bins: list[int], load: dict[int, float]) -> dict[int, int]:
     """Graham's LPT: items (indices into ``work``, longest first) to the least-loaded bin."""
-    count = {b: 0 for b in bins}
+    count = dict.fromkeys(bins, 0)
     out: dict[int, int] = {}
     for idx in order:
         b = min(bins, key=lambda j: (load[j], count[j], j))

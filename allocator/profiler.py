@@ -76,7 +76,7 @@ def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
     assert best is not None
     err, c, bp = best
     names = ("k1b", "k3", "k4", "k5", "prefill_per_token", "per_sequence")
-    coef = {k: float(v) for k, v in zip(names, c)}
+    coef = {k: float(v) for k, v in zip(names, c, strict=True)}
     coef["k2"] = coef["k3"] * bp
     return coef, err
 

@@ -52,6 +52,7 @@ Writes ``bench/results/e2e.json``, ``bench/results/e2e.md`` and ``bench/results/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -363,14 +364,15 @@ def main() -> int:
             settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
                         "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
             if r == 0:
-                per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_mode(
-                    mode, run_dir, cfg, checkpoint, warm, problems, paired_problems, ns))
+                per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, functools.partial(
+                    measure_mode, mode, run_dir, cfg, checkpoint, warm, problems, paired_problems, ns))
                 repeats: list[dict] = []
                 if per_mode[mode]["status"] != "ok":
                     break
                 continue
             settings["eval"] = None  # repeats are not scored
-            rep = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_repeat(mode, run_dir, cfg, checkpoint))
+            rep = run_mode(mode, run_dir, cfg, settings, ns.reuse,
+                           functools.partial(measure_repeat, mode, run_dir, cfg, checkpoint))
             if rep["status"] != "ok":
                 per_mode[mode] = {**rep, "status": f"repeat {r}: {rep['status']}"}
                 break

@@ -68,7 +68,7 @@ def markdown(r: dict) -> str:
         lines.append(f"| {kind} | {f['inputs']} | {f['accepted']} | {f['refused']} | {f['failures']} |")
     for crash in r["crashes"] + r["file_failures"]:
         lines += ["", f"- crash: `{str(crash)[:600]}`"]
-    return "\n".join(lines + ["", provenance_line(r["provenance"]), ""])
+    return "\n".join([*lines, "", provenance_line(r["provenance"]), ""])
 
 
 def run_services(ns: argparse.Namespace, t0: float) -> dict:

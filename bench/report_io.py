@@ -119,7 +119,8 @@ def ratio_spread(num: list[float], den: list[float]) -> dict:
     """Per-repeat ratios num[i] / den[i] (same repeat), then their median and min/max."""
     if len(num) != len(den):
         raise ValueError(f"{len(num)} vs {len(den)} repeats")
-    return {**spread([a / b for a, b in zip(num, den)]), "per_repeat": [a / b for a, b in zip(num, den)]}
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    return {**spread(ratios), "per_repeat": ratios}
 
 
 def flagged_ratio(num: list[float], den: list[float]) -> dict:

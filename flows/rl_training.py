@@ -211,10 +211,7 @@ def rl_training(
         (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
     logger.info("run directory: %s", run_dir)
     checkpoint = warm_start(run_dir)
-    if sites is None:
-        summary_path = run_services(run_dir, checkpoint)
-    else:
-        summary_path = run_sites(run_dir, checkpoint, sites)
+    summary_path = run_services(run_dir, checkpoint) if sites is None else run_sites(run_dir, checkpoint, sites)
     report(run_dir)
     summary = json.loads(Path(summary_path).read_text())
     logger.info(

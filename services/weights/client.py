@@ -181,7 +181,7 @@ class RelayClient:
         def run(part: int) -> None:
             try:
                 acks[part] = self._call_push(self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender))
-            except BaseException as exc:  # re-raised below
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
                 acks[part] = exc
 
         threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
@@ -400,7 +400,7 @@ class RelayClient:
                 _, chunks = self.iter_pull(version, part=part, parts=parts)
                 for c in chunks:
                     self._place(m, view, c, digests, bad)
-            except BaseException as exc:  # re-raised below
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]

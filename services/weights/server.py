@@ -25,6 +25,7 @@ first data-channel pull after N chunks (a broken connection, so a test sees the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -276,10 +277,9 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             threading.Thread(target=self._forward, args=(inc, branch), name=f"fwd-{inc.version}", daemon=True).start()
 
     def _warm(self, address: str) -> None:
-        try:
+        # a dead hop is the forwarder's and the controller's business
+        with contextlib.suppress(grpc.RpcError, RelayError):
             self.peer(address).versions(timeout_s=2.0)
-        except (grpc.RpcError, RelayError):
-            pass  # a dead hop is the forwarder's and the controller's business
 
     def _sync_branches(self) -> None:
         """After a re-plan, make sure each new branch head has the newest version held or

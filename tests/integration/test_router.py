@@ -80,7 +80,7 @@ def test_streams_are_merged_every_sample_once_with_forced_lengths(stack):
     assert dispatched["policy"] == "lpt" and dispatched["estimates"] == "request"
     assert all(n > 0 for n in dispatched["per_instance"]) and sum(dispatched["per_instance"]) == 18
     seen = [e for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
-    assert sorted(e["instance"] for e in seen) == sorted(sum(([i] * n for i, n in enumerate(dispatched["per_instance"])), []))
+    assert sorted(e["instance"] for e in seen) == sorted(i for i, n in enumerate(dispatched["per_instance"]) for _ in range(n))
 
 
 def test_instances_append_finished_samples_to_the_generation_log(stack, genlog_path):

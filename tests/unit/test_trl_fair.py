@@ -77,7 +77,8 @@ def test_trl_resolved_config_is_checked_against_the_run_config():
 
 
 def _rows(ends, lens, samples=256):
-    return [{"iteration": i, "t_end": t, "samples": samples, "response_len_mean": n} for i, (t, n) in enumerate(zip(ends, lens))]
+    return [{"iteration": i, "t_end": t, "samples": samples, "response_len_mean": n}
+            for i, (t, n) in enumerate(zip(ends, lens, strict=True))]
 
 
 def test_steady_rates_exclude_step_zero_and_count_wall_between_step_ends():

@@ -180,7 +180,7 @@ def _calibrated(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> list[float]
 
 
 def _work(seqs: Sequence[SeqRequest], est: list[float]) -> list[float]:
-    return [e * s.count for s, e in zip(seqs, est)]
+    return [e * s.count for s, e in zip(seqs, est, strict=True)]
 
 
 def _top_units(order: list[int], seqs: Sequence[SeqRequest], n_seqs: int) -> int:
@@ -272,7 +272,7 @@ def _scenarios(seqs: Sequence[SeqRequest], est: list[float], ctx: DispatchContex
     draws = ctx.errors.scenarios([seqs[i].estimate or 0.0 for i in heads], ctx.scenarios, ctx.seed)
     out = []
     for draw in draws:
-        value = dict(zip(heads, draw))
+        value = dict(zip(heads, draw, strict=True))
         out.append([value[rep[i]] if s.estimate is not None else est[i] for i, s in enumerate(seqs)])
     return out
 

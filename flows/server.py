@@ -31,6 +31,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.common.atomic import write_json_atomic
+
 HEALTH_TIMEOUT_S = 180.0  # first start migrates the database: ~36 s on an idle 2-core machine
 WORKER_TIMEOUT_S = 120.0
 STOP_GRACE_S = 30.0
@@ -69,10 +71,7 @@ def read_state(state_dir: str | Path) -> dict | None:
 
 
 def _write_state(state_dir: str | Path, state: dict) -> None:
-    path = _state_path(state_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(_state_path(state_dir), state, indent=2)
 
 
 def _alive(pid: int) -> bool:

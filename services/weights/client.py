@@ -31,7 +31,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from services.common.certs import TlsFiles, open_channel
+from services.common.certs import TlsFiles
+from services.common.rpc import connect
 from services.common.weights import (
     Chunk,
     Manifest,
@@ -68,13 +69,10 @@ CONTROL_TIMEOUT_S = 10.0
 
 
 def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
-    options = [
-        ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
-        # a restarted relay must be seen again within a heartbeat or two, not after gRPC's 1-120 s backoff
-        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
-    ]
-    return open_channel(address, tls, options)
+    # a restarted relay must be seen again within a heartbeat or two, not after gRPC's 1-120 s backoff
+    backoff = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 1000)]
+    return connect(address, max_message_bytes=limit, tls=tls, options=backoff)
 
 
 class RelayClient:

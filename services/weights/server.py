@@ -30,14 +30,13 @@ import logging
 import os
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 
 from services.common.address import parse_address
-from services.common.certs import TlsFiles, server_credentials
-from services.common.malformed import MalformedRequests
+from services.common.certs import TlsFiles
+from services.common.rpc import MB, bind, new_server
 from services.common.weights import WeightError, blob_chunk
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
@@ -423,18 +422,8 @@ def create_server(
 ) -> tuple[grpc.Server, int, int]:
     """A server on ``address`` (plaintext, for the site's own processes) and, with ``tls``, on
     ``tls_address`` (mutual TLS, for other sites); returns (server, port, tls_port or 0)."""
-    limit = max_message_mb * 1024 * 1024
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relay-rpc"), interceptors=[MalformedRequests()],
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
-    )
+    server = new_server(workers=workers, thread_name_prefix="relay-rpc", max_message_bytes=max_message_mb * MB)
     server.add_generic_rpc_handlers((service_handler(servicer),))
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"could not bind {address}")
-    tls_port = 0
-    if tls is not None and tls_address is not None:
-        tls_port = server.add_secure_port(tls_address, server_credentials(tls))
-        if tls_port == 0:
-            raise RuntimeError(f"could not bind {tls_address} (TLS)")
+    port = bind(server, address)
+    tls_port = bind(server, tls_address, tls, label=" (TLS)") if tls is not None and tls_address is not None else 0
     return server, port, tls_port

@@ -25,7 +25,7 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid-sgs", description="Stream Generation Service (gRPC)")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
     parser.add_argument("--model", required=True, help="local checkpoint dir to serve")
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cpus", default=None, type=_cpu_list, help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)"
     )
     add_tls_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     ns = parser.parse_args(argv)
     tls = tls_from_args(parser, ns)
     setup_logging("sgs")

@@ -12,7 +12,7 @@ from services.common.entry import add_serve_args, check_port, publish_port, serv
 STALE_INCOMING_S = 60.0  # an arriving version with no progress this long is dropped
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid relay", description="weight relay (parameter service) process")
     add_serve_args(parser, host_help="plaintext address for this site's processes",
                    port_file_help="write 'port[ tls_port]' here once serving")
@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="name this port in grants instead of --tls-data-port (a NAT, port forward or proxy in front)")
     parser.add_argument("--no-data-channel", action="store_true",
                         help="serve no raw-TCP data channel (clients fall back to gRPC streams)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     ns = parser.parse_args(argv)
     if ns.keep < 1:
         parser.error("--keep must be >= 1")

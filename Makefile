@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow test-gpu gpu-wheels install lock proto bench chaos clean server server-stop screenshots
+.PHONY: run test test-slow test-gpu lint gpu-wheels install lock proto bench chaos clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ run: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# ruff with the rule selection in pyproject.toml (tests/unit/test_lint.py runs the same check in `make test`).
+# `make lint FIX=1` applies ruff's safe fixes first.
+lint: install
+	$(PY) -m ruff check $(if $(FIX),--fix) .
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests

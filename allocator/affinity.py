@@ -256,7 +256,7 @@ def plan_affinity(tasks: Sequence[TaskWorkload], pools: Sequence[PoolSpec], mode
             raise ValueError(f"{kind} names must be unique, got {items}")
     times = tuple(tuple(task_time(t, p, spec, prefill_mfu) for p in pools) for t in tasks)
     assignment, makespan, _ = best_assignment([[tt.total_s for tt in row] for row in times])
-    mapping = {t.name: pools[p].name for t, p in zip(tasks, assignment)}
+    mapping = {t.name: pools[p].name for t, p in zip(tasks, assignment, strict=True)}
     busy = {p.name: sum(times[k][j].total_s for k, a in enumerate(assignment) if a == j) for j, p in enumerate(pools)}
     return AffinityPlan(spec.name, tuple(pools), times, mapping, makespan, busy)
 

@@ -30,11 +30,11 @@ from allocator.cluster import (
     load_workload,
     workload_lengths,
 )
-from services.generation.scheduling.hardware import HARDWARE, Hardware
-from services.generation.scheduling.models import MODELS, ModelSpec
 from allocator.padding import expected_work
 from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
 from allocator.training import MFU, TrainSite, TrainWorkload
+from services.generation.scheduling.hardware import HARDWARE, Hardware
+from services.generation.scheduling.models import MODELS, ModelSpec
 
 PLAN_FIELDS = ("gen_gpus", "train_gpus", "gen_parallel", "train_parallel", "t_gen_s", "t_train_s", "iteration_s",
                "samples_per_s", "samples_per_s_per_cost", "planning_time_s")
@@ -110,8 +110,8 @@ def resolve_train_profile(site: SiteSpec, model: ModelSpec, algorithm: str, wher
     """(profile, its path) of the training site: the file it names, checked against the site's
     kind and backend, the model and the workload's algorithm; else the shipped profile matching
     them (``allocator/profiles/``); else (None, None): the roofline."""
-    from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError
     from allocator.train_profile import find_train_profile, load_train_profile
+    from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError
 
     field = f"{where}.train_profile"
     if site.train_profile == ROOFLINE:
@@ -165,7 +165,7 @@ def train_workload(prompts: list[int], outputs: list[int], algorithm: str, profi
     """One iteration's training workload: its tokens and the learner's expected padded work
     (``allocator.padding.expected_work``), grouped as given, else as the profile's trainer config
     was (the trainer's defaults, 8 and 8, without a profile)."""
-    seq = [p + o for p, o in zip(prompts, outputs)]
+    seq = [p + o for p, o in zip(prompts, outputs, strict=True)]
     gs = group_size or (profile.group_size if profile is not None else 8)
     mbg = micro_batch_groups or (profile.micro_batch_groups if profile is not None else 8)
     return TrainWorkload.from_work(expected_work(seq, gs, mbg), algorithm)
@@ -179,7 +179,7 @@ def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: Wo
     idx = {s.name: i for i, s in enumerate(cluster.sites)}
     gsite, tsite = cluster.site("generation"), cluster.site("training")
     gwhere, twhere = f"{source}: sites[{idx[gsite.name]}]", f"{source}: sites[{idx[tsite.name]}]"
-    ghw, gcost = site_hardware(gsite, gwhere)
+    _, gcost = site_hardware(gsite, gwhere)
     thw, tcost = site_hardware(tsite, twhere)
     specs = gen_specs(gsite, model, gwhere)
     prompts, outputs = workload_lengths(wl)
@@ -240,7 +240,7 @@ def format_table(plan: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [f"{plan['model']} on {plan['cluster']} ({plan['mode']}, objective {plan['objective']}), "
              f"workload {plan['workload']} ({plan['batch_size']} samples/iteration, {plan['algorithm']})", ""]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines += [
         "",
         f"iteration time     {plan['iteration_s']:.1f} s  (max of the two stages: one-step asynchronous pipeline)",

@@ -110,7 +110,7 @@ def deal_groups(lengths: Sequence[int], group_size: int, rng: random.Random,
         z = rng.gauss(0.0, 1.0)
         slots += [(a * z + b * rng.gauss(0.0, 1.0), rng.random(), g) for _ in range(size)]
     groups: list[list[int]] = [[] for _ in sizes]
-    for length, (_, _, g) in zip(sorted(lengths), sorted(slots)):
+    for length, (_, _, g) in zip(sorted(lengths), sorted(slots), strict=True):
         groups[g].append(length)
     for group in groups:
         rng.shuffle(group)

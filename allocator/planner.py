@@ -40,10 +40,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.generation.scheduling.models import ModelSpec
 from allocator.simulator import generation_time
 from allocator.training import TrainSearch, TrainSite, TrainWorkload, search
 from services.generation.scheduling import InstanceSpec
+from services.generation.scheduling.models import ModelSpec
 
 Objective = Literal["time", "cost"]
 WINDOW = 2  # DP units evaluated exactly on either side of the binary-search crossing
@@ -122,7 +122,7 @@ class CostModel:
 
     def _alone(self, spec: InstanceSpec) -> float:
         return max(spec.cost.prefill(p, 1) + spec.cost.steps(1, p, o)
-                   for p, o in zip(self.gen_wl.prompt_tokens, self.gen_wl.output_tokens))
+                   for p, o in zip(self.gen_wl.prompt_tokens, self.gen_wl.output_tokens, strict=True))
 
     def gen_floor(self) -> float:
         """A lower bound of T_gen on any number of GPUs: the longest sequence decoding alone

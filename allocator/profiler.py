@@ -76,7 +76,7 @@ def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
     assert best is not None
     err, c, bp = best
     names = ("k1b", "k3", "k4", "k5", "prefill_per_token", "per_sequence")
-    coef = {k: float(v) for k, v in zip(names, c)}
+    coef = {k: float(v) for k, v in zip(names, c, strict=True)}
     coef["k2"] = coef["k3"] * bp
     return coef, err
 
@@ -87,7 +87,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
     from services.common.config import load_config
     from services.generation.engine import create_engine
     from services.generation.scheduling.models import spec_from_hf_config
-    from services.generation.scheduling.profiles import PTLPoint, Profile, ProfileModel, StepCostFields, save_profile
+    from services.generation.scheduling.profiles import Profile, ProfileModel, PTLPoint, StepCostFields, save_profile
 
     cfg = load_config(config_path)
     gen = cfg.generation.model_copy(update={"max_new_tokens": 480})

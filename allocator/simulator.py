@@ -122,7 +122,8 @@ def generation_time(
         raise ValueError(f"{len(prompt_tokens)} prompt lengths for {len(output_tokens)} output lengths")
     ests = list(estimates) if estimates is not None else [None] * len(output_tokens)
     samples = [
-        SimSample(f"s{i}", int(p), int(o), e) for i, (p, o, e) in enumerate(zip(prompt_tokens, output_tokens, ests))
+        SimSample(f"s{i}", int(p), int(o), e)
+        for i, (p, o, e) in enumerate(zip(prompt_tokens, output_tokens, ests, strict=True))
     ]
     return simulate(samples, spec, n_instances, policy=policy, admission=admission, lengths=lengths,
                     alpha=alpha, seed=seed).makespan_s
@@ -159,10 +160,10 @@ def calibrate_spec(spec: InstanceSpec, runs: Sequence[MeasuredInstance]) -> tupl
     sims = [run_instance(list(r.jobs), spec, r.admission).makespan_s for r in used]
     if any(s <= 0 for s in sims):
         raise ValueError("the profile simulates a zero makespan; cannot scale it")
-    logs = [math.log(r.measured_s / s) for r, s in zip(used, sims)]
+    logs = [math.log(r.measured_s / s) for r, s in zip(used, sims, strict=True)]
     scale = math.exp(sum(logs) / len(logs))
     c = spec.cost
     cost = replace(c, k1=c.k1 * scale, k2=c.k2 * scale, k3=c.k3 * scale, k4=c.k4 * scale, k5=c.k5 * scale,
                    prefill_per_token=c.prefill_per_token * scale, per_sequence=c.per_sequence * scale)
-    fit_error = sum(abs(s * scale / r.measured_s - 1) for r, s in zip(used, sims)) / len(used)
+    fit_error = sum(abs(s * scale / r.measured_s - 1) for r, s in zip(used, sims, strict=True)) / len(used)
     return replace(spec, cost=cost), {"scale": scale, "runs": len(used), "fit_error": fit_error}

@@ -42,11 +42,11 @@ from typing import Literal
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from services.generation.scheduling.models import ModelSpec
-from services.generation.scheduling.profiles import ProfileModel, check_fingerprint, read_validated
 from allocator.padding import PaddedWork, micro_batch_work
 from allocator.training import TrainWorkload, padded_step_flops
 from services.common.config import StrictModel
+from services.generation.scheduling.models import ModelSpec
+from services.generation.scheduling.profiles import ProfileModel, check_fingerprint, read_validated
 
 FORMAT = "braid-train-profile/1"
 

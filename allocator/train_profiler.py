@@ -217,10 +217,10 @@ def run_train_profile(config_path: str | None, model_dir: str | None, out: str |
     """Measure the grid, fit, write the profile; returns a summary (path, fit, points)."""
     import torch
 
-    from services.generation.scheduling.models import spec_from_hf_config
-    from services.generation.scheduling.profiles import PROFILE_DIR, save_profile
     from allocator.train_profile import make_train_profile, profile_filename
     from services.common.config import load_config
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import PROFILE_DIR, save_profile
 
     cfg = load_config(config_path, [*(overrides or []), *([f"trainer.device={device}"] if device else [])])
     tc = cfg.trainer

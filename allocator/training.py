@@ -48,8 +48,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from services.generation.scheduling.hardware import Hardware
 from allocator.memory import MemoryEstimate, ParallelConfig, training_memory
+from services.generation.scheduling.hardware import Hardware
 from services.generation.scheduling.models import ModelSpec
 
 if TYPE_CHECKING:

@@ -42,6 +42,7 @@ Result fields: ``traj_vs_batch`` (keyed by sigma/mu "0.1", "0.5", "1.0": the med
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -147,7 +148,7 @@ def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int,
                       "traj_step_time_s": [x["step_time_s"] for x in t], "batch_step_time_s": [x["step_time_s"] for x in b]}
     out = {"traj_vs_batch": {cv: detail[cv]["step_time"]["median"] for cv in cvs}, "traj_vs_batch_detail": detail}
     gains = [out["traj_vs_batch"][cv] for cv in cvs]
-    out["gain_grows_with_variance"] = all(a < b for a, b in zip(gains, gains[1:]))
+    out["gain_grows_with_variance"] = all(a < b for a, b in itertools.pairwise(gains))
     if "1.0" in cvs:
         out["goal"] = GOAL
         out["goal_met"] = out["traj_vs_batch"]["1.0"] >= GOAL and out["gain_grows_with_variance"]
@@ -210,8 +211,8 @@ def plot(res: dict, path: Path) -> None:
     x = range(len(cvs))
     for label, key, color in (("batch level", "batch_step_time_s", "tab:red"), ("trajectory level", "traj_step_time_s", "tab:blue")):
         med = [statistics.median(detail[cv][key]) for cv in cvs]
-        lo = [m - min(detail[cv][key]) for m, cv in zip(med, cvs)]
-        hi = [max(detail[cv][key]) - m for m, cv in zip(med, cvs)]
+        lo = [m - min(detail[cv][key]) for m, cv in zip(med, cvs, strict=True)]
+        hi = [max(detail[cv][key]) - m for m, cv in zip(med, cvs, strict=True)]
         ax[0].errorbar(x, med, yerr=[lo, hi], fmt="o-", capsize=4, label=label, color=color)
     ax[0].set_xticks(list(x), cvs)
     ax[0].set_xlabel("environment latency sigma / mu")

@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from allocator.allocate import build_cost_model, find_model  # noqa: E402
 from allocator.cluster import ClusterSpec, load_cluster, load_workload  # noqa: E402
-from bench.report_io import provenance, provenance_line, results_dir  # noqa: E402
 from allocator.planner import (  # noqa: E402
     CostModel,
     brute_force_single,
@@ -44,6 +43,7 @@ from allocator.planner import (  # noqa: E402
     plan_single_site,
     plan_two_sites,
 )
+from bench.report_io import provenance, provenance_line, results_dir  # noqa: E402
 
 MODELS = {"Qwen2.5-7B": "qwen2.5-7b", "Qwen2.5-32B": "qwen2.5-32b", "Qwen2.5-72B": "qwen2.5-72b"}
 CLUSTERS = ROOT / "deploy/clusters"

@@ -34,8 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.chaos_run import RunResult, Scenario, run_scenario  # noqa: E402
-from bench.report_io import ROOT, provenance, provenance_line, results_dir, write_results  # noqa: E402
+from bench.chaos_run import RunResult, Scenario, run_scenario
+from bench.report_io import ROOT, provenance, provenance_line, results_dir, write_results
 
 SCENARIOS = [
     Scenario("kill_sgs", "bounded", ("sgs",)),

@@ -250,7 +250,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
         summary = json.loads((run_dir / "summary.json").read_text())
         result.completed = summary["final_weight_version"] == iterations
         result.rl_seconds = summary.get("rl_seconds")
-    except Exception as err:  # the run failed: recorded, the suite goes on
+    except Exception as err:  # noqa: BLE001 - the run failed: recorded, the suite goes on
         result.error = f"{type(err).__name__}: {str(err)[-2000:]}"
     finally:
         if inject.proxy is not None:

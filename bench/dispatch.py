@@ -66,7 +66,8 @@ def run_regime(workload, spec, *, seeds: int, scenarios: int) -> dict[str, float
 
     ranker = [
         SimSample(f"s{i}", p, n, e, g)
-        for i, (p, n, e, g) in enumerate(zip(workload.prompt_tokens, workload.lengths, workload.estimates, workload.groups))
+        for i, (p, n, e, g) in enumerate(
+            zip(workload.prompt_tokens, workload.lengths, workload.estimates, workload.groups, strict=True))
     ]
     dist = LengthDistribution([a for _, a in workload.history])
     errors = EstimateErrorModel(workload.history)
@@ -126,7 +127,8 @@ def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, 
         if noise is not None:
             w = with_synthetic_estimates(w, noise, seed)
         samples = [SimSample(f"s{i}", p, t, e, g)
-                   for i, (p, t, e, g) in enumerate(zip(w.prompt_tokens, w.lengths, w.estimates, w.groups))]
+                   for i, (p, t, e, g) in enumerate(
+                       zip(w.prompt_tokens, w.lengths, w.estimates, w.groups, strict=True))]
         dist, errors = LengthDistribution([a for _, a in w.history]), EstimateErrorModel(w.history)
         for name in REGIME_BLIND + aware:
             policy, inside = name.split("+")

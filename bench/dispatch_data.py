@@ -130,6 +130,7 @@ def with_synthetic_estimates(w: Workload, sigma: float, seed: int) -> Workload:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
     rng = random.Random(seed * 7919 + 17)
     noise: dict[str, float] = {}
-    estimates = [t * noise.setdefault(g, math.exp(sigma * rng.gauss(0.0, 1.0))) for t, g in zip(w.lengths, w.groups)]
+    estimates = [t * noise.setdefault(g, math.exp(sigma * rng.gauss(0.0, 1.0)))
+                 for t, g in zip(w.lengths, w.groups, strict=True)]
     history = [(a * math.exp(sigma * rng.gauss(0.0, 1.0)), a) for _, a in w.history]
     return dataclasses.replace(w, name=f"{w.name}~{sigma:g}", estimates=estimates, history=history)

@@ -43,7 +43,7 @@ INSTANCES = 2
 MAX_INFLIGHT = 32
 CALIB_ROUTER = "round_robin+fcfs"  # the router the calibration run goes through
 QUICK = ("random+fcfs", "round_robin+fcfs", "lpt+lpt", "streamrl+lpt")
-FULL = QUICK + ("least_loaded+fcfs", "streamrl_naive+lpt", "lpt+lpt/oracle", "streamrl+lpt/oracle")
+FULL = (*QUICK, "least_loaded+fcfs", "streamrl_naive+lpt", "lpt+lpt/oracle", "streamrl+lpt/oracle")
 
 
 def _prompt_tokens(text: str) -> int:
@@ -88,7 +88,7 @@ def _simulate_from_timeline(timeline: Path, call: int, prompts, forward: bool, s
 
 def _measured_per_instance(timeline: Path, call: int) -> list[float]:
     events = [json.loads(x) for x in timeline.read_text().splitlines()]
-    d = [e for e in events if e["event"] == "dispatch" and e["call"] == call][0]
+    d = next(e for e in events if e["event"] == "dispatch" and e["call"] == call)
     ends = [0.0] * INSTANCES
     for e in events:
         if e["event"] == "sample" and e["call"] == d["call"]:
@@ -120,8 +120,8 @@ class InSituProfile:
         for k, (bs, p, n) in enumerate(IN_SITU_GRID):
             times = [0.0] * len(self.clients)
 
-            def run(i: int) -> None:
-                prompts = [PromptSpec(f"prof{r}-{k}-{j}", tuple([1] + [5] * (p - 1)), "", 0.0, n) for j in range(bs)]
+            def run(i: int, k: int = k, bs: int = bs, p: int = p, n: int = n, times: list[float] = times) -> None:
+                prompts = [PromptSpec(f"prof{r}-{k}-{j}", (1, *[5] * (p - 1)), "", 0.0, n) for j in range(bs)]
                 t0 = time.perf_counter()
                 list(self.clients[i].generate(prompts, GenerateParams()))
                 times[i] = time.perf_counter() - t0
@@ -140,7 +140,7 @@ class InSituProfile:
 
         for c in self.clients:
             c.close()
-        ms = [Measurement(bs, p, n, t) for (bs, p, n), t in zip(IN_SITU_GRID, self.best)]
+        ms = [Measurement(bs, p, n, t) for (bs, p, n), t in zip(IN_SITU_GRID, self.best, strict=True)]
         coef, err = fit_step_cost(ms)
         cost = StepCost(k1=coef["k1b"] / kv_bytes_per_token, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
                         prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
@@ -151,9 +151,9 @@ class InSituProfile:
 def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     from dataclasses import replace as dc_replace
 
-    from services.generation.scheduling.profiles import load_profile, shipped_profile
     from flows.processes import Supervisor, start_instances
     from services.common.config import load_config, write_config
+    from services.generation.scheduling.profiles import load_profile, shipped_profile
     from services.policy.model import build_policy, save_policy
 
     n, repeats = (512, 3) if quick else (1024, 4)
@@ -287,7 +287,8 @@ def _calibrate(routers: dict, prompts, times: list[float], shipped) -> tuple:
     best = min(range(len(times)), key=times.__getitem__)
     jobs = _jobs_from_timeline(timeline, calib_calls[best], prompts)
     measured = _measured_per_instance(timeline, calib_calls[best])
-    spec, info = calibrate_spec(shipped, [MeasuredInstance(tuple(j), "fcfs", m) for j, m in zip(jobs, measured)])
+    spec, info = calibrate_spec(shipped, [MeasuredInstance(tuple(j), "fcfs", m)
+                                          for j, m in zip(jobs, measured, strict=True)])
     return spec, {**info, "samples": len(prompts), "router": CALIB_ROUTER, "measured_s": times[best],
                   "measured_all_s": times, "measured_per_instance_s": measured}
 

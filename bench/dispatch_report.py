@@ -62,7 +62,7 @@ def _regime_lines(r: dict) -> list[str]:
             *(f"| {x['sigma']:g} | {x['spearman']:.2f} | {_rs(x['ranker_vs_round_robin'])} | {_rs(x['ranker_vs_best_blind'])} |"
               for x in r["estimate_sensitivity"]),
         ]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def markdown(r: dict) -> str:

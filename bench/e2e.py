@@ -52,6 +52,7 @@ Writes ``bench/results/e2e.json``, ``bench/results/e2e.md`` and ``bench/results/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -70,17 +71,17 @@ for _path in (ROOT, ROOT / "bench"):
 from e2e_core import (  # noqa: E402  (the pure helpers)
     MODES,
     TARGET_FRACTION,
-    pin_overrides,
-    mode_overrides,
-    repeat_overrides,
+    assemble,
+    buffer_staleness,
+    choose_target,
     combine_repeats,
+    curve_points,
+    mode_overrides,
+    pin_overrides,
+    repeat_overrides,
     staleness_bound,
     steady_throughput,
-    curve_points,
-    choose_target,
-    buffer_staleness,
     total_hist,
-    assemble,
 )
 from e2e_report import markdown, plot  # noqa: E402  (rendering of the results)
 
@@ -363,14 +364,15 @@ def main() -> int:
             settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
                         "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
             if r == 0:
-                per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_mode(
-                    mode, run_dir, cfg, checkpoint, warm, problems, paired_problems, ns))
+                per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, functools.partial(
+                    measure_mode, mode, run_dir, cfg, checkpoint, warm, problems, paired_problems, ns))
                 repeats: list[dict] = []
                 if per_mode[mode]["status"] != "ok":
                     break
                 continue
             settings["eval"] = None  # repeats are not scored
-            rep = run_mode(mode, run_dir, cfg, settings, ns.reuse, lambda: measure_repeat(mode, run_dir, cfg, checkpoint))
+            rep = run_mode(mode, run_dir, cfg, settings, ns.reuse,
+                           functools.partial(measure_repeat, mode, run_dir, cfg, checkpoint))
             if rep["status"] != "ok":
                 per_mode[mode] = {**rep, "status": f"repeat {r}: {rep['status']}"}
                 break

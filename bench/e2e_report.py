@@ -202,7 +202,7 @@ def plot(result: dict, path: Path) -> None:
     for mode, d in result["modes"].items():
         if d.get("status") != "ok":
             continue
-        t, acc, se = zip(*d["curve"])
+        t, acc, se = zip(*d["curve"], strict=True)
         ax.errorbar(t, acc, yerr=se, marker="o", ms=3, capsize=2, elinewidth=0.7, alpha=0.85,
                     lw=2.2 if mode in ("sync", "trl") else 1.2,
                     ls="--" if mode == "trl" else "-", label=f"{mode} ({d['samples_per_s']:.0f} samples/s)")
@@ -218,7 +218,7 @@ def plot(result: dict, path: Path) -> None:
     for level in levels:
         frac = [h.get(str(level), 0) / max(1, sum(h.values())) for h in stale.values()]
         bx.bar(list(stale), frac, bottom=bottom, label=f"staleness {level}")
-        bottom = [b + f for b, f in zip(bottom, frac)]
+        bottom = [b + f for b, f in zip(bottom, frac, strict=True)]
     bx.set_ylabel("fraction of trained groups")
     bx.set_title("Staleness of consumed trajectories (all buffers)")
     bx.tick_params(axis="x", rotation=45, labelsize=7)

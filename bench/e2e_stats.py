@@ -37,7 +37,7 @@ def paired(a: list[float], b: list[float]) -> dict:
         raise ValueError(f"paired scores differ in length: {len(a)} vs {len(b)}")
     if len(a) < 2:
         raise ValueError("at least two paired prompts are needed")
-    d = [x - y for x, y in zip(a, b)]
+    d = [x - y for x, y in zip(a, b, strict=True)]
     mean = statistics.fmean(d)
     se = statistics.stdev(d) / math.sqrt(len(d))
     return {"diff": mean, "se": se, "ci95": [mean - Z95 * se, mean + Z95 * se], "n": len(d),

@@ -24,6 +24,7 @@ in ``bench/results/e2e.json`` (``--quick``: all under ``/tmp/braid-bench-quick``
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -162,7 +163,7 @@ def run_rounds(names: list[str], rounds: int, config_for, checkpoint: str, work:
             done = sum(len(v) for v in runs.values())
             print(f"[{done + 1}/{len(order)}] round {r}: {name} ({time.time() - t_start:.0f}s elapsed)", flush=True)
             rep = run_mode(name, run_dir, cfg, {"config": cfg.model_dump(mode="json")}, False,
-                           lambda: measure_repeat(mode_of(name), run_dir, cfg, checkpoint))
+                           functools.partial(measure_repeat, mode_of(name), run_dir, cfg, checkpoint))
             if rep["status"] != "ok":
                 raise RoundFailed(f"{name} round {r} failed: {rep['status']}")
             runs[name].append({k: rep[k] for k in keep})

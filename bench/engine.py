@@ -38,13 +38,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import QUICK_OUT, provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    QUICK_OUT,
+    provenance,
+    provenance_line,
+    ratio_spread,
+    results_dir,
+    spread,
+    write_results,
+)
 
 CONFIG = ROOT / "deploy/configs/default.yaml"
 ENGINES = ("vllm", "hf", "generate")
@@ -69,7 +77,7 @@ def rotation(engines: tuple[str, ...], repeat: int) -> list[str]:
 def summarise(repeats: list[dict[str, dict]], sizes: list[int]) -> dict:
     """Per engine and N the spread of tokens/s and time to the last sample over repeats (each
     repeat's value: the median of its worker's timed rounds), the ratios and weight-swap times."""
-    engines = sorted({e for rep in repeats for e in rep}, key=lambda e: (ENGINES + (e,)).index(e))
+    engines = sorted({e for rep in repeats for e in rep}, key=lambda e: (*ENGINES, e).index(e))
     per: dict[str, dict] = {e: {} for e in engines}
     tps: dict[str, dict[str, list[float]]] = {e: {} for e in engines}
     for e in engines:
@@ -148,7 +156,7 @@ def per_repeat_lines(result: dict) -> list[str]:
             ld = load.get(f"repeat {r} {e}", {})
             cells.append(f"{tps} (load {ld.get('load1', float('nan')):.1f}, pytest {ld.get('pytest_processes', '?')})")
         lines.append(f"| {e} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -163,7 +171,7 @@ def plot(result: dict, path: Path) -> None:
     for i, e in enumerate(engines):
         s = [result["engines"][e][n]["tokens_per_s"] for n in sizes]
         med = [x["median"] for x in s]
-        err = [[m - x["min"] for m, x in zip(med, s)], [x["max"] - m for m, x in zip(med, s)]]
+        err = [[m - x["min"] for m, x in zip(med, s, strict=True)], [x["max"] - m for m, x in zip(med, s, strict=True)]]
         ax.bar([j + i * width for j in range(len(sizes))], med, width, yerr=err, capsize=3, label=e)
     ax.set_xticks([j + width * (len(engines) - 1) / 2 for j in range(len(sizes))], [f"N={n}" for n in sizes])
     ax.set_ylabel("tokens/s (median, min–max)")
@@ -177,7 +185,7 @@ def plot(result: dict, path: Path) -> None:
 # ---------------------------------------------------------------- worker (one engine, own process)
 def engine_round(engine, prompts: list[list[int]], lengths: list[int], tag: str) -> dict:
     t0 = time.perf_counter()
-    for i, (p, n) in enumerate(zip(prompts, lengths)):
+    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
         engine.submit(f"{tag}-{i}", p, n, ignore_eos=True)
     got: dict[str, int] = {}
     while len(got) < len(prompts):
@@ -311,7 +319,7 @@ def machine_load() -> dict:
         except OSError:
             continue
         tests += int(b"pytest" in cmd and int(proc.name) != mine)
-    return {"utc": datetime.now(timezone.utc).isoformat(timespec="seconds"), "load1": os.getloadavg()[0],
+    return {"utc": datetime.now(UTC).isoformat(timespec="seconds"), "load1": os.getloadavg()[0],
             "pytest_processes": tests}
 
 

@@ -107,7 +107,7 @@ def _sample(policy, gen, rows) -> tuple[list[float], list[int]]:
     with torch.no_grad():
         out = policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
     rewards, lengths = [], []
-    for problem, row in zip(rows, out[:, width:].tolist()):
+    for problem, row in zip(rows, out[:, width:].tolist(), strict=True):
         if policy.eos_id in row:
             row = row[: row.index(policy.eos_id) + 1]
         lengths.append(len(row))

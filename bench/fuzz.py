@@ -29,7 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report_io import (  # noqa: E402
-    parts_line, parts_record, provenance, provenance_line, results_dir, write_results,
+    parts_line,
+    parts_record,
+    provenance,
+    provenance_line,
+    results_dir,
+    write_results,
 )
 
 PARTS = {"services": "services", "files": "files"}  # part -> its section of the results
@@ -63,7 +68,7 @@ def markdown(r: dict) -> str:
         lines.append(f"| {kind} | {f['inputs']} | {f['accepted']} | {f['refused']} | {f['failures']} |")
     for crash in r["crashes"] + r["file_failures"]:
         lines += ["", f"- crash: `{str(crash)[:600]}`"]
-    return "\n".join(lines + ["", provenance_line(r["provenance"]), ""])
+    return "\n".join([*lines, "", provenance_line(r["provenance"]), ""])
 
 
 def run_services(ns: argparse.Namespace, t0: float) -> dict:

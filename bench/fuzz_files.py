@@ -432,7 +432,7 @@ def good_genlog(path: Path) -> None:
 # ---------------------------------------------------------------- the property
 @dataclass
 class FileTally:
-    counts: dict = field(default_factory=lambda: {})
+    counts: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)
     failed_input: dict = field(default_factory=dict)  # kind -> the bytes of its last failing example
 
@@ -493,7 +493,7 @@ def run_all(work: Path, examples: int, tally: FileTally, *, seed_: int, progress
         t0 = time.monotonic()
         try:
             run_kind(cls, work, examples, tally, seed_=seed_, shrink=False)
-        except Exception as err:  # a failure is a result here: record it and go on
+        except Exception as err:  # noqa: BLE001 - a failure is a result here: record it and go on
             tally.failures.append({"kind": cls.name, "error": f"{type(err).__name__}: {err}"[:2000],
                                    "input": repr(tally.failed_input.get(cls.name))[:2000]})
         if progress is not None:

@@ -169,7 +169,7 @@ def run_all(stack: Stack, examples: int, tally: Tally, *, seed_: int, cases_: li
     for service, method, variant in cases_ or cases():
         try:
             run_case(stack, service, method, variant, examples, tally, seed_=seed_, shrink=False)
-        except Exception as err:  # a crash is a result here: record it and go on
+        except Exception as err:  # noqa: BLE001 - a crash is a result here: record it and go on
             tally.crashes.append({"service": service, "method": method, "variant": variant,
                                   "error": f"{type(err).__name__}: {err}"[:2000]})
             try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 
+from services.common.rpc import connect
 from services.proto import braid_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,8 +87,7 @@ class Stack:
         env = start_env_worker(self.sup, self.workdir, "env-0", config=config)
         [reward] = RewardPoolController(self.sup, self.workdir, cfg, config=config).start()
         self.addresses = {"relay": relay, "sgs": sgs, "router": router, "env": env, "reward": reward}
-        limit = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-        self.channels = {k: grpc.insecure_channel(a, options=limit) for k, a in self.addresses.items()}
+        self.channels = {k: connect(a, max_message_bytes=64 << 20) for k, a in self.addresses.items()}
         policy = load_policy(self.checkpoint)
         self.good = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
         self.vocab = json.loads((self.checkpoint / "config.json").read_text())["vocab_size"]

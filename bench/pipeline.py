@@ -37,7 +37,7 @@ def run_mode(base: list[str], config: str, mode: str, work: Path, checkpoint: st
     run_dir = work / f"{mode}-r{rounds}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    cfg = load_config(config, base + [f"trainer.mode={mode}"])
+    cfg = load_config(config, [*base, f"trainer.mode={mode}"])
     write_config(cfg, run_dir / "config.json")
     run_processes(run_dir, checkpoint)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -62,7 +62,7 @@ def summarize(per_mode: dict[str, list[dict]], meta: dict) -> dict:
     sps = {m: detail[m]["samples_per_s"] for m in MODES}
 
     def ratio(a: str, b: str) -> dict:
-        return spread([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(per_mode[a], per_mode[b])])
+        return spread([x["samples_per_s"] / y["samples_per_s"] for x, y in zip(per_mode[a], per_mode[b], strict=True)])
 
     return {
         **meta,

@@ -35,12 +35,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir
-from ranker.base import create, load_ranker
-from ranker.data import DataError, convert_mmlu, load_dataset
-from ranker.metrics import evaluate
-from ranker.models.ensemble import EnsembleRanker
-from ranker.train import annotate
+from bench.report_io import provenance, provenance_line, results_dir  # noqa: E402
+from ranker.base import create, load_ranker  # noqa: E402
+from ranker.data import DataError, convert_mmlu, load_dataset  # noqa: E402
+from ranker.metrics import evaluate  # noqa: E402
+from ranker.models.ensemble import EnsembleRanker  # noqa: E402
+from ranker.train import annotate  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared/data/mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz"
 BASELINES = ("prompt_length", "tfidf_linear")
@@ -136,12 +136,12 @@ def write_plot(path: Path, result: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(result["kinds"]) + ["other models (ref.)"]
+    names = [*result["kinds"], "other models (ref.)"]
     values = [[result["kinds"][k]["test"][m] for k in result["kinds"]] + [result["reference_other_models"][m]]
               for m in ("recall_at_20", "recall_at_10", "recall_at_5")]
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(9, 4))
-    for i, (label, vals) in enumerate(zip(("recall@20%", "recall@10%", "recall@5%"), values)):
+    for i, (label, vals) in enumerate(zip(("recall@20%", "recall@10%", "recall@5%"), values, strict=True)):
         ax.bar(x + (i - 1) * 0.27, vals, 0.27, label=label)
     ax.axhline(0.70, color="k", ls="--", lw=1, label="target @20% (0.70)")
     ax.set_xticks(x, names, rotation=15)

@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
             "versions": {p: v for p in PACKAGES if (v := _version(p))},
             "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
                         "cores": os.cpu_count(), "mem_gb": mem_kb / 2**20},
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": shlex.join([sys.executable, *sys.argv]), "measured_in_this_run": True}
 
 
@@ -119,7 +119,8 @@ def ratio_spread(num: list[float], den: list[float]) -> dict:
     """Per-repeat ratios num[i] / den[i] (same repeat), then their median and min/max."""
     if len(num) != len(den):
         raise ValueError(f"{len(num)} vs {len(den)} repeats")
-    return {**spread([a / b for a, b in zip(num, den)]), "per_repeat": [a / b for a, b in zip(num, den)]}
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    return {**spread(ratios), "per_repeat": ratios}
 
 
 def flagged_ratio(num: list[float], den: list[float]) -> dict:

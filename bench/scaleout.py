@@ -196,7 +196,7 @@ def plot(r: dict, path: Path) -> None:
             "s--", color="grey", label="delta, baseline (controller off)")
     dp = [(x["iteration"], x["delta_prime_s"]) for x in r["iterations"] if x["delta_prime_s"] is not None]
     if dp:
-        ax.plot(*zip(*dp), ":", color="tab:green", label="delta' = T_gen / (n + 1) (window mean)")
+        ax.plot(*zip(*dp, strict=True), ":", color="tab:green", label="delta' = T_gen / (n + 1) (window mean)")
     for k, e in enumerate(r["scaleout_events"]):
         ax.axvline(e, color="tab:red", alpha=0.7, label="scale-out decision" if k == 0 else None)
     if r.get("joined_after_iteration") is not None:
@@ -222,11 +222,11 @@ def main() -> int:
 
     ramp = QUICK if ns.quick else FULL
     base = BASE + ramp
-    cfg = load_config(ns.config, base + ["scaleout.enabled=true"])
+    cfg = load_config(ns.config, [*base, "scaleout.enabled=true"])
     checkpoint = str(ensure_warmstart(cfg, progress=False).resolve())
     work = Path(ns.work)
     t0 = time.time()
-    scaled = run("scaleout", base + ["scaleout.enabled=true"], ns.config, work, checkpoint)
+    scaled = run("scaleout", [*base, "scaleout.enabled=true"], ns.config, work, checkpoint)
     baseline = run("baseline", base, ns.config, work, checkpoint)
     r0 = cfg.forced_length_ramp
     meta = {

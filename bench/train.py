@@ -231,8 +231,8 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for j, (key, label) in enumerate((("dp1_tokens_per_s", "1 process"), ("dp2_tokens_per_s", "2 ranks (FSDP2)"))):
         med = [result["sizes"][s][key]["median"] for s in sizes]
-        lo = [m - result["sizes"][s][key]["min"] for m, s in zip(med, sizes)]
-        hi = [result["sizes"][s][key]["max"] - m for m, s in zip(med, sizes)]
+        lo = [m - result["sizes"][s][key]["min"] for m, s in zip(med, sizes, strict=True)]
+        hi = [result["sizes"][s][key]["max"] - m for m, s in zip(med, sizes, strict=True)]
         ax.bar([i + 0.4 * j for i in range(len(sizes))], med, 0.4, yerr=[lo, hi], label=label, capsize=3)
     ax.set_xticks([i + 0.2 for i in range(len(sizes))], sizes)
     ax.set_ylabel("training tokens/s")

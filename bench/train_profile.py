@@ -58,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allocator.padding import backward_calls, completion_order, deal_groups, micro_batch_work  # noqa: E402
+from allocator.padding import backward_calls, deal_groups, micro_batch_work  # noqa: E402
 from bench.report_io import provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
 
 OUT = ROOT / "bench/results"
@@ -206,9 +206,10 @@ def workload_case(path: Path, group_size: int, micro_batch_groups: int) -> Case:
     wl = load_workload(path)
     prompts, outputs = workload_lengths(wl)
     by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for p, o in zip(prompts, outputs):
+    for p, o in zip(prompts, outputs, strict=True):
         by_length[p + o].append((p, o))
-    dealt = deal_groups([p + o for p, o in zip(prompts, outputs)], group_size, random.Random(1), GROUP_CORRELATION)
+    lengths = [p + o for p, o in zip(prompts, outputs, strict=True)]
+    dealt = deal_groups(lengths, group_size, random.Random(1), GROUP_CORRELATION)
     groups = [tuple(by_length[n].pop() for n in g) for g in dealt]
     return Case(f"{wl.name} workload", str(path), tuple(sorted(groups, key=lambda g: max(p + r for p, r in g))),
                 micro_batch_groups)
@@ -334,12 +335,12 @@ def run(ns: argparse.Namespace) -> dict:
     rng = random.Random(tc.seed)
     batches = [make_groups([list(g) for g in c.groups], vocab, rng) for c in cases]
     print(f"{len(cases)} cases, {ns.repeats} rounds; profile {prof_path}", flush=True)
-    for c, b in zip(cases, batches):  # warm-up: new shapes
+    for c, b in zip(cases, batches, strict=True):  # warm-up: new shapes
         time_step(learner, b, c.micro_batch_groups, lambda: None)
     runs: list[list[float]] = [[] for _ in cases]
     round_loads = []
     for r in range(ns.repeats):
-        for i, (c, b) in enumerate(zip(cases, batches)):
+        for i, (c, b) in enumerate(zip(cases, batches, strict=True)):
             if i == 0 or c.source != cases[i - 1].source:  # a new source: one untimed step of its first batch
                 for _ in range(ns.settle):
                     time_step(learner, b, c.micro_batch_groups, lambda: None)
@@ -348,7 +349,7 @@ def run(ns: argparse.Namespace) -> dict:
         print(f"  round {r} (load {round_loads[-1]:.2f}): " + ", ".join(f"{t[-1]:.2f}" for t in runs) + " s", flush=True)
     fresh = fresh_profile(learner, cfg, spec, ns.quick) if ns.fresh_profile else None
     rows = []
-    for c, ts in zip(cases, runs):
+    for c, ts in zip(cases, runs, strict=True):
         row = {"case": c.name, "source": c.source, "groups": len(c.groups), "samples": len(c.seqs),
                "micro_batch_groups": c.micro_batch_groups, "tokens": sum(c.seqs), "longest": max(c.seqs),
                "measured_s": spread(ts), "measured_runs": ts, **predictions(c, prof, model, site)}

@@ -47,6 +47,7 @@ Writes ``bench/results/trl_fair.{json,md,png}`` and sets the ``trl_fair`` key of
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -63,7 +64,6 @@ for _path in (ROOT, ROOT / "bench"):
 
 from e2e_core import choose_target as e2e_target  # noqa: E402  (pure helpers shared with bench/e2e.py)
 from e2e_core import time_to_target  # noqa: E402
-
 from trl_fair_report import markdown, plot  # noqa: E402  (the rendering)
 
 from bench.report_io import flagged_ratio, results_dir, set_json_key, spread  # noqa: E402
@@ -221,7 +221,7 @@ def paired_ratio(num: list[float], den: list[float]) -> dict:
 
 def time_ratio(braid: list[float | None], trl: list[float | None]) -> dict | None:
     """TRL's time to target over Braid's, per pair where both reached it (>1: Braid got there sooner)."""
-    pairs = [(b, t) for b, t in zip(braid, trl) if b is not None and t is not None and b > 0]
+    pairs = [(b, t) for b, t in zip(braid, trl, strict=True) if b is not None and t is not None and b > 0]
     if not pairs:
         return None
     return paired_ratio([t for _, t in pairs], [b for b, _ in pairs]) | {"pairs": len(pairs)}
@@ -454,7 +454,7 @@ def main() -> int:
         settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
                     "system": system, "trl": trl_args if system == "trl" else None}
         res = run_mode(system, run_dir, cfg, settings, ns.reuse,
-                       lambda: measure(system, run_dir, cfg, checkpoint, warm, problems, micro))
+                       functools.partial(measure, system, run_dir, cfg, checkpoint, warm, problems, micro))
         if res["status"] != "ok":
             print(f"{run_dir.name} failed: {res['status']}\n{res.get('traceback', '')}", file=sys.stderr)
             return 1

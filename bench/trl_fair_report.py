@@ -99,7 +99,7 @@ def markdown(result: dict) -> str:
         "| pair | Braid samples/s | TRL samples/s | ratio | Braid tokens/s | TRL tokens/s | ratio | Braid final | TRL final | Braid trained/generated |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for i, (rb, rt) in enumerate(zip(b, t)):
+    for i, (rb, rt) in enumerate(zip(b, t, strict=True)):
         lines.append(
             f"| {i} | {rb['samples_per_s']:.1f} | {rt['samples_per_s']:.1f} | {rb['samples_per_s'] / rt['samples_per_s']:.2f} | "
             f"{rb['tokens_per_s']:.0f} | {rt['tokens_per_s']:.0f} | {rb['tokens_per_s'] / rt['tokens_per_s']:.2f} | "

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def arith_reward(prompts, completions, prompt_id, n, d, m, **_):
-        return [reward(Problem(pid, a, b, c), text) for pid, a, b, c, text in zip(prompt_id, n, d, m, completions)]
+        return [reward(Problem(pid, a, b, c), text)
+                for pid, a, b, c, text in zip(prompt_id, n, d, m, completions, strict=True)]
 
     samples_per_step = tc.prompts_per_iteration * tc.group_size
     micro, accum = peer_batching(samples_per_step, tc.group_size, ns.micro_batch)

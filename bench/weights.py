@@ -163,8 +163,8 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
 
     from bench.weights_lib import start_relay, stop
     from services.common.config import WeightsConfig
-    from services.weights.client import RelayClient
     from services.trainer.transport import RelayTransport
+    from services.weights.client import RelayClient
 
     rows = {}
     for mb in sizes:
@@ -294,7 +294,7 @@ def _cpu_table(tp: dict) -> list[str]:
         shm = f"{h['cpu_s']:.3f} | {h['cpu_bound_ratio']:.2f}" if "cpu_s" in h else "- | -"
         lines.append(f"| {mb} | {r['raw_cpu_s']:.3f} | {n['cpu_s']:.3f} | {n['cpu_s'] / r['raw_cpu_s']:.2f}x | "
                      f"**{n['cpu_bound_ratio']:.2f}** | {shm} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _plot(result: dict, out: Path) -> None:

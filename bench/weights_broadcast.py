@@ -24,10 +24,10 @@ RELAY_NET = "10.77.0"
 
 def _start(work: Path, net, p: int, tag: str, hop_rate: str):
     """p relays, each in its own namespace behind a rate-limited veth (started in parallel)."""
-    from bench.weights_lib import env, netns_prefix
-
     import subprocess
     import sys
+
+    from bench.weights_lib import env, netns_prefix
 
     procs, addrs, pending = [], [], []
     for i in range(p):
@@ -40,13 +40,12 @@ def _start(work: Path, net, p: int, tag: str, hop_rate: str):
         port_file = work / f"b{tag}{i}.port"
         port_file.unlink(missing_ok=True)
         procs.append(subprocess.Popen(
-            netns_prefix(ns) + [sys.executable, "-m", "services.weights", "--host", ip, "--port", "0", "--port-file",
-                                str(port_file), "--id", f"b{tag}{i}", "--keep", "1", "--no-shm"],
+            [*netns_prefix(ns), sys.executable, "-m", "services.weights", "--host", ip, "--port", "0", "--port-file", str(port_file), "--id", f"b{tag}{i}", "--keep", "1", "--no-shm"],
             stdout=(work / f"b{tag}{i}.log").open("w"), stderr=subprocess.STDOUT, env=env(),
         ))
         pending.append((ip, port_file))
     deadline = time.monotonic() + 120
-    for (ip, port_file), proc in zip(pending, procs):
+    for (ip, port_file), proc in zip(pending, procs, strict=True):
         while not port_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"relay {port_file.stem} did not start")

@@ -52,7 +52,7 @@ class Child:
 
     def __init__(self, *args: str, ns: str | None = None) -> None:
         self.proc = subprocess.Popen(
-            netns_prefix(ns) + [sys.executable, str(Path(__file__)), *args],
+            [*netns_prefix(ns), sys.executable, str(Path(__file__)), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT,
         )
         line = self.proc.stdout.readline()
@@ -76,8 +76,7 @@ def start_relay(workdir: Path, name: str, *args: str, ns: str | None = None, hos
     port_file.unlink(missing_ok=True)
     log = (workdir / f"{name}.log").open("w")
     proc = subprocess.Popen(
-        netns_prefix(ns) + [sys.executable, "-m", "services.weights", "--host", host, "--port", "0",
-                            "--port-file", str(port_file), "--id", name, *args],
+        [*netns_prefix(ns), sys.executable, "-m", "services.weights", "--host", host, "--port", "0", "--port-file", str(port_file), "--id", name, *args],
         stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
     )
     deadline = time.monotonic() + 60

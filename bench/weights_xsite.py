@@ -57,7 +57,8 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
     from services.common.config import load_config, write_config
 
     root = Path(__file__).resolve().parents[1]
-    cfg = load_config(root / "deploy/configs/smoke.yaml", MODEL + [
+    cfg = load_config(root / "deploy/configs/smoke.yaml", [
+        *MODEL,
         f"trainer.mode={mode}", f"trainer.iterations={8 if quick else ITERATIONS}", "trainer.prompts_per_iteration=8",
         "trainer.group_size=4", "trainer.micro_batch_groups=4", "generation.max_new_tokens=48", "generation.instances=2",
         "eval.prompts=4", "weights.transport=relay", "weights.chunk_bytes=1048576", "weights.streams=1",
@@ -86,7 +87,7 @@ def _spawn(ns: str, args: list[str], log: Path, cpus: set[int] | None = None) ->
     """``cpus``: the child's CPU set (default: this process's)."""
     from bench.weights_lib import env, netns_prefix
 
-    return subprocess.Popen(netns_prefix(ns) + [sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
+    return subprocess.Popen([*netns_prefix(ns), sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
                             env=env(), cwd=Path(__file__).resolve().parents[1],
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
@@ -186,8 +187,8 @@ def split_cpus(cpus: set[int]) -> tuple[set[int], set[int]] | None:
 def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bool = True) -> dict:
     from bench.weights_lib import Netns
     from flows.processes import router_enabled
-    from services.common.config import load_config
     from services.common.certs import make_certs
+    from services.common.config import load_config
 
     sites = work / "xsite-sites.yaml"
     sites.write_text(
@@ -235,10 +236,11 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool,
     it = {k: statistics.median(r["iteration_time_s"] for r in v) for k, v in runs.items()}
     lim = runs["limited"]
     copies = statistics.median(r["tx_bytes"] / max(1, r["versions_at_gen_site"]) / nbytes for r in lim)
-    pairs = [a["iteration_time_s"] / b["iteration_time_s"] - 1 for a, b in zip(runs["limited"], runs["unlimited"])]
+    matched = list(zip(runs["limited"], runs["unlimited"], strict=True))
+    pairs = [a["iteration_time_s"] / b["iteration_time_s"] - 1 for a, b in matched]
     overhead = statistics.median(pairs)
     fallbacks = sum(r.get("grpc_fallbacks", 0) for v in runs.values() for r in v)
-    listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in zip(runs["limited"], runs["unlimited"]))
+    listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in matched)
     where = " behind the SGS router" if router else ""
     if gen_cpus:
         where += f" on CPU {sorted(gen_cpus)} (the site's accelerator; relays, delay lines and trainer on the other CPUs)"

@@ -87,8 +87,8 @@ def _profile(ns: argparse.Namespace) -> int:
 
 def _profile_train(ns: argparse.Namespace) -> int:
     """Measure a training step-time profile on the trainer's learner (``allocator.train_profiler``)."""
-    from services.generation.scheduling.profiles import ProfileError
     from services.common.config import ConfigError
+    from services.generation.scheduling.profiles import ProfileError
 
     try:
         from allocator.train_profiler import run_train_profile

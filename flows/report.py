@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _load(run_dir: Path) -> tuple[list[dict], dict, dict]:
@@ -80,9 +80,9 @@ def plot_staleness(rows: list[dict], path: Path) -> bool:
     for s in range(eta + 1):
         counts = [float((h or {}).get(str(s), 0)) for h in hists]
         totals = [max(1.0, sum((h or {}).values())) for h in hists]
-        share = [c / t for c, t in zip(counts, totals)]
+        share = [c / t for c, t in zip(counts, totals, strict=True)]
         ax.bar(its, share, bottom=bottom, color=colors(s / max(1, eta)), label=f"staleness {s}", width=0.9)
-        bottom = [b + x for b, x in zip(bottom, share)]
+        bottom = [b + x for b, x in zip(bottom, share, strict=True)]
     ax.set_xlabel("consumed buffer (iteration)")
     ax.set_ylabel("share of groups")
     ax.set_ylim(0, 1)

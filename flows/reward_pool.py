@@ -169,7 +169,7 @@ class RewardPoolController:
                 self._scale_out()
             else:
                 self._scale_in()
-        except BaseException as exc:  # surfaced by the next poll()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()
             self._error = exc
             return
         self.last_change_s = self._clock()

@@ -33,8 +33,8 @@ from tqdm import tqdm
 from flows.artifacts import embed_images, metrics_table
 from flows.launcher import run_processes
 from flows.processes import child_env
-from flows.report import write_report
 from flows.registries import check_run
+from flows.report import write_report
 from flows.two_site import TwoSiteConfig, run_two_sites
 from services.common.config import ConfigError, RunConfig, apply_overrides, load_config, write_config
 from services.common.progress import progress_interval
@@ -211,10 +211,7 @@ def rl_training(
         (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
     logger.info("run directory: %s", run_dir)
     checkpoint = warm_start(run_dir)
-    if sites is None:
-        summary_path = run_services(run_dir, checkpoint)
-    else:
-        summary_path = run_sites(run_dir, checkpoint, sites)
+    summary_path = run_services(run_dir, checkpoint) if sites is None else run_sites(run_dir, checkpoint, sites)
     report(run_dir)
     summary = json.loads(Path(summary_path).read_text())
     logger.info(

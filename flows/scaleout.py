@@ -151,7 +151,7 @@ class ScaleoutController:
                 self._scale_out(iteration)
             else:
                 self._scale_in(iteration)
-        except BaseException as exc:  # surfaced by the next poll()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()
             self._error = exc
             return
         # the cooldown counts from the iteration during which the change took effect, not from the decision

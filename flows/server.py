@@ -18,6 +18,7 @@ client needs that variable too (``make server`` prints what to export).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from services.common.atomic import write_json_atomic
 
 HEALTH_TIMEOUT_S = 180.0  # first start migrates the database: ~36 s on an idle 2-core machine
 WORKER_TIMEOUT_S = 120.0
@@ -68,10 +71,7 @@ def read_state(state_dir: str | Path) -> dict | None:
 
 
 def _write_state(state_dir: str | Path, state: dict) -> None:
-    path = _state_path(state_dir)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(_state_path(state_dir), state, indent=2)
 
 
 def _alive(pid: int) -> bool:
@@ -276,19 +276,15 @@ def _terminate(pid: int, grace_s: float) -> bool:
         _reap(pid)
         time.sleep(0.2)
     if _alive(pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _reap(pid)
     return True
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def stop_worker(state_dir: str | Path, site: str) -> bool:
@@ -357,7 +353,7 @@ def main(argv: list[str]) -> int:
     print(f"starting a Prefect server on {opts.url} (logs in {ns.state_dir}) ...", flush=True)
     try:
         state = start(opts)
-    except Exception as err:  # report and exit non-zero; start() already stopped what it had started
+    except Exception as err:  # noqa: BLE001 - report and exit non-zero; start() already stopped what it had started
         print(f"braid server: {err}", file=sys.stderr)
         return 1
     if state.get("already_running"):

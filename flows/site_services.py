@@ -37,7 +37,13 @@ from prefect.states import Cancelled, State
 from pydantic import Field
 
 from flows.processes import (
-    Supervisor, router_enabled, start_env_workers, start_instances, start_relay, start_router, start_trainer,
+    Supervisor,
+    router_enabled,
+    start_env_workers,
+    start_instances,
+    start_relay,
+    start_router,
+    start_trainer,
     supervise_trainer,
 )
 from flows.reward_pool import RewardPoolController

@@ -152,7 +152,6 @@ class SiteRuns:
 
     def start(self, role: str, flow_name: str, site: SiteConfig, parameters: dict) -> SiteRun:
         from prefect.deployments import run_deployment
-
         from prefect.exceptions import ObjectNotFound
 
         name = deployment_name(flow_name, site)
@@ -182,7 +181,7 @@ class SiteRuns:
         with self._lock:
             runs = [r for r in self.runs if r not in self.retired]
         observations = [self.observe(r) for r in runs]
-        for run, obs in zip(runs, observations):
+        for run, obs in zip(runs, observations, strict=True):
             if run is expect_done and obs.state == "COMPLETED":
                 return True
         message = verdict(observations, self.params.start_timeout_s)
@@ -254,7 +253,7 @@ class SiteRuns:
         """Cancel runs no worker has taken, so a worker that comes up later does not start them."""
         from prefect.states import Cancelled
 
-        for run, obs in zip(runs, observations):
+        for run, obs in zip(runs, observations, strict=True):
             if obs.state == "SCHEDULED":
                 with self._lock:
                     self.client.set_flow_run_state(run.id, Cancelled(message=reason), force=True)

@@ -216,7 +216,7 @@ def convert_mmlu(src: str | Path, out_dir: str | Path, model: str = MMLU_DEFAULT
     parts = split_indices(len(examples), seed=seed)
     out_dir = Path(out_dir)
     counts = {}
-    for name, idx in zip(("train", "val", "test"), parts):
+    for name, idx in zip(("train", "val", "test"), parts, strict=True):
         counts[name] = write_jsonl(out_dir / f"{name}.jsonl", examples_to_rows(examples[i] for i in idx))
     return counts
 

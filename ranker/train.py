@@ -57,7 +57,7 @@ def annotate(model: Ranker, prompts_file: str | Path, out: str | Path, keep_prom
     """Write ``prompts_file``'s rows with ``estimated_length`` added; returns the row count."""
     rows = [obj for _, obj in load_prompts(prompts_file)]
     estimates = model.predict([r["prompt"] for r in rows])
-    for row, est in zip(rows, estimates):
+    for row, est in zip(rows, estimates, strict=True):
         row["estimated_length"] = round(float(est), 2)
         if not keep_prompt:
             row.pop("prompt", None)

@@ -25,7 +25,7 @@ def _has_cuda() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a torch that fails to import in any way means no CUDA here
         return False
 
 

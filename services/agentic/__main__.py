@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
-from pathlib import Path
+
+from services.common.entry import add_serve_args, check_port, publish_port, serve_until_signal, setup_logging
 
 EVICT_EVERY_S = 1.0
 
@@ -21,14 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid env-worker", description="environment worker (gRPC Environment service)")
     parser.add_argument("--config", default=None, help="run config (YAML or the resolved config.json); default: built-in defaults")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. agentic.latency.kind=fixed")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
-    parser.add_argument("--port-file", help="write the bound port here once serving")
+    add_serve_args(parser)
     parser.add_argument("--id", default="", help="worker id in logs and Health (default host:port)")
     ns = parser.parse_args(argv)
-    if not 0 <= ns.port <= 65535:
-        parser.error(f"--port must be a port number (0..65535), not {ns.port}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s env-worker %(levelname)s %(message)s")
+    check_port(parser, ns.port)
+    setup_logging("env-worker")
 
     from services.common.config import ConfigError, load_config
 
@@ -45,19 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     server, port = create_server(servicer, f"{ns.host}:{ns.port}", threads=cfg.worker_threads)
     servicer.worker_id = ns.id or f"{ns.host}:{port}"
     server.start()
-    if ns.port_file:
-        tmp = Path(ns.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.rename(ns.port_file)
+    publish_port(ns.port_file, port)
     logging.info("environment worker %s serving on %s:%d (kinds %s, latency %s)", servicer.worker_id, ns.host, port,
                  table.kinds(), cfg.latency.model_dump())
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(EVICT_EVERY_S):
+    def evict() -> None:
         if evicted := table.evict_idle():
             logging.info("closed %d idle sessions", len(evicted))
+
+    serve_until_signal(EVICT_EVERY_S, evict)
     table.shutdown()
     server.stop(grace=2).wait()
     return 0

@@ -44,7 +44,7 @@ def demonstration(problem: Problem) -> list[str]:
     while x > problem.m:
         turns.append(f"{x}-{problem.d}")
         x -= problem.d
-    return turns + [f"#{x}"]
+    return [*turns, f"#{x}"]
 
 
 class CalculatorEnv(Environment):

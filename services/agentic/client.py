@@ -13,6 +13,7 @@ import time
 import grpc
 
 from services.agentic.protocol import StepOutcome
+from services.common.rpc import connect
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 
@@ -40,8 +41,7 @@ class EnvClient:
     def __init__(self, address: str, *, timeout_s: float = 60.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self._channel = connect(address, max_message_bytes=MAX_MESSAGE_BYTES)
         self._stub = pb_grpc.EnvironmentStub(self._channel)
 
     def close_channel(self) -> None:

@@ -17,6 +17,7 @@ manager generates turn k, then every one steps, then turn k+1) drive the very sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,7 +187,7 @@ class EnvManager:
         for attempt in range(self.limits.step_retries + 1):
             try:
                 return await asyncio.wait_for(call(), self.limits.step_timeout_s + TIMEOUT_GRACE_S)  # type: ignore[arg-type]
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 code, reason = "TIMEOUT", f"{what} got no reply within {self.limits.step_timeout_s + TIMEOUT_GRACE_S}s"
             except EnvError as err:
                 code, reason = err.code, f"{what}: {err}"
@@ -226,7 +227,5 @@ class EnvManager:
             await self._closing
 
     async def _close(self, session_id: str) -> None:
-        try:
+        with contextlib.suppress(EnvError):  # expired, or its worker is gone: nothing left to free
             await self.env.close(session_id)
-        except EnvError:
-            pass  # expired, or its worker is gone: nothing left to free

@@ -12,12 +12,11 @@ full worker RESOURCE_EXHAUSTED.
 from __future__ import annotations
 
 import logging
-from concurrent import futures
 
 import grpc
 
 from services.agentic.sessions import EnvRequestError, SessionTable
-from services.common.malformed import MalformedRequests
+from services.common.rpc import bind, new_server
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 
@@ -60,13 +59,6 @@ class EnvironmentServicer(pb_grpc.EnvironmentServicer):
 
 def create_server(servicer: EnvironmentServicer, address: str, *, threads: int) -> tuple[grpc.Server, int]:
     """A server bound to ``address`` (port 0 picks a free port); returns (server, port)."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads + CONTROL_THREADS, thread_name_prefix="env-rpc"),
-        interceptors=[MalformedRequests()],
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-    )
+    server = new_server(workers=threads + CONTROL_THREADS, thread_name_prefix="env-rpc", max_message_bytes=MAX_MESSAGE_BYTES)
     pb_grpc.add_EnvironmentServicer_to_server(servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"could not bind {address}")
-    return server, port
+    return server, bind(server, address)

@@ -139,7 +139,7 @@ class SessionTable:
             result = future.result(timeout=max(0.0, timeout - (self._clock() - started)))
         except FutureTimeout:
             return self._fail(session, "DEADLINE_EXCEEDED", f"step took longer than {timeout}s")
-        except Exception as err:  # an environment bug: this session only, reported to its caller
+        except Exception as err:  # noqa: BLE001 - an environment bug: this session only, reported to its caller
             return self._fail(session, "INTERNAL", f"environment {session.kind!r} failed: {type(err).__name__}: {err}")
         session.turns += 1
         session.done = result.done

@@ -30,7 +30,7 @@ class MalformedRequests(grpc.ServerInterceptor):
         def deserialize(data: bytes):
             try:
                 return parse(data)
-            except Exception as err:  # any parse failure is the caller's bad bytes
+            except Exception as err:  # noqa: BLE001 - any parse failure is the caller's bad bytes
                 return _Malformed(f"{type(err).__name__}: {err}"[:200])
 
         def check(item, context):

@@ -81,7 +81,7 @@ class NewestSender(Generic[T]):
                 t0 = time.perf_counter()
                 self._send(version, item)
                 self.seconds[version] = time.perf_counter() - t0
-            except BaseException as exc:  # kept for the owner's thread to raise
+            except BaseException as exc:  # noqa: BLE001 - kept for the owner's thread to raise
                 with self.cond:
                     self.error = exc
                     self.cond.notify_all()

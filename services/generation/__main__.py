@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
-from pathlib import Path
 
 from services.common.certs import add_tls_args, tls_from_args
+from services.common.entry import add_serve_args, publish_port, serve_until_signal, setup_logging
 
 
 def _cpu_list(text: str) -> list[int]:
@@ -27,22 +25,25 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid-sgs", description="Stream Generation Service (gRPC)")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
     parser.add_argument("--model", required=True, help="local checkpoint dir to serve")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
-    parser.add_argument("--port-file", help="write the bound port here once serving")
+    add_serve_args(parser)
     parser.add_argument("--instance", type=int, default=0, help="instance index (selects generation.step_delay_ms)")
     parser.add_argument("--relay", default="", help="this instance's local weight relay host:port (PullWeights)")
     parser.add_argument(
         "--cpus", default=None, type=_cpu_list, help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)"
     )
     add_tls_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     ns = parser.parse_args(argv)
     tls = tls_from_args(parser, ns)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s sgs %(levelname)s %(message)s")
+    setup_logging("sgs")
 
     from services.common.affinity import pin_cpus
     from services.common.config import load_config
@@ -86,24 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:
         servicer.start_auto_pull(run_cfg.weights.sgs_auto_pull_s)
-    if ns.port_file:
-        tmp = Path(ns.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.rename(ns.port_file)
+    publish_port(ns.port_file, port)
     logging.info("serving on %s:%d (engine %s%s)", ns.host, port, engine.name, ", mutual TLS" if tls else "")
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(0.5):
+    def failed() -> int | None:
         if not core.alive():
             logging.error("generation core died: %r", core.error)
-            server.stop(grace=1).wait()
             return 1
         if genlog is not None and genlog.error is not None:
             logging.error("generation log failed: %r", genlog.error)
-            server.stop(grace=1).wait()
             return 1
+        return None
+
+    if (code := serve_until_signal(0.5, failed)) is not None:
+        server.stop(grace=1).wait()
+        return code
     server.stop(grace=2).wait()
     core.stop()
     engine.close()

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 import grpc
 import torch
 
+from services.common.certs import TlsFiles
+from services.common.rpc import MB, connect
 from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
 from services.common.weights import iter_chunks
 from services.generation import convert
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.common.certs import TlsFiles, open_channel
 
 
 class GenerateCall:
@@ -45,12 +46,9 @@ class GenerationClient:
     def __init__(
         self, address: str, *, max_message_mb: int = 64, timeout_s: float = 3600.0, tls: TlsFiles | None = None
     ) -> None:
-        limit = max_message_mb * 1024 * 1024
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = open_channel(
-            address, tls, [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
-        )
+        self._channel = connect(address, max_message_bytes=max_message_mb * MB, tls=tls)
         self._stub = pb_grpc.GenerationStub(self._channel)
 
     def close(self) -> None:

@@ -27,7 +27,6 @@ import torch
 from services.common.config import GenerationConfig
 from services.common.weights import TensorSpec
 
-
 MAX_TEMPERATURE = 2.0  # vLLM's bound; every engine keeps to it
 GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM would clamp it to 0.01)
 

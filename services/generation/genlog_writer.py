@@ -72,5 +72,5 @@ class GenLogWriter:
                     ]
                     if rows:
                         self.written += log.append(rows)
-        except BaseException as exc:  # surfaced by check() in the process supervisor
+        except BaseException as exc:  # noqa: BLE001 - surfaced by check() in the process supervisor
             self.error = exc

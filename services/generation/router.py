@@ -169,7 +169,8 @@ class RouterCore:
         self._calls = itertools.count()
         self._membership = threading.RLock()  # dispatch vs add/remove
         self._joining: set[str] = set()
-        self._timeline = Path(timeline_path).open("a", buffering=1) if timeline_path else None
+        # open for the router's life (line-buffered appends from many threads); close() closes it
+        self._timeline = Path(timeline_path).open("a", buffering=1) if timeline_path else None  # noqa: SIM115
         self._timeline_lock = threading.Lock()
         self.estimator_failures = 0
 
@@ -189,7 +190,7 @@ class RouterCore:
             else:
                 if len(predicted) != len(missing):
                     raise RuntimeError(f"length estimator returned {len(predicted)} estimates for {len(missing)} prompts")
-                for i, value in zip(missing, predicted):
+                for i, value in zip(missing, predicted, strict=True):
                     est[i] = float(value) if value is not None and value > 0 else None
                 source = "estimator" if len(missing) == len(prompts) else "mixed"
         return est, source
@@ -245,7 +246,7 @@ class RouterCore:
         Raises ``AffinityError`` (nothing dispatched) when a prompt's task has no open instance."""
         est, source = self.estimates(prompts)
         seqs: list[_Seq] = []
-        for p, e in zip(prompts, est):
+        for p, e in zip(prompts, est, strict=True):
             for k in range(params.samples_per_prompt):
                 seqs.append(_Seq(f"{p.prompt_id}/{k}", p, k, e))
         with self._membership:  # no slot closes between the view and the booking of its share
@@ -310,7 +311,7 @@ class RouterCore:
         except grpc.RpcError as err:
             if not call.cancelled:
                 call.out.put(InstanceFailed(i, self.clients[i].address, err.code(), err.details() or str(err)))
-        except BaseException as exc:  # surfaced to the caller
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller
             call.out.put(exc)
         finally:
             for seq in pending.values():  # never returned (failure or cancel): no longer outstanding

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from services.common.certs import add_tls_args, tls_from_args
+from services.common.entry import add_serve_args, publish_port, serve_until_signal, setup_logging
 
 CPU_PROFILE = "cpu-local-braid-tiny"
 
@@ -48,14 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
     parser.add_argument("--model", required=True, help="the checkpoint the instances serve (config, tokenizer)")
     parser.add_argument("--instances", required=True, help="instance addresses host:port[,host:port...]")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
-    parser.add_argument("--port-file", help="write the bound port here once serving")
+    add_serve_args(parser)
     parser.add_argument("--timeline", help="append per-instance timeline events (JSONL) here")
     add_tls_args(parser)
     ns = parser.parse_args(argv)
     tls = tls_from_args(parser, ns)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(levelname)s %(message)s")
+    setup_logging("router")
 
     from services.common.affinity import pin_cpus
     from services.common.config import load_config
@@ -94,18 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=32, tls=tls
     )
     server.start()
-    if ns.port_file:
-        tmp = Path(ns.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.rename(ns.port_file)
+    publish_port(ns.port_file, port)
     logging.info("routing on %s:%d over %d instances, policy %s%s", ns.host, port, len(clients), cfg.dispatch.policy,
                  ", mutual TLS" if tls else "")
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    serve_until_signal(0.5)
     server.stop(grace=2).wait()
     core.close()
     for client in core.clients:  # including instances added at run time

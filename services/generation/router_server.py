@@ -27,8 +27,8 @@ import grpc
 from services.common.address import parse_address
 from services.common.config import GenerationConfig
 from services.generation import convert
-from services.generation.fanout import FanoutError, WeightFanout
 from services.generation.client import GenerationClient
+from services.generation.fanout import FanoutError, WeightFanout
 from services.generation.router import InstanceFailed, MembershipError, RouterCore
 from services.generation.scheduling.pools import AffinityError
 from services.generation.server import MAX_WAIT_S, RequestError, pull_problem, validate_request

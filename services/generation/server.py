@@ -13,13 +13,13 @@ import logging
 import math
 import queue
 import threading
-from concurrent import futures
 
 import grpc
 
+from services.common.certs import TlsFiles
 from services.common.config import GenerationConfig
-from services.common.malformed import MalformedRequests
 from services.common.pool_config import task_problem
+from services.common.rpc import MB, bind, new_server
 from services.common.types import GenerateParams, PromptSpec
 from services.common.weights import WeightAssembler, WeightError
 from services.generation import convert
@@ -27,7 +27,6 @@ from services.generation.core import CallClosed, GenerationCore
 from services.generation.engine import Sampling
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.common.certs import TlsFiles, server_credentials
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.sgs")
@@ -288,13 +287,6 @@ def create_server(
 ) -> tuple[grpc.Server, int]:
     """Build a server bound to ``address`` (port 0 picks a free port); returns (server, port).
     With ``tls`` the port serves mutual TLS only: a client needs a certificate from the same CA."""
-    limit = max_message_mb * 1024 * 1024
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sgs-rpc"), interceptors=[MalformedRequests()],
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
-    )
+    server = new_server(workers=workers, thread_name_prefix="sgs-rpc", max_message_bytes=max_message_mb * MB)
     pb_grpc.add_GenerationServicer_to_server(servicer, server)
-    port = server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"could not bind {address}")
-    return server, port
+    return server, bind(server, address, tls)

@@ -195,7 +195,7 @@ class VLLMEngine(Engine):
             return None
         comp = out.outputs[0]
         run.tokens.extend(int(t) for t in comp.token_ids)
-        run.logprobs.extend(float(lp[t].logprob) for t, lp in zip(comp.token_ids, comp.logprobs or []))
+        run.logprobs.extend(float(lp[t].logprob) for t, lp in zip(comp.token_ids, comp.logprobs or [], strict=False))
         if len(run.logprobs) != len(run.tokens):
             raise RuntimeError(f"vLLM returned {len(run.tokens)} tokens but {len(run.logprobs)} log-probs for {out.request_id}")
         if not out.finished:

@@ -33,12 +33,12 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
         raise ValueError(f"need equal, non-empty lists (got {len(prompts)} prompts, {len(completions)} completions)")
     if masks is not None and len(masks) != len(completions):
         raise ValueError(f"{len(masks)} loss masks for {len(completions)} completions")
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions, strict=True)]
     width = max(lengths)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(prompts), width), dtype=torch.long)
     cmask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
-    for b, (p, c) in enumerate(zip(prompts, completions)):
+    for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         seq = p + c
         ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[b, : len(seq)] = 1
@@ -69,6 +69,6 @@ def token_logprobs(model: PreTrainedModel, batch: PackedBatch, temperature: floa
 def completion_values(batch: PackedBatch, prompt_lens: list[int], values: list[list[float]]) -> torch.Tensor:
     """Place per-completion-token values (e.g. behaviour log-probs) on ``completion_mask``'s grid."""
     out = torch.zeros_like(batch.completion_mask)
-    for b, (plen, vals) in enumerate(zip(prompt_lens, values)):
+    for b, (plen, vals) in enumerate(zip(prompt_lens, values, strict=True)):
         out[b, plen - 1 : plen - 1 + len(vals)] = torch.tensor(vals, dtype=out.dtype)
     return out

@@ -86,7 +86,7 @@ class ArithDemos:
     def batch(self, n: int) -> Demos:
         problems, policy = self.sampler.batch(n), self.policy
         prompts = [policy.encode_prompt(p.prompt) for p in problems]
-        comps = [policy.tokenizer.encode(demonstration(p), add_special_tokens=False) + [policy.eos_id] for p in problems]
+        comps = [[*policy.tokenizer.encode(demonstration(p), add_special_tokens=False), policy.eos_id] for p in problems]
         return prompts, comps, None
 
 
@@ -105,7 +105,7 @@ class DatasetDemos:
     def batch(self, n: int) -> Demos:
         items, policy = self.sampler.batch(n), self.policy
         prompts = [policy.encode_prompt(i.prompt, i.system) for i in items]
-        comps = [policy.tokenizer.encode(i.answer, add_special_tokens=False) + [policy.eos_id] for i in items]
+        comps = [[*policy.tokenizer.encode(i.answer, add_special_tokens=False), policy.eos_id] for i in items]
         return prompts, comps, None
 
 
@@ -164,7 +164,8 @@ def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        for idx in length_buckets([len(p) + len(c) for p, c in zip(prompts, comps)], ws.micro_batch_tokens):
+        lengths = [len(p) + len(c) for p, c in zip(prompts, comps, strict=True)]
+        for idx in length_buckets(lengths, ws.micro_batch_tokens):
             batch = pack([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id,
                          [masks[i] for i in idx] if masks is not None else None)
             logp = token_logprobs(model, batch)

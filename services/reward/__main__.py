@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
-from pathlib import Path
+
+from services.common.entry import add_serve_args, check_port, publish_port, serve_until_signal, setup_logging
 
 STOP_GRACE_S = 2.0
 
@@ -24,14 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid reward-worker", description="reward worker (gRPC Reward service)")
     parser.add_argument("--config", default=None, help="run config (YAML or the resolved config.json); default: built-in defaults")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. reward.threads=4")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
-    parser.add_argument("--port-file", help="write the bound port here once serving")
+    add_serve_args(parser)
     parser.add_argument("--worker-id", default="", help="worker id in logs, Health and replies (default host:port)")
     ns = parser.parse_args(argv)
-    if not 0 <= ns.port <= 65535:
-        parser.error(f"--port must be a port number (0..65535), not {ns.port}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s reward-worker %(levelname)s %(message)s")
+    check_port(parser, ns.port)
+    setup_logging("reward-worker")
 
     from services.common.config import ConfigError, load_config
     from services.reward.protocol import RewardUnavailable
@@ -55,18 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     server, port = create_server(RewardServicer(worker), f"{ns.host}:{ns.port}", threads=rc.threads, max_queue=rc.max_queue)
     worker.worker_id = ns.worker_id or f"{ns.host}:{port}"
     server.start()
-    if ns.port_file:
-        tmp = Path(ns.port_file + ".tmp")
-        tmp.write_text(str(port))
-        tmp.rename(ns.port_file)
+    publish_port(ns.port_file, port)
     logging.info("reward worker %s serving on %s:%d (kind %s, %d threads, max_queue %d, latency %s)", worker.worker_id,
                  ns.host, port, rc.kind, rc.threads, rc.max_queue, rc.latency.model_dump())
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
+    serve_until_signal(1.0)
     worker.shutdown()
     server.stop(grace=STOP_GRACE_S).wait()
     logging.info("reward worker %s stopped after %d scores", worker.worker_id, worker.health().served)

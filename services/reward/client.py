@@ -34,7 +34,9 @@ from pathlib import Path
 
 import grpc
 
+from services.common.atomic import write_json_atomic
 from services.common.reward_config import RewardConfig
+from services.common.rpc import connect
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.reward.protocol import RewardRequest, RewardResult
@@ -68,8 +70,7 @@ class RewardClient:
     def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self._channel = connect(address, max_message_bytes=MAX_MESSAGE_BYTES)
         self._stub = pb_grpc.RewardStub(self._channel)
 
     def close(self) -> None:
@@ -120,9 +121,7 @@ def read_membership(path: Path) -> tuple[int, list[str]]:
 
 def write_membership(path: Path, version: int, workers: list[str]) -> None:
     """Replace ``path`` atomically (readers see the old file or the new one, never a part)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": version, "workers": workers}) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, {"version": version, "workers": workers})
 
 
 class RewardPool:

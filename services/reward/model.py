@@ -56,10 +56,10 @@ class ClassifierSpec:
 
 def encode(tokenizer: PreTrainedTokenizerFast, request: RewardRequest, max_tokens: int) -> list[int]:
     """The transcript's token ids (the module docstring's rendering), at most ``max_tokens``."""
-    ids = [int(tokenizer.bos_token_id)] + _ids(tokenizer, request.prompt)
+    ids = [int(tokenizer.bos_token_id), *_ids(tokenizer, request.prompt)]
     for k, action in enumerate(request.actions):
         observation = request.observations[k] if k < len(request.observations) else ""
-        ids += _ids(tokenizer, action) + [int(tokenizer.eos_token_id)] + _ids(tokenizer, observation)
+        ids += [*_ids(tokenizer, action), int(tokenizer.eos_token_id), *_ids(tokenizer, observation)]
     return ids if len(ids) <= max_tokens else ids[:1] + ids[len(ids) - max_tokens + 1:]
 
 

@@ -11,11 +11,9 @@ raises INTERNAL.
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 
-from services.common.malformed import MalformedRequests
+from services.common.rpc import bind, new_server
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.reward.protocol import RewardRequest
@@ -56,13 +54,7 @@ class RewardServicer(pb_grpc.RewardServicer):
 
 def create_server(servicer: RewardServicer, address: str, *, threads: int, max_queue: int) -> tuple[grpc.Server, int]:
     """A server bound to ``address`` (port 0 picks a free port); returns (server, port)."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads + max_queue + CONTROL_THREADS, thread_name_prefix="reward-rpc"),
-        interceptors=[MalformedRequests()],
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-    )
+    server = new_server(workers=threads + max_queue + CONTROL_THREADS, thread_name_prefix="reward-rpc",
+                        max_message_bytes=MAX_MESSAGE_BYTES)
     pb_grpc.add_RewardServicer_to_server(servicer, server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"could not bind {address}")
-    return server, port
+    return server, bind(server, address)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -60,7 +60,10 @@ class TrainSpec:
     eval_examples: int = 1000  # held-out transcripts (other seeds)
     seed: int = 0
     threads: int = 1  # torch threads while training (more oversubscribe a shared CPU: 10x slower measured here)
-    model: ClassifierSpec = ClassifierSpec()
+    model: ClassifierSpec = field(default_factory=ClassifierSpec)
+
+
+DEFAULT_SPEC = TrainSpec()
 
 
 def agent_actions(env: CalculatorEnv, change: str, rng: random.Random) -> list[str]:
@@ -72,14 +75,14 @@ def agent_actions(env: CalculatorEnv, change: str, rng: random.Random) -> list[s
         return expert
     if change == "invalid":
         k = rng.randrange(len(expert))
-        return expert[:k] + [rng.choice(INVALID_TEXTS)] + expert[k:]
+        return [*expert[:k], rng.choice(INVALID_TEXTS), *expert[k:]]
     if change == "wrong_answer":
         answer = int(expert[-1][1:])
         wrong = answer + rng.choice([-1, 1]) * rng.randint(1, 9)
-        return expert[:-1] + [f"#{wrong if wrong >= 0 else answer + 1}"]
+        return [*expert[:-1], f"#{wrong if wrong >= 0 else answer + 1}"]
     if change == "early_answer":  # after k < q calls the value n - k d is still above the threshold
         k = rng.randrange(p.difficulty)
-        return expert[:k] + [f"#{p.n - k * p.d}"]
+        return [*expert[:k], f"#{p.n - k * p.d}"]
     # wrong operand: one call subtracts another step, then the expert continues from the value seen
     wrong_turn = rng.randrange(len(expert) - 1) if len(expert) > 1 else 0
     x, turns = p.n, []
@@ -87,7 +90,7 @@ def agent_actions(env: CalculatorEnv, change: str, rng: random.Random) -> list[s
         d = p.d if len(turns) != wrong_turn else rng.choice([s for s in range(1, 10) if s != p.d])
         turns.append(f"{x}-{d}")
         x -= d
-    return turns + [f"#{x}"]
+    return [*turns, f"#{x}"]
 
 
 def play(agentic: AgenticConfig, seed: int, change: str, rng: random.Random) -> RewardRequest:
@@ -114,7 +117,7 @@ def transcripts(agentic: AgenticConfig, seeds: range, rng: random.Random) -> lis
     return out
 
 
-def train(agentic: AgenticConfig, out: str | Path, spec: TrainSpec = TrainSpec()) -> dict:
+def train(agentic: AgenticConfig, out: str | Path, spec: TrainSpec = DEFAULT_SPEC) -> dict:
     """Generate data, train, evaluate on held-out transcripts, save to ``out``; return the metrics."""
     t0 = time.monotonic()
     threads = torch.get_num_threads()

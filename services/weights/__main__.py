@@ -5,19 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-import signal
 import sys
-import threading
-from pathlib import Path
+
+from services.common.entry import add_serve_args, check_port, publish_port, serve_until_signal, setup_logging
 
 STALE_INCOMING_S = 60.0  # an arriving version with no progress this long is dropped
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid relay", description="weight relay (parameter service) process")
-    parser.add_argument("--host", default="127.0.0.1", help="plaintext address for this site's processes")
-    parser.add_argument("--port", type=int, default=0, help="0 = pick a free port")
-    parser.add_argument("--port-file", help="write 'port[ tls_port]' here once serving")
+    add_serve_args(parser, host_help="plaintext address for this site's processes",
+                   port_file_help="write 'port[ tls_port]' here once serving")
     parser.add_argument("--id", default="", help="relay id in logs (default host:port)")
     parser.add_argument("--keep", type=int, default=2, help="versions kept (K)")
     parser.add_argument("--no-shm", action="store_true", help="keep versions in private memory (no same-host fast path)")
@@ -37,15 +35,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="name this port in grants instead of --tls-data-port (a NAT, port forward or proxy in front)")
     parser.add_argument("--no-data-channel", action="store_true",
                         help="serve no raw-TCP data channel (clients fall back to gRPC streams)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     ns = parser.parse_args(argv)
     if ns.keep < 1:
         parser.error("--keep must be >= 1")
     for flag in ("data_port", "tls_data_port", "advertise_data_port", "advertise_tls_data_port"):
-        if not 0 <= getattr(ns, flag) <= 65535:
-            parser.error(f"--{flag.replace('_', '-')} must be a port number (0..65535), not {getattr(ns, flag)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s relay %(levelname)s %(message)s")
+        check_port(parser, getattr(ns, flag), f"--{flag.replace('_', '-')}")
+    setup_logging("relay")
 
-    from services.common.certs import TlsFiles
+    from services.common.certs import site_files
     from services.weights.server import RelayServicer, chain_problem, create_server
     from services.weights.store import VersionStore, private_shm_dir
 
@@ -55,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.tls_host and not (ns.tls_dir and ns.site):
         parser.error("--tls-host needs --tls-dir and --site")
     if ns.tls_dir and ns.site:
-        d = Path(ns.tls_dir)
-        tls = TlsFiles(d / "ca.pem", d / f"{ns.site}.pem", d / f"{ns.site}.key")
+        tls = site_files(ns.tls_dir, ns.site)
         tls.read()  # fail now, naming the missing files
     shm_dir = None if ns.no_shm else private_shm_dir("relay")
     store = VersionStore(ns.keep, shm_dir)
@@ -72,21 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     if ns.upstream:
         servicer.SetChain(_chain_request(ns.upstream), None)
-    if ns.port_file:
-        tmp = Path(ns.port_file + ".tmp")
-        tmp.write_text(f"{port} {tls_port}" if tls_port else str(port))
-        tmp.rename(ns.port_file)
+    publish_port(ns.port_file, port, tls_port)
     logging.info("relay %s serving on %s:%d%s (keep %d, shm %s, data channel %s)", servicer.relay_id, ns.host, port,
                  f", TLS on {ns.tls_host}:{tls_port}" if tls_port else "", ns.keep, shm_dir is not None,
                  _data_ports(servicer.data)
                  if servicer.data is not None else "off")
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(1.0):
+    def drop_stale() -> None:
         for v in store.drop_stale(STALE_INCOMING_S):
             logging.warning("dropped version %d: no progress for %.0fs", v, STALE_INCOMING_S)
+
+    serve_until_signal(1.0, drop_stale)
     server.stop(grace=2).wait()
     servicer.close()
     store.close()

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 
 import grpc
 
+from services.common.certs import TlsFiles
+from services.common.rpc import connect
 from services.common.weights import (
     Chunk,
     Manifest,
@@ -44,7 +46,6 @@ from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.weights import datachan as dc
 from services.weights import datapath
-from services.common.certs import TlsFiles, open_channel
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import host_id
 from services.weights.values import (
@@ -68,13 +69,10 @@ CONTROL_TIMEOUT_S = 10.0
 
 
 def _channel(address: str, tls: TlsFiles | None, limit: int) -> grpc.Channel:
-    options = [
-        ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
-        # a restarted relay must be seen again within a heartbeat or two, not after gRPC's 1-120 s backoff
-        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
-    ]
-    return open_channel(address, tls, options)
+    # a restarted relay must be seen again within a heartbeat or two, not after gRPC's 1-120 s backoff
+    backoff = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 1000)]
+    return connect(address, max_message_bytes=limit, tls=tls, options=backoff)
 
 
 class RelayClient:
@@ -181,7 +179,7 @@ class RelayClient:
         def run(part: int) -> None:
             try:
                 acks[part] = self._call_push(self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender))
-            except BaseException as exc:  # re-raised below
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
                 acks[part] = exc
 
         threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
@@ -400,7 +398,7 @@ class RelayClient:
                 _, chunks = self.iter_pull(version, part=part, parts=parts)
                 for c in chunks:
                     self._place(m, view, c, digests, bad)
-            except BaseException as exc:  # re-raised below
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]

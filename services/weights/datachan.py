@@ -33,6 +33,7 @@ the handshake. A token granted over a TLS gRPC port is good only on the TLS data
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import socket
@@ -318,10 +319,8 @@ class DataServer:
         self.refused.append(reason)
         log.warning("data connection from %s refused: %s", peer, reason)
         if conn is not None:
-            try:
+            with contextlib.suppress(OSError):
                 send_status(conn, 7, reason)  # PERMISSION_DENIED
-            except OSError:
-                pass
 
     def close(self) -> None:
         self._closing.set()

@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from services.common.certs import TlsFiles
 from services.common.weights import Manifest, WeightError, check_chunk_digest, chunk_digest, version_digest
 from services.weights import datachan as dc
-from services.common.certs import TlsFiles
 from services.weights.values import RelayError
 
 _BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}

@@ -32,10 +32,10 @@ from collections.abc import Callable
 
 import grpc
 
+from services.common.certs import TlsFiles
 from services.common.weights import WeightError
 from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
-from services.common.certs import TlsFiles
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.store import Incoming, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES

@@ -25,21 +25,21 @@ first data-channel pull after N chunks (a broken connection, so a test sees the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 
 from services.common.address import parse_address
-from services.common.malformed import MalformedRequests
+from services.common.certs import TlsFiles
+from services.common.rpc import MB, bind, new_server
 from services.common.weights import WeightError, blob_chunk
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
-from services.common.certs import TlsFiles, server_credentials
 from services.weights.client import RelayClient, RelayError
 from services.weights.convert import manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END
@@ -130,7 +130,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         path = Path(m.shm_path)
         if self.store.shm_dir is None or m.host_id != self.host:
             raise WeightError("precondition", "this relay cannot adopt shared memory from that host; stream the chunks")
-        if path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm") or not path.name.startswith(SHM_PREFIX):
+        if (path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm")) or not path.name.startswith(SHM_PREFIX):
             raise WeightError("argument", f"shm_path {str(path)!r} is not a braid blob in /dev/shm")
         if not path.is_file():
             raise WeightError("argument", f"shm_path {str(path)!r} is not a file")
@@ -276,10 +276,9 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             threading.Thread(target=self._forward, args=(inc, branch), name=f"fwd-{inc.version}", daemon=True).start()
 
     def _warm(self, address: str) -> None:
-        try:
+        # a dead hop is the forwarder's and the controller's business
+        with contextlib.suppress(grpc.RpcError, RelayError):
             self.peer(address).versions(timeout_s=2.0)
-        except (grpc.RpcError, RelayError):
-            pass  # a dead hop is the forwarder's and the controller's business
 
     def _sync_branches(self) -> None:
         """After a re-plan, make sure each new branch head has the newest version held or
@@ -423,18 +422,8 @@ def create_server(
 ) -> tuple[grpc.Server, int, int]:
     """A server on ``address`` (plaintext, for the site's own processes) and, with ``tls``, on
     ``tls_address`` (mutual TLS, for other sites); returns (server, port, tls_port or 0)."""
-    limit = max_message_mb * 1024 * 1024
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relay-rpc"), interceptors=[MalformedRequests()],
-        options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
-    )
+    server = new_server(workers=workers, thread_name_prefix="relay-rpc", max_message_bytes=max_message_mb * MB)
     server.add_generic_rpc_handlers((service_handler(servicer),))
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"could not bind {address}")
-    tls_port = 0
-    if tls is not None and tls_address is not None:
-        tls_port = server.add_secure_port(tls_address, server_credentials(tls))
-        if tls_port == 0:
-            raise RuntimeError(f"could not bind {tls_address} (TLS)")
+    port = bind(server, address)
+    tls_port = bind(server, tls_address, tls, label=" (TLS)") if tls is not None and tls_address is not None else 0
     return server, port, tls_port

@@ -286,7 +286,7 @@ class VersionStore:
         plan = inc.manifest.plan
         if len(digests) != len(plan):
             raise WeightError("argument", f"{len(digests)} chunk digests for {len(plan)} chunks")
-        for ref, d in zip(plan, digests):
+        for ref, d in zip(plan, digests, strict=True):
             if not check_chunk_digest(inc.blob.view[ref.blob_offset : ref.blob_offset + ref.length], d):
                 raise WeightError("integrity", f"chunk {ref.index} ({ref.name!r} at {ref.tensor_offset}): digest mismatch")
         with self.cond:

@@ -41,7 +41,8 @@ def _step_and_snapshot(learner: Learner) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_megatron_cuda_step_matches_the_torch_cuda_step(dtype, megatron_clean):
+@pytest.mark.usefixtures("megatron_clean")
+def test_a_megatron_cuda_step_matches_the_torch_cuda_step(dtype):
     megatron, start = _learner("megatron", dtype=dtype)
     assert next(megatron.model.parameters()).device.type == "cuda"
     got = _step_and_snapshot(megatron)
@@ -53,14 +54,16 @@ def test_a_megatron_cuda_step_matches_the_torch_cuda_step(dtype, megatron_clean)
     assert torch.nn.functional.cosine_similarity(moved_m, moved_t, dim=0) > (0.999 if dtype == "float32" else 0.98)
 
 
-def test_activation_recomputation_gives_the_same_step(megatron_clean):
+@pytest.mark.usefixtures("megatron_clean")
+def test_activation_recomputation_gives_the_same_step():
     plain = _step_and_snapshot(_learner("megatron", dtype="bfloat16")[0])
     recomputed = _step_and_snapshot(_learner("megatron", dtype="bfloat16", activation_checkpointing=True)[0])
     for k in plain:
         assert torch.allclose(recomputed[k], plain[k], atol=1e-3, rtol=1e-2), k
 
 
-def test_a_kl_reference_on_cuda(megatron_clean):
+@pytest.mark.usefixtures("megatron_clean")
+def test_a_kl_reference_on_cuda():
     learner, _ = _learner("megatron", kl_coef=0.1)
     assert learner.ref is not None and next(learner.ref.parameters()).device.type == "cuda"
     _step_and_snapshot(learner)

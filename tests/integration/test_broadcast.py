@@ -10,10 +10,10 @@ import grpc
 import torch
 
 from services.common.config import WeightsConfig
+from services.trainer.transport import RelayTransport
 from services.weights.chain import RelayNode
 from services.weights.client import RelayClient, snapshot_blob
 from services.weights.controller import ChainController
-from services.trainer.transport import RelayTransport
 from tests.integration.relays import model_state, start_relay, wait_for
 
 CHUNK = 16 * 1024

@@ -7,7 +7,7 @@ import logging
 import socket
 import ssl
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import grpc
@@ -125,8 +125,8 @@ def test_bad_push_streams_are_refused_with_a_status(relay, kind, code, match):
     wb = snapshot_blob(model_state(float(v)), CHUNK, None)
     frames = {
         "corrupt": lambda: _frames(wb, v, flip=1),
-        "order": lambda: _frames(wb, v, order=lambda rs: [rs[1], rs[0]] + rs[2:]),
-        "duplicate": lambda: _frames(wb, v, order=lambda rs: [rs[0], rs[0]] + rs[1:]),
+        "order": lambda: _frames(wb, v, order=lambda rs: [rs[1], rs[0], *rs[2:]]),
+        "duplicate": lambda: _frames(wb, v, order=lambda rs: [rs[0], rs[0], *rs[1:]]),
     }[kind]()
     with pytest.raises(RelayError) as err:
         _push_frames(client, wb, v, frames)
@@ -184,11 +184,11 @@ def test_tls_data_channel_refuses_a_client_without_certificate(tmp_path):
         assert grant.tls_port
         anonymous = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # trusts the CA but has no certificate of its own
         anonymous.load_verify_locations(files["train-site"].ca)
-        with pytest.raises((ssl.SSLError, ConnectionError, dc.Truncated)):
-            with anonymous.wrap_socket(socket.create_connection(("127.0.0.1", grant.tls_port), timeout=10),
-                                       server_hostname="127.0.0.1") as sock:
-                dc.open_stream(sock, dc.PULL, 1, grant.token)
-                dc.read_status(sock)
+        with (pytest.raises((ssl.SSLError, ConnectionError, dc.Truncated)),
+              anonymous.wrap_socket(socket.create_connection(("127.0.0.1", grant.tls_port), timeout=10),
+                                    server_hostname="127.0.0.1") as sock):
+            dc.open_stream(sock, dc.PULL, 1, grant.token)
+            dc.read_status(sock)
         with socket.create_connection(("127.0.0.1", grant.tls_port), timeout=10) as sock:  # plaintext to the TLS port
             dc.open_stream(sock, dc.PULL, 1, grant.token)
             with pytest.raises((ConnectionError, dc.Truncated, OSError)):
@@ -226,10 +226,8 @@ class _Forwarder:
     def cut(self) -> None:
         """Close every forwarded connection (as a relay restart or a NAT timeout would)."""
         for sock in self.open:
-            try:
+            with suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         self.open = []
 
     @staticmethod
@@ -241,10 +239,8 @@ class _Forwarder:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 @contextmanager
@@ -301,7 +297,7 @@ def test_data_connections_are_kept_for_the_next_transfer_and_dropped_when_closed
 def test_a_kept_connection_closed_after_its_check_is_retried_on_a_fresh_one(tmp_path, monkeypatch, caplog):
     """The race the check cannot close: the relay drops a kept connection just after the client
     found it open (simulated: the check always passes). The push is sent again, the pull resumes."""
-    with _relay_behind_forward(tmp_path, "race") as (forward, relay, client):
+    with _relay_behind_forward(tmp_path, "race") as (forward, _relay, client):
         assert client.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)
         monkeypatch.setattr(datapath, "quiet", lambda sock: True)
         forward.cut()

@@ -274,10 +274,9 @@ def _kill_sgs_when_serving(run_dir_root: Path, timeout_s: float = 240) -> int:
     while time.monotonic() < deadline:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmd = " ".join(proc.info["cmdline"] or [])
-            if "services.generation" in cmd and str(run_dir_root) in cmd:
-                if list(run_dir_root.glob("*/sgs-0.port")):
-                    proc.kill()
-                    return proc.info["pid"]
+            if "services.generation" in cmd and str(run_dir_root) in cmd and list(run_dir_root.glob("*/sgs-0.port")):
+                proc.kill()
+                return proc.info["pid"]
         time.sleep(0.5)
     raise AssertionError("no SGS process of the run appeared")
 

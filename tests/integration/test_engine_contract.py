@@ -93,7 +93,7 @@ def test_logprobs_match_the_reference_forward(engine, reference, temperature):
         prompt = PROMPTS[int(out.request_id.rsplit("-", 1)[1])]
         assert len(out.logprobs) == len(out.token_ids) == 12
         want = ref_logprobs(reference, prompt, out.token_ids, temperature)
-        assert max(abs(a - b) for a, b in zip(out.logprobs, want)) < 2e-3, (out.logprobs, want)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 2e-3, (out.logprobs, want)
 
 
 def test_greedy_decodes_the_reference_argmax_with_unscaled_logprobs(engine, reference):
@@ -103,7 +103,7 @@ def test_greedy_decodes_the_reference_argmax_with_unscaled_logprobs(engine, refe
         prompt = PROMPTS[int(out.request_id.rsplit("-", 1)[1])]
         assert out.token_ids == ref_greedy(reference, prompt, 12)
         want = ref_logprobs(reference, prompt, out.token_ids, 1.0)
-        assert max(abs(a - b) for a, b in zip(out.logprobs, want)) < 2e-3, (out.logprobs, want)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 2e-3, (out.logprobs, want)
 
 
 def test_stop_at_eos_unless_forced(engine, tiny_checkpoint):
@@ -124,7 +124,8 @@ def test_interrupt_returns_partial_output_and_resume_continues(engine, reference
     partial = engine.interrupt(["part"])["part"]
     k = len(partial.token_ids)
     assert partial.finish_reason == "interrupted" and 0 < k < 50 and len(partial.logprobs) == k
-    assert max(abs(a - b) for a, b in zip(partial.logprobs, ref_logprobs(reference, PROMPTS[0], partial.token_ids, 1.0))) < 2e-3
+    want = ref_logprobs(reference, PROMPTS[0], partial.token_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(partial.logprobs, want, strict=True)) < 2e-3
     assert run(engine, 0) == []  # the interrupted request is gone
     engine.submit("resume", PROMPTS[0] + partial.token_ids, 50 - k, ignore_eos=True)
     [rest] = run(engine, 1)
@@ -186,13 +187,13 @@ def test_bad_checkpoints_fail_with_a_clear_error(key, tiny_checkpoint, tmp_path)
     cfg = GenerationConfig(engine=key, **CFG)
     with pytest.raises(CheckpointError, match="does not exist"):
         create_engine(key, str(tmp_path / "nowhere"), cfg)
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(CheckpointError, match=r"no config.json"):
         create_engine(key, str(tmp_path), cfg)
     bad = tmp_path / "gpt2"
     shutil.copytree(tiny_checkpoint, bad)
     conf = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps(dict(conf, architectures=["GPT2LMHeadModel"])))
-    with pytest.raises(CheckpointError, match="GPT2LMHeadModel.*not supported"):
+    with pytest.raises(CheckpointError, match=r"GPT2LMHeadModel.*not supported"):
         create_engine(key, str(bad), cfg)
 
 

@@ -83,7 +83,7 @@ def test_bad_requests_get_clear_statuses_and_the_worker_lives(worker):
     assert c.step(sid, 0, "not a move").info["event"] == "invalid"  # bad text is an invalid action, not an error
     opened = [c.reset("walk", s)[0] for s in range(16 - c.health().sessions)]
     assert _code(c.reset, "walk", 99)[0] == "RESOURCE_EXHAUSTED"
-    for s in opened + [sid]:
+    for s in [*opened, sid]:
         c.close(s)
     assert c.health().sessions == 0 and worker.proc.poll() is None
 
@@ -138,7 +138,7 @@ def _kill_after_steps(worker: Worker, steps: int) -> None:
 def test_a_worker_killed_mid_trajectory_costs_only_its_trajectories(tmp_path):
     overrides = ["agentic.latency.kind=fixed", "agentic.latency.mean_s=0.2", "agentic.calculator.min_steps=4"]
     a, b = Worker(tmp_path, "a", overrides), Worker(tmp_path, "b", overrides)
-    cfg = load_config(None, overrides + ["agentic.step_retries=2", "agentic.retry_backoff_s=0.05"]).agentic
+    cfg = load_config(None, [*overrides, "agentic.step_retries=2", "agentic.retry_backoff_s=0.05"]).agentic
     scripts = calc_scripts(cfg, list(range(6)))
     try:
         with ThreadPoolExecutor(16) as ex:

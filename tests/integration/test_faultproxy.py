@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from services.common.faultproxy import Faults, FaultProxy
+from services.common.faultproxy import FaultProxy, Faults
 
 
 class _Echo(socketserver.BaseRequestHandler):

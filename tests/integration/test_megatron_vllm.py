@@ -71,7 +71,8 @@ def _specs(forced: int = 0) -> list[PromptSpec]:
     return [PromptSpec(f"p{i}", p, forced_length=forced) for i, p in enumerate(PROMPTS)]
 
 
-def test_grpo_on_megatron_pushes_weights_that_vllm_generates_with(client, checkpoint, megatron_cpu):
+@pytest.mark.usefixtures("megatron_cpu")
+def test_grpo_on_megatron_pushes_weights_that_vllm_generates_with(client, checkpoint):
     from services.trainer.learner import Learner
     from services.rollout.publisher import WeightPublisher
 
@@ -107,7 +108,7 @@ def test_grpo_on_megatron_pushes_weights_that_vllm_generates_with(client, checkp
             assert out.weight_version == STEPS and len(out.token_ids) == LENGTH
             assert list(out.token_ids) == ref_greedy(trained, list(prompt), LENGTH)
             want = ref_logprobs(trained, list(prompt), list(out.token_ids), 1.0)
-            assert max(abs(a - b) for a, b in zip(out.logprobs, want)) < 2e-3, (out.logprobs, want)
+            assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 2e-3, (out.logprobs, want)
             old = ref_logprobs(start, list(prompt), list(out.token_ids), 1.0)
-            moved = max(moved, max(abs(a - b) for a, b in zip(out.logprobs, old)))
+            moved = max(moved, max(abs(a - b) for a, b in zip(out.logprobs, old, strict=True)))
     assert moved > 0.05, f"the served log-probs are within {moved:.3g} of the starting weights'"

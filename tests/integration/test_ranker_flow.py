@@ -127,13 +127,14 @@ def test_sgs_logs_generations_retrain_swaps_the_ranker_the_router_uses(prefect_a
     """Online adaptation, closed loop on real processes: two SGS instances log every finished
     sample; the router estimates lengths with the store's ranker; retrain_ranker learns from the
     log and publishes a new ranker; the router's next request uses it, with no restart."""
+    from transformers import AutoTokenizer
+
     from flows.processes import Supervisor, start_instances, start_router
     from flows.retrain_ranker import RetrainParams, retrain_ranker
     from services.common.config import load_config, write_config
     from services.common.types import GenerateParams, PromptSpec
     from services.generation.client import GenerationClient
     from services.tasks.arith import eval_problems
-    from transformers import AutoTokenizer
 
     log_path, store_root = tmp_path / "gen.sqlite", tmp_path / "store"
     first = RankerStore(store_root).publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))

@@ -112,7 +112,7 @@ def test_policy_uses_the_checkpoints_own_tokenizer_and_special_tokens(checkpoint
     assert body == raw.encode(problem.prompt, add_special_tokens=False).ids  # tokenizer.json as written
     assert len(body) < len(problem.prompt)  # BPE merges, not one token per character
     assert all(0 <= i < info.vocab_size for i in ids)
-    assert policy.decode(policy.tokenizer.encode(demonstration(problem), add_special_tokens=False) + [policy.eos_id]) \
+    assert policy.decode([*policy.tokenizer.encode(demonstration(problem), add_special_tokens=False), policy.eos_id]) \
         == demonstration(problem)
     assert policy.eos_id == policy.tokenizer.convert_tokens_to_ids(style["eos"]) and policy.eos_id in info.eos_ids
     if style["bos"]:  # Llama: BOS first, no pad token (pad = EOS), two EOS ids
@@ -144,7 +144,7 @@ def test_chat_template_wraps_the_prompt_as_a_user_message(checkpoints, arch):
         [{"role": "system", "content": system}, {"role": "user", "content": prompt}], add_generation_prompt=True,
         tokenize=False)
     assert plain.tokenizer.decode(plain.encode_prompt(prompt, system), skip_special_tokens=True) == f"{system}\n\n{prompt}"
-    with pytest.raises(ConfigError, match="chat_template needs model.path"):
+    with pytest.raises(ConfigError, match=r"chat_template needs model.path"):
         load_config(SMOKE, ["model.chat_template=true"])
 
 
@@ -164,7 +164,7 @@ def test_eos_comes_from_config_json_and_must_agree_with_it(checkpoints, tmp_path
     no_eos = variant("no-eos", "tokenizer_config.json", lambda d: d.update(eos_token=None))
     assert load_policy(no_eos).eos_id == eos  # a tokenizer without EOS takes config.json's
     other = variant("other-eos", "config.json", lambda d: d.update(eos_token_id=[eos + 1]))
-    with pytest.raises(ValueError, match="not among config.json's eos_token_id"):
+    with pytest.raises(ValueError, match=r"not among config.json's eos_token_id"):
         load_policy(other)
 
 

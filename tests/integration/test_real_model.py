@@ -43,7 +43,7 @@ def test_the_trainer_recomputes_vllms_log_probs_at_the_sampling_temperature(smol
     with torch.no_grad():
         logp = token_logprobs(policy.model, batch, TEMPERATURE)
     diffs = []
-    for b, (p, o) in enumerate(zip(prompts, outs)):
+    for b, (p, o) in enumerate(zip(prompts, outs, strict=True)):
         mine = logp[b, len(p) - 1: len(p) - 1 + len(o.token_ids)].tolist()
         diffs += [abs(m - e) for m, e in zip(mine, o.logprobs, strict=True)]
     # measured here: mean 5e-6, max 4e-5 (float32 both sides); the trainer's log-probs at temperature 1
@@ -55,7 +55,7 @@ def test_the_trainer_recomputes_vllms_log_probs_at_the_sampling_temperature(smol
                                     "generation": {"temperature": TEMPERATURE}, "trainer": {"lr": 1e-6}})
     learner = Learner(cfg, policy)
     samples = [SampleRecord("q", "q", i, tuple(p), tuple(o.token_ids), tuple(o.logprobs), 0, o.finish_reason, 0.0, 0.0, 0.0)
-               for i, (p, o) in enumerate(zip(prompts, outs))]
+               for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
     stats = learner.begin()
     learner.backward([Group(samples, [1.0, 0.0, 1.0, 0.0])])
     assert stats.micro_batches >= 1 and stats.clip_fraction == 0.0

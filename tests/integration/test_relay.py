@@ -78,11 +78,11 @@ OTHER_MODEL = {"other.weight": torch.zeros(10, 10)}
     "make, code, match",
     [
         (lambda: _messages(model_state(2.0), 2, edit=_flip), grpc.StatusCode.DATA_LOSS, "digest mismatch"),
-        (lambda: _messages(model_state(2.0), 2)[:-1] + [pb.PushMessage(version_digest="sha256:" + "0" * 64)],
+        (lambda: [*_messages(model_state(2.0), 2)[:-1], pb.PushMessage(version_digest="sha256:" + "0" * 64)],
          grpc.StatusCode.DATA_LOSS, "version digest mismatch"),
-        (lambda: _messages(model_state(2.0), 2, order=lambda cs: [cs[1], cs[0]] + cs[2:]),
+        (lambda: _messages(model_state(2.0), 2, order=lambda cs: [cs[1], cs[0], *cs[2:]]),
          grpc.StatusCode.INVALID_ARGUMENT, "out of order or duplicated"),
-        (lambda: _messages(model_state(2.0), 2, order=lambda cs: [cs[0], cs[0]] + cs[1:]),
+        (lambda: _messages(model_state(2.0), 2, order=lambda cs: [cs[0], cs[0], *cs[1:]]),
          grpc.StatusCode.INVALID_ARGUMENT, "out of order or duplicated"),
         (lambda: _messages(OTHER_MODEL, 2), grpc.StatusCode.FAILED_PRECONDITION, "different model"),
         (lambda: _messages(model_state(2.0), 1), grpc.StatusCode.ALREADY_EXISTS, "already held"),
@@ -124,7 +124,7 @@ def test_concurrent_pulls_during_pushes_never_see_a_torn_version(tmp_path):
                     got = reader_client.pull(-1, allow_shm=shm, streams=2)
                     fill = float(got.version)
                     seen.append((got.version, _equal_scaled(got.state, fill)))
-            except BaseException as exc:  # surfaced below
+            except BaseException as exc:  # noqa: BLE001 - surfaced below
                 errors.append(exc)
             finally:
                 reader_client.close()

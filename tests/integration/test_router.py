@@ -80,7 +80,7 @@ def test_streams_are_merged_every_sample_once_with_forced_lengths(stack):
     assert dispatched["policy"] == "lpt" and dispatched["estimates"] == "request"
     assert all(n > 0 for n in dispatched["per_instance"]) and sum(dispatched["per_instance"]) == 18
     seen = [e for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
-    assert sorted(e["instance"] for e in seen) == sorted(sum(([i] * n for i, n in enumerate(dispatched["per_instance"])), []))
+    assert sorted(e["instance"] for e in seen) == sorted(i for i, n in enumerate(dispatched["per_instance"]) for _ in range(n))
 
 
 def test_instances_append_finished_samples_to_the_generation_log(stack, genlog_path):
@@ -262,10 +262,10 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights
     reach the instances through the router either way: each pulls from its relay (relay), or
     the router forwards the trainer's stream (direct)."""
-    from services.generation.scheduling.models import spec_from_hf_config
-    from services.generation.scheduling.profiles import ProfileModel, load_profile, save_profile, shipped_profile
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
+    from services.generation.scheduling.models import spec_from_hf_config
+    from services.generation.scheduling.profiles import ProfileModel, load_profile, save_profile, shipped_profile
 
     # the shipped CPU profile is for the default tiny model; the smoke model is smaller: re-label a copy
     smoke = spec_from_hf_config("smoke", json.loads((tiny_checkpoint / "config.json").read_text()), dtype_bytes=4)

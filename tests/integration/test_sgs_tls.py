@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from services.common.certs import TlsFiles, make_ca, make_site_cert
 from services.common.types import GenerateParams, PromptSpec
 from services.generation.client import GenerationClient
-from services.common.certs import TlsFiles, make_ca, make_site_cert
 from tests.conftest import FAST_ENGINE, ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
 
 OVERRIDES = [FAST_ENGINE, "generation.max_new_tokens=16", "generation.max_inflight=4"]

@@ -7,8 +7,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.policy.model import load_policy
 from services.common.certs import TlsFiles, make_certs
+from services.policy.model import load_policy
 from services.weights.client import RelayClient, RelayError, snapshot_blob
 from tests.conftest import FAST_ENGINE, ROOT, stop_sgs
 from tests.integration.relays import model_state, start_relay, wait_for

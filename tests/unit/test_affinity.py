@@ -32,5 +32,5 @@ def test_empty_list_leaves_the_process_alone():
 
 
 def test_negative_cpu_rejected_by_config():
-    with pytest.raises(ConfigError, match="generation.cpus"):
+    with pytest.raises(ConfigError, match=r"generation.cpus"):
         load_config(None, ["generation.cpus=[-1]"])

@@ -51,7 +51,7 @@ def test_more_work_never_takes_less_time(field, low, high, pool):
 @pytest.mark.parametrize("kind", ["H800", "H20"])
 def test_more_gpus_never_take_longer(kind):
     times = [total(AGENT, PoolSpec("p", kind, g)) for g in (1, 2, 3, 4, 8, 16, 64, 128)]
-    assert all(a >= b for a, b in zip(times, times[1:])) and times[0] > times[-1]
+    assert all(a >= b for a, b in itertools.pairwise(times)) and times[0] > times[-1]
 
 
 def test_prefix_caching_saves_prefill_and_only_prefill():
@@ -94,8 +94,8 @@ def test_rollart_fig4_direction_at_cost_equivalent_counts(mfu):
 def _exhaustive(times: list[list[float]]) -> tuple[float, float]:
     n_pools = len(times[0])
     return min(
-        (max(sum(row[p] for row, c in zip(times, choice) if c == p) for p in range(n_pools)),
-         sum(row[c] for row, c in zip(times, choice)))
+        (max(sum(row[p] for row, c in zip(times, choice, strict=True) if c == p) for p in range(n_pools)),
+         sum(row[c] for row, c in zip(times, choice, strict=True)))
         for choice in itertools.product(range(n_pools), repeat=len(times))
     )
 
@@ -112,7 +112,7 @@ def test_planner_matches_exhaustive_search_on_random_small_cases():
         assignment, makespan, busy = best_assignment(times)
         want = _exhaustive(times)
         assert makespan == pytest.approx(want[0], rel=1e-9) and busy <= want[1] * (1 + 1e-9), (times, assignment)
-        loads = [sum(row[p] for row, a in zip(times, assignment) if a == p) for p in range(n_pools)]
+        loads = [sum(row[p] for row, a in zip(times, assignment, strict=True) if a == p) for p in range(n_pools)]
         assert max(loads) == pytest.approx(makespan)
     assert best_assignment([]) == ((), 0.0, 0.0)
 
@@ -120,7 +120,7 @@ def test_planner_matches_exhaustive_search_on_random_small_cases():
 def test_planner_refuses_bad_inputs():
     with pytest.raises(ValueError, match="unknown GPU kind 'A100'"):
         PoolSpec("x", "A100", 2)
-    with pytest.raises(ValueError, match="hold no instance of qwen2.5-72b"):
+    with pytest.raises(ValueError, match=r"hold no instance of qwen2.5-72b"):
         plan_affinity([AGENT], [PoolSpec("small", "H800", 2)], "qwen2.5-72b")
     with pytest.raises(ValueError, match="task names must be unique"):
         plan_affinity([AGENT, AGENT], [H800], MODEL)

@@ -12,7 +12,14 @@ import pytest
 from services.agentic.calculator import CalculatorEnv, demonstration
 from services.agentic.client import EnvError
 from services.agentic.manager import EnvManager, Limits
-from services.agentic.runner import LocalEnv, PolicyCodec, ThreadedEnv, make_managers, run_batch_level, run_trajectory_level
+from services.agentic.runner import (
+    LocalEnv,
+    PolicyCodec,
+    ThreadedEnv,
+    make_managers,
+    run_batch_level,
+    run_trajectory_level,
+)
 from services.agentic.sessions import SessionTable
 from services.agentic.trajectory import Dropped, Trajectory, TrajectoryBuilder
 from services.common.config import load_config

@@ -47,7 +47,7 @@ class FakeSgs:
         text = expert[min(turn, len(expert) - 1)]
         if turn >= len(expert) - 1 and self.rng.random() < self.wrong:
             text = "#1"
-        ids = tuple(CODEC.encode_observation(text)) + (POLICY.eos_id,)
+        ids = (*CODEC.encode_observation(text), POLICY.eos_id)
         version = max(min_version, self.rt.version)
         self.min_versions.append((min_version, version))
         return SampleRecord(request_id, request_id, 0, context, ids, tuple(-0.1 for _ in ids), version, "stop", 0, 0, 0)
@@ -72,7 +72,7 @@ class FakeRuntime:
     def __init__(self, cfg, run_dir) -> None:
         self.cfg, self.run_dir, self.version, self.attempt, self.runner_state = cfg, run_dir, 0, 0, None
         self.learner, self.gen_busy = FakeLearner(), []
-        self.sampler = SimpleNamespace(state=lambda: {})
+        self.sampler = SimpleNamespace(state=dict)
         self.publisher = SimpleNamespace(wait=lambda version: None)
         self.steps: list[list] = []
         self.rows: list[dict] = []

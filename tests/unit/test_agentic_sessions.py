@@ -73,7 +73,7 @@ def test_steps_of_different_sessions_run_concurrently_and_one_session_steps_one_
         except EnvRequestError as err:
             codes.append(err.code)
 
-    threads = [threading.Thread(target=step, args=(s,)) for s in sids + [sids[0]]]
+    threads = [threading.Thread(target=step, args=(s,)) for s in [*sids, sids[0]]]
     t0 = time.monotonic()
     for th in threads:
         th.start()
@@ -88,6 +88,6 @@ def test_idle_sessions_are_evicted():
     t = table("agentic.session_ttl_s=10", clock=lambda: now[0])
     a, _ = t.reset("walk", 0, "")
     now[0] = 5.0
-    b, _ = t.reset("walk", 1, "")
+    t.reset("walk", 1, "")
     now[0] = 12.0
     assert t.evict_idle() == [a] and len(t) == 1

@@ -71,7 +71,7 @@ def test_demonstration_lays_out_an_expert_episode_as_a_rollout_would():
     pos, env2 = 0, CalculatorEnv.from_config(cfg)
     env2.reset(11)
     for text in expert:
-        action = CODEC.encode_observation(text) + [POLICY.eos_id]
+        action = [*CODEC.encode_observation(text), POLICY.eos_id]
         assert d.completion_ids[pos: pos + len(action)] == action and set(d.loss_mask[pos: pos + len(action)]) == {1}
         pos += len(action)
         obs = env2.step(env2.parse_action(text)).observation.text

@@ -145,8 +145,10 @@ def test_gae_on_a_padded_batch_matches_hand_computation():
     rewards = outcome_rewards(torch.tensor([1.0, 1.0]), mask)
     assert rewards.tolist() == [[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
     adv, ret = gae(rewards, values, mask, gamma=1.0, lam=0.5)
-    assert adv.flatten().tolist() == pytest.approx([0.0, 0.1, 0.8, 0.0] + [0.0, 0.25, 0.5, 1.0])
-    assert ret.flatten().tolist() == pytest.approx([0.0, 0.6, 1.0, 0.0] + [0.0, 0.25, 0.5, 1.0])
+    assert adv.flatten().tolist() == pytest.approx([0.0, 0.1, 0.8, 0.0,  # row 0
+                                                    0.0, 0.25, 0.5, 1.0])  # row 1
+    assert ret.flatten().tolist() == pytest.approx([0.0, 0.6, 1.0, 0.0,  # row 0
+                                                    0.0, 0.25, 0.5, 1.0])  # row 1
 
 
 def test_outcome_reward_of_an_empty_completion_is_dropped():

@@ -11,9 +11,7 @@ import pytest
 
 from allocator.allocate import PLAN_FIELDS, build_cost_model, find_model, plan_files
 from allocator.cluster import AllocationInputError, ClusterSpec, WorkloadSpec, load_cluster, load_workload
-from services.generation.scheduling.hardware import get_hardware
 from allocator.memory import ParallelConfig, training_memory
-from services.generation.scheduling.models import get_model
 from allocator.planner import (
     CostModel,
     GenPool,
@@ -26,6 +24,8 @@ from allocator.planner import (
 )
 from allocator.training import TrainSite, TrainWorkload, search
 from flows.cli import main as cli_main
+from services.generation.scheduling.hardware import get_hardware
+from services.generation.scheduling.models import get_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

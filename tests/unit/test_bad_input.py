@@ -76,7 +76,7 @@ def test_addresses_that_parse(address):
     assert parse_address(address)[1] == int(address.rsplit(":", 1)[1])
 
 
-@pytest.mark.parametrize("address", ["", ":80", "h:", "h:0", "h:65536", "h: 1", "h\x00:1", "h:١", "a" * 300 + ":1"])
+@pytest.mark.parametrize("address", ["", ":80", "h:", "h:0", "h:65536", "h: 1", "h\x00:1", "h:\u0661", "a" * 300 + ":1"])
 def test_addresses_that_do_not(address):
     from services.common.address import parse_address
 

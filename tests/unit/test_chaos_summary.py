@@ -30,7 +30,7 @@ def test_any_loss_duplicate_violation_mismatch_or_failed_run_fails_the_suite():
     for bad in (_run("x", ["kill:relay"], lost=4), _run("x", ["kill:relay"], dup=1),
                 _run("x", ["kill:relay"], violations=1), _run("x", ["kill:relay"], weights_ok=False),
                 _run("x", ["kill:relay"], completed=False)):
-        assert not passed(summarize(base + [bad])), bad
+        assert not passed(summarize([*base, bad])), bad
     flaky = {**summarize(base), "flaky_test": {"runs": 20, "passed": 19}}
     assert not passed(flaky)
 

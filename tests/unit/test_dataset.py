@@ -11,8 +11,8 @@ import pytest
 from services.common.task_config import MAX_DATASET_TEXT_CHARS, DatasetConfig
 from services.tasks.dataset import (
     DatasetError,
-    DatasetItem,
     DatasetExhausted,
+    DatasetItem,
     DatasetSampler,
     fingerprint,
     load_dataset,
@@ -212,7 +212,7 @@ def test_duplicated_rows_do_not_leak_the_heldout_set(tmp_path):
 
 def test_heldout_file(tmp_path):
     train_path = _jsonl(tmp_path / "t.jsonl", _rows(10))
-    held_path = _jsonl(tmp_path / "h.jsonl", _rows(6, prefix="h") + [{"prompt": "q3", "answer": "3"}])
+    held_path = _jsonl(tmp_path / "h.jsonl", [*_rows(6, prefix="h"), {"prompt": "q3", "answer": "3"}])
     cfg = DatasetConfig(train=str(train_path), heldout=str(held_path))
     train, held = load_dataset(cfg, 100, eval_seed=1)
     assert len(held) == 7 and all(i.source.startswith(str(held_path)) for i in held)
@@ -310,7 +310,7 @@ def test_prompts_needed_check():
 def test_fingerprint():
     rows = _items(4)
     assert len(fingerprint(rows)) == 16 and fingerprint(rows) == fingerprint(list(rows))
-    assert fingerprint(rows) != fingerprint([replace(rows[0], answer="x")] + rows[1:])
+    assert fingerprint(rows) != fingerprint([replace(rows[0], answer="x"), *rows[1:]])
     assert fingerprint(rows) != fingerprint(rows[::-1])
 
 

@@ -159,7 +159,7 @@ def test_api_request_retries_a_busy_server_then_returns_its_answer():
     seen = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's naming)
+        def do_POST(self):
             seen.append(self.rfile.read(int(self.headers["Content-Length"])))
             code = answers.pop(0)
             body = b'{"id": "run"}' if code == 201 else b'{"exception_message": "Service Unavailable"}'
@@ -204,7 +204,7 @@ def test_api_request_retries_a_get_that_timed_out_but_never_a_write(monkeypatch)
             except OSError:  # the client gave up on this one
                 pass
 
-        do_GET = do_POST = _answer  # noqa: N815 (http.server's naming)
+        do_GET = do_POST = _answer
 
         def log_message(self, *args):
             pass

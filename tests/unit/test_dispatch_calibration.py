@@ -39,8 +39,8 @@ def test_geometric_mean_of_ratios_and_errors():
     base = _spec()
     jobs = _jobs(10, 3)
     sim = run_instance(list(jobs), base, "fcfs").makespan_s
-    spec, info = calibrate_spec(base, [MeasuredInstance(jobs, "fcfs", 2 * sim), MeasuredInstance(jobs, "fcfs", 8 * sim),
-                                       MeasuredInstance((), "fcfs", 1.0)])  # an idle instance is ignored
+    _, info = calibrate_spec(base, [MeasuredInstance(jobs, "fcfs", 2 * sim), MeasuredInstance(jobs, "fcfs", 8 * sim),
+                                    MeasuredInstance((), "fcfs", 1.0)])  # an idle instance is ignored
     assert info["scale"] == pytest.approx(4.0) and info["runs"] == 2
     assert info["fit_error"] == pytest.approx((1.0 + 0.5) / 2)
     with pytest.raises(ValueError, match="at least one measured instance"):

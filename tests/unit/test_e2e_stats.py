@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-import e2e_stats as st  # noqa: E402
+import e2e_stats as st
 
 
 def test_paired_difference_cancels_prompt_difficulty():
@@ -20,7 +20,7 @@ def test_paired_difference_cancels_prompt_difficulty():
     b = difficulty
     a = [min(1.0, x + 0.05) for x in difficulty]
     p = st.paired(a, b)
-    assert p["diff"] == pytest.approx(statistics_mean([x - y for x, y in zip(a, b)]))
+    assert p["diff"] == pytest.approx(statistics_mean([x - y for x, y in zip(a, b, strict=True)]))
     assert p["se"] < 0.01  # the unpaired standard error would be ~0.02
     assert p["ci95"][0] < p["diff"] < p["ci95"][1]
     assert p["ci95"][1] - p["ci95"][0] == pytest.approx(2 * st.Z95 * p["se"])

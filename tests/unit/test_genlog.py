@@ -29,7 +29,7 @@ def test_non_positive_length_rejected_and_nothing_written(tmp_path):
 def test_not_a_log_names_the_file(tmp_path):
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"definitely not sqlite" * 100)
-    with pytest.raises(GenerationLogError, match="bad.sqlite: not a generation log"):
+    with pytest.raises(GenerationLogError, match=r"bad.sqlite: not a generation log"):
         GenerationLog(bad)
 
 

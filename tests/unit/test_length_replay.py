@@ -40,7 +40,7 @@ def test_draw_is_stable_per_prompt_follows_the_list_and_changes_with_the_seed():
 def test_load_refuses_lengths_over_the_cap_and_bad_files(tmp_path):
     f = tmp_path / "lengths.json"
     f.write_text(json.dumps([1, 50, 193]))
-    with pytest.raises(ValueError, match="exceeds generation.max_new_tokens"):
+    with pytest.raises(ValueError, match=r"exceeds generation.max_new_tokens"):
         ReplayLengths.load(f, 192)
     assert ReplayLengths.load(f, 193, seed=2).lengths == (1, 50, 193)
     f.write_text(json.dumps([3, 0]))

@@ -87,12 +87,13 @@ def test_qkv_fusion_interleaves_query_groups():
     fused = fuse_qkv(q, k, v, g)
     rows = [int(r) for r in fused[::16, 0]]  # the first row of each head block
     assert rows == [0, 16, 1000, 2000, 32, 48, 1016, 2016]  # group 0: q0 q1 k0 v0; group 1: q2 q3 k1 v1
-    for part, want in zip("qkv", (q, k, v)):
+    for part, want in zip("qkv", (q, k, v), strict=True):
         assert torch.equal(qkv_part(fused, part, g), want)
 
 
 @pytest.mark.parametrize("arch", POLICIES)
-def test_megatron_splits_its_fused_qkv_into_the_hf_projections(arch, megatron_cpu):
+@pytest.mark.usefixtures("megatron_cpu")
+def test_megatron_splits_its_fused_qkv_into_the_hf_projections(arch):
     policy = POLICIES[arch]()
     backend = _backend(policy)
     x = torch.randn(5, 3, 64, generator=torch.Generator().manual_seed(0))  # [T, B, hidden], Megatron's order
@@ -105,7 +106,8 @@ def test_megatron_splits_its_fused_qkv_into_the_hf_projections(arch, megatron_cp
 
 
 @pytest.mark.parametrize("arch", POLICIES)
-def test_the_megatron_twin_gives_the_hf_logits(arch, megatron_cpu):
+@pytest.mark.usefixtures("megatron_cpu")
+def test_the_megatron_twin_gives_the_hf_logits(arch):
     policy = POLICIES[arch]()
     backend = _backend(policy)
     assert backend.weights().host_copies().keys() == policy.model.state_dict().keys()
@@ -121,7 +123,8 @@ def test_the_megatron_twin_gives_the_hf_logits(arch, megatron_cpu):
 
 
 @pytest.mark.parametrize("arch", POLICIES)
-def test_trained_megatron_weights_load_back_into_hf_with_the_same_logits(arch, megatron_cpu):
+@pytest.mark.usefixtures("megatron_cpu")
+def test_trained_megatron_weights_load_back_into_hf_with_the_same_logits(arch):
     from services.trainer.learner import Learner
 
     policy = POLICIES[arch]()
@@ -145,7 +148,8 @@ def test_trained_megatron_weights_load_back_into_hf_with_the_same_logits(arch, m
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error on a machine without CUDA")
-def test_cpu_without_the_test_shims_is_a_clear_error(megatron_clean):
+@pytest.mark.usefixtures("megatron_clean")
+def test_cpu_without_the_test_shims_is_a_clear_error():
     from services.trainer.megatron import MegatronDeviceError
 
     with pytest.raises(MegatronDeviceError, match=r"needs CUDA.*only\s+under the test shims"):
@@ -153,12 +157,14 @@ def test_cpu_without_the_test_shims_is_a_clear_error(megatron_clean):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
-def test_bfloat16_on_cpu_is_refused(megatron_cpu):
-    with pytest.raises(ValueError, match="bfloat16 with trainer.backend megatron needs CUDA"):
+@pytest.mark.usefixtures("megatron_cpu")
+def test_bfloat16_on_cpu_is_refused():
+    with pytest.raises(ValueError, match=r"bfloat16 with trainer.backend megatron needs CUDA"):
         _backend(qwen2(), dtype="bfloat16")
 
 
-def test_activation_checkpointing_recomputes_each_layer_with_the_same_gradients(megatron_cpu):
+@pytest.mark.usefixtures("megatron_cpu")
+def test_activation_checkpointing_recomputes_each_layer_with_the_same_gradients():
     from services.trainer.learner import Learner
     from services.trainer.megatron.bridge import recomputed_layer_class
 

@@ -6,11 +6,20 @@ import itertools
 
 import pytest
 
-from services.rollout.pools import EvictOldest, ExperienceBuffer, Partial, PartialResponsePool, PoolError, PrioritySampler, PromptPool
+from services.rollout.pools import (
+    EvictOldest,
+    ExperienceBuffer,
+    Partial,
+    PartialResponsePool,
+    PoolError,
+    PrioritySampler,
+    PromptPool,
+)
 
 
 def test_prompt_pool_hands_out_in_order_and_returned_prompts_first():
-    pool = PromptPool.from_batches(lambda n, c=itertools.count(): [next(c) for _ in range(n)], 3)
+    counter = itertools.count()
+    pool = PromptPool.from_batches(lambda n: [next(counter) for _ in range(n)], 3)
     assert [pool.take() for _ in range(4)] == [0, 1, 2, 3]
     pool.put_back(1)
     assert [pool.take(), pool.take()] == [1, 4]
@@ -49,7 +58,7 @@ def test_experience_buffer_fifo_priority_and_eviction():
     with pytest.raises(PoolError, match="not ready"):
         buf.choose(["a", "b"], 1)
     prio = ExperienceBuffer(sampler=PrioritySampler(priority=lambda x: x))
-    for k, v in zip("xyz", (1, 3, 2)):
+    for k, v in zip("xyz", (1, 3, 2), strict=True):
         prio.put(k, v)
     assert prio.choose(["x", "y", "z"], 2) == ["y", "z"]
 

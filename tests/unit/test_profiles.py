@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from allocator.simulator import SimSample, generation_time, simulate
+from services.generation.scheduling import InstanceSpec, StepCost
 from services.generation.scheduling.models import MODELS, get_model
 from services.generation.scheduling.profiles import (
     PROFILE_DIR,
@@ -14,8 +16,6 @@ from services.generation.scheduling.profiles import (
     load_profile,
     save_profile,
 )
-from allocator.simulator import SimSample, generation_time, simulate
-from services.generation.scheduling import InstanceSpec, StepCost
 
 
 @pytest.mark.parametrize("path", sorted(p for p in PROFILE_DIR.glob("*.json") if not p.stem.endswith("-train")), ids=lambda p: p.stem)
@@ -48,7 +48,7 @@ def test_profile_for_another_model_is_refused_naming_file_and_field(tmp_path):
 def test_bad_profile_files_name_line_or_field(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{\n  "format": "braid-ptl-profile/1",\n  "hardware": \n}')
-    with pytest.raises(ProfileError, match="broken.json: line 4 column 1: not JSON"):
+    with pytest.raises(ProfileError, match=r"broken.json: line 4 column 1: not JSON"):
         load_profile(broken)
     data = derive_profile("H800", "qwen2.5-7b").model_dump(mode="json")
     data["step_cost"]["k3"] = -1.0
@@ -60,7 +60,7 @@ def test_bad_profile_files_name_line_or_field(tmp_path):
         load_profile(tmp_path / "missing.json")
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\xff\xfe{}")
-    with pytest.raises(ProfileError, match="binary.json: profile is not UTF-8"):
+    with pytest.raises(ProfileError, match=r"binary.json: profile is not UTF-8"):
         load_profile(binary)
 
 

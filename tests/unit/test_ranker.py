@@ -92,9 +92,9 @@ def test_bad_rows_name_file_line_and_field(tmp_path, line, message):
 
 def test_empty_and_missing_files(tmp_path):
     empty = _write(tmp_path / "empty.jsonl", ["", "  "])
-    with pytest.raises(DataError, match="empty.jsonl: empty file"):
+    with pytest.raises(DataError, match=r"empty.jsonl: empty file"):
         load_dataset(empty)
-    with pytest.raises(DataError, match="nope.jsonl: no such file"):
+    with pytest.raises(DataError, match=r"nope.jsonl: no such file"):
         load_dataset(tmp_path / "nope.jsonl")
     bad = _write(tmp_path / "p.jsonl", ['{"prompt": "a"}', '{"text": "b"}'])
     with pytest.raises(DataError, match=r"p.jsonl:2: field 'prompt' is missing"):
@@ -122,7 +122,7 @@ def test_mmlu_prompt_format_and_convert(tmp_path):
     assert counts == {"train": 27, "val": 8, "test": 4}
     ids = [e.id for s in ("train", "val", "test") for e in load_dataset(tmp_path / "out" / f"{s}.jsonl").examples]
     assert sorted(ids, key=int) == [str(i) for i in range(40) if i != 3]
-    with pytest.raises(DataError, match="no response lengths for model 'X'.*'M', 'Other'"):
+    with pytest.raises(DataError, match=r"no response lengths for model 'X'.*'M', 'Other'"):
         convert_mmlu(src, tmp_path / "out2", model="X")
 
 
@@ -141,8 +141,8 @@ def test_convert_log_takes_the_most_recent(tmp_path):
 def test_text_features_see_numbers_and_choices():
     calc = "Calculate the force on a 3.5 kg mass at 2 m/s^2.\nA. 7.0 N\nB. 5.5 N\nC. 1.2 N"
     words = "Which is a mammal?\nA. a whale swimming\nB. a shark hunting\nC. a trout resting"
-    f = dict(zip(FEATURE_NAMES, text_features(calc)))
-    g = dict(zip(FEATURE_NAMES, text_features(words)))
+    f = dict(zip(FEATURE_NAMES, text_features(calc), strict=True))
+    g = dict(zip(FEATURE_NAMES, text_features(words), strict=True))
     assert len(text_features(calc)) == len(FEATURE_NAMES) == feature_matrix([calc, words]).shape[1]
     assert f["enum_lines"] == g["enum_lines"] == 3
     assert f["enum_numeric"] == 3 and g["enum_numeric"] == 0
@@ -214,9 +214,9 @@ def test_load_errors_name_file_and_field(tmp_path):
     with pytest.raises(RankerFormatError, match="field 'kind' is 'forest'"):
         load_ranker(d)
     (d / MANIFEST).write_text("{not json")
-    with pytest.raises(RankerFormatError, match="ranker.json: not valid JSON"):
+    with pytest.raises(RankerFormatError, match=r"ranker.json: not valid JSON"):
         load_ranker(d)
-    with pytest.raises(RankerFormatError, match="ranker.json: missing; .* is not a saved ranker"):
+    with pytest.raises(RankerFormatError, match=r"ranker.json: missing; .* is not a saved ranker"):
         load_ranker(tmp_path)
     with pytest.raises(RankerFormatError, match="not a directory"):
         load_ranker(tmp_path / "absent")

@@ -29,7 +29,7 @@ def test_publish_switches_current_atomically_and_prunes(tmp_path):
     assert (tmp_path / "store" / "CURRENT").read_text().strip() == names[-1]
     assert [p.name for p in store.versions()] == names[1:]  # keep=2: the oldest is gone
     assert not list((tmp_path / "store").glob("*.tmp*")) and not list((tmp_path / "store").glob(".*partial"))
-    with pytest.raises(RankerFormatError, match="ranker.json: missing"):
+    with pytest.raises(RankerFormatError, match=r"ranker.json: missing"):
         store.publish(tmp_path)  # not a ranker: refused, CURRENT untouched
     assert store.current() == tmp_path / "store" / names[-1]
 
@@ -100,7 +100,7 @@ def test_cli_train_eval_annotate(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "ann.jsonl").read_text().splitlines()]
     src = [json.loads(x) for x in FIXTURE.read_text().splitlines()]
     assert len(rows) == 160 and all(r["estimated_length"] > 0 for r in rows)
-    assert all({k: r[k] for k in s} == s for r, s in zip(rows, src))  # other fields kept
+    assert all({k: r[k] for k in s} == s for r, s in zip(rows, src, strict=True))  # other fields kept
 
 
 def test_cli_bad_input_exits_2_naming_file_line_field(tmp_path, capsys):

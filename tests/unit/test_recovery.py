@@ -32,7 +32,7 @@ def test_no_checkpoint_and_a_mismatched_meta_file(tmp_path):
     assert recovery.newest(tmp_path / "missing") is None
     path = recovery.save_atomic(tmp_path, 3, {})
     path.rename(tmp_path / "v00005")
-    with pytest.raises(ValueError, match="meta.json says version 3"):
+    with pytest.raises(ValueError, match=r"meta.json says version 3"):
         recovery.load(recovery.newest(tmp_path))
 
 

@@ -36,7 +36,7 @@ def test_tokens_are_conserved_across_migrations() -> None:
     # a resumed trajectory re-prefills its tokens so far; it never decodes them again nor loses them
     assert r.decoded_tokens == r.finished_tokens + r.left_tokens
     groups = {g.key: g for g in workload()}
-    for keys, tokens, samples in zip(r.consumed, r.iteration_tokens, r.iteration_samples):
+    for keys, tokens, samples in zip(r.consumed, r.iteration_tokens, r.iteration_samples, strict=True):
         assert tokens == sum(sum(groups[k].lengths) for k in keys)
         assert samples == CFG.prompts_per_iteration * CFG.group_size
 

@@ -14,7 +14,7 @@ OK = dict(vocab_size=19, max_positions=512)
 def test_a_request_larger_than_the_kv_cache_is_refused_before_it_reaches_the_engine():
     cfg = load_config(None, []).generation
     validate_request([PromptSpec("p", (1, 2, 3))], GenerateParams(max_new_tokens=64), cfg, **OK, kv_capacity=67)
-    with pytest.raises(RequestError, match="exceed the engine's whole KV cache .66 tokens"):
+    with pytest.raises(RequestError, match=r"exceed the engine's whole KV cache .66 tokens"):
         validate_request([PromptSpec("p", (1, 2, 3))], GenerateParams(max_new_tokens=64), cfg, **OK, kv_capacity=66)
 
 

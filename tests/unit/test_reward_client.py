@@ -36,6 +36,6 @@ def test_pool_arguments_and_membership_files_are_checked(tmp_path):
         RewardPool(["a:1"], tmp_path / "m.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"version": "1", "workers": []}')
-    with pytest.raises(ValueError, match="bad.json: expected"):
+    with pytest.raises(ValueError, match=r"bad.json: expected"):
         read_membership(bad)
     assert RewardPool(["127.0.0.1:1", "127.0.0.1:2"]).workers() == ["127.0.0.1:1", "127.0.0.1:2"]

@@ -287,7 +287,7 @@ def test_user_function_plain_number_correctness_falls_back_to_reward(tmp_path: P
 
 def test_user_exception_propagates_unchanged() -> None:
     fn = reward(RewardTermConfig(fn="brevity:always_raises"))
-    with pytest.raises(ValueError, match="^boom$"):
+    with pytest.raises(ValueError, match=r"^boom$"):
         fn.score(request("c", "a"))
 
 
@@ -452,8 +452,10 @@ def test_row_json_must_be_an_object(row_json: str, message: str) -> None:
 def test_gsm8k_reference_solutions_score_against_their_final_answers() -> None:
     if not GSM8K.is_dir():
         pytest.skip(f"GSM8K data not present at {GSM8K} (the shared data directory is absent)")
-    rows = [json.loads(line) for split in ("train", "test")
-            for line in gzip.open(GSM8K / f"{split}.jsonl.gz", "rt", encoding="utf-8")]
+    rows = []
+    for split in ("train", "test"):
+        with gzip.open(GSM8K / f"{split}.jsonl.gz", "rt", encoding="utf-8") as f:
+            rows += [json.loads(line) for line in f]
     assert len(rows) == 8792
     for mode in ("auto", "gsm8k"):
         failed = [row["answer"][-80:] for row in rows

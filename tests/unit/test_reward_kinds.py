@@ -41,7 +41,7 @@ def transcript(seed: int, wrong: bool = False) -> RewardRequest:
 
 @pytest.fixture(params=["rule", "model"])
 def reward_fn(request, trained):
-    cfg = load_config(None, TEST_CONFIG + [f"reward.kind={request.param}", f"reward.model_path={trained[0]}"])
+    cfg = load_config(None, [*TEST_CONFIG, f"reward.kind={request.param}", f"reward.model_path={trained[0]}"])
     return REWARD_KINDS[request.param](cfg)
 
 
@@ -82,7 +82,7 @@ def test_the_model_kind_scores_only_its_tasks_and_renders_the_context(trained):
 
 
 def test_a_model_directory_that_does_not_load_is_refused(tmp_path, trained):
-    with pytest.raises(RewardUnavailable, match="missing config.json, tokenizer.json, reward_meta.json"):
+    with pytest.raises(RewardUnavailable, match=r"missing config.json, tokenizer.json, reward_meta.json"):
         check_model_dir(str(tmp_path))
     from services.reward.model import ClassifierReward
 

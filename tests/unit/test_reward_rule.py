@@ -37,7 +37,7 @@ def test_calculator_expert_scores_one_and_a_wrong_answer_zero():
         right = RULE.score(transcript("calculator", seed, turns))
         assert right.reward == 1.0 and right.info["correct"] == "true" and right.info["done"] == "true"
         assert right.info["turns"] == str(len(turns)) and right.info["invalid_turns"] == "0"
-        wrong = RULE.score(transcript("calculator", seed, turns[:-1] + [f"#{int(turns[-1][1:]) + 1}"]))
+        wrong = RULE.score(transcript("calculator", seed, [*turns[:-1], f"#{int(turns[-1][1:]) + 1}"]))
         assert wrong.reward == 0.0 and wrong.info["correct"] == "false"
 
 

@@ -119,9 +119,9 @@ def test_a_shrinking_ramp_is_checked_where_it_is_longest():
     from tests.conftest import ROOT
 
     base = ["generation.forced_lengths=true", "forced_length_ramp.per_iteration=-8", "trainer.iterations=20"]
-    assert load_config(ROOT / "deploy/configs/smoke.yaml", base + ["forced_length_ramp.start=64"])
+    assert load_config(ROOT / "deploy/configs/smoke.yaml", [*base, "forced_length_ramp.start=64"])
     with pytest.raises(ConfigError, match="reaches 65 tokens at iteration 0"):
-        load_config(ROOT / "deploy/configs/smoke.yaml", base + ["forced_length_ramp.start=65"])
+        load_config(ROOT / "deploy/configs/smoke.yaml", [*base, "forced_length_ramp.start=65"])
 
 
 def test_scale_in_never_removes_instances_the_controller_did_not_add(tmp_path):

@@ -40,7 +40,7 @@ def opt_makespan(lengths: list[int], m: int) -> int:
     best = sum(lengths)
     for assign in itertools.product(range(m), repeat=len(lengths)):
         loads = [0] * m
-        for x, b in zip(lengths, assign):
+        for x, b in zip(lengths, assign, strict=True):
             loads[b] += x
         best = min(best, max(loads))
     return best
@@ -91,7 +91,7 @@ def test_global_lpt_dispatch_within_four_thirds_of_optimal(lengths, m):
     seqs = [SeqRequest(f"s{i}", 0, float(n)) for i, n in enumerate(lengths)]
     plan = dispatch("lpt", seqs, ctx(m))
     loads = [0] * m
-    for s, n in zip(seqs, lengths):
+    for s, n in zip(seqs, lengths, strict=True):
         loads[plan.assignment[s.seq_id]] += n
     assert max(loads) <= (4 / 3 - 1 / (3 * m)) * opt_makespan(lengths, m) + 1e-9
 

@@ -37,7 +37,7 @@ def gen(affinity: dict[str, str] | None = None, **extra) -> GenerationConfig:
 
 
 def test_pools_and_affinity_load_and_default_changes_nothing():
-    cfg = load_config(None, BASE + ["generation.affinity={calculator: compute, default: bandwidth}"]).generation
+    cfg = load_config(None, [*BASE, "generation.affinity={calculator: compute, default: bandwidth}"]).generation
     assert [p.name for p in cfg.pools] == ["compute", "bandwidth"] and cfg.affinity["default"] == "bandwidth"
     plain = load_config(None).generation
     assert plain.pools == [] and plain.affinity == {} and plain.scaleout_pool == ""

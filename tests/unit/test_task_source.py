@@ -50,16 +50,16 @@ def test_the_dataset_source_draws_rows_and_carries_the_reference_and_row(tmp_pat
 
 
 def test_task_kind_and_dataset_go_together():
-    with pytest.raises(ValueError, match="needs task.dataset"):
+    with pytest.raises(ValueError, match=r"needs task.dataset"):
         TaskConfig(kind="dataset")
-    with pytest.raises(ValueError, match="applies to task.kind 'dataset'"):
+    with pytest.raises(ValueError, match=r"applies to task.kind 'dataset'"):
         TaskConfig.model_validate({"dataset": {"train": "x.jsonl"}})
     with pytest.raises(ValueError, match="must contain"):
         TaskConfig.model_validate({"kind": "dataset", "dataset": {"train": "x.jsonl", "template": "Q: {question}"}})
 
 
 def test_an_agentic_run_refuses_a_dataset_task(tmp_path):
-    with pytest.raises(ConfigError, match="task.kind 'dataset'"):
+    with pytest.raises(ConfigError, match=r"task.kind 'dataset'"):
         load_config(SMOKE, ["agentic.enabled=true", "task.kind=dataset", f"task.dataset.train={tmp_path}/d.jsonl"])
 
 
@@ -81,6 +81,6 @@ def test_preparing_a_run_reads_the_data_and_makes_its_paths_absolute(tmp_path, m
 def test_preparing_a_run_refuses_bad_data_naming_it(tmp_path, over, fragment):
     base = ["task.kind=dataset", f"task.dataset.train={_rows(tmp_path / 'd.jsonl')}", "task.dataset.prompt_field=question",
             "eval.prompts=5"]
-    with pytest.raises(ConfigError, match="task.dataset|reward.terms") as err:
+    with pytest.raises(ConfigError, match=r"task.dataset|reward.terms") as err:
         check_run(load_config(SMOKE, [*base, *over]))
     assert fragment in str(err.value)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from allocator.memory import ParallelConfig
 from allocator.padding import (
     GROUP_CORRELATION,
     MICRO_BATCH_TOKENS,
@@ -21,7 +22,6 @@ from allocator.padding import (
     micro_batch_work,
 )
 from allocator.training import TrainSite, TrainWorkload, padded_step_flops, step_flops, step_time
-from allocator.memory import ParallelConfig
 from services.generation.scheduling.hardware import get_hardware
 from services.generation.scheduling.models import get_model
 

@@ -14,10 +14,7 @@ import pytest
 
 from allocator.allocate import format_table, plan_files
 from allocator.cluster import AllocationInputError
-from services.generation.scheduling.hardware import get_hardware
 from allocator.memory import ParallelConfig
-from services.generation.scheduling.models import get_model
-from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError, save_profile
 from allocator.train_profile import (
     find_train_profile,
     fit_step_time,
@@ -28,6 +25,9 @@ from allocator.train_profile import (
     profile_filename,
 )
 from allocator.training import MFU, TrainSite, TrainWorkload, padded_step_flops, step_flops, step_time
+from services.generation.scheduling.hardware import get_hardware
+from services.generation.scheduling.models import get_model
+from services.generation.scheduling.profiles import PROFILE_DIR, ProfileError, save_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = get_model("braid-tiny")

@@ -41,7 +41,7 @@ def test_an_absent_cuda_device_is_a_clear_error(spec):
 
 def test_bfloat16_computes_in_bfloat16_but_keeps_float32_master_weights():
     g = _groups()
-    params32, grads32 = _step(_learner(), [g])
+    _, grads32 = _step(_learner(), [g])
     params16, grads16 = _step(_learner(dtype="bfloat16"), [g])
     for k in grads32:
         assert params16[k].dtype == torch.float32 and grads16[k].dtype == torch.float32, k

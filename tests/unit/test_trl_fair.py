@@ -16,9 +16,9 @@ for _p in (ROOT, ROOT / "bench"):
 
 import trl_fair as tf  # noqa: E402
 import trl_fair_report as tfr  # noqa: E402
+from e2e_core import pin_overrides  # noqa: E402
 
 from bench.report_io import set_json_key  # noqa: E402
-from e2e_core import pin_overrides  # noqa: E402
 from services.common.config import load_config  # noqa: E402
 
 TRL = {"micro_batch": 64, "threads": 2, "generation": "generate", "prompt_tokens": 19}
@@ -77,7 +77,8 @@ def test_trl_resolved_config_is_checked_against_the_run_config():
 
 
 def _rows(ends, lens, samples=256):
-    return [{"iteration": i, "t_end": t, "samples": samples, "response_len_mean": n} for i, (t, n) in enumerate(zip(ends, lens))]
+    return [{"iteration": i, "t_end": t, "samples": samples, "response_len_mean": n}
+            for i, (t, n) in enumerate(zip(ends, lens, strict=True))]
 
 
 def test_steady_rates_exclude_step_zero_and_count_wall_between_step_ends():

@@ -36,12 +36,12 @@ def _replace(chunk: Chunk, **kw) -> Chunk:
 @pytest.mark.parametrize(
     "mutate, kind, match",
     [
-        (lambda cs: [_replace(cs[0], name="zzz")] + cs[1:], "argument", "unknown parameter"),
-        (lambda cs: [_replace(cs[0], shape=(7, 100))] + cs[1:], "argument", "expected dtype float32 shape"),
-        (lambda cs: [_replace(cs[0], dtype="float16")] + cs[1:], "argument", "float16"),
-        (lambda cs: cs[:-1] + [_replace(cs[-1], digest="0" * 64)], "integrity", "digest mismatch"),
-        (lambda cs: [cs[0], _replace(cs[1], data=b"x" + cs[1].data[1:])] + cs[2:], "integrity", "digest mismatch"),
-        (lambda cs: [cs[1]] + cs, "argument", "offset"),
+        (lambda cs: [_replace(cs[0], name="zzz"), *cs[1:]], "argument", "unknown parameter"),
+        (lambda cs: [_replace(cs[0], shape=(7, 100)), *cs[1:]], "argument", "expected dtype float32 shape"),
+        (lambda cs: [_replace(cs[0], dtype="float16"), *cs[1:]], "argument", "float16"),
+        (lambda cs: [*cs[:-1], _replace(cs[-1], digest="0" * 64)], "integrity", "digest mismatch"),
+        (lambda cs: [cs[0], _replace(cs[1], data=b"x" + cs[1].data[1:]), *cs[2:]], "integrity", "digest mismatch"),
+        (lambda cs: [cs[1], *cs], "argument", "offset"),
         (lambda cs: cs[:-2], "argument", "stream ended"),
     ],
 )

@@ -27,8 +27,25 @@ from services.generation.scheduling.lengths import EstimateErrorModel, LengthDis
 from services.generation.scheduling.types import DispatchPlan, InstanceLoad, SeqRequest
 
 __all__ = [
-    "ORDERS", "NEEDS_COST", "NEEDS_ESTIMATES", "AdmissionQueue", "DispatchContext", "DispatchPlan", "EstimateErrorModel",
+    "NEEDS_COST",
+    "NEEDS_ESTIMATES",
+    "ORDERS",
+    "AdmissionQueue",
+    "DispatchContext",
+    "DispatchPlan",
+    "EstimateErrorModel",
     "InstanceLoad",
-    "InstanceRun", "InstanceSpec", "Job", "LengthDistribution", "LengthWindow", "Order", "SeqRequest", "StepCost",
-    "calibrate", "dispatch", "policy_names", "register_dispatch", "run_instance",
+    "InstanceRun",
+    "InstanceSpec",
+    "Job",
+    "LengthDistribution",
+    "LengthWindow",
+    "Order",
+    "SeqRequest",
+    "StepCost",
+    "calibrate",
+    "dispatch",
+    "policy_names",
+    "register_dispatch",
+    "run_instance",
 ]

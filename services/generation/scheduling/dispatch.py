@@ -180,7 +180,7 @@ def _calibrated(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> list[float]
 
 
 def _work(seqs: Sequence[SeqRequest], est: list[float]) -> list[float]:
-    return [e * s.count for s, e in zip(seqs, est)]
+    return [e * s.count for s, e in zip(seqs, est, strict=True)]
 
 
 def _top_units(order: list[int], seqs: Sequence[SeqRequest], n_seqs: int) -> int:
@@ -195,7 +195,7 @@ def _top_units(order: list[int], seqs: Sequence[SeqRequest], n_seqs: int) -> int
 
 def _lpt_balance(order: list[int], work: list[float], bins: list[int], load: dict[int, float]) -> dict[int, int]:
     """Graham's LPT: items (indices into ``work``, longest first) to the least-loaded bin."""
-    count = {b: 0 for b in bins}
+    count = dict.fromkeys(bins, 0)
     out: dict[int, int] = {}
     for idx in order:
         b = min(bins, key=lambda j: (load[j], count[j], j))
@@ -272,7 +272,7 @@ def _scenarios(seqs: Sequence[SeqRequest], est: list[float], ctx: DispatchContex
     draws = ctx.errors.scenarios([seqs[i].estimate or 0.0 for i in heads], ctx.scenarios, ctx.seed)
     out = []
     for draw in draws:
-        value = dict(zip(heads, draw))
+        value = dict(zip(heads, draw, strict=True))
         out.append([value[rep[i]] if s.estimate is not None else est[i] for i, s in enumerate(seqs)])
     return out
 

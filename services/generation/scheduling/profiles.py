@@ -28,10 +28,10 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from services.generation.scheduling.hardware import Hardware, get_hardware
-from services.generation.scheduling.models import ModelSpec, get_model
 from services.common.config import StrictModel
 from services.generation.scheduling.cost import InstanceSpec, StepCost
+from services.generation.scheduling.hardware import Hardware, get_hardware
+from services.generation.scheduling.models import ModelSpec, get_model
 
 FORMAT = "braid-ptl-profile/1"
 TRAIN_SUFFIX = "-train"  # shipped training step-time profiles (allocator.train_profile) end in this

@@ -36,10 +36,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from services.generation.scheduling.cost import StepCost
 from services.rollout.repack_policy import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
 from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
 from services.rollout.staleness import StalenessManager
-from services.generation.scheduling.cost import StepCost
 from services.tasks.arith import ProblemSampler, demonstration
 
 MAX_SIM_S = 1e5  # a run that has not finished by then is stuck (a bug, not a slow fleet)

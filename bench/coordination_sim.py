@@ -41,11 +41,11 @@ from allocator.repack_sim import SimConfig, arith_workload, repack_ratio, simula
 from allocator.train_profile import load_train_profile  # noqa: E402
 from allocator.training import TrainWorkload, padded_step_flops  # noqa: E402
 from bench.report_io import RESULTS, set_json_key  # noqa: E402
-from services.rollout.repack_policy import RepackSettings  # noqa: E402
 from services.generation.scheduling.cost import StepCost  # noqa: E402
 from services.generation.scheduling.instance_model import Job, run_instance  # noqa: E402
 from services.generation.scheduling.models import get_model  # noqa: E402
 from services.generation.scheduling.profiles import PROFILE_DIR, load_profile, shipped_profile  # noqa: E402
+from services.rollout.repack_policy import RepackSettings  # noqa: E402
 
 PROFILE = "cpu-local-braid-tiny"
 TRAINED_FRACTION = 0.53  # trained_samples / samples over bench-e2e's bounded_2 run (same task and policy)

@@ -44,7 +44,7 @@ def known_hardware() -> list[str]:
     """What a pool may run on: the GPU kinds with spec sheets, and this machine's CPU engine."""
     from services.generation.scheduling.hardware import HARDWARE
 
-    return sorted(HARDWARE) + [CPU_HARDWARE]
+    return [*sorted(HARDWARE), CPU_HARDWARE]
 
 
 def check_task(cfg: RunConfig) -> RunConfig:

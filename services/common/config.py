@@ -25,7 +25,6 @@ from services.common.strict import StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
-
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -292,7 +291,7 @@ class ForcedLengthRamp(StrictModel):
     )
 
     def length(self, iteration: int) -> int:
-        return max(1, int(round(self.start + iteration * self.per_iteration))) if self.start else 0
+        return max(1, round(self.start + iteration * self.per_iteration)) if self.start else 0
 
 
 class ForcedLengthReplay(StrictModel):

@@ -44,7 +44,7 @@ class HeadTrainer:
         result = self.mgr.consume(select=self._prefer_trained)
         keys = [e.key for e in result.entries]
         groups = self.experience.take(keys)
-        untrained = [g for key, g in zip(keys, groups) if key not in self.trained]
+        untrained = [g for key, g in zip(keys, groups, strict=True) if key not in self.trained]
         if untrained:
             self.backward(untrained)
         self.trained.clear()

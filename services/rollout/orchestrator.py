@@ -269,7 +269,7 @@ class Orchestrator(GroupLifecycle):
         try:
             for sample in call.handle:
                 self.events.put(("sample", call, sample))
-        except BaseException as exc:  # surfaced in the coordinator thread
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the orchestrator's thread (``_on_error``)
             self.events.put(("error", call, exc))
 
     # ------------------------------------------------------------------ collecting

@@ -55,6 +55,6 @@ def score(items: list[TaskItem], samples: list[SampleRecord], outcomes: list[Out
     if sorted(s.prompt_id for s in samples) != sorted(by_id) or len(outcomes) != len(samples):
         raise ValueError("evaluation samples do not match the evaluation prompts one to one")
     graded = [(by_id[s.prompt_id].group or by_id[s.prompt_id].difficulty, float(o.correct))
-              for s, o in zip(samples, outcomes)]
+              for s, o in zip(samples, outcomes, strict=True)]
     result = summarize(graded, version, sum(len(s.token_ids) for s in samples) / len(samples))
     return replace(result, reward_failures=sum(1 for o in outcomes if o.failure))

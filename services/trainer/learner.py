@@ -207,7 +207,7 @@ class Learner:
         """Sum this step's statistics and normaliser over the ranks; returns the normaliser."""
         st = self.stats
         totals = sum_across([float(getattr(st, n)) for n in _SUMMED] + [self._normaliser])
-        for n, v in zip(_SUMMED, totals):
+        for n, v in zip(_SUMMED, totals, strict=True):
             setattr(st, n, type(getattr(st, n))(v))
         return totals[-1]
 

@@ -45,7 +45,7 @@ class WeightTransport(ABC):
     @abstractmethod
     def snapshot(self, state: Mapping[str, torch.Tensor] | WeightStream): ...
 
-    def publish(self, version: int, snap) -> None:
+    def publish(self, version: int, snap) -> None:  # noqa: B027 - optional hook: direct delivery needs none
         """Hand a version over (non-blocking). Default: nothing (``deliver`` sends it)."""
 
     @abstractmethod
@@ -55,10 +55,10 @@ class WeightTransport(ABC):
         """The newest version the transport's own servers hold or receive (-1: none; direct: none)."""
         return -1
 
-    def raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:  # noqa: B027 - optional hook: no background work, nothing to raise
         """Raise in the trainer if a background hand-over failed."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: no background work to stop
         """Stop background work."""
 
 

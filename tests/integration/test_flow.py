@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +39,7 @@ def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path
     # 48 tokens a sample at >= 10 ms an engine step (>= 0.5 s): longer than the reward service's round trips
     # between a batch's last sample and its first backward (~0.1 s under a heavy CPU load; the tiny model's
     # ~0.1 s batches, both in the engine at once, did not overlap training then)
-    result, run_dir = _run(tmp_path, "one_step", ("generation.max_inflight=16", "generation.step_delay_ms=[10]",
+    _, run_dir = _run(tmp_path, "one_step", ("generation.max_inflight=16", "generation.step_delay_ms=[10]",
                                                   "generation.forced_lengths=true", "forced_length_ramp.start=48"))
     for name in ("config.json", "metrics.jsonl", "timeline.json", "summary.json", "report.md", "learning_curve.png", "timeline.png"):
         assert (run_dir / name).is_file(), name

@@ -73,8 +73,8 @@ def _specs(forced: int = 0) -> list[PromptSpec]:
 
 @pytest.mark.usefixtures("megatron_cpu")
 def test_grpo_on_megatron_pushes_weights_that_vllm_generates_with(client, checkpoint):
-    from services.trainer.learner import Learner
     from services.rollout.publisher import WeightPublisher
+    from services.trainer.learner import Learner
 
     cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"backend": "megatron", "lr": 3e-2}})
     torch.manual_seed(0)

@@ -94,7 +94,7 @@ def test_one_step_trainer_killed_mid_run_resumes_and_consumes_every_sample_once(
     # a dataset task: the restarted trainer continues the file's epoch order from the checkpoint's cursor
     data = tmp_path / "rows.jsonl"
     write_rows(data)
-    summary, rows, kill = _run(tmp_path, tiny_checkpoint, ["trainer.mode=one_step", "generation.step_delay_ms=[10]",
+    _, rows, kill = _run(tmp_path, tiny_checkpoint, ["trainer.mode=one_step", "generation.step_delay_ms=[10]",
                                                            *dataset_overrides(data)], iterations=6, every=2)
     assert kill.rolled_back > 0  # one-step iterations are evenly spaced: the kill comes after a step past the checkpoint
     assert all(r["samples"] == 16 and r["staleness_max"] <= 1 for r in rows)
@@ -103,13 +103,13 @@ def test_one_step_trainer_killed_mid_run_resumes_and_consumes_every_sample_once(
     for r in read_records(tmp_path / "ledger.jsonl")[0]:
         if r["event"] == "consume":
             attempt, ids = latest.get(r["step"], (r["attempt"], []))
-            latest[r["step"]] = (r["attempt"], ids + [r["prompt_id"]] if attempt == r["attempt"] else [r["prompt_id"]])
+            latest[r["step"]] = (r["attempt"], [*ids, r["prompt_id"]] if attempt == r["attempt"] else [r["prompt_id"]])
     assert sorted(i for _, ids in latest.values() for i in ids) == sorted(f"d{i}" for i in range(24))
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial-rollout"])
 def test_bounded_trainer_killed_mid_run_resumes_within_the_bound(tmp_path, tiny_checkpoint, partial):
-    summary, rows, _ = _run(tmp_path, tiny_checkpoint, [
+    _, rows, _ = _run(tmp_path, tiny_checkpoint, [
         "trainer.mode=bounded", "generation.instances=2", "trainer.eta=1", "generation.step_delay_ms=[0, 30]",
         f"trainer.partial_rollout={str(partial).lower()}",
     ], iterations=8, every=3, late=4)
@@ -120,7 +120,7 @@ def test_bounded_trainer_killed_mid_run_resumes_within_the_bound(tmp_path, tiny_
 def test_agentic_trainer_killed_mid_run_resumes_and_consumes_every_group_once(tmp_path, tiny_checkpoint):
     """An agentic run: the restarted trainer resumes from its checkpoint with new environment
     sessions (in-flight trajectories are not kept) and every consumed group is consumed once."""
-    summary, rows, kill = _run(tmp_path, tiny_checkpoint, [
+    _, rows, kill = _run(tmp_path, tiny_checkpoint, [
         "trainer.mode=one_step", "agentic.enabled=true", "agentic.concurrency=16", "agentic.max_turns=4",
         "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.1", "trainer.prompts_per_iteration=2",
         "trainer.group_size=4", "trainer.micro_batch_groups=1",

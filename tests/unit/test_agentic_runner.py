@@ -73,7 +73,8 @@ class FakeRuntime:
         self.cfg, self.run_dir, self.version, self.attempt, self.runner_state = cfg, run_dir, 0, 0, None
         self.learner, self.gen_busy = FakeLearner(), []
         self.sampler = SimpleNamespace(state=dict)
-        self.publisher = SimpleNamespace(wait=lambda version: None)
+        self.publisher = SimpleNamespace(wait=lambda version: None, pushers=[])
+        self.start_snapshot = None
         self.steps: list[list] = []
         self.rows: list[dict] = []
 

@@ -52,7 +52,7 @@ def test_bad_file_and_bad_override_syntax(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
-    with pytest.raises(ConfigError, match="key.sub=value"):
+    with pytest.raises(ConfigError, match=r"key\.sub=value"):
         load_config(None, ["novalue"])
 
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from allocator.repack_sim import GroupSpec, SimConfig, arith_workload, simulate
-from services.rollout.repack_policy import RepackSettings, ramping_down
 from services.generation.scheduling.cost import StepCost
+from services.rollout.repack_policy import RepackSettings, ramping_down
 
 COST = StepCost(k1=0.0, k2=0.0, k3=2e-5, k4=2e-3, kv_bytes_per_token=2048.0, prefill_per_token=1.5e-5, per_sequence=2.6e-4)
 CFG = SimConfig(instances=4, repack=True, iterations=10, settings=RepackSettings(interval_s=0.5))

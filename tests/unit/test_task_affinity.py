@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from services.rollout.routing import InstanceView, pick_instance
 from services.common.config import ConfigError, GenerationConfig, load_config
 from services.common.pool_config import task_problem
 from services.common.types import GenerateParams, PromptSpec
@@ -22,6 +21,7 @@ from services.generation.scheduling.pools import (
     split_by_pool,
 )
 from services.generation.server import RequestError, validate_request
+from services.rollout.routing import InstanceView, pick_instance
 
 POOLS = ("generation.pools=[{name: compute, hardware: H800, instances: [0]}, "
          "{name: bandwidth, hardware: H20, instances: [1, 2]}]")
@@ -74,7 +74,7 @@ def test_invalid_pools_name_the_offending_values(overrides, fragment):
 def test_unknown_pool_hardware_fails_when_a_run_is_prepared():
     from flows.registries import check_registries
 
-    cfg = load_config(None, BASE + ["generation.pools=[{name: a, hardware: A100, instances: [0, 1, 2]}]"])
+    cfg = load_config(None, [*BASE, "generation.pools=[{name: a, hardware: A100, instances: [0, 1, 2]}]"])
     with pytest.raises(ConfigError) as err:
         check_registries(cfg)  # the schema knows no registry
     assert "unknown hardware 'A100'; known: ['H100', 'H20', 'H800', 'cpu-local']" in str(err.value)

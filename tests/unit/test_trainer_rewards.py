@@ -10,8 +10,8 @@ import pytest
 from services.common.types import SampleRecord
 from services.reward.client import RewardError
 from services.reward.protocol import RewardResult
-from services.tasks.arith import Problem
 from services.rollout.rewards import FAILURES, Outcome, ServiceRewards, failures_logged, outcome_of
+from services.tasks.arith import Problem
 
 
 class Pool:

@@ -14,11 +14,11 @@ import warnings
 # falls back to plain torch: exactly the local spec this backend uses, so the warnings say nothing
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).*not installed", category=UserWarning)
-    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
-    import megatron.core.models.gpt.gpt_model  # noqa: F401
-    import megatron.core.parallel_state  # noqa: F401
+    import megatron.core.models.gpt.gpt_layer_specs
+    import megatron.core.models.gpt.gpt_model
+    import megatron.core.parallel_state
     import megatron.core.tensor_parallel  # noqa: F401
 
-from services.trainer.megatron.backend import MegatronBackend, MegatronDeviceError  # noqa: E402
+from services.trainer.megatron.backend import MegatronBackend, MegatronDeviceError
 
 __all__ = ["MegatronBackend", "MegatronDeviceError"]

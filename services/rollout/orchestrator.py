@@ -53,6 +53,7 @@ from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
+from services.rollout.dispatching import GroupDispatcher, NewGroup
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle
 from services.rollout.modes import instance_capacity
@@ -88,6 +89,7 @@ class _GroupState:
     calls: list[_Call] = field(default_factory=list)
     complete: bool = False
     forced: int = 0  # the group's forced length (0 = the policy decides); a resumed sample generates the rest
+    estimate: float | None = None  # its estimated output length (with a length estimator)
 
 
 def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
@@ -102,6 +104,23 @@ def engines_behind(cfg, addresses: int) -> int:
     them (the most scale-out may add) when it dials one router in front of them."""
     total = cfg.scaleout.max_instances if cfg.scaleout.enabled else cfg.generation.instances
     return max(1, -(-total // max(1, addresses)))
+
+
+def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispatcher | None:
+    """The dispatch policy over new groups when the orchestrator dials several instances and a
+    length estimator is configured (``generation.ranker_dir``); None otherwise."""
+    gen = trainer.cfg.generation
+    if not gen.ranker_dir or behind > 1 or n < 2:
+        return None
+    from ranker.store import RankerWatcher
+    from services.generation.scheduling.dispatch import NEEDS_COST
+
+    spec = None
+    if gen.dispatch.policy in NEEDS_COST:
+        from services.generation.router_main import load_spec
+
+        spec = load_spec(gen, trainer.model_dir)
+    return GroupDispatcher(gen, n, RankerWatcher(gen.ranker_dir).get, spec)
 
 
 class Orchestrator(GroupLifecycle):
@@ -132,6 +151,7 @@ class Orchestrator(GroupLifecycle):
                                      incoming=self.repack.incoming)
         self.alive = self.router.alive  # the same list: a lost instance is marked there
         self.readmission = Readmission(trainer.publisher)
+        self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
         self.all_lost_at: float | None = None  # when the last live instance was lost
         replay = trainer.cfg.forced_length_replay
         self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
@@ -224,23 +244,48 @@ class Orchestrator(GroupLifecycle):
                 self._launch_resume(p, inst)
         self.resume = waiting
         g = self.tc.group_size + self.tc.redundancy_samples
+        batch: list[tuple[TaskItem, InstanceView]] = []  # the groups this round starts, where the pick put them
         while (inst := self.router.pick(None, self.mgr.can_reserve, need=g,
                                         eligible=self._eligible(self.prompts.peek().task))) is not None:
-            self._launch_group(self.prompts.take(), inst)
+            problem = self.prompts.take()
+            self.mgr.reserve(problem.prompt_id, inst.version)  # V_traj = the picked instance's version
+            self.router.started(inst.index, g)  # booked: the next pick sees it
+            batch.append((problem, inst))
+        for _, inst in batch:
+            self.router.returned(inst.index, g)
+        targets, estimates = self._placement(batch, g)
+        for problem, inst in batch:
+            key = problem.prompt_id
+            self._launch_group(problem, targets.get(key, inst.index), inst.version, estimates.get(key))
 
-    def _launch_group(self, problem: TaskItem, inst: InstanceView) -> None:
+    def _placement(self, batch: list[tuple[TaskItem, InstanceView]], g: int) -> tuple[dict[str, int], dict]:
+        """With a length estimator: where the dispatch policy puts this round's groups, and their
+        estimates (``services.rollout.dispatching``); otherwise where the pick put them."""
+        if self.dispatcher is None or not batch:
+            return {}, {}
+        problems = [p for p, _ in batch]
+        estimates = self.dispatcher.estimates([p.prompt for p in problems])
+        specs = self.rt.prompt_specs(problems)
+        groups = [NewGroup(p.prompt_id, len(s.token_ids), e, g) for p, s, e in zip(problems, specs, estimates, strict=True)]
+        targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch], [self._eligible(p.task) for p in problems],
+                                             self.router.views(), self.capacity)
+        return targets, {p.prompt_id: e for p, e in zip(problems, estimates, strict=True) if e is not None}
+
+    def _launch_group(self, problem: TaskItem, index: int, v_traj: int, estimate: float | None) -> None:
         key = problem.prompt_id
-        self.mgr.reserve(key, inst.version)
-        self.launched[inst.index] += 1
+        self.launched[index] += 1
         forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
-        state = _GroupState(problem, inst.version, forced=forced)
+        state = _GroupState(problem, v_traj, forced=forced, estimate=estimate)
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
-        (spec,) = self.rt.prompt_specs([problem], forced)
-        call = _Call(inst.index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
+        forward = estimate if estimate is not None and self.rt.cfg.generation.dispatch.forward_estimates else 0.0
+        (spec,) = self.rt.prompt_specs([problem], forced, [forward])  # the instance admits it LPT by the estimate
+        call = _Call(index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
-            self.partial.start(Partial(pkey, key, i, spec.token_ids, inst.version, inst.index))
-        params = GenerateParams(n, 0, inst.version, tag=call.tag, interruptible=self.tc.partial_rollout)
+            self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))
+        params = GenerateParams(n, 0, v_traj, tag=call.tag, interruptible=self.tc.partial_rollout)
+        if self.dispatcher is not None:
+            self.dispatcher.launched(index, estimate, n)
         self._start(call, [spec], params, state)
 
     def _launch_resume(self, p: Partial, inst: InstanceView) -> None:
@@ -295,6 +340,8 @@ class Orchestrator(GroupLifecycle):
             return  # surplus of a finished, aborted or cancelled group
         call.open -= 1
         self.router.returned(call.instance)
+        if self.dispatcher is not None:
+            self.dispatcher.finished(call.instance, state.estimate, 0 if s.finish_reason == "interrupted" else len(s.token_ids))
         pkey = call.keys[0] if len(call.keys) == 1 else f"{call.group}/{s.sample_index}"
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
@@ -373,6 +420,9 @@ class Orchestrator(GroupLifecycle):
             if call.open and call.handle is not None and not call.handle.cancelled:
                 call.handle.cancel()
                 self.router.returned(call.instance, call.open)
+                if self.dispatcher is not None:
+                    for _ in range(call.open):
+                        self.dispatcher.finished(call.instance, state.estimate, 0)
                 call.open = 0
         for p in self.partial.drop_group(state.problem.prompt_id):
             self.resume = [r for r in self.resume if r.key != p.key]
@@ -399,6 +449,7 @@ class Orchestrator(GroupLifecycle):
             # by the address the trainer dials: False = lost (its trajectories resumed elsewhere)
             "instances_alive": {c.address: ok for c, ok in zip(self.rt.clients, self.alive, strict=True)},
             **self.repack.metrics(),
+            **(self.dispatcher.metrics() if self.dispatcher is not None else {}),
         }
 
     def forget(self, key: str, reason: str) -> None:

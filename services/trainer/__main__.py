@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_policy(ns.model, cfg.model.chat_template)
     rewards = None if cfg.agentic.enabled else single_turn_rewards(cfg, ns.reward_membership, run_dir)
     trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel, rewards=rewards)
+    trainer.model_dir = ns.model
     envs = [a for a in ns.env_workers.split(",") if a]
     if cfg.agentic.enabled and not envs:
         parser.error("agentic.enabled: pass the environment workers (--env-workers)")

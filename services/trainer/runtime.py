@@ -88,15 +88,18 @@ class TrainerRuntime:
         self.runner_state: dict | None = None  # the runner's part of the checkpoint resumed from
         self.start_snapshot = None  # the resumed version's weights as published again
         self.resumed_version = 0
+        self.model_dir: str | None = None  # the checkpoint the run started from (a cost-aware dispatch policy's model)
         self._recovering: tuple[float | None, float] | None = None  # (death seen at, this process's start)
 
-    def prompt_specs(self, problems: list[TaskItem], forced_length: int = 0) -> list[PromptSpec]:
+    def prompt_specs(self, problems: list[TaskItem], forced_length: int = 0,
+                     estimates: list[float] | None = None) -> list[PromptSpec]:
+        """The wire prompts (``estimates``: estimated output lengths the instance admits LPT by; 0 = none)."""
         for p in problems:
             self.problems[p.prompt_id] = p
         return [
-            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt, p.system)), forced_length=forced_length,
-                       task=p.task)
-            for p in problems
+            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt, p.system)), estimated_length=e,
+                       forced_length=forced_length, task=p.task)
+            for p, e in zip(problems, estimates or [0.0] * len(problems), strict=True)
         ]
 
     def evaluate(self, tag: str) -> EvalResult:

@@ -37,13 +37,22 @@ def _kill_instance_after_first_step(tmp_path, killed: list[int], instance: str =
     return poll
 
 
-def test_one_step_runs_partial_rollout_redundancy_repack_and_survives_a_killed_instance(tmp_path, tiny_checkpoint):
-    """Every orchestrator mechanism in a lock-step mode at once; instance 1 is killed after the first
-    step: its trajectories resume on instance 0 (the launcher restarts it; it may be back by the end)."""
+def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_survives_a_killed_instance(
+        tmp_path, tiny_checkpoint):
+    """Every orchestrator mechanism in a lock-step mode at once: the ranker's estimates with LPT
+    dispatch over the instances, partial rollout, redundancy, repack; instance 1 is killed after the
+    first step: its trajectories resume on instance 0 (the launcher restarts it; it may be back by
+    the end)."""
+    from ranker.base import create
+    from ranker.store import RankerStore
+
+    ranker = create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0")
+    RankerStore(tmp_path / "store").publish(ranker)
     eta, killed = 1, []
     summary, rows = _run(
         tmp_path, tiny_checkpoint,
-        ["trainer.mode=one_step", "trainer.iterations=6", "trainer.partial_rollout=true",
+        [f"generation.ranker_dir={tmp_path / 'store'}", "generation.dispatch.policy=lpt",
+         "trainer.mode=one_step", "trainer.iterations=6", "trainer.partial_rollout=true",
          "trainer.redundancy_samples=1", "trainer.redundancy_groups=1",
          "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[30, 30]"],
         on_poll=_kill_instance_after_first_step(tmp_path, killed),
@@ -59,6 +68,9 @@ def test_one_step_runs_partial_rollout_redundancy_repack_and_survives_a_killed_i
     assert last.get("kv_snapshots", 0) > 0  # repack observed the instances
     assert last["instances_lost"] == 1 and last["recovered"] > 0, last
     assert list(last["instances_alive"].values()) == [True, last.get("instances_readmitted", 0) == 1]
+    # every group was placed by the policy on the ranker's estimates
+    assert last["dispatch_policy"] == "lpt" and last["estimator_failures"] == 0
+    assert last["estimated_groups"] == sum(last["instance_groups"]) > 0 and last["dispatched_groups"] > 0
 
 
 def test_a_killed_instance_is_restarted_and_readmitted(tmp_path, tiny_checkpoint):

@@ -1,0 +1,57 @@
+"""The dispatch policies over the orchestrator's new groups (services/rollout/dispatching.py):
+placed within the version and pool the staleness protocol allows, never past capacity, and the
+estimator's failures cost estimates, never the run."""
+
+from __future__ import annotations
+
+from services.common.config import load_config
+from services.rollout.dispatching import GroupDispatcher, NewGroup
+from services.rollout.routing import InstanceView
+
+
+class Lengths:
+    def predict(self, prompts):
+        return [float(len(p)) for p in prompts]
+
+
+class Broken:
+    def predict(self, prompts):
+        raise ValueError("no model")
+
+
+def _dispatcher(estimator, n=3, policy="lpt"):
+    gen = load_config(None, [f"generation.dispatch.policy={policy}"]).generation
+    return GroupDispatcher(gen, n, lambda: estimator)
+
+
+def test_lpt_spreads_the_longest_groups_over_the_instances_of_their_version():
+    d = _dispatcher(Lengths())
+    est = d.estimates(["x" * 90, "x" * 80, "x" * 10, "x" * 5])
+    assert est == [90.0, 80.0, 10.0, 5.0] and d.estimated == 4
+    groups = [NewGroup(f"g{i}", 4, e, 2) for i, e in enumerate(est)]
+    views = [InstanceView(0, 1, 0, 100), InstanceView(1, 1, 0, 100), InstanceView(2, 0, 0, 100)]
+    first = [views[0]] * 4  # the pick put every group on instance 0 at version 1
+    t = d.plan_round(groups, first, [None] * 4, views, capacity=100)
+    assert t["g0"] != t["g1"] and {t["g0"], t["g1"]} == {0, 1}  # the two long ones apart
+    assert set(t.values()) <= {0, 1}  # never instance 2: it runs version 0, not the groups' V_traj
+    for i, g in enumerate(groups):
+        d.launched(t[g.key], g.estimate, g.samples)
+    assert sum(d.work) == 2 * sum(est)
+
+
+def test_placement_respects_pools_and_capacity():
+    d = _dispatcher(Lengths())
+    groups = [NewGroup("a", 4, 50.0, 4), NewGroup("b", 4, 40.0, 4)]
+    views = [InstanceView(0, 0, 0, 8), InstanceView(1, 0, 6, 8), InstanceView(2, 0, 0, 8)]
+    t = d.plan_round(groups, [views[0], views[0]], [[0, 1], [0, 1]], views, capacity=8)
+    assert t == {"a": 0, "b": 0}  # instance 2 is outside the pool; instance 1 has no room for 4 more
+
+
+def test_a_failing_estimator_costs_estimates_only_and_finished_samples_feed_the_history():
+    d = _dispatcher(Broken())
+    assert d.estimates(["a", "b"]) == [None, None] and d.failures == 1
+    assert _dispatcher(None).estimates(["a"]) == [None]
+    d.launched(0, 30.0, 2)
+    d.finished(0, 30.0, 25)
+    d.finished(0, 30.0, 0)  # cancelled: releases its work, adds no length
+    assert d.work[0] == 0.0 and len(d.lengths) == 1 and list(d.pairs) == [(30.0, 25.0)]

@@ -34,7 +34,7 @@ def test_lpt_spreads_the_longest_groups_over_the_instances_of_their_version():
     t = d.plan_round(groups, first, [None] * 4, views, capacity=100)
     assert t["g0"] != t["g1"] and {t["g0"], t["g1"]} == {0, 1}  # the two long ones apart
     assert set(t.values()) <= {0, 1}  # never instance 2: it runs version 0, not the groups' V_traj
-    for i, g in enumerate(groups):
+    for g in groups:
         d.launched(t[g.key], g.estimate, g.samples)
     assert sum(d.work) == 2 * sum(est)
 

@@ -65,20 +65,21 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
 
             for i, address in enumerate(addresses):
                 restartable_instance(sup, i, int(address.rsplit(":", 1)[1]), start_one)
-        if routed:  # the trainer talks to the router only; it dispatches and merges
-            router = start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled)
-            if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
-                from flows.scaleout import ProcessUnits, ScaleoutController
+        router = start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled) if routed else None
+        if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
+            from flows.scaleout import FileMembership, ProcessUnits, ScaleoutController
 
-                by_name = {svc.name: svc for svc in sup.services}
-                members = [(a, by_name[f"sgs-{i}"]) for i, a in enumerate(addresses)]  # all of them may leave
-                units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays)
-                controller = ScaleoutController(run_dir, cfg, router, addresses, units, members)
+            by_name = {svc.name: svc for svc in sup.services}
+            members = [(a, by_name[f"sgs-{i}"]) for i, a in enumerate(addresses)]  # all of them may leave
+            units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays)
+            # through the router when there is one, else the trainer's orchestrator (its membership file)
+            membership = router if routed else FileMembership(run_dir, addresses)
+            controller = ScaleoutController(run_dir, cfg, membership, addresses, units, members)
+        if routed:  # the trainer talks to the router only; it dispatches and merges
             addresses = [router]
-        by_name = {svc.name: svc for svc in sup.services}
-        fronts = [(addresses[0], None)] if routed else [(a, by_name.get(f"sgs-{i}")) for i, a in enumerate(addresses)]
+        fronts = [(addresses[0], None)] if routed else [(a, f"sgs-{i}") for i, a in enumerate(addresses)]
         if front is not None:
-            fronts = [(front(a), svc) for a, svc in fronts]
+            fronts = [(front(a), name) for a, name in fronts]
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
         if cfg.agentic.enabled:  # environment workers: processes, restarted on their ports
             base += ["--env-workers", ",".join(start_env_workers(sup, run_dir, cfg.agentic.workers))]
@@ -111,13 +112,18 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     return run_dir / "summary.json"
 
 
-def _trainer_starter(sup: Supervisor, cfg, args: list[str], fronts: list[tuple[str, Service | None]]):
+def _trainer_starter(sup: Supervisor, cfg, args: list[str], fronts: list[tuple[str, str | None]]):
     """``start(attempt, died_at)`` for ``supervise_trainer``: the trainer with ``args``, the SGS
-    addresses of ``fronts`` (address, its instance's process or None) still alive (a lost
-    bounded-mode instance stays lost), and on a restart its attempt and when the last one died."""
+    addresses of ``fronts`` (address, its instance's service name or None) whose process runs now
+    (a restarted instance's new one counts; one given up for good stays out), and on a restart its
+    attempt and when the last one died."""
+
+    def running(name: str | None) -> bool:
+        svc = next((s for s in reversed(sup.services) if s.name == name), None)
+        return name is None or (svc is not None and svc.proc.poll() is None)
 
     def start(attempt: int, died_at: float | None) -> Service:
-        live = [a for a, svc in fronts if svc is None or svc.proc.poll() is None]
+        live = [a for a, name in fronts if running(name)]
         restart = ["--attempt", str(attempt), "--died-at", repr(died_at)] if attempt else []
         return start_trainer(sup, cfg, [*args, "--sgs", ",".join(live), *restart])
 

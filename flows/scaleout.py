@@ -14,9 +14,12 @@ failure is raised by the next ``poll``), so the watcher keeps checking the other
 - ``out``: start one more SGS instance process through the launcher's ``Supervisor``, pinned to
   ``scaleout.cpus`` (on one host: the trainer's core, which idles while generation is behind;
   default ``generation.cpus``), with the next relay when the run uses the relay transport, then
-  ``AddInstance`` on the router, which brings it to the current weights before it gets prompts;
-- ``in``: ``RemoveInstance`` for the most recently added instance (the router stops giving it
-  work and waits until it returned its in-flight sequences), then stop its process.
+  ``AddInstance`` on the router, which brings it to the current weights before it gets prompts
+  (without a router: the rollout's membership file, ``FileMembership``; the trainer's
+  orchestrator brings it up the same way);
+- ``in``: ``RemoveInstance`` for the most recently added instance (the router, or the
+  orchestrator, stops giving it work and waits until it returned its in-flight sequences), then
+  stop its process.
 
 Every decision and event is appended to ``scaleout.jsonl`` in the run directory (the bench and
 the report read it). An iteration is attributed to the instance count at the time its metrics
@@ -71,15 +74,66 @@ class ProcessUnits:
         handle.proc.terminate()
 
 
+class FileMembership:
+    """Instances joining and leaving a run whose trainer dials them itself (no router): through the
+    rollout's membership file (``services/rollout/membership.py``), answered in its ack file. The
+    same two calls as the router client's ``add_instance``/``remove_instance``."""
+
+    POLL_S = 0.2
+
+    def __init__(self, run_dir: Path, addresses: list[str]) -> None:
+        from services.rollout.membership import ACK, MEMBERSHIP
+
+        self.path, self.ack_path = run_dir / MEMBERSHIP, run_dir / ACK
+        self.states = dict.fromkeys(addresses, "active")
+        self._write()
+
+    def _write(self) -> None:
+        from services.common.atomic import write_json_atomic
+
+        write_json_atomic(self.path, {"instances": [{"address": a, "state": s} for a, s in self.states.items()]})
+
+    def _wait(self, address: str, state: str, wait_s: float) -> dict:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                ack = json.loads(self.ack_path.read_text()).get(address, {})
+            except (FileNotFoundError, ValueError):
+                ack = {}
+            if ack.get("state") == state:
+                return ack
+            time.sleep(self.POLL_S)
+        raise TimeoutError(f"the trainer did not report {address} {state} within {wait_s:.0f}s ({self.ack_path})")
+
+    def add_instance(self, address: str, *, wait_s: float = 60.0) -> tuple[list[str], int]:
+        self.states[address] = "active"
+        self._write()
+        ack = self._wait(address, "joined", 2 * wait_s + 60)  # its bring-up includes the newest weights
+        return [a for a, s in self.states.items() if s == "active"], int(ack.get("version", -1))
+
+    def remove_instance(self, address: str, *, wait_s: float = 600.0) -> tuple[list[str], int]:
+        self.states[address] = "leaving"
+        self._write()
+        ack = self._wait(address, "drained", wait_s)
+        del self.states[address]
+        self._write()
+        return [a for a, s in self.states.items() if s == "active"], int(ack.get("held", 0))
+
+    def close(self) -> None:
+        pass
+
+
 class ScaleoutController:
     """``members`` are the instances the controller may remove, (address, handle) oldest first;
     routed instances not among them (a generation site's own, in two-site mode) stay to the end,
     so scale-in never goes below their number."""
 
     def __init__(
-        self, run_dir: Path, cfg, router: str, instances: list[str], units: Units,
+        self, run_dir: Path, cfg, router: str | FileMembership, instances: list[str], units: Units,
         members: list[tuple[str, object]], *, tls=None,
     ) -> None:
+        """``router``: the SGS router's address, or ``FileMembership`` when the trainer dials the
+        instances itself."""
         from services.generation.client import GenerationClient
 
         so = cfg.scaleout
@@ -87,7 +141,8 @@ class ScaleoutController:
         fixed = len(instances) - len(members)
         self.limits = ScaleoutLimits(max(so.min_instances, fixed, 1), so.max_instances, so.window, so.cooldown,
                                      so.scale_in, so.scale_in_margin)
-        self.router = GenerationClient(router, max_message_mb=cfg.generation.max_message_mb, tls=tls)
+        self.router = router if isinstance(router, FileMembership) else GenerationClient(
+            router, max_message_mb=cfg.generation.max_message_mb, tls=tls)
         self.instances = list(instances)  # routed addresses, oldest first
         self.members = list(members)
         self.history: list[IterationTiming] = []

@@ -369,14 +369,11 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _scaleout_fits(self) -> RunConfig:
         so = self.scaleout
-        if so.enabled:
-            if self.generation.dispatch.router == "off":
-                raise ValueError("scaleout.enabled needs the SGS router (generation.dispatch.router 'on' or 'auto')")
-            if not so.min_instances <= self.generation.instances <= so.max_instances:
-                raise ValueError(
-                    f"generation.instances ({self.generation.instances}) must lie in "
-                    f"[scaleout.min_instances, scaleout.max_instances] = [{so.min_instances}, {so.max_instances}]"
-                )
+        if so.enabled and not so.min_instances <= self.generation.instances <= so.max_instances:
+            raise ValueError(
+                f"generation.instances ({self.generation.instances}) must lie in "
+                f"[scaleout.min_instances, scaleout.max_instances] = [{so.min_instances}, {so.max_instances}]"
+            )
         ramp = self.forced_length_ramp
         if ramp.per_iteration and not ramp.start:
             raise ValueError("forced_length_ramp.per_iteration needs forced_length_ramp.start > 0 (start 0 turns the ramp off)")

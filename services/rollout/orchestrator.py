@@ -54,11 +54,11 @@ from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
 from services.rollout.dispatching import GroupDispatcher, NewGroup
+from services.rollout.fleet import Fleet
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle
 from services.rollout.modes import instance_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
-from services.rollout.readmit import Readmission
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
 from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync
@@ -102,15 +102,17 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
 def engines_behind(cfg, addresses: int) -> int:
     """Engine instances behind each SGS address: 1 when the trainer dials the instances, all of
     them (the most scale-out may add) when it dials one router in front of them."""
+    if not cfg.uses_router:
+        return 1
     total = cfg.scaleout.max_instances if cfg.scaleout.enabled else cfg.generation.instances
     return max(1, -(-total // max(1, addresses)))
 
 
 def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispatcher | None:
-    """The dispatch policy over new groups when the orchestrator dials several instances and a
-    length estimator is configured (``generation.ranker_dir``); None otherwise."""
+    """The dispatch policy over new groups when the orchestrator dials the instances (however many:
+    more may join) and a length estimator is configured (``generation.ranker_dir``); None otherwise."""
     gen = trainer.cfg.generation
-    if not gen.ranker_dir or behind > 1 or n < 2:
+    if not gen.ranker_dir or behind > 1:
         return None
     from ranker.store import RankerWatcher
     from services.generation.scheduling.dispatch import NEEDS_COST
@@ -127,7 +129,6 @@ class Orchestrator(GroupLifecycle):
     """The single-turn workflow over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
 
     offer_on_step = False  # instances take a new version when routing says so (``_sync``)
-    ALL_LOST_WAIT_S = 120.0  # how long every instance may be gone (restarting) before the run fails
 
     def __init__(self, trainer: TrainerRuntime) -> None:
         super().__init__(trainer)
@@ -150,9 +151,8 @@ class Orchestrator(GroupLifecycle):
         self.router = InstanceRouter(len(self.pushers), self.capacity, lambda: [p.offered for p in self.pushers],
                                      incoming=self.repack.incoming)
         self.alive = self.router.alive  # the same list: a lost instance is marked there
-        self.readmission = Readmission(trainer.publisher)
         self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
-        self.all_lost_at: float | None = None  # when the last live instance was lost
+        self.fleet = Fleet(trainer, self.router, self.counts, on_join=self._slot_added)
         replay = trainer.cfg.forced_length_replay
         self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
         self.stepped = False  # an optimizer step since the last repack check (check at once)
@@ -171,7 +171,7 @@ class Orchestrator(GroupLifecycle):
             self.rt.problems[key] = problem
 
     def tick(self) -> None:
-        self._readmit()
+        self.fleet.poll(self.latest)
         self._sync()
         self._repack()
         self._route()
@@ -200,7 +200,7 @@ class Orchestrator(GroupLifecycle):
         plan = self.repack.check(self.rt.clients, self.alive, self._lose_instance, force=self.stepped)
         self.stepped = False
         for m in plan:
-            if not (self.alive[m.source] and self.alive[m.destination]):
+            if not (self.alive[m.source] and self.alive[m.destination] and self.router.open[m.destination]):
                 continue
             calls = [c for st in self.groups.values() if not st.complete for c in st.calls
                      if c.instance == m.source and c.open and c.handle is not None and not c.handle.cancelled]
@@ -224,6 +224,12 @@ class Orchestrator(GroupLifecycle):
         if dst is not None and views[dst].alive and views[dst].version >= p.version:
             return views[dst]
         return self.router.pick(p.version, self.mgr.can_reserve, eligible=self._eligible(self.groups[p.group].problem.task))
+
+    def _slot_added(self, i: int) -> None:
+        """A joining instance's slot (``fleet.Fleet``): the per-instance lists grow with it."""
+        self.launched.append(0)
+        if self.dispatcher is not None:
+            self.dispatcher.work.append(0.0)
 
     def _eligible(self, task: str) -> list[int] | None:
         """The instances a task may use (``generation.affinity``: RollArt's hardware affinity), None
@@ -363,10 +369,7 @@ class Orchestrator(GroupLifecycle):
 
     def _lose_instance(self, i: int, why: str) -> None:
         """Mark instance ``i`` dead and resume its trajectories elsewhere from their recorded tokens."""
-        self.router.lose(i)
-        self.counts["instances_lost"] += 1
-        if not any(self.alive):
-            self.all_lost_at = time.monotonic()
+        self.fleet.lost(i)
         log.warning("SGS instance %d lost (%s); resuming its trajectories elsewhere", i, why)
         for state in self.groups.values():
             for call in state.calls:
@@ -377,20 +380,6 @@ class Orchestrator(GroupLifecycle):
             if p not in self.resume:
                 self.resume.append(p)
                 self.counts["recovered"] += 1
-
-    def _readmit(self) -> None:
-        """Lost instances that answer again (the launcher restarted them) take the newest weights and
-        serve again; with none alive the run waits ``ALL_LOST_WAIT_S`` for one before it fails."""
-        lost = [i for i, ok in enumerate(self.alive) if not ok]
-        if not lost:
-            return
-        for i in self.readmission.poll(lost, self.latest):
-            self.router.readmit(i)
-            self.counts["instances_readmitted"] += 1
-            self.all_lost_at = None
-            log.warning("SGS instance %d (%s) is back at version %d", i, self.rt.clients[i].address, self.latest[0])
-        if self.all_lost_at is not None and time.monotonic() - self.all_lost_at > self.ALL_LOST_WAIT_S:
-            raise RuntimeError(f"every SGS instance is gone and none came back within {self.ALL_LOST_WAIT_S:.0f} s")
 
     def _finish_sample(self, state: _GroupState, p: Partial, s: SampleRecord) -> None:
         """Stitch the segments of one trajectory into a SampleRecord of the original prompt."""

@@ -38,6 +38,12 @@ class WeightPublisher:
         self.clients = list(clients)
         self.pushers = [WeightPusher(self._deliverer(c)) for c in clients]
 
+    def add(self, client: GenerationClient) -> WeightPusher:
+        """A pusher for an instance that joins the run (scale-out); it is offered versions from now on."""
+        self.clients.append(client)
+        self.pushers.append(WeightPusher(self._deliverer(client)))
+        return self.pushers[-1]
+
     def renew(self, i: int) -> WeightPusher:
         """A fresh pusher for instance ``i`` (restarted after it was lost: the old one's thread failed)."""
         self.pushers[i].close()

@@ -90,13 +90,14 @@ class InstanceRouter:
         self.versions, self.incoming = versions, incoming
         self.inflight = [0] * n
         self.alive = [True] * n
+        self.open = [True] * n  # takes new work (False: leaving the run, its work still completes)
         self.losses = 0  # times an instance was lost
         self._lock = threading.RLock()  # ``acquire`` picks (``views``) under it
 
     def views(self) -> list[InstanceView]:
         extra = self.incoming() if self.incoming is not None else [0] * len(self.inflight)
         with self._lock:
-            return [InstanceView(i, v, self.inflight[i] + extra[i], self.capacity, self.alive[i])
+            return [InstanceView(i, v, self.inflight[i] + extra[i], self.capacity, self.alive[i] and self.open[i])
                     for i, v in enumerate(self.versions())]
 
     def pick(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1, eligible: Collection[int] | None = None,
@@ -134,4 +135,18 @@ class InstanceRouter:
             self.inflight[i] = 0
 
     def live(self) -> list[int]:
-        return [i for i, ok in enumerate(self.alive) if ok]
+        """The instances that take new work."""
+        return [i for i, ok in enumerate(self.alive) if ok and self.open[i]]
+
+    def add(self, alive: bool = False) -> int:
+        """A new slot (a joining instance: not routable until ``readmit``); its index."""
+        with self._lock:
+            self.inflight.append(0)
+            self.alive.append(alive)
+            self.open.append(True)
+            return len(self.alive) - 1
+
+    def close(self, i: int) -> None:
+        """Instance ``i`` leaves: no new work; what it holds still completes."""
+        with self._lock:
+            self.open[i] = False

@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     rewards = None if cfg.agentic.enabled else single_turn_rewards(cfg, ns.reward_membership, run_dir)
     trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel, rewards=rewards)
     trainer.model_dir = ns.model
+    trainer.connect = lambda a: GenerationClient(a, max_message_mb=cfg.generation.max_message_mb, tls=sgs_tls)
     envs = [a for a in ns.env_workers.split(",") if a]
     if cfg.agentic.enabled and not envs:
         parser.error("agentic.enabled: pass the environment workers (--env-workers)")

@@ -89,6 +89,8 @@ class TrainerRuntime:
         self.start_snapshot = None  # the resumed version's weights as published again
         self.resumed_version = 0
         self.model_dir: str | None = None  # the checkpoint the run started from (a cost-aware dispatch policy's model)
+        # how to dial an SGS instance that joins the run (the trainer process sets its TLS)
+        self.connect = lambda address: GenerationClient(address, max_message_mb=cfg.generation.max_message_mb)
         self._recovering: tuple[float | None, float] | None = None  # (death seen at, this process's start)
 
     def prompt_specs(self, problems: list[TaskItem], forced_length: int = 0,

@@ -98,3 +98,31 @@ def test_sequential_honours_affinity_without_the_router(tmp_path, tiny_checkpoin
     )
     assert summary["final_weight_version"] == 3 and all(r["staleness_max"] == 0 for r in rows)
     assert rows[-1]["instance_groups"] == [0, 3 * 4], rows[-1]["instance_groups"]
+
+
+def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp_path, tiny_checkpoint):
+    """Issue 29's combination: bounded mode with the ranker's estimates and LPT dispatch, repack,
+    partial rollout and a scale-out event, no router: a slow single instance puts generation
+    behind, the controller starts a second one, the orchestrator takes it in through the
+    membership file (brought to the newest weights first) and routes to it."""
+    from ranker.base import create
+    from ranker.store import RankerStore
+
+    RankerStore(tmp_path / "store").publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
+    summary, rows = _run(tmp_path, tiny_checkpoint, [
+        "generation.instances=1", "trainer.mode=bounded", "trainer.eta=2", "trainer.iterations=8",
+        f"generation.ranker_dir={tmp_path / 'store'}", "generation.dispatch.policy=lpt",
+        "trainer.partial_rollout=true", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1",
+        "generation.step_delay_ms=[40]", "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1",
+        "scaleout.cooldown=1", "scaleout.scale_in=false",
+    ])
+    assert summary["final_weight_version"] == 8
+    assert all(r["bound_violations"] == 0 and r["samples"] == 16 and r["entry_staleness_max"] <= 2 for r in rows)
+    events = [json.loads(x) for x in (tmp_path / "scaleout.jsonl").read_text().splitlines()]
+    outs = [e for e in events if e["event"] == "scale_out"]
+    assert len(outs) == 1 and outs[0]["instances"] == 2, events
+    last = rows[-1]
+    assert last["instances_joined"] == 1 and len(last["instance_groups"]) == 2 and last["instance_groups"][1] > 0
+    assert last["dispatched_groups"] > 0 and last["estimated_groups"] > 0 and last["kv_snapshots"] > 0
+    ack = json.loads((tmp_path / "sgs-membership-ack.json").read_text())
+    assert ack[outs[0]["address"]]["state"] == "joined"

@@ -85,7 +85,6 @@ def test_bad_limits_and_counts_are_refused():
     "overrides, match",
     [
         (["scaleout.min_instances=3", "scaleout.max_instances=2"], "min_instances (3) must be <= max_instances (2)"),
-        (["scaleout.enabled=true", "generation.dispatch.router='off'"], "needs the SGS router"),
         (["scaleout.enabled=true", "generation.instances=5"], "must lie in [scaleout.min_instances"),
         (["scaleout.window=0"], "scaleout.window"),
         (["forced_length_ramp.start=8"], "needs generation.forced_lengths"),

@@ -153,7 +153,8 @@ class SgsGenerator:
     def __init__(self, clients, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
                  on_sample: Callable[[SampleRecord], None] | None = None,
                  eligible: Callable[[str, int], list[int]] | None = None, router: InstanceRouter | None = None) -> None:
-        self.clients = list(clients) if isinstance(clients, (list, tuple)) else [clients]
+        # the caller's list itself: instances that join at run time (scale-out) are appended to it
+        self.clients = clients if isinstance(clients, list) else list(clients) if isinstance(clients, tuple) else [clients]
         if not self.clients:
             raise ValueError("SgsGenerator needs at least one SGS client")
         self.executor = executor

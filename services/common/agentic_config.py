@@ -116,7 +116,6 @@ def check_agentic_run(run: RunConfig) -> None:
         "trainer.repack.enabled": tc.repack.enabled,
         "trainer.redundancy_samples (use agentic.redundant_trajectories)": tc.redundancy_samples > 0,
         "trainer.ranks > 1": tc.ranks > 1,
-        "scaleout.enabled": run.scaleout.enabled,
         "forced_length_ramp / forced_length_replay": bool(run.forced_length_ramp.start or run.forced_length_replay.file),
         "task.kind 'dataset' (the environment's episodes are the task)": run.task.kind == "dataset",
     }

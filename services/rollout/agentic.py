@@ -47,8 +47,8 @@ from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
+from services.rollout.fleet import Fleet
 from services.rollout.lifecycle import GroupLifecycle
-from services.rollout.readmit import Readmission
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
 from services.trainer.learner import Group
@@ -104,7 +104,8 @@ class AgenticRunner(GroupLifecycle):
         # lost instances: the generator re-runs their turns elsewhere; they come back when restarted
         self.router = getattr(rollout.generator, "router", None)
         rt.publisher.push_errors_fatal = False  # a failed push loses that instance (``_readmit``)
-        self.readmission = Readmission(rt.publisher)
+        # readmission and scale-out membership (the generator's router's slots)
+        self.fleet = Fleet(rt, self.router, self.counts) if self.router is not None else None
         self.latest: tuple[int, object] = (rt.version, rt.start_snapshot)
         self.start_head()
 
@@ -124,18 +125,15 @@ class AgenticRunner(GroupLifecycle):
 
     def _readmit(self) -> None:
         """An instance whose weights can no longer arrive is lost (its turns run elsewhere); a lost one
-        that answers again (restarted by the launcher) takes the newest weights and serves again."""
-        if self.router is None:
+        that answers again (restarted by the launcher) takes the newest weights and serves again;
+        instances join and leave with scale-out (``fleet.Fleet``)."""
+        if self.fleet is None:
             return
         for i, pusher in enumerate(self.rt.publisher.pushers):
             if self.router.alive[i] and pusher.error is not None:
-                self.router.lose(i)
+                self.router.lose(i)  # counted in router.losses (the generator marks the ones it finds)
                 log.warning("SGS instance %d lost: weight push failed: %s", i, pusher.error)
-        lost = [i for i, ok in enumerate(self.router.alive) if not ok]
-        for i in self.readmission.poll(lost, self.latest) if lost else []:
-            self.router.readmit(i)
-            self.counts["instances_readmitted"] += 1
-            log.warning("SGS instance %d is back at version %d", i, self.latest[0])
+        self.fleet.poll(self.latest)
 
     def before_step(self) -> None:
         if self.a.interaction == "trajectory":
@@ -326,7 +324,7 @@ class AgenticRunner(GroupLifecycle):
             self.log.write(result.buffer_version + 1, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
-        lost = {} if self.router is None else {"instances_lost": self.router.losses,
+        lost = {} if self.router is None else {"instances_lost": self.router.losses, "instance_turns": list(self.router.placed),
                                                "turns_rerun": getattr(self.rollout.generator, "lost_turns", 0)}
         return consumed_metrics(kept) | {"interaction": self.a.interaction, **lost}
 

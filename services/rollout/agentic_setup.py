@@ -37,7 +37,7 @@ def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str],
     executor = ThreadPoolExecutor(max_workers=2 * a.concurrency + EXTRA_THREADS, thread_name_prefix="agentic")
     envs = EnvPool.connect(env_addresses, executor)
     envs.wait_ready()
-    direct = len(clients) == cfg.generation.instances  # instances, not one router in front of several
+    direct = not cfg.uses_router  # the instances themselves, not one router in front of them
     eligible = (lambda task, n: eligible_instances(task, cfg.generation, range(n))) if direct and cfg.generation.affinity else None
     generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic", eligible=eligible)
     return Rollout(loop=RolloutLoop(), generator=generator, envs=envs, codec=PolicyCodec(policy),

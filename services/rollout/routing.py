@@ -91,6 +91,7 @@ class InstanceRouter:
         self.inflight = [0] * n
         self.alive = [True] * n
         self.open = [True] * n  # takes new work (False: leaving the run, its work still completes)
+        self.placed = [0] * n  # picks counted by ``acquire`` (multi-turn turns, evaluation shares)
         self.losses = 0  # times an instance was lost
         self._lock = threading.RLock()  # ``acquire`` picks (``views``) under it
 
@@ -111,6 +112,7 @@ class InstanceRouter:
             inst = self.pick(v_traj, can_reserve, need, eligible, prefer, slack)
             if inst is not None:
                 self.inflight[inst.index] += need
+                self.placed[inst.index] += 1
             return inst
 
     def started(self, i: int, n: int) -> None:
@@ -142,6 +144,7 @@ class InstanceRouter:
         """A new slot (a joining instance: not routable until ``readmit``); its index."""
         with self._lock:
             self.inflight.append(0)
+            self.placed.append(0)
             self.alive.append(alive)
             self.open.append(True)
             return len(self.alive) - 1

@@ -139,3 +139,22 @@ def test_a_killed_sgs_instance_comes_back_in_a_multi_turn_run(tmp_path, tiny_che
     assert last["instances_lost"] == 1 and last["instances_readmitted"] == 1, last
     restarts = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
     assert [r["service"] for r in restarts] == ["sgs-0"]
+
+
+def test_a_multi_turn_run_with_affinity_scales_out(tmp_path, tiny_checkpoint):
+    """Multi-turn trajectories with hardware affinity (the calculator's turns on pool ``a``) and a
+    scale-out event: a slow instance puts generation behind, the controller adds one (it joins pool
+    ``a``, scaleout_pool), the runner brings it to the newest weights and places turns on it."""
+    cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
+        "generation.instances=1", "generation.dispatch.router='off'", "trainer.mode=one_step", "trainer.iterations=6",
+        "generation.pools=[{name: a, instances: [0]}]", "generation.affinity={calculator: a}",
+        "generation.step_delay_ms=[40]", "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1",
+        "scaleout.cooldown=1", "scaleout.scale_in=false"])
+    _check_groups(cfg, summary, rows, trajs)
+    events = [json.loads(x) for x in (tmp_path / "scaleout.jsonl").read_text().splitlines()]
+    outs = [e for e in events if e["event"] == "scale_out"]
+    assert len(outs) == 1 and outs[0]["instances"] == 2, events
+    assert rows[-1]["instances_joined"] == 1 and rows[-1]["instance_turns"][1] > 0  # the new one served turns
+    ack = json.loads((tmp_path / "sgs-membership-ack.json").read_text())
+    assert ack[outs[0]["address"]]["state"] == "joined" and not (tmp_path / "router.log").exists()
+    assert all(t["env"] == "calculator" for t in trajs)

@@ -1,6 +1,6 @@
 """What the learner really computes for a batch: its padded micro-batches (pure policy).
 
-The trainer (``services.trainer.loop``) hands the learner complete groups as they finish,
+The trainer (``services.run.loop``) hands the learner complete groups as they finish,
 ``trainer.micro_batch_groups`` at a time (``DynamicBatcher``; the remainder at the end of the
 iteration), and each ``Learner.backward`` call splits its sequences (prompt + response) into
 micro-batches of similar length (``services.policy.bucketing.length_buckets``: sorted by length,

@@ -8,7 +8,7 @@ restarts (the trainer from its checkpoint, a relay or the router on its port), a
 instance's trajectories resume on the others (bounded mode).
 
 Checked after the run, with the services still up (``on_finish``):
-- the consumption ledger (``services.trainer.ledger``): every sample consumed exactly once in the
+- the consumption ledger (``services.run.ledger``): every sample consumed exactly once in the
   history that made the final weights; samples lost = expected − consumed;
 - the staleness bound in every metrics row (bounded: ``bound_violations``; lock-step modes:
   ``staleness_max`` over the mode's bound);
@@ -33,7 +33,7 @@ COMPONENTS = {
     "relay": ("services.weights", ["--id", "relay-1"]),
     "master_relay": ("services.weights", ["--id", "relay-0"]),
     "router": ("services.generation.router_main", []),
-    "trainer": ("services.trainer", []),
+    "trainer": ("services.run", []),
 }
 
 
@@ -104,7 +104,7 @@ class Injector:
         if len(_rows(self.run_dir)) < self.s.kill_after:
             return False
         if "trainer" in self.s.kill:
-            from services.trainer import recovery
+            from services.run import recovery
 
             return recovery.newest(recovery.recovery_dir(self.run_dir)) is not None
         return True
@@ -221,7 +221,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
     from services.common.faultproxy import FaultProxy, Faults
-    from services.trainer.ledger import check_ledger
+    from services.run.ledger import check_ledger
 
     run_dir = work / s.name
     run_dir.mkdir(parents=True)

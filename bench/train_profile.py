@@ -1,6 +1,6 @@
 """Training model vs real learner steps: the allocator's predicted step time against the learner timed here.
 
-Measured: one optimizer step of the trainer's real learner, run as ``services.trainer.loop``
+Measured: one optimizer step of the trainer's real learner, run as ``services.run.loop``
 runs it (``allocator.train_profiler.time_step``: ``Learner.begin()``, ``backward()`` per
 ``micro_batch_groups`` complete groups in the order they completed, ``step()``), on the default
 config's model and trainer settings (``--config``), on batches with real long-tailed lengths:

@@ -163,7 +163,7 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
 
     from bench.weights_lib import start_relay, stop
     from services.common.config import WeightsConfig
-    from services.trainer.transport import RelayTransport
+    from services.run.transport import RelayTransport
     from services.weights.client import RelayClient
 
     rows = {}

@@ -151,7 +151,7 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
 
         write_membership(run_dir / "reward-workers.json", 1, [f"127.0.0.1:{_port(run_dir / 'reward.port', w)[0]}"])
         tx0 = Netns.tx_bytes(net.train_dev, ns_train)
-        t = _spawn(ns_train, ["-m", "services.trainer", "--config", str(config), "--model", str(checkpoint), "--sgs",
+        t = _spawn(ns_train, ["-m", "services.run", "--config", str(config), "--model", str(checkpoint), "--sgs",
                               ",".join(sgs_addrs), "--run-dir", str(run_dir), "--relays", relays, "--training-site",
                               "train-site", "--tls-dir", str(tls_dir), "--reward-membership",
                               str(run_dir / "reward-workers.json")], run_dir / "trainer.log")

@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sgs = sub.add_parser("sgs", help="run a Stream Generation Service process", add_help=False)
     sgs.set_defaults(func=lambda ns: _delegate("services.generation.__main__", ns.rest))
     trainer = sub.add_parser("trainer", help="run a trainer process", add_help=False)
-    trainer.set_defaults(func=lambda ns: _delegate("services.trainer.__main__", ns.rest))
+    trainer.set_defaults(func=lambda ns: _delegate("services.run.__main__", ns.rest))
     relay = sub.add_parser("relay", help="run a weight relay process (parameter service)", add_help=False)
     relay.set_defaults(func=lambda ns: _delegate("services.weights.__main__", ns.rest))
     certs = sub.add_parser("certs", help="make a local CA and per-site TLS certificates (--sites FILE)", add_help=False)
@@ -188,7 +188,7 @@ def _delegate(module: str, argv: list[str]) -> int:
 
 
 _DELEGATED = {
-    "sgs": "services.generation.__main__", "trainer": "services.trainer.__main__",
+    "sgs": "services.generation.__main__", "trainer": "services.run.__main__",
     "relay": "services.weights.__main__", "certs": "services.common.certs",
 }
 

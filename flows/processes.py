@@ -355,12 +355,12 @@ def start_trainer(sup: Supervisor, cfg, args: list[str]) -> Service:
     others are supervised like it and exit when it tells them to)."""
     ranks = cfg.trainer.ranks
     if ranks == 1:
-        return sup.start("trainer", "services.trainer", args, threads=cfg.trainer.threads, expect_exit=True,
+        return sup.start("trainer", "services.run", args, threads=cfg.trainer.threads, expect_exit=True,
                          env={"WORLD_SIZE": "1"})  # not a rank of some outer torchrun
     # the rendezvous port of this run's process group
     common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)}
     for rank in range(ranks - 1, -1, -1):
         env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        svc = sup.start("trainer" if rank == 0 else f"trainer-rank{rank}", "services.trainer", args,
+        svc = sup.start("trainer" if rank == 0 else f"trainer-rank{rank}", "services.run", args,
                         threads=cfg.trainer.threads, expect_exit=True, env=env)
     return svc

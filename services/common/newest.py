@@ -1,7 +1,7 @@
 """A background sender of the newest version: the trainer never waits for a slow receiver.
 
 Both the trainer's per-instance ``WeightPusher`` (``services.rollout.publisher``) and the relay
-transport's push to the master relay (``services.trainer.transport``) hand versions to a
+transport's push to the master relay (``services.run.transport``) hand versions to a
 thread that sends them one at a time, always the newest offered: a version superseded before
 it was sent is skipped (``on_drop`` lets the owner free it), so a slow link costs staleness,
 never trainer time (Laminar §4, StaleFlow's parameter server). The first failure stops the

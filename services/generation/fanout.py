@@ -1,6 +1,6 @@
 """Weight fan-out of the SGS router: a version reaches every instance behind it.
 
-Two paths, matching the weight transports (``services/trainer/transport.py``):
+Two paths, matching the weight transports (``services/run/transport.py``):
 
 - ``push`` (``direct``): one incoming version stream forwarded to every instance. Each instance
   gets its own forwarding thread fed through a bounded queue, so chunks flow to all instances

@@ -51,8 +51,8 @@ from services.rollout.fleet import Fleet
 from services.rollout.lifecycle import GroupLifecycle
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
+from services.run.runtime import Published, TrainerRuntime
 from services.trainer.learner import Group
-from services.trainer.runtime import Published, TrainerRuntime
 
 log = logging.getLogger("braid.agentic")
 

@@ -25,7 +25,7 @@ from services.agentic.runner import PolicyCodec, SgsGenerator
 from services.agentic.trajectory import Trajectory
 from services.common.config import RunConfig
 from services.generation.scheduling.pools import eligible_instances
-from services.trainer.evaluate import EvalResult, summarize
+from services.run.evaluate import EvalResult, summarize
 
 EXTRA_THREADS = 16  # beyond the concurrency: evaluation, session closes
 

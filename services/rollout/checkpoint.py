@@ -1,4 +1,4 @@
-"""The orchestrator's part of a recovery checkpoint (``services.trainer.resume``).
+"""The orchestrator's part of a recovery checkpoint (``services.run.resume``).
 
 ``capture`` runs right after a consume (no gradient accumulated, no group half-trained) and
 saves: the staleness manager as it is (every buffer, reserved and occupied entry, the head =

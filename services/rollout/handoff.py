@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass, field
 
 from services.rollout.staleness import ConsumeResult
+from services.run.runtime import Published
 from services.trainer.learner import Group
-from services.trainer.runtime import Published
 
 
 @dataclass

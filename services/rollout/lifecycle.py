@@ -27,9 +27,9 @@ from services.rollout.modes import eta_of, streams_training
 from services.rollout.pools import ExperienceBuffer
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumedEntry, ConsumeResult, StalenessManager
+from services.run.runtime import Accumulator, Published, TrainerRuntime
 from services.trainer.algorithms import dapo_keep_group
 from services.trainer.learner import Group
-from services.trainer.runtime import Accumulator, Published, TrainerRuntime
 
 
 def outcomes_of(group: Group) -> list[Outcome]:

@@ -63,9 +63,9 @@ from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
 from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync
 from services.rollout.staleness import ConsumeResult
+from services.run.runtime import Published, TrainerRuntime
 from services.tasks.source import TaskItem
 from services.trainer.learner import Group
-from services.trainer.runtime import Published, TrainerRuntime
 
 log = logging.getLogger("braid.rollout")
 

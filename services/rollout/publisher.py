@@ -3,7 +3,7 @@
 ``WeightPusher`` brings one instance to the newest
 offered version from a background thread (a newer version supersedes one not yet sent);
 ``WeightPublisher`` snapshots the model once per version through the configured weight
-transport (``services.trainer.transport``: ``direct`` streams to every instance, ``relay``
+transport (``services.run.transport``: ``direct`` streams to every instance, ``relay``
 pushes once to the master relay and tells each instance to pull) and offers it to every
 instance's pusher, so the trainer pays only for the snapshot copy. A failure on any thread is
 re-raised in the trainer at its next call.
@@ -27,11 +27,11 @@ class WeightPublisher:
     def __init__(self, clients: list[GenerationClient], chunk_bytes: int, transport=None) -> None:
         if transport is None:
             from services.common.config import WeightsConfig
-            from services.trainer.transport import create_transport
+            from services.run.transport import create_transport
 
             transport = create_transport("direct", WeightsConfig(), chunk_bytes=chunk_bytes)
         self.transport = transport
-        self.offset = 0  # version v is v + offset on the wire (a resumed trainer: services.trainer.resume)
+        self.offset = 0  # version v is v + offset on the wire (a resumed trainer: services.run.resume)
         # a failed push to one instance ends the run, unless the workflow survives lost instances
         # (the orchestrator: it checks each pusher's ``error`` itself and drops that instance)
         self.push_errors_fatal = True

@@ -13,8 +13,8 @@ import torch
 from services.common.config import RunConfig, WeightsConfig
 from services.common.weights import specs_of
 from services.policy.model import build_policy
+from services.run.transport import DirectTransport
 from services.trainer.learner import Learner
-from services.trainer.transport import DirectTransport
 from tests.megatron_shims import megatron_clean, megatron_or_skip  # noqa: F401 (fixture)
 from tests.unit.test_learner import MODEL, _groups
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from services.common.config import WeightsConfig
-from services.trainer.transport import DirectTransport
+from services.run.transport import DirectTransport
 from tests.unit.test_learner import _groups, _step
 from tests.unit.test_trainer_device import _learner
 

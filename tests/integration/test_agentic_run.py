@@ -17,7 +17,7 @@ from ranker.genlog import GenerationLog
 from services.agentic.registry import ENVIRONMENTS
 from services.common.config import load_config, write_config
 from services.policy.model import load_policy
-from services.trainer.ledger import check_ledger
+from services.run.ledger import check_ledger
 from tests.conftest import FAST_ENGINE, ROOT
 
 AGENTIC = ["agentic.enabled=true", "agentic.workers=2", "agentic.concurrency=16", "trainer.prompts_per_iteration=2",

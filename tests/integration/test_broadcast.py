@@ -10,7 +10,7 @@ import grpc
 import torch
 
 from services.common.config import WeightsConfig
-from services.trainer.transport import RelayTransport
+from services.run.transport import RelayTransport
 from services.weights.chain import RelayNode
 from services.weights.client import RelayClient, snapshot_blob
 from services.weights.controller import ChainController

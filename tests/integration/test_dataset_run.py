@@ -15,8 +15,8 @@ import sys
 from flows.launcher import run_processes
 from flows.registries import check_run
 from services.common.config import load_config, write_config
+from services.run.ledger import check_ledger
 from services.tasks.source import build_task
-from services.trainer.ledger import check_ledger
 from tests.conftest import FAST_ENGINE, ROOT
 from tests.integration.datasets import dataset_overrides, write_rows
 

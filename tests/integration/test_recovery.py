@@ -11,8 +11,8 @@ import pytest
 
 from flows.launcher import run_processes
 from services.common.config import load_config, write_config
-from services.trainer import recovery
-from services.trainer.ledger import check_ledger, read_records
+from services.run import recovery
+from services.run.ledger import check_ledger, read_records
 from tests.conftest import FAST_ENGINE, ROOT
 from tests.integration.datasets import dataset_overrides, write_rows
 
@@ -20,7 +20,7 @@ from tests.integration.datasets import dataset_overrides, write_rows
 def _trainer(run_dir) -> psutil.Process | None:
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd[1:3] == ["-m", "services.trainer"] and str(run_dir) in " ".join(cmd):
+        if cmd[1:3] == ["-m", "services.run"] and str(run_dir) in " ".join(cmd):
             return proc
     return None
 

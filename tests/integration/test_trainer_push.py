@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import WeightsConfig
-from services.trainer.transport import RelayTransport
+from services.run.transport import RelayTransport
 from tests.integration.relays import running_relay, wait_for
 from tests.unit.test_learner import _groups, _step
 from tests.unit.test_trainer_device import _learner

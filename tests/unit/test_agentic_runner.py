@@ -21,8 +21,8 @@ from services.common.config import load_config
 from services.common.types import SampleRecord
 from services.policy.model import Policy, char_tokenizer
 from services.rollout.agentic import AgenticRunner
+from services.run.runtime import Published, TrainerRuntime
 from services.trainer.learner import StepStats
-from services.trainer.runtime import Published, TrainerRuntime
 
 POLICY = Policy(model=None, tokenizer=char_tokenizer())  # type: ignore[arg-type]
 CODEC = PolicyCodec(POLICY)

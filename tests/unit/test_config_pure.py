@@ -20,7 +20,7 @@ SCHEMA = sorted([*ROOT.glob("services/common/*config*.py"), ROOT / "services/com
 SCHEMA_MODULES = {f"services.common.{p.stem}" for p in SCHEMA}
 ALLOWED_THIRD_PARTY = {"pydantic", "yaml"}
 RUNTIME = ("torch", "grpc", "transformers", "vllm", "numpy", "prefect", "services.tasks", "services.agentic",
-           "services.generation", "services.reward", "services.trainer", "services.rollout", "services.buffer",
+           "services.generation", "services.reward", "services.trainer", "services.run", "services.rollout",
            "services.policy", "services.proto", "services.weights", "ranker", "allocator", "flows")
 
 # Every section away from its defaults where a validator has a branch: pools and affinity, an

@@ -1,12 +1,12 @@
-"""The consumption ledger: writer and checker (services/trainer/ledger.py)."""
+"""The consumption ledger: writer and checker (services/run/ledger.py)."""
 
 from __future__ import annotations
 
 import json
 
 from services.common.types import SampleRecord
+from services.run.ledger import Ledger, check_ledger, check_records
 from services.trainer.learner import Group
-from services.trainer.ledger import Ledger, check_ledger, check_records
 
 
 def _group(prompt: str, n: int = 2, version: int = 0) -> Group:

@@ -7,9 +7,9 @@ import pytest
 from services.common.trainer_config import TrainerConfig
 from services.common.types import GenerateParams, SampleRecord
 from services.rollout.pools import PromptPool
+from services.run import recovery
+from services.run.resume import ShiftedClient
 from services.tasks.arith import ProblemSampler
-from services.trainer import recovery
-from services.trainer.resume import ShiftedClient
 
 
 def test_save_is_atomic_and_the_newest_complete_checkpoint_is_chosen(tmp_path):
@@ -179,7 +179,7 @@ def test_a_restored_learner_takes_the_step_the_original_takes(tmp_path, algorith
 def test_wire_offsets_put_a_resumed_version_above_every_earlier_attempt(tmp_path):
     from types import SimpleNamespace
 
-    from services.trainer.resume import wire_offset
+    from services.run.resume import wire_offset
 
     def rt(attempt, version):
         return SimpleNamespace(run_dir=tmp_path, attempt=attempt, version=version,

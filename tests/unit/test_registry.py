@@ -14,7 +14,7 @@ def test_a_registry_refuses_twins_and_names_what_it_has():
 
 
 def test_the_trainer_backend_and_transport_registries_name_their_members():
+    from services.run.transport import TRANSPORTS
     from services.trainer.backends import BACKENDS
-    from services.trainer.transport import TRANSPORTS
 
     assert "torch" in BACKENDS and {"direct", "relay"} <= set(TRANSPORTS.names())

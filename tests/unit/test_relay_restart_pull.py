@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.trainer import transport
+from services.run import transport
 
 
 class _Err(grpc.RpcError):

@@ -1,4 +1,4 @@
-from services.trainer.timeline import covered, idle, overlap, union
+from services.run.timeline import covered, idle, overlap, union
 
 
 def test_union_and_idle():

@@ -12,7 +12,7 @@ import pytest
 from services.common.certs import TlsFiles, make_ca, make_site_cert, open_channel, site_files
 from services.generation import __main__ as sgs_main
 from services.generation import router_main
-from services.trainer import __main__ as trainer_main
+from services.run import __main__ as trainer_main
 
 SGS_ARGS = ["--config", "c.json", "--model", "m"]
 ROUTER_ARGS = [*SGS_ARGS, "--instances", "127.0.0.1:1"]

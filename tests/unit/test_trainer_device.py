@@ -8,9 +8,9 @@ import torch
 
 from services.common.config import RunConfig, TrainerConfig, WeightsConfig
 from services.policy.model import build_policy
+from services.run.transport import DirectTransport
 from services.trainer.device import DeviceError, resolve_device
 from services.trainer.learner import Learner
-from services.trainer.transport import DirectTransport
 from tests.unit.test_learner import MODEL, _groups, _step
 
 

@@ -27,11 +27,11 @@ from services.policy.model import Policy, save_policy
 from services.rollout.collect import collect
 from services.rollout.publisher import WeightPublisher
 from services.rollout.rewards import Outcome, ServiceRewards
+from services.run.evaluate import EvalResult, score
+from services.run.timeline import idle
 from services.tasks.source import TaskItem, build_task
-from services.trainer.evaluate import EvalResult, score
 from services.trainer.learner import Learner, StepStats
 from services.trainer.parallel import Leader, ParallelContext
-from services.trainer.timeline import idle
 
 
 @dataclass
@@ -82,9 +82,9 @@ class TrainerRuntime:
         self.gen_busy: list[tuple[float, float]] = []
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
         self.metrics_path = run_dir / "metrics.jsonl"
-        # recovery (services.trainer.resume): set by ``open_recovery``
+        # recovery (services.run.resume): set by ``open_recovery``
         self.attempt = 0
-        self.ledger = None  # services.trainer.ledger.Ledger once open
+        self.ledger = None  # services.run.ledger.Ledger once open
         self.runner_state: dict | None = None  # the runner's part of the checkpoint resumed from
         self.start_snapshot = None  # the resumed version's weights as published again
         self.resumed_version = 0
@@ -118,7 +118,7 @@ class TrainerRuntime:
         """Resume from the newest recovery checkpoint when there is one or this is a restart
         (``attempt`` > 0; ``died_at``: when the launcher saw the last attempt die), and open the
         consumption ledger. Returns True when the run resumed."""
-        from services.trainer.resume import resume
+        from services.run.resume import resume
 
         self.attempt = attempt
         resumed = resume(self, attempt)
@@ -135,7 +135,7 @@ class TrainerRuntime:
     def save_recovery(self, runner_state: dict) -> None:
         """A recovery checkpoint at this version (``runner_state``: the rollout's part, its data
         cursor under ``sampler``, captured when the step's buffer was consumed)."""
-        from services.trainer.resume import save
+        from services.run.resume import save
 
         save(self, runner_state)
 
@@ -148,7 +148,7 @@ class TrainerRuntime:
         grad_norm = self.learner.step()
         self.version += 1
         if self._recovering is not None:
-            from services.trainer.resume import record_recovery
+            from services.run.resume import record_recovery
 
             record_recovery(self, *self._recovering)
             self._recovering = None

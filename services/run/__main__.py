@@ -1,4 +1,4 @@
-"""``python -m services.trainer``: the trainer process of one RL run.
+"""``python -m services.run``: the trainer process of one RL run.
 
 Connects to the SGS, evaluates the warm start, runs the RL iterations in the configured
 pipeline mode, evaluates again, and writes ``metrics.jsonl``, ``timeline.json`` and
@@ -70,7 +70,7 @@ def follow_leader(cfg, model: str, ctx) -> NoReturn:
 def warmstart_eval(trainer, run_dir: Path, resumed: bool):
     """The warm start's evaluation: run once (kept in ``recovery/warmstart_eval.json``), read back
     by a resumed trainer, whose policy is no longer the warm start."""
-    from services.trainer.evaluate import EvalResult
+    from services.run.evaluate import EvalResult
 
     path = run_dir / "recovery" / "warmstart_eval.json"
     if resumed and path.exists():
@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
     from services.rollout.rewards import failures_logged
-    from services.trainer.loop import RLTrainer
-    from services.trainer.resume import recovery_summary
+    from services.run.loop import RLTrainer
+    from services.run.resume import recovery_summary
 
     run_dir = Path(ns.run_dir)
     clients = [
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for client in clients:
         client.wait_ready(timeout_s=120)
-    from services.trainer.transport import create_transport
+    from services.run.transport import create_transport
 
     relays = [a for a in ns.relays.split(",") if a]
     if cfg.weights.transport == "relay" and not relays:

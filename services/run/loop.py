@@ -14,8 +14,8 @@ Every iteration appends a line to ``metrics.jsonl``; the stage intervals go to
 from __future__ import annotations
 
 from services.rollout.orchestrator import Orchestrator
-from services.trainer.evaluate import EvalResult
-from services.trainer.runtime import TrainerRuntime
+from services.run.evaluate import EvalResult
+from services.run.runtime import TrainerRuntime
 
 
 class RLTrainer(TrainerRuntime):

@@ -2,7 +2,7 @@
 
 A recovery checkpoint is a directory ``run_dir/recovery/v<version>/`` holding ``state.pt``
 (``torch.save`` of the trainer's state: weights, optimizer, RNGs, data cursor, the runner's
-experience and staleness state, metrics so far; see ``services.trainer.resume``) and
+experience and staleness state, metrics so far; see ``services.run.resume``) and
 ``meta.json`` (version, time, sizes). It is written into ``recovery/.tmp-v<version>-<pid>/``,
 every file and the directory fsynced, then renamed to its final name and the parent fsynced:
 a rename is atomic, so a directory named ``v<version>`` is always complete, and a kill at any

@@ -206,10 +206,10 @@ class Learner:
     def _sum_stats(self) -> float:
         """Sum this step's statistics and normaliser over the ranks; returns the normaliser."""
         st = self.stats
-        totals = sum_across([float(getattr(st, n)) for n in _SUMMED] + [self._normaliser])
+        *totals, normaliser = sum_across([*(float(getattr(st, n)) for n in _SUMMED), self._normaliser])
         for n, v in zip(_SUMMED, totals, strict=True):
             setattr(st, n, type(getattr(st, n))(v))
-        return totals[-1]
+        return normaliser
 
     def state(self) -> dict | None:
         """Everything a recovery checkpoint needs to continue this learner exactly: the module's

@@ -65,7 +65,7 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     last = rows[-1]
     assert last.get("aborted_redundant", 0) >= 1, last  # batch-level redundancy: one surplus group a step
     assert sum(last["instance_groups"]) >= 6 * 4 and min(last["instance_groups"]) > 0
-    assert last.get("kv_snapshots", 0) > 0  # repack observed the instances
+    assert any(r["kv_snapshots"] > 0 for r in rows)  # repack observed the instances (a per-step count)
     assert last["instances_lost"] == 1 and last["recovered"] > 0, last
     assert list(last["instances_alive"].values()) == [True, last.get("instances_readmitted", 0) == 1]
     # every group was placed by the policy on the ranker's estimates
@@ -123,6 +123,6 @@ def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp
     assert len(outs) == 1 and outs[0]["instances"] == 2, events
     last = rows[-1]
     assert last["instances_joined"] == 1 and len(last["instance_groups"]) == 2 and last["instance_groups"][1] > 0
-    assert last["dispatched_groups"] > 0 and last["estimated_groups"] > 0 and last["kv_snapshots"] > 0
+    assert last["dispatched_groups"] > 0 and last["estimated_groups"] > 0 and any(r["kv_snapshots"] > 0 for r in rows)
     ack = json.loads((tmp_path / "sgs-membership-ack.json").read_text())
     assert ack[outs[0]["address"]]["state"] == "joined"

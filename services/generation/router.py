@@ -50,7 +50,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 import grpc
 
@@ -67,6 +66,7 @@ from services.generation.scheduling import (
     SeqRequest,
     dispatch,
 )
+from services.generation.scheduling.lengths import LengthEstimator
 from services.generation.scheduling.pools import (
     PoolShare,
     hardware_of_pool,
@@ -78,12 +78,6 @@ from services.generation.scheduling.pools import (
 )
 
 log = logging.getLogger("braid.router")
-
-
-class LengthEstimator(Protocol):
-    """What the router needs of a ranker: estimated output lengths for prompt texts."""
-
-    def predict(self, prompts: list[str]) -> Sequence[float]: ...
 
 
 EstimatorProvider = Callable[[], "LengthEstimator | None"]  # called per request: hot-swapped rankers

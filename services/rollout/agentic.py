@@ -48,7 +48,7 @@ from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
 from services.rollout.fleet import Fleet
-from services.rollout.lifecycle import GroupLifecycle
+from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
 from services.run.runtime import Published, TrainerRuntime
@@ -232,16 +232,7 @@ class AgenticRunner(GroupLifecycle):
 
     # ------------------------------------------------------------------ collecting
     def _collect(self, timeout: float) -> None:
-        try:
-            event = self.events.get(timeout=timeout)
-        except queue.Empty:
-            return
-        while True:
-            self._on_event(event)
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
-                return
+        drain(self.events, timeout, self._on_event)
 
     def _on_event(self, event: tuple) -> None:
         kind, tid = event[0], event[1]

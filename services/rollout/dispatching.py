@@ -20,9 +20,8 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from services.generation.scheduling import (
     DispatchContext,
@@ -33,13 +32,10 @@ from services.generation.scheduling import (
     SeqRequest,
     dispatch,
 )
+from services.generation.scheduling.lengths import LengthEstimator
 from services.rollout.routing import InstanceView
 
 log = logging.getLogger("braid.rollout")
-
-
-class LengthEstimator(Protocol):
-    def predict(self, prompts: list[str]) -> Sequence[float]: ...
 
 
 @dataclass(frozen=True)

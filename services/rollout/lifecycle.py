@@ -15,6 +15,7 @@ Modes are values of eta (``services.rollout.modes``): the loop is the same for a
 from __future__ import annotations
 
 import copy
+import queue
 import threading
 import time
 from collections import Counter
@@ -46,6 +47,20 @@ def staleness_metrics(entries: list[ConsumedEntry], eta: int) -> dict:
         "entry_staleness_max": max(e.staleness for e in entries),
         "bound_violations": sum(1 for e in entries if e.version + eta < e.buffer_version),
     }
+
+
+def drain(events: queue.Queue, timeout: float, handle: Callable[[tuple], None]) -> None:
+    """Wait up to ``timeout`` for the first event, then handle every event already queued."""
+    try:
+        event = events.get(timeout=timeout)
+    except queue.Empty:
+        return
+    while True:
+        handle(event)
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            return
 
 
 class GroupLifecycle:

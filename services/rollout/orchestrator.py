@@ -56,7 +56,7 @@ from services.rollout import checkpoint
 from services.rollout.dispatching import GroupDispatcher, NewGroup
 from services.rollout.fleet import Fleet
 from services.rollout.length_replay import ReplayLengths
-from services.rollout.lifecycle import GroupLifecycle
+from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.modes import instance_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
 from services.rollout.repack import Repacker
@@ -325,20 +325,14 @@ class Orchestrator(GroupLifecycle):
 
     # ------------------------------------------------------------------ collecting
     def _collect(self, timeout: float) -> None:
-        try:
-            event = self.events.get(timeout=timeout)
-        except queue.Empty:
-            return
-        while True:
-            kind, call, payload = event
-            if kind == "error":
-                self._on_error(call, payload)
-            else:
-                self._on_sample(call, payload)
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
-                return
+        drain(self.events, timeout, self._on_event)
+
+    def _on_event(self, event: tuple) -> None:
+        kind, call, payload = event
+        if kind == "error":
+            self._on_error(call, payload)
+        else:
+            self._on_sample(call, payload)
 
     def _on_sample(self, call: _Call, s: SampleRecord) -> None:
         state = self.groups.get(call.group)

@@ -25,6 +25,7 @@ import bisect
 import random
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 
 class LengthDistribution:
@@ -65,6 +66,12 @@ class LengthDistribution:
     def rank_of(self, x: float) -> float:
         """Fraction of the sample <= x."""
         return bisect.bisect_right(self._values, x) / len(self._values)
+
+
+class LengthEstimator(Protocol):
+    """What dispatch needs of a ranker: estimated output lengths for prompt texts."""
+
+    def predict(self, prompts: list[str]) -> Sequence[float]: ...
 
 
 class LengthWindow:

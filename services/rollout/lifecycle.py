@@ -149,8 +149,11 @@ class GroupLifecycle:
                     self._check_learner()
                 self.before_step()
                 self._hand_over(k)
-            while self.version < iterations and not self.handoff.closed.is_set():
-                self._see_published(self.TICK_WAIT_S)  # the last step's weights, for the shutdown's sync
+            while self.version < iterations:  # the last step's weights, for the shutdown's sync
+                self._see_published(self.TICK_WAIT_S)
+                if self.handoff.closed.is_set():  # the learner publishes before it stops: take what it left
+                    self._see_published(0.0)
+                    break
         except BaseException as exc:  # noqa: BLE001 - raised in the learner's thread
             self.handoff.fail(exc)
         finally:

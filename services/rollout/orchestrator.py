@@ -162,7 +162,8 @@ class Orchestrator(GroupLifecycle):
         self.start_head()
 
     def _restore(self, r: checkpoint.Restored) -> None:
-        self.mgr, self.prompts, self.counts = r.manager, r.prompts, r.counts
+        self.mgr, self.prompts = r.manager, r.prompts
+        self.counts.update(r.counts)  # in place: the fleet counts into the same Counter
         self.mgr.end = self.tc.iterations  # the resumed run's (it may have been changed for the resume)
         for key, (problem, v_traj, group) in r.finished.items():
             self.groups[key] = _GroupState(problem, v_traj, complete=True)
@@ -233,11 +234,12 @@ class Orchestrator(GroupLifecycle):
 
     def _eligible(self, task: str) -> list[int] | None:
         """The instances a task may use (``generation.affinity``: RollArt's hardware affinity), None
-        = any. A router in front of the instances applies affinity itself."""
+        = any; the pick takes the live ones among them (a pool whose instances are all restarting
+        waits for them). A router in front of the instances applies affinity itself."""
         gen = self.rt.cfg.generation
         if not gen.affinity or self.behind > 1:
             return None
-        return eligible_instances(task, gen, [i for i, ok in enumerate(self.alive) if ok])
+        return eligible_instances(task, gen, range(len(self.alive)))
 
     # ------------------------------------------------------------------ routing
     def _route(self) -> None:

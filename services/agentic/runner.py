@@ -171,7 +171,7 @@ class SgsGenerator:
         return self.router.inflight
 
     def pick(self, trajectory_id: str, task: str = "") -> int:
-        """The client for the next turn of ``trajectory_id`` (counted in flight until ``release``)."""
+        """The client for the next turn of ``trajectory_id`` (counted in flight until its call returns)."""
         eligible = self.eligible(task, len(self.clients)) if self.eligible is not None else None
         prev = self._last.get(trajectory_id)
         inst = self.router.acquire(None, lambda v: True, eligible=eligible, prefer=prev, slack=self.STICKY_SLACK)
@@ -211,7 +211,6 @@ class SgsGenerator:
         if self.on_sample is not None:
             self.on_sample(samples[0])
         return samples[0]
-
 
     async def _call(self, i: int, request_id: str, context: tuple[int, ...], task: str,
                     params: GenerateParams) -> list[SampleRecord]:

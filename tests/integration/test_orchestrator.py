@@ -73,31 +73,26 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     assert last["estimated_groups"] == sum(last["instance_groups"]) > 0 and last["dispatched_groups"] > 0
 
 
-def test_a_killed_instance_is_restarted_and_readmitted(tmp_path, tiny_checkpoint):
-    """The only instance is killed after the first step: the run can only go on once the launcher
-    has restarted it and the orchestrator has brought it to the newest weights and readmitted it."""
+def test_sequential_honours_affinity_and_waits_for_its_pools_instance_to_come_back(tmp_path, tiny_checkpoint):
+    """generation.affinity with the trainer dialling the instances: every arith group goes to pool b
+    (instance 1). Instance 1 is killed after the first step: pool b's work can only go on once the
+    launcher has restarted it and the orchestrator has brought it to the newest weights and
+    readmitted it. Sequential (eta 0, training held until the batch is complete) trains on-policy."""
     killed: list[int] = []
-    summary, rows = _run(tmp_path, tiny_checkpoint, ["generation.instances=1", "trainer.mode=sync", "trainer.iterations=3"],
-                         on_poll=_kill_instance_after_first_step(tmp_path, killed, instance="0"))
-    assert killed and summary["final_weight_version"] == 3
-    assert all(r["samples"] == 16 and r["staleness_max"] == 0 for r in rows)
-    last = rows[-1]
-    assert last["instances_lost"] == 1 and last["instances_readmitted"] == 1, last
-    assert list(last["instances_alive"].values()) == [True]
-    services = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
-    assert [s["service"] for s in services] == ["sgs-0"]
-
-
-def test_sequential_honours_affinity_without_the_router(tmp_path, tiny_checkpoint):
-    """generation.affinity with the trainer dialling the instances: every arith group goes to pool b;
-    sequential (eta 0, training held until the batch is complete) trains on-policy."""
     summary, rows = _run(
         tmp_path, tiny_checkpoint,
         ["trainer.mode=sequential", "trainer.iterations=3",
          "generation.pools=[{name: a, instances: [0]}, {name: b, instances: [1]}]", "generation.affinity={arith: b}"],
+        on_poll=_kill_instance_after_first_step(tmp_path, killed),
     )
-    assert summary["final_weight_version"] == 3 and all(r["staleness_max"] == 0 for r in rows)
-    assert rows[-1]["instance_groups"] == [0, 3 * 4], rows[-1]["instance_groups"]
+    assert killed and summary["final_weight_version"] == 3
+    assert all(r["samples"] == 16 and r["staleness_max"] == 0 for r in rows)
+    last = rows[-1]
+    assert last["instance_groups"] == [0, 3 * 4], last["instance_groups"]
+    assert last["instances_lost"] == 1 and last["instances_readmitted"] == 1, last
+    assert list(last["instances_alive"].values()) == [True, True]
+    services = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
+    assert [s["service"] for s in services] == ["sgs-1"]
 
 
 def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp_path, tiny_checkpoint):

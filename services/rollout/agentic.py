@@ -1,11 +1,11 @@
 """``agentic.enabled``: GRPO on multi-turn trajectories (RollArt §5.3) under the staleness bound.
 
-The coordinator runs in the trainer process; its thread owns the staleness manager, the groups
-and the learner, and acts on events from the rollout loop (``services.agentic.rollout``):
+The rollout thread (``services.rollout.lifecycle``) owns the staleness manager and the groups,
+hands the learner its work, and acts on events from the rollout loop (``services.agentic.rollout``):
 
 1. **launch** — a GRPO group is ``group_size`` trajectories of one episode (plus
    ``agentic.redundant_trajectories`` extra ones). It starts when ``StalenessManager.can_reserve``
-   allows one at the trainer's version V (StaleFlow Algorithm 2) and ``agentic.concurrency``
+   allows one at the newest published version V (StaleFlow Algorithm 2) and ``agentic.concurrency``
    leaves room; it is *reserved* with ``V_traj = V``. Every turn of its trajectories is generated
    with ``min_weight_version = V_traj``, so however many versions a trajectory spans, its oldest
    token is no older than V_traj: a trajectory spanning versions is bounded exactly as a partial
@@ -197,7 +197,7 @@ class AgenticRunner(GroupLifecycle):
             m.manager.abandon()
             self.events.put(("cancelled", m.tid, m.manager.generated_tokens))
             raise
-        except BaseException as exc:  # noqa: BLE001 - surfaced in the coordinator thread
+        except BaseException as exc:  # noqa: BLE001 - surfaced on the rollout thread
             self.events.put(("error", m.tid, exc))
         await m.manager.wait_closed()
 
@@ -239,7 +239,7 @@ class AgenticRunner(GroupLifecycle):
         if kind == "error":
             raise RuntimeError(f"trajectory {tid} failed: {event[2]!r}") from event[2]
         m = self.members.pop(tid, None)
-        if m is None:  # cancelled by the coordinator already: its work is thrown away
+        if m is None:  # cancelled by the runner already: its work is thrown away
             self.counts["aborted_tokens"] += event[2] if kind == "cancelled" else event[2].generated_tokens
             if kind == "done":
                 self.counts["finished_after_abort"] += 1
@@ -251,7 +251,7 @@ class AgenticRunner(GroupLifecycle):
         elif kind == "done":
             self._on_done(g, m, event[2], event[3])
         else:
-            raise AssertionError(f"{tid}: {kind} of a member the coordinator did not cancel")
+            raise AssertionError(f"{tid}: {kind} of a member the runner did not cancel")
 
     def _on_done(self, g: _Group, m: _Member, traj: Trajectory, score: Score) -> None:
         self.counts["trajectories_finished"] += 1

@@ -78,7 +78,7 @@ class _Call:
     handle: GenerateCall | None = None
     open: int = 0  # samples not yet returned
     tag: str = ""  # the Generate request tag (what an Interrupt names)
-    launched: float = 0.0  # when the coordinator started the call (time.time())
+    launched: float = 0.0  # when the orchestrator started the call (time.time())
 
 
 @dataclass

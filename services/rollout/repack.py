@@ -1,7 +1,7 @@
-"""The bounded runner's snapshots and repack migrations (mechanism around
+"""The orchestrator's snapshots and repack migrations (mechanism around
 ``services.rollout.repack_policy``).
 
-Every ``trainer.repack.interval_s`` (and right after each optimizer step) the runner takes a
+Every ``trainer.repack.interval_s`` (and right after each optimizer step) the orchestrator takes a
 snapshot of every live SGS instance through its Health RPC: KV-cache use, running and queued
 samples, installed version. The snapshots feed the KV-utilisation metric always, and, with
 ``trainer.repack.enabled``, the repack plan. A ``Migrate(source, destination)`` becomes:
@@ -9,7 +9,7 @@ samples, installed version. The snapshots feed the KV-utilisation metric always,
 1. **Interrupt** — the source's open calls are interrupted by request tag (``Interrupt`` RPC);
    each trajectory comes back on its stream with its tokens so far and goes to the resume list
    (the partial-response pool keeps its ``V_traj``, its reserved staleness entry is untouched);
-2. **Route** — the runner resumes it on the planned destination (same installed version, so
+2. **Route** — the orchestrator resumes it on the planned destination (same installed version, so
    never older than ``V_traj``); if the destination is gone or behind, on any routable instance;
 3. **Pull** — the freed source has nothing in flight, so the sync policy offers it the newest
    weights on the next pass. Without partial rollout, repack syncs instances only when idle
@@ -127,7 +127,7 @@ class Repacker:
 
     def metrics(self) -> dict:
         """Per iteration: mean KV use of the snapshots and the migration overheads (then reset);
-        repack counts are run totals, as the runner's other counts."""
+        repack counts are run totals, as the orchestrator's other counts."""
         out = {"kv_usage_mean": sum(self.kv_means) / len(self.kv_means) if self.kv_means else None,
                "kv_snapshots": len(self.kv_means), **dict(self.counts)}
         if self.overheads:

@@ -19,6 +19,7 @@ from services.common.config import load_config, write_config
 from services.policy.model import load_policy
 from services.run.ledger import check_ledger
 from tests.conftest import FAST_ENGINE, ROOT
+from tests.integration.runs import kill_instance_after_first_step
 
 AGENTIC = ["agentic.enabled=true", "agentic.workers=2", "agentic.concurrency=16", "trainer.prompts_per_iteration=2",
            "trainer.group_size=4", "trainer.micro_batch_groups=1", "eval.prompts=8", "agentic.max_turns=6"]
@@ -120,18 +121,10 @@ def test_a_killed_sgs_instance_comes_back_in_a_multi_turn_run(tmp_path, tiny_che
     again from their contexts, and every group is still trained once within the bound."""
     killed: list[int] = []
 
-    def kill_the_instance_after_the_first_step():
-        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
-            return
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if cmd[1:3] == ["-m", "services.generation"] and str(tmp_path) in " ".join(cmd):
-                proc.kill()
-                killed.append(proc.pid)
-
     cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
         "generation.instances=1", "trainer.mode=one_step", "trainer.iterations=3",
-        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05"], on_poll=kill_the_instance_after_the_first_step)
+        "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05"],
+        on_poll=kill_instance_after_first_step(tmp_path, killed, instance=None))
     assert killed, "the SGS instance was not found"
     _check_groups(cfg, summary, rows, trajs)
     assert check_ledger(tmp_path / "ledger.jsonl", iterations=3, groups_per_step=2).ok

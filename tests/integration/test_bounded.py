@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
-from flows.launcher import run_processes
-from services.common.config import load_config, write_config
-from tests.conftest import FAST_ENGINE, ROOT
+from tests.integration.runs import kill_instance_after_first_step, run_smoke
 
 
 def _run(tmp_path, checkpoint, overrides, on_poll=None):
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml",
-                      [FAST_ENGINE, "trainer.mode=bounded", "generation.instances=2", *overrides])
-    write_config(cfg, tmp_path / "config.json")
-    (tmp_path / "metrics.jsonl").write_text("")
-    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=on_poll, poll_s=0.2).read_text())
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return summary, rows
+    return run_smoke(tmp_path, checkpoint, ["trainer.mode=bounded", "generation.instances=2", *overrides], on_poll)
 
 
 # Whole trajectories (no partial rollout) take the same orchestrator path in every mode; they are run
@@ -50,19 +41,10 @@ def test_straggler_instance_never_breaks_the_bound_and_training_progresses(tmp_p
 def test_a_lost_instance_loses_no_trajectory(tmp_path, tiny_checkpoint):
     killed: list[int] = []
 
-    def kill_slow_instance_after_first_step():
-        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
-            return
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if "--instance" in cmd and cmd[cmd.index("--instance") + 1] == "1" and str(tmp_path) in " ".join(cmd):
-                proc.kill()
-                killed.append(proc.pid)
-
     summary, rows = _run(
         tmp_path, tiny_checkpoint,
         ["trainer.eta=1", "trainer.iterations=5", "generation.step_delay_ms=[0, 40]"],
-        on_poll=kill_slow_instance_after_first_step,
+        on_poll=kill_instance_after_first_step(tmp_path, killed),  # the slow one
     )
     assert killed, "the slow instance was not found"
     assert [r["iteration"] for r in rows] == list(range(5)) and summary["final_weight_version"] == 5

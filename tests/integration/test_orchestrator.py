@@ -7,34 +7,12 @@ from __future__ import annotations
 
 import json
 
-import psutil
-
-from flows.launcher import run_processes
-from services.common.config import load_config, write_config
-from tests.conftest import FAST_ENGINE, ROOT
+from tests.integration.runs import kill_instance_after_first_step, run_smoke
 
 
 def _run(tmp_path, checkpoint, overrides, on_poll=None):
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml",
-                      [FAST_ENGINE, "generation.instances=2", "generation.dispatch.router='off'", *overrides])
-    write_config(cfg, tmp_path / "config.json")
-    (tmp_path / "metrics.jsonl").write_text("")
-    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=on_poll, poll_s=0.2).read_text())
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return summary, rows
-
-
-def _kill_instance_after_first_step(tmp_path, killed: list[int], instance: str = "1"):
-    def poll() -> None:
-        if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
-            return
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = proc.info["cmdline"] or []
-            if "--instance" in cmd and cmd[cmd.index("--instance") + 1] == instance and str(tmp_path) in " ".join(cmd):
-                proc.kill()
-                killed.append(proc.pid)
-
-    return poll
+    return run_smoke(tmp_path, checkpoint, ["generation.instances=2", "generation.dispatch.router='off'", *overrides],
+                     on_poll)
 
 
 def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_survives_a_killed_instance(
@@ -55,7 +33,7 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
          "trainer.mode=one_step", "trainer.iterations=6", "trainer.partial_rollout=true",
          "trainer.redundancy_samples=1", "trainer.redundancy_groups=1",
          "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[30, 30]"],
-        on_poll=_kill_instance_after_first_step(tmp_path, killed),
+        on_poll=kill_instance_after_first_step(tmp_path, killed),
     )
     assert killed, "instance 1 was not found"
     assert [r["iteration"] for r in rows] == list(range(6)) and summary["final_weight_version"] == 6
@@ -83,7 +61,7 @@ def test_sequential_honours_affinity_and_waits_for_its_pools_instance_to_come_ba
         tmp_path, tiny_checkpoint,
         ["trainer.mode=sequential", "trainer.iterations=3",
          "generation.pools=[{name: a, instances: [0]}, {name: b, instances: [1]}]", "generation.affinity={arith: b}"],
-        on_poll=_kill_instance_after_first_step(tmp_path, killed),
+        on_poll=kill_instance_after_first_step(tmp_path, killed),
     )
     assert killed and summary["final_weight_version"] == 3
     assert all(r["samples"] == 16 and r["staleness_max"] == 0 for r in rows)

@@ -152,7 +152,7 @@ class SgsGenerator:
 
     def __init__(self, clients, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
                  on_sample: Callable[[SampleRecord], None] | None = None,
-                 eligible: Callable[[str, int], list[int]] | None = None, router: InstanceRouter | None = None) -> None:
+                 eligible: Callable[[str, int], list[int]] | None = None) -> None:
         # the caller's list itself: instances that join at run time (scale-out) are appended to it
         self.clients = clients if isinstance(clients, list) else list(clients) if isinstance(clients, tuple) else [clients]
         if not self.clients:
@@ -162,7 +162,7 @@ class SgsGenerator:
         self.eligible = eligible  # (task, clients) -> the client indices that may serve it (hardware affinity)
         # the SGS holds a turn until its instance has min_weight_version, so any version is routable;
         # the rollout's concurrency, not a per-instance capacity, bounds what is in flight
-        self.router = router or InstanceRouter(len(self.clients), capacity=1 << 30, versions=lambda: [0] * len(self.clients))
+        self.router = InstanceRouter(len(self.clients), capacity=1 << 30, versions=lambda: [0] * len(self.clients))
         self._last: OrderedDict[str, int] = OrderedDict()
         self.lost_turns = 0  # turns re-run elsewhere because their instance went away
 

@@ -45,7 +45,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -261,25 +261,26 @@ class Orchestrator(GroupLifecycle):
             batch.append((problem, inst))
         for _, inst in batch:
             self.router.returned(inst.index, g)
-        targets, estimates = self._placement(batch, g)
-        for problem, inst in batch:
+        specs = self.rt.prompt_specs([p for p, _ in batch])  # encoded once: placement and launch share them
+        targets, estimates = self._placement(batch, specs, g)
+        for (problem, inst), spec in zip(batch, specs, strict=True):
             key = problem.prompt_id
-            self._launch_group(problem, targets.get(key, inst.index), inst.version, estimates.get(key))
+            self._launch_group(problem, spec, targets.get(key, inst.index), inst.version, estimates.get(key))
 
-    def _placement(self, batch: list[tuple[TaskItem, InstanceView]], g: int) -> tuple[dict[str, int], dict]:
+    def _placement(self, batch: list[tuple[TaskItem, InstanceView]], specs: list[PromptSpec],
+                   g: int) -> tuple[dict[str, int], dict]:
         """With a length estimator: where the dispatch policy puts this round's groups, and their
         estimates (``services.rollout.dispatching``); otherwise where the pick put them."""
         if self.dispatcher is None or not batch:
             return {}, {}
         problems = [p for p, _ in batch]
         estimates = self.dispatcher.estimates([p.prompt for p in problems])
-        specs = self.rt.prompt_specs(problems)
         groups = [NewGroup(p.prompt_id, len(s.token_ids), e, g) for p, s, e in zip(problems, specs, estimates, strict=True)]
         targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch], [self._eligible(p.task) for p in problems],
                                              self.router.views(), self.capacity)
         return targets, {p.prompt_id: e for p, e in zip(problems, estimates, strict=True) if e is not None}
 
-    def _launch_group(self, problem: TaskItem, index: int, v_traj: int, estimate: float | None) -> None:
+    def _launch_group(self, problem: TaskItem, spec: PromptSpec, index: int, v_traj: int, estimate: float | None) -> None:
         key = problem.prompt_id
         self.launched[index] += 1
         forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
@@ -287,7 +288,7 @@ class Orchestrator(GroupLifecycle):
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
         forward = estimate if estimate is not None and self.rt.cfg.generation.dispatch.forward_estimates else 0.0
-        (spec,) = self.rt.prompt_specs([problem], forced, [forward])  # the instance admits it LPT by the estimate
+        spec = replace(spec, forced_length=forced, estimated_length=forward)  # the instance admits it LPT by the estimate
         call = _Call(index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))

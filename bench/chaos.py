@@ -49,6 +49,18 @@ SCENARIOS = [
     Scenario("kill_relay+trainer", "bounded", ("relay", "trainer")),
     Scenario("kill_master_relay+trainer", "bounded", ("master_relay", "trainer")),
     Scenario("kill_router+trainer", "routed", ("router", "trainer")),
+    # the learner process alone, between two recovery checkpoints: the orchestrator loses nothing
+    Scenario("kill_learner", "bounded", ("learner",)),
+    Scenario("kill_learner_routed", "routed", ("learner",)),
+    Scenario("kill_learner_sync", "sync", ("learner",)),
+    Scenario("kill_learner_agentic", "agentic", ("learner",)),
+    Scenario("kill_sgs+learner", "bounded", ("sgs", "learner")),
+    # a lost SGS instance comes back in every mode
+    Scenario("kill_sgs_routed", "routed", ("sgs",)),
+    Scenario("kill_sgs_sequential", "sequential", ("sgs",)),
+    Scenario("kill_sgs_sync", "sync", ("sgs",)),
+    Scenario("kill_sgs_one_step", "one_step", ("sgs",)),
+    Scenario("kill_sgs_agentic", "agentic", ("sgs",)),
     Scenario("net_delay", "bounded", fault="delay"),
     Scenario("net_partition", "bounded", fault="partition"),
     Scenario("net_reset", "bounded", fault="reset"),
@@ -79,6 +91,30 @@ def summarize(results: list[RunResult]) -> dict:
         "violations": sum(r.violations for r in results),
         "weights_mismatches": sum(1 for r in results if r.completed and not r.weights.get("ok")),
         "recovery_s": {k: {"median": statistics.median(v), "max": max(v), "n": len(v)} for k, v in sorted(recovery.items())},
+        **trajectory_totals(results),
+    }
+
+
+def _killed(r: RunResult, component: str) -> bool:
+    return f"kill:{component}" in r.faults
+
+
+def trajectory_totals(results: list[RunResult]) -> dict:
+    """What the kills cost in trajectories (pure). The trainer is the learner process: killed alone
+    (``kill:learner``) it must cost none. Killing the whole trainer process (the orchestrator with
+    it) rolls back to the newest checkpoint: counted apart. Per scenario config, the SGS instances
+    back in service after a kill of one (every mode must have one)."""
+    learner = [r for r in results if _killed(r, "learner") and not _killed(r, "trainer")]
+    readmitted: dict[str, int] = {}
+    for r in results:
+        if _killed(r, "sgs"):
+            readmitted[r.config] = readmitted.get(r.config, 0) + r.instances_readmitted
+    return {
+        "trajectories_lost_on_trainer_kill": sum(r.trajectories_lost for r in learner),
+        "learner_kills": [{"scenario": r.scenario, "trajectories_lost": r.trajectories_lost,
+                           "revivals": r.learner_revivals} for r in learner],
+        "trajectories_lost_on_trainer_process_kill": sum(r.trajectories_lost for r in results if _killed(r, "trainer")),
+        "instances_readmitted": readmitted,
     }
 
 
@@ -86,6 +122,9 @@ def passed(summary: dict) -> bool:
     flaky = summary.get("flaky_test")
     return (summary["runs_completed"] == summary["runs"] and not summary["samples_lost"] and not summary["duplicates"]
             and not summary["violations"] and not summary["weights_mismatches"]
+            and not summary.get("trajectories_lost_on_trainer_kill")
+            and all(summary.get("instances_readmitted", {}).values())
+            and all(k["revivals"] and k["revivals"][0]["replayed_steps"] for k in summary.get("learner_kills", []))
             and (flaky is None or flaky["passed"] == flaky["runs"]))
 
 

@@ -33,14 +33,15 @@ COMPONENTS = {
     "relay": ("services.weights", ["--id", "relay-1"]),
     "master_relay": ("services.weights", ["--id", "relay-0"]),
     "router": ("services.generation.router_main", []),
-    "trainer": ("services.run", []),
+    "trainer": ("services.run", []),  # the trainer process: the orchestrator, and its learner process with it
+    "learner": ("", []),  # the learner process alone (``learner.pid``; a fork of the trainer, same command line)
 }
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    config: str  # "bounded" (3 instances, 2 relays, repack coordinator) or "routed" (one_step behind the router)
+    config: str  # a key of CONFIGS: "bounded" (3 instances, 2 relays, repack), "routed" (one_step behind the router), a mode
     kill: tuple[str, ...] = ()
     fault: str = ""  # "delay", "partition" or "reset" on the trainer's link to SGS instance 0
     kill_after: int = 2  # steps taken before the faults
@@ -64,9 +65,23 @@ class RunResult:
     steps_before_fault: int | None = None  # training steps finished when the faults came
     rl_seconds: float | None = None  # the training phase's length (the faults land inside it)
     wall_s: float = 0.0
+    config: str = ""  # the scenario's CONFIGS key
+    learner_revivals: list[dict] = field(default_factory=list)  # learner-restarts.jsonl: replayed steps, groups at risk
+    # trajectories generated again or thrown away because of the kill: rolled-back groups and
+    # in-flight groups the restarted trainer regenerated, times the group size
+    trajectories_lost: int = 0
+    instances_readmitted: int = 0  # SGS instances back in service after they were lost (the orchestrator's count)
+
+
+def _learner_pid(run_dir: Path) -> int | None:
+    path = run_dir / "learner.pid"
+    return int(path.read_text()) if path.exists() else None
 
 
 def _processes(run_dir: Path, component: str) -> list[psutil.Process]:
+    if component == "learner":
+        pid = _learner_pid(run_dir)
+        return [psutil.Process(pid)] if pid is not None and psutil.pid_exists(pid) else []
     module, args = COMPONENTS[component]
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -75,8 +90,8 @@ def _processes(run_dir: Path, component: str) -> list[psutil.Process]:
             continue
         if args and not any(cmd[i:i + 2] == args for i in range(len(cmd) - 1)):
             continue
-        if component == "trainer" and "--attempt" in cmd:  # the original trainer, not a restarted one
-            continue
+        if component == "trainer" and ("--attempt" in cmd or proc.pid == _learner_pid(run_dir)):
+            continue  # the original trainer (not a restarted one), not its learner process
         found.append(proc)
     return found
 
@@ -103,10 +118,13 @@ class Injector:
     def _ready(self) -> bool:
         if len(_rows(self.run_dir)) < self.s.kill_after:
             return False
-        if "trainer" in self.s.kill:
+        if "trainer" in self.s.kill or "learner" in self.s.kill:
             from services.run import recovery
 
-            return recovery.newest(recovery.recovery_dir(self.run_dir)) is not None
+            found = recovery.newest(recovery.recovery_dir(self.run_dir))
+            # the learner: a step past the newest checkpoint, none due with it (the kill lands between two)
+            version = _rows(self.run_dir)[-1]["weight_version"]
+            return found is not None and ("learner" not in self.s.kill or (version > found.version and version % EVERY))
         return True
 
     def __call__(self) -> None:
@@ -167,7 +185,7 @@ def weights_check(sup, run_dir: Path, fronted: dict[str, str]) -> dict:
 
     live = {s.name for s in sup.services if s.proc.poll() is None}
     rows = _rows(run_dir)
-    # bounded mode, by the address the trainer dials: a restarted trainer leaves out instances lost before
+    # by the address the trainer dials (the orchestrator reports instances_alive): instances it lost for good are left out
     alive = rows[-1].get("instances_alive") if rows else None
     relays = {}
     for name in sorted(n for n in live if n.startswith("relay-")):
@@ -179,7 +197,8 @@ def weights_check(sup, run_dir: Path, fronted: dict[str, str]) -> dict:
     versions = {}
     for name in sorted(n for n in live if n.startswith("sgs-")):
         address = f"127.0.0.1:{(run_dir / f'{name}.port').read_text().strip()}"
-        if alive is not None and not alive.get(fronted.get(address, address), False):
+        key = fronted.get(address, address)  # behind the router the trainer knows the router only: check them all
+        if alive is not None and key in alive and not alive[key]:
             continue
         client = GenerationClient(address)
         try:
@@ -206,12 +225,21 @@ def restarts_by_service(run_dir: Path) -> dict[str, int]:
 # each engine step waits STEP_DELAY_MS so that the run's training phase lasts seconds, not a
 # fraction of one: the faults land while samples are in flight
 STEP_DELAY_MS = 15
+EVERY = 2  # recovery checkpoint interval
+TWO = f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}]"
 CONFIGS = {
     "bounded": ["trainer.mode=bounded", "trainer.eta=2", "generation.instances=3", "weights.transport=relay",
                 "weights.relays=2", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.2",
                 f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}, {STEP_DELAY_MS}]"],
     "routed": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="on"',
-               f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}]"],
+               TWO],
+    # one per mode, no router (the orchestrator's own membership): a lost instance must come back in each
+    "sequential": ["trainer.mode=sequential", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
+    "sync": ["trainer.mode=sync", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
+    "one_step": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
+    "agentic": ["trainer.mode=one_step", "generation.instances=2", TWO, "agentic.enabled=true", "agentic.concurrency=16",
+                "agentic.max_turns=4", "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05",
+                "trainer.prompts_per_iteration=2", "trainer.group_size=4", "trainer.micro_batch_groups=1"],
 }
 
 
@@ -226,11 +254,11 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     run_dir = work / s.name
     run_dir.mkdir(parents=True)
     cfg = load_config(base_config, [
-        "generation.engine=hf", f"trainer.iterations={iterations}", "trainer.recovery.every=2",
+        "generation.engine=hf", f"trainer.iterations={iterations}", f"trainer.recovery.every={EVERY}",
         "trainer.recovery.max_restarts=3", "eval.prompts=8", "weights.digest=sha256", *CONFIGS[s.config]])
     write_config(cfg, run_dir / "config.json")
     (run_dir / "metrics.jsonl").write_text("")
-    result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size)
+    result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size, config=s.config)
     inject = Injector(s, run_dir, None, timeout_s)
     fronted: dict[str, str] = {}  # SGS address -> the proxy's
 
@@ -263,11 +291,18 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     result.recovery_s = recovery_seconds(rows, inject.fault_at)
     result.restarts = restarts_by_service(run_dir)
     result.violations = staleness_violations(rows, cfg.trainer.eta if s.config == "bounded" else 1)
+    rolled_back = 0
     if (run_dir / "ledger.jsonl").exists():
         report = check_ledger(run_dir / "ledger.jsonl", iterations, cfg.trainer.prompts_per_iteration)
         result.ledger = report.to_json()
         result.duplicates = len(report.duplicate_samples)
         result.samples_lost = max(0, result.samples_expected - report.consumed_samples)
+        rolled_back = report.rolled_back_groups
     else:
         result.samples_lost = result.samples_expected
+    revivals = run_dir / "learner-restarts.jsonl"
+    result.learner_revivals = [json.loads(x) for x in revivals.read_text().splitlines()] if revivals.exists() else []
+    last = rows[-1] if rows else {}
+    result.trajectories_lost = (rolled_back + int(last.get("regenerated_after_restart", 0))) * cfg.trainer.group_size
+    result.instances_readmitted = int(last.get("instances_readmitted", 0))
     return result

@@ -58,7 +58,9 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             relays=relays,
         )
         routed = router_enabled(cfg)
-        if not routed:  # a dead instance is started again on its port
+        # a dead instance is started again on its port (behind the router too: it dials the same
+        # address again; under scale-out the router's membership replaces instances instead)
+        if not (routed and cfg.scaleout.enabled):
             def start_one(i: int, port: int) -> None:
                 start_instances(sup, run_dir, checkpoint, 1, cfg.generation.threads, tolerate_exit=tolerate,
                                 relays=relays, first=i, base_port=port - i)

@@ -125,16 +125,32 @@ class TrainerConfig(StrictModel):
         1, ge=1, le=64,
         description="Data-parallel trainer processes (FSDP2; gloo on CPU, NCCL on CUDA); rank 0 reads the stream.",
     )
+    learner: Literal["auto", "process", "inline"] = Field(
+        "auto",
+        description="Where the learner runs: process (a child of the trainer process, apart from the rollout "
+        "orchestrator: a killed learner is replaced and replays the steps since its last recovery checkpoint, "
+        "losing no trajectory), inline (in the trainer process), auto (process with one rank on the CPU, "
+        "inline otherwise: a child learner on a GPU is not verified yet).",
+    )
     backend: Literal["torch", "megatron"] = Field(
         "torch",
         description="What trains the policy (services.trainer.backends): torch (the Hugging Face model, FSDP2 when "
         "ranks > 1) or megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names).",
     )
 
+    def learner_in_process(self) -> bool:
+        """Whether the learner runs in a process of its own (``learner``, ``auto`` resolved)."""
+        if self.learner == "auto":
+            return self.ranks == 1 and self.device == "cpu"
+        return self.learner == "process"
+
     @model_validator(mode="after")
     def _parallel_supported(self) -> TrainerConfig:
         if self.ranks > 1 and self.algorithm.name == "ppo":
             raise ValueError("trainer.ranks > 1 trains grpo today: PPO's critic is not sharded yet")
+        if self.ranks > 1 and self.learner == "process":
+            raise ValueError("trainer.learner process needs trainer.ranks 1: the data-parallel ranks are the "
+                             "launcher's processes, led by rank 0 through their process group")
         if self.ranks > 1 and self.backend == "megatron":
             raise ValueError("trainer.backend megatron trains one rank today (its data parallelism is not wired up)")
         return self

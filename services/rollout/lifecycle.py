@@ -129,6 +129,8 @@ class GroupLifecycle:
     def run(self, iterations: int, progress: Callable[[int, dict], None] | None = None) -> None:
         """Iterations ``version .. iterations - 1`` (a resumed runtime starts at its checkpoint's)."""
         first = self.rt.version
+        if hasattr(self.rt.learner, "probe"):  # a learner process: what its death puts at risk (nothing is lost)
+            self.rt.learner.probe = self.at_risk
         thread = threading.Thread(target=self._orchestrate, args=(first, iterations), name="rollout", daemon=True)
         thread.start()
         try:
@@ -139,6 +141,11 @@ class GroupLifecycle:
         if thread.is_alive():
             raise RuntimeError("the rollout orchestrator did not stop within 120 s of the last step")
         self.rt.publisher.wait(self.rt.version)
+
+    def at_risk(self) -> dict:
+        """The groups the orchestrator holds now (read from the learner's thread: counts only)."""
+        tracked, buffered = self.mgr.tracked_count(), len(self.experience)
+        return {"tracked_groups": tracked, "buffered_groups": buffered, "in_flight_groups": tracked - buffered}
 
     def _orchestrate(self, first: int, iterations: int) -> None:
         try:

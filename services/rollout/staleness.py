@@ -153,6 +153,10 @@ class StalenessManager:
         self.entry(key)
         return self._where[key][0]
 
+    def tracked_count(self) -> int:
+        """How many groups are reserved or occupied (safe to read from another thread)."""
+        return len(self._where)
+
     def tracked(self) -> dict[str, Entry]:
         return {k: self.entry(k) for k in self._where}
 

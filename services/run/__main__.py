@@ -67,6 +67,20 @@ def follow_leader(cfg, model: str, ctx) -> NoReturn:
     shutdown(0)
 
 
+def start_learner(cfg, model: str, run_dir: Path):
+    """The learner's own process (``trainer.learner``), forked now, before this process has a
+    thread; each replacement of a dead one is logged to ``learner-restarts.jsonl``."""
+    from dataclasses import asdict
+
+    from services.run.learner_process import LearnerProcess
+
+    def revived(revival) -> None:
+        with (run_dir / "learner-restarts.jsonl").open("a") as f:
+            f.write(json.dumps(asdict(revival)) + "\n")
+
+    return LearnerProcess(cfg, model, run_dir, cfg.trainer.recovery.max_restarts, on_revive=revived)
+
+
 def warmstart_eval(trainer, run_dir: Path, resumed: bool):
     """The warm start's evaluation: run once (kept in ``recovery/warmstart_eval.json``), read back
     by a resumed trainer, whose policy is no longer the warm start."""
@@ -140,13 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     if parallel is not None and not parallel.leader:
         return follow_leader(cfg, ns.model, parallel)
 
+    run_dir = Path(ns.run_dir)
+    learner = start_learner(cfg, ns.model, run_dir) if cfg.trainer.learner_in_process() else None
+
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
     from services.rollout.rewards import failures_logged
     from services.run.loop import RLTrainer
     from services.run.resume import recovery_summary
 
-    run_dir = Path(ns.run_dir)
     clients = [
         GenerationClient(a, max_message_mb=cfg.generation.max_message_mb, tls=sgs_tls) for a in ns.sgs.split(",") if a
     ]
@@ -163,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     policy = load_policy(ns.model, cfg.model.chat_template)
     rewards = None if cfg.agentic.enabled else single_turn_rewards(cfg, ns.reward_membership, run_dir)
-    trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel, rewards=rewards)
+    trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel, rewards=rewards,
+                        learner=learner)
     trainer.model_dir = ns.model
     trainer.connect = lambda a: GenerationClient(a, max_message_mb=cfg.generation.max_message_mb, tls=sgs_tls)
     envs = [a for a in ns.env_workers.split(",") if a]
@@ -191,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
     trainer.write_timeline()
     trainer.publisher.close()
-    if parallel is not None:
-        trainer.learner.close()  # the followers stop following and wait in shutdown()
+    if parallel is not None or learner is not None:
+        trainer.learner.close()  # the learner process ends; data parallel: the followers stop following
     samples = (cfg.trainer.iterations - first) * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     summary = {
         "mode": cfg.trainer.mode,

@@ -61,15 +61,18 @@ class Published:
 class TrainerRuntime:
     def __init__(
         self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None,
-        parallel: ParallelContext | None = None, rewards: ServiceRewards | None = None,
+        parallel: ParallelContext | None = None, rewards: ServiceRewards | None = None, learner=None,
     ) -> None:
+        """``learner``: one running elsewhere (``services.run.learner_process``); default, one in this process."""
         tc = cfg.trainer
         torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
         self.cfg = cfg
         self.policy = policy
-        learner = Learner(cfg, policy, parallel)  # rank 0 of a data-parallel trainer leads the others
-        self.learner = learner if parallel is None else Leader(learner, parallel)
+        if learner is None:
+            learner = Learner(cfg, policy, parallel)  # rank 0 of a data-parallel trainer leads the others
+            learner = learner if parallel is None else Leader(learner, parallel)
+        self.learner = learner
         self.clients = clients
         self.run_dir = run_dir
         self.version = 0
@@ -230,6 +233,7 @@ class TrainerRuntime:
             "staleness_mean": sum(acc.staleness) / len(acc.staleness),
             "staleness_max": max(acc.staleness),
             "push_stall_s": stall,
+            "learner_restarts": len(getattr(self.learner, "revivals", ())),  # a learner process replaced
             "t_start": t_start,
             "t_end": t_end,
             **(extra or {}),

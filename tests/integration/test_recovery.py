@@ -17,10 +17,16 @@ from tests.conftest import FAST_ENGINE, ROOT
 from tests.integration.datasets import dataset_overrides, write_rows
 
 
+def _learner_pid(run_dir) -> int | None:
+    path = run_dir / "learner.pid"
+    return int(path.read_text()) if path.exists() else None
+
+
 def _trainer(run_dir) -> psutil.Process | None:
+    """The trainer process (not its learner process, a fork of it with the same command line)."""
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd[1:3] == ["-m", "services.run"] and str(run_dir) in " ".join(cmd):
+        if cmd[1:3] == ["-m", "services.run"] and str(run_dir) in " ".join(cmd) and proc.pid != _learner_pid(run_dir):
             return proc
     return None
 
@@ -129,3 +135,58 @@ def test_agentic_trainer_killed_mid_run_resumes_and_consumes_every_group_once(tm
     ], iterations=6, every=3)  # every=3: the kill window is three steps (v4 to v6; a trajectory wave can end two at once)
     assert kill.rolled_back > 0
     assert all(r["trajectories"] == 8 and r["bound_violations"] == 0 for r in rows)
+
+
+class KillLearnerBetweenCheckpoints:
+    """on_poll hook: once a metrics row exists past the newest recovery checkpoint (and no newer
+    one is due with it), kill -9 the learner process: the steps since the checkpoint are lost
+    with it, and must be replayed."""
+
+    def __init__(self, run_dir, every: int) -> None:
+        self.run_dir, self.every = run_dir, every
+        self.killed_at: float | None = None
+
+    def _between(self) -> bool:
+        found = recovery.newest(recovery.recovery_dir(self.run_dir))
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        version = json.loads(lines[-1])["weight_version"] if lines else 0
+        return found is not None and version > found.version and version % self.every != 0
+
+    def __call__(self) -> None:
+        if self.killed_at is not None or not self._between():
+            return
+        proc = psutil.Process(_learner_pid(self.run_dir))
+        proc.suspend()
+        if not self._between():
+            proc.resume()
+            return
+        proc.kill()
+        self.killed_at = time.time()
+
+
+def test_a_killed_learner_loses_no_trajectory(tmp_path, tiny_checkpoint):
+    """The learner runs in a process of its own: killed between two checkpoints, it is replaced,
+    replays the steps since the newest, and the orchestrator (which went on routing and
+    collecting) loses nothing: one attempt in the ledger, nothing rolled back or regenerated."""
+    iterations, every = 6, 3
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
+        FAST_ENGINE, f"trainer.iterations={iterations}", f"trainer.recovery.every={every}", "eval.prompts=8",
+        "trainer.mode=bounded", "generation.instances=2", "trainer.eta=1", "generation.step_delay_ms=[0, 30]",
+        "trainer.partial_rollout=true",
+    ])
+    write_config(cfg, tmp_path / "config.json")
+    (tmp_path / "metrics.jsonl").write_text("")
+    kill = KillLearnerBetweenCheckpoints(tmp_path, every)
+    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint), on_poll=kill, poll_s=0.1).read_text())
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kill.killed_at is not None, "the learner was not killed"
+    assert summary["restarts"] == 0 and summary["final_weight_version"] == iterations
+    assert [r["weight_version"] for r in rows] == list(range(1, iterations + 1))
+    report = check_ledger(tmp_path / "ledger.jsonl", iterations=iterations, groups_per_step=cfg.trainer.prompts_per_iteration)
+    assert report.ok and report.attempts == 1 and report.rolled_back_groups == 0, report.to_json()
+    assert report.consumed_samples == iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    (revival,) = [json.loads(x) for x in (tmp_path / "learner-restarts.jsonl").read_text().splitlines()]
+    assert revival["replayed_steps"] >= 1 and revival["died_at"] >= kill.killed_at - 1
+    assert revival["rollout"]["tracked_groups"] >= 0
+    assert rows[-1]["learner_restarts"] == 1 and not rows[-1].get("regenerated_after_restart")
+    assert all(r["bound_violations"] == 0 and r["samples"] == 16 for r in rows)

@@ -13,6 +13,7 @@ import pytest
 
 from services.common.types import GenerateParams, PromptSpec
 from tests.conftest import FAST_ENGINE, ROOT, SGSProcess, spawn_service, start_sgs, stop_sgs
+from tests.integration.runs import kill_instance_after_first_step
 
 OVERRIDES = [
     FAST_ENGINE, "generation.max_new_tokens=120", "generation.max_inflight=2", "generation.forced_lengths=true",
@@ -261,7 +262,9 @@ def test_lost_instance_is_reported_as_unavailable(stack):
 def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy, transport):
     """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights
     reach the instances through the router either way: each pulls from its relay (relay), or
-    the router forwards the trainer's stream (direct)."""
+    the router forwards the trainer's stream (direct). In the one-step run an instance is killed
+    after the first step: the launcher starts it again on its port, and the orchestrator, which
+    lost the router meanwhile (its Health fails while an instance is away), readmits it."""
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
     from services.generation.scheduling.models import spec_from_hf_config
@@ -275,9 +278,13 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         f"trainer.mode={mode}", "generation.instances=2", f"generation.dispatch.policy={policy}", "eval.prompts=8",
         f"generation.dispatch.profile={tmp_path / 'profile.json'}", f"weights.transport={transport}",
+        *(["trainer.iterations=5", "generation.step_delay_ms=[10, 10]"] if mode == "one_step" else []),
     ])
     write_config(cfg, tmp_path / "config.json")
-    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint)).read_text())
+    (tmp_path / "metrics.jsonl").write_text("")
+    killed: list[int] = []
+    kill = kill_instance_after_first_step(tmp_path, killed) if mode == "one_step" else None
+    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint), on_poll=kill, poll_s=0.2).read_text())
     assert summary["final_weight_version"] == cfg.trainer.iterations
     events = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
     dispatched = [e for e in events if e["event"] == "dispatch"]
@@ -285,6 +292,7 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     assert {e["instance"] for e in events if e["event"] == "sample"} == {0, 1}
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["samples"] for r in rows] == [cfg.trainer.prompts_per_iteration * cfg.trainer.group_size] * cfg.trainer.iterations
+    assert rows[-1].get("instances_readmitted", 0) == len(killed) == (mode == "one_step"), (killed, rows[-1])
     # versions each instance pulled from its relay, in order (the newest-version sender may skip
     # versions an instance was too busy to take: only the newest matters)
     pulled = [[int(v) for v in re.findall(r"pulled and staged weight version (\d+) from relay", (tmp_path / f"sgs-{i}.log").read_text())]

@@ -6,9 +6,13 @@ from bench.chaos import passed, summarize
 from bench.chaos_run import RunResult, recovery_seconds, staleness_violations
 
 
-def _run(name, faults, recovery=None, completed=True, lost=0, dup=0, violations=0, weights_ok=True):
+def _run(name, faults, recovery=None, completed=True, lost=0, dup=0, violations=0, weights_ok=True, config="bounded",
+         readmitted=None, trajectories_lost=0, revivals=None):
+    readmitted = int("kill:sgs" in faults) if readmitted is None else readmitted
+    revivals = [{"replayed_steps": 1}] if revivals is None and "kill:learner" in faults else revivals or []
     return RunResult(name, completed=completed, faults=faults, recovery_s=recovery, samples_lost=lost,
-                     duplicates=dup, violations=violations, weights={"ok": weights_ok})
+                     duplicates=dup, violations=violations, weights={"ok": weights_ok}, config=config,
+                     instances_readmitted=readmitted, trajectories_lost=trajectories_lost, learner_revivals=revivals)
 
 
 def test_summary_counts_faults_and_groups_recovery_by_component_and_pair():
@@ -33,6 +37,24 @@ def test_any_loss_duplicate_violation_mismatch_or_failed_run_fails_the_suite():
         assert not passed(summarize([*base, bad])), bad
     flaky = {**summarize(base), "flaky_test": {"runs": 20, "passed": 19}}
     assert not passed(flaky)
+
+
+def test_trajectory_totals_part_the_learner_from_the_whole_trainer_process_and_readmissions_by_mode():
+    s = summarize([
+        _run("l", ["kill:learner"]), _run("ls", ["kill:sgs", "kill:learner"], config="sync"),
+        _run("t", ["kill:trainer"], trajectories_lost=24), _run("s", ["kill:sgs"], config="agentic", readmitted=2),
+    ])
+    assert s["trajectories_lost_on_trainer_kill"] == 0 and s["trajectories_lost_on_trainer_process_kill"] == 24
+    assert [k["scenario"] for k in s["learner_kills"]] == ["l", "ls"]
+    assert s["instances_readmitted"] == {"sync": 1, "agentic": 2}
+    assert passed(s)  # a whole-process kill may roll back; the learner's may not
+
+
+def test_a_lost_trajectory_a_missing_readmission_or_an_unreplayed_learner_kill_fails_the_suite():
+    base = [_run("a", ["kill:sgs"], 1.0)]
+    for bad in (_run("x", ["kill:learner"], trajectories_lost=8), _run("x", ["kill:sgs"], config="sync", readmitted=0),
+                _run("x", ["kill:learner"], revivals=[{"replayed_steps": 0}])):
+        assert not passed(summarize([*base, bad])), bad
 
 
 def test_recovery_is_measured_to_the_first_step_finished_after_the_fault():

@@ -142,3 +142,13 @@ def test_every_mode_takes_the_orchestrators_features(mode):
 def test_interrupting_features_need_the_instances_not_the_router(feature):
     with pytest.raises(ConfigError, match="the SGS router does not do"):
         load_config(None, ["generation.instances=2", "generation.dispatch.router='on'", feature])
+
+
+def test_the_learner_runs_in_its_own_process_with_one_rank_on_the_cpu():
+    def where(**trainer) -> bool:
+        return RunConfig.model_validate({"trainer": trainer}).trainer.learner_in_process()
+
+    assert where() and where(learner="process", device="cuda")
+    assert not where(device="cuda") and not where(ranks=2) and not where(learner="inline")
+    with pytest.raises(ValueError, match=r"trainer\.learner process needs trainer\.ranks 1"):
+        where(learner="process", ranks=2)

@@ -187,6 +187,7 @@ def weights_check(sup, run_dir: Path, fronted: dict[str, str]) -> dict:
     rows = _rows(run_dir)
     # by the address the trainer dials (the orchestrator reports instances_alive): instances it lost for good are left out
     alive = rows[-1].get("instances_alive") if rows else None
+    routed = (run_dir / "router.port").exists()
     relays = {}
     for name in sorted(n for n in live if n.startswith("relay-")):
         client = RelayClient(f"127.0.0.1:{(run_dir / f'{name}.port').read_text().split()[0]}")
@@ -197,8 +198,8 @@ def weights_check(sup, run_dir: Path, fronted: dict[str, str]) -> dict:
     versions = {}
     for name in sorted(n for n in live if n.startswith("sgs-")):
         address = f"127.0.0.1:{(run_dir / f'{name}.port').read_text().strip()}"
-        key = fronted.get(address, address)  # behind the router the trainer knows the router only: check them all
-        if alive is not None and key in alive and not alive[key]:
+        # behind the router the trainer knows the router only: every live instance is checked
+        if alive is not None and not alive.get(fronted.get(address, address), routed):
             continue
         client = GenerationClient(address)
         try:

@@ -114,18 +114,28 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     return run_dir / "summary.json"
 
 
-def _trainer_starter(sup: Supervisor, cfg, args: list[str], fronts: list[tuple[str, str | None]]):
-    """``start(attempt, died_at)`` for ``supervise_trainer``: the trainer with ``args``, the SGS
-    addresses of ``fronts`` (address, its instance's service name or None) whose process runs now
-    (a restarted instance's new one counts; one given up for good stays out), and on a restart its
-    attempt and when the last one died."""
+def dialled(sup: Supervisor, fronts: list[tuple[str, str | None]]) -> list[str]:
+    """The addresses of ``fronts`` a (re)started trainer dials: those whose instance runs, or is
+    dead but about to be started again on its port by the supervisor (the trainer waits for it)."""
 
     def running(name: str | None) -> bool:
         svc = next((s for s in reversed(sup.services) if s.name == name), None)
-        return name is None or (svc is not None and svc.proc.poll() is None)
+        if name is None or (svc is not None and svc.proc.poll() is None):
+            return True
+        return svc is not None and svc.restart is not None and sup.restarts.get(name, 0) < sup.max_restarts
+
+    return [a for a, name in fronts if running(name)]
+
+
+def _trainer_starter(sup: Supervisor, cfg, args: list[str], fronts: list[tuple[str, str | None]]):
+    """``start(attempt, died_at)`` for ``supervise_trainer``: the trainer with ``args``, the SGS
+    addresses of ``fronts`` (address, its instance's service name or None) whose process runs now
+    or will run again (a restarted instance's new one counts, and so does a dead one the supervisor
+    is about to start again on its port: the trainer waits for it; one given up for good stays
+    out), and on a restart its attempt and when the last one died."""
 
     def start(attempt: int, died_at: float | None) -> Service:
-        live = [a for a, name in fronts if running(name)]
+        live = dialled(sup, fronts)
         restart = ["--attempt", str(attempt), "--died-at", repr(died_at)] if attempt else []
         return start_trainer(sup, cfg, [*args, "--sgs", ",".join(live), *restart])
 

@@ -109,7 +109,8 @@ class Supervisor:
         ignore = [*(ignore or ()), *self._ignoring]  # a restart's own waiting checks what its caller checks
         for svc in list(self.services):
             code = svc.proc.poll()
-            if code is None or svc in self.lost or svc in ignore:
+            # gone from the list meanwhile: a restart's own wait (a nested check) already restarted it
+            if code is None or svc in self.lost or svc in ignore or svc not in self.services:
                 continue
             if svc.restart is not None and self.restarts.get(svc.name, 0) < self.max_restarts:
                 self._ignoring = ignore

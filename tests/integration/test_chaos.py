@@ -5,11 +5,14 @@ consumes every sample once, within the bound, with the same weights everywhere."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from bench.chaos_run import Scenario, run_scenario
-from flows.processes import ServiceDied, Supervisor, start_relay
+from flows.launcher import dialled
+from flows.processes import Service, ServiceDied, Supervisor, start_relay
 from services.weights.client import RelayClient
 from tests.conftest import ROOT
 
@@ -35,6 +38,46 @@ def test_a_dead_relay_is_started_again_on_its_port_until_the_limit(tmp_path):
             sup.check()
     finally:
         sup.stop_all()
+
+
+def test_two_servers_dead_at_once_are_each_started_again_once(tmp_path):
+    """The first restart waits for its server, checking the others meanwhile (a nested check
+    restarts the second); the outer check must not restart the second's dead process again."""
+    sup = Supervisor(tmp_path, max_restarts=3)
+    try:
+        for name in ("relay-0", "relay-1"):
+            start_relay(sup, tmp_path, name, keep=2, shm=False, max_message_mb=16)
+        for svc in list(sup.services):
+            svc.proc.kill()
+            svc.proc.wait()
+        sup.check()
+        records = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
+        assert sorted(r["service"] for r in records) == ["relay-0", "relay-1"] and sup.restarts == {"relay-0": 1, "relay-1": 1}
+        assert all(svc.proc.poll() is None for svc in sup.services) and len(sup.services) == 2
+    finally:
+        sup.stop_all()
+
+
+def test_a_restarted_trainer_dials_the_instances_that_run_or_are_about_to_run_again(tmp_path):
+    """An instance killed with the trainer is restarted on its port after the trainer is: the new
+    trainer must dial it too (it waits for it), or the instance would serve nobody."""
+    sup = Supervisor(tmp_path, max_restarts=1)
+    procs = {name: subprocess.Popen([sys.executable, "-c", code]) for name, code in
+             (("sgs-0", "import time; time.sleep(60)"), ("sgs-1", "pass"), ("sgs-2", "pass"))}
+    try:
+        procs["sgs-1"].wait()
+        procs["sgs-2"].wait()
+        for name, proc in procs.items():
+            sup.services.append(Service(name, proc, tmp_path / f"{name}.log"))
+        sup.services[1].restart = lambda: None  # sgs-1: the supervisor starts it again; sgs-2: lost for good
+        fronts = [(f"127.0.0.1:{9000 + i}", f"sgs-{i}") for i in range(3)]
+        assert dialled(sup, fronts) == ["127.0.0.1:9000", "127.0.0.1:9001"]
+        sup.restarts["sgs-1"] = 1  # its restarts are used up: it stays dead
+        assert dialled(sup, fronts) == ["127.0.0.1:9000"]
+        assert dialled(sup, [("127.0.0.1:9999", None)]) == ["127.0.0.1:9999"]  # the router
+    finally:
+        procs["sgs-0"].kill()
+        procs["sgs-0"].wait()
 
 
 def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_checkpoint):

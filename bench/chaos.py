@@ -4,9 +4,10 @@ Each scenario is one real run (tiny model built from ``--config``'s model sectio
 for a bounded time, real SGS / relay / router / trainer processes on loopback) with faults
 injected once it has taken two steps (``bench/chaos_run.py``):
 
-- **kill -9**, one at a time: an SGS instance, a weight relay, the master relay, the router, the
-  trainer (the rollout coordinator runs inside the trainer: killing it kills the coordinator);
-  and in pairs, at the same moment;
+- **kill -9**, one at a time: an SGS instance (in every mode's configuration), a weight relay, the
+  master relay, the router, the trainer process (the rollout orchestrator runs inside it: killing
+  it rolls back to the checkpoint), the learner process alone (between two checkpoints: it must
+  cost no trajectory); and in pairs, at the same moment;
 - **network faults** on the trainer's link to SGS instance 0 through a fault-injecting proxy:
   delay with jitter for the whole run, a 3 s partition (held bytes, then healed), a reset of
   every connection.

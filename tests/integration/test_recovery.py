@@ -69,16 +69,21 @@ class KillAfterCheckpoint:
         self.killed_at, self.rolled_back = time.time(), rolled_back
 
 
+def _launch(tmp_path, checkpoint, cfg, kill) -> tuple[dict, list[dict]]:
+    """Run ``cfg`` with the ``kill`` hook polled; (summary, metrics rows)."""
+    write_config(cfg, tmp_path / "config.json")
+    (tmp_path / "metrics.jsonl").write_text("")
+    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=kill, poll_s=0.1).read_text())
+    return summary, [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
 def _run(tmp_path, checkpoint, overrides, iterations: int, every: int, late: int | None = None):
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [
         FAST_ENGINE, f"trainer.iterations={iterations}", f"trainer.recovery.every={every}", "trainer.recovery.keep=2",
         "trainer.recovery.max_restarts=1", "eval.prompts=8", *overrides,
     ])
-    write_config(cfg, tmp_path / "config.json")
-    (tmp_path / "metrics.jsonl").write_text("")
     kill = KillAfterCheckpoint(tmp_path, late)
-    summary = json.loads(run_processes(tmp_path, str(checkpoint), on_poll=kill, poll_s=0.1).read_text())
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    summary, rows = _launch(tmp_path, checkpoint, cfg, kill)
     assert kill.killed_at is not None, "the trainer was not killed"
     assert summary["restarts"] == 1 and summary["final_weight_version"] == iterations
     assert [r["iteration"] for r in rows] == list(range(iterations))
@@ -174,11 +179,8 @@ def test_a_killed_learner_loses_no_trajectory(tmp_path, tiny_checkpoint):
         "trainer.mode=bounded", "generation.instances=2", "trainer.eta=1", "generation.step_delay_ms=[0, 30]",
         "trainer.partial_rollout=true",
     ])
-    write_config(cfg, tmp_path / "config.json")
-    (tmp_path / "metrics.jsonl").write_text("")
     kill = KillLearnerBetweenCheckpoints(tmp_path, every)
-    summary = json.loads(run_processes(tmp_path, str(tiny_checkpoint), on_poll=kill, poll_s=0.1).read_text())
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    summary, rows = _launch(tmp_path, tiny_checkpoint, cfg, kill)
     assert kill.killed_at is not None, "the learner was not killed"
     assert summary["restarts"] == 0 and summary["final_weight_version"] == iterations
     assert [r["weight_version"] for r in rows] == list(range(1, iterations + 1))

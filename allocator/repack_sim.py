@@ -3,8 +3,8 @@
 The live bounded runner (``services.rollout.orchestrator``) observes SGS instances, asks pure
 policies, acts. This model replaces the instances and the learner with simulated ones and
 asks **the same policy objects**: ``StalenessManager`` (reserve / occupy / consume),
-``routing.pick_instance`` and ``routing.instances_to_sync`` (``idle_only`` when repack is
-on, as the runner), and ``RepackCoordinator`` (ramp-down + ``best_fit``) with the simulated
+``routing.pick_instance`` and ``routing.instances_to_sync`` (``pull_on_completion``, as the
+runner), and ``RepackCoordinator`` (ramp-down + ``best_fit``) with the simulated
 clock injected. No I/O, no wall clock; a run is a function of its inputs.
 
 What is modelled (``docs/coordination.md``, section "Simulator"):
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from services.generation.scheduling.cost import StepCost
 from services.rollout.repack_policy import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
-from services.rollout.routing import InstanceView, instances_to_sync, pick_instance
+from services.rollout.routing import InstanceView, instances_to_sync, pick_instance, pull_on_completion
 from services.rollout.staleness import StalenessManager
 from services.tasks.arith import ProblemSampler, demonstration
 
@@ -257,7 +257,7 @@ class _Sim:
                 for i in self.insts]
 
     def _sync(self) -> None:
-        idle_only = self.cfg.repack
+        idle_only = pull_on_completion(partial_rollout=False)  # the model has no partial rollout
         for i in instances_to_sync(self._views(), self.latest, self.mgr.can_reserve, idle_only):
             inst = self.insts[i]
             inst.offered = inst.pending = self.latest

@@ -336,11 +336,10 @@ class RunConfig(StrictModel):
     @property
     def uses_router(self) -> bool:
         """Whether the run puts the SGS router in front of its instances (``generation.dispatch.router``):
-        auto = when instances join and leave (scale-out), or several serve a lock-step mode."""
+        auto = when instances join and leave (scale-out); otherwise the orchestrator dials every
+        instance itself, in every mode, so each instance takes a new version on its own."""
         mode = self.generation.dispatch.router
-        if mode == "auto" and self.scaleout.enabled:
-            return True
-        return mode == "on" or (mode == "auto" and self.generation.instances > 1 and self.trainer.mode != "bounded")
+        return mode == "on" or (mode == "auto" and self.scaleout.enabled)
 
     @model_validator(mode="after")
     def _router_mode(self) -> RunConfig:

@@ -61,7 +61,7 @@ from services.rollout.modes import instance_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
-from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync
+from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync, pull_on_completion
 from services.rollout.staleness import ConsumeResult
 from services.run.runtime import Published, TrainerRuntime
 from services.tasks.source import TaskItem
@@ -187,7 +187,7 @@ class Orchestrator(GroupLifecycle):
             if self.alive[i] and pusher.error is not None:  # would wait forever for its offered version
                 self._lose_instance(i, f"weight push failed: {pusher.error}")
         version, state = self.latest
-        idle_only = self.repack.enabled and not self.tc.partial_rollout
+        idle_only = pull_on_completion(self.tc.partial_rollout)
         for i in instances_to_sync(self.router.views(), version, self.mgr.can_reserve, idle_only):
             try:
                 self.pushers[i].offer(version, state)

@@ -14,9 +14,13 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
   when it can no longer start trajectories at its version (the bound forbids it) or when it
   is idle. Each sync costs a drain (or, with partial rollout, an interrupt and re-prefill), so
   syncing only when needed keeps instances busy; the bound keeps the data fresh enough.
-  With ``idle_only`` (repack on, no partial rollout) an instance takes new weights only when
-  idle, as Laminar's rollouts pull on completion: a staged version would pause admission and
-  block the migrated tails a repack sends there; the repack is what frees a blocked instance.
+  Without partial rollout (``pull_on_completion``) an instance takes new weights only when
+  idle, as Laminar's rollouts pull on completion: a staged version pauses admission, so staging
+  it while the instance still runs a tail makes the instance look ready at the new version and
+  draws the next step's groups into its queue, behind the drain; left at its version, it gets
+  none of them while another instance that has drained takes them (in one-step runs the instances
+  take turns: one starts step k+1 while the other finishes step k's tail), and a repack's
+  migrated tails are not blocked there either. The repack is what frees a blocked instance.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ def pick_instance(
     if best is not None and sticky is not None and sticky.inflight <= best.inflight + slack:
         return sticky
     return best
+
+
+def pull_on_completion(partial_rollout: bool) -> bool:
+    """Whether instances take new weights only when idle (``instances_to_sync(idle_only=...)``):
+    always, unless partial rollout interrupts running trajectories to install them at once."""
+    return not partial_rollout
 
 
 def instances_to_sync(

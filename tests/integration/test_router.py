@@ -276,7 +276,8 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     profile = profile.model_copy(update={"model": ProfileModel(name="smoke", fingerprint=smoke.fingerprint())})
     save_profile(profile, tmp_path / "profile.json")
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
-        f"trainer.mode={mode}", "generation.instances=2", f"generation.dispatch.policy={policy}", "eval.prompts=8",
+        f"trainer.mode={mode}", "generation.instances=2", "generation.dispatch.router='on'",
+        f"generation.dispatch.policy={policy}", "eval.prompts=8",
         f"generation.dispatch.profile={tmp_path / 'profile.json'}", f"weights.transport={transport}",
         *(["trainer.iterations=5", "generation.step_delay_ms=[10, 10]"] if mode == "one_step" else []),
     ])

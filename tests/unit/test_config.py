@@ -138,6 +138,14 @@ def test_every_mode_takes_the_orchestrators_features(mode):
     assert cfg.trainer.partial_rollout and cfg.trainer.repack.enabled and not cfg.uses_router
 
 
+@pytest.mark.parametrize("mode", ["sequential", "sync", "one_step", "bounded"])
+def test_the_router_runs_by_default_only_when_instances_join_and_leave(mode):
+    """auto: the orchestrator dials every instance itself in every mode; the router fronts a scale-out."""
+    assert not load_config(None, [f"trainer.mode={mode}", "generation.instances=2"]).uses_router
+    assert load_config(None, [f"trainer.mode={mode}", "generation.instances=2", "scaleout.enabled=true",
+                              "scaleout.max_instances=2"]).uses_router
+
+
 @pytest.mark.parametrize("feature", ["trainer.partial_rollout=true", "trainer.repack.enabled=true"])
 def test_interrupting_features_need_the_instances_not_the_router(feature):
     with pytest.raises(ConfigError, match="the SGS router does not do"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.rollout.routing import InstanceView, check_routable, instances_to_sync, pick_instance
+from services.rollout.routing import InstanceView, check_routable, instances_to_sync, pick_instance, pull_on_completion
 from services.rollout.staleness import StalenessManager
 
 
@@ -41,7 +41,9 @@ def test_lazy_sync_only_when_blocked_or_idle():
     assert instances_to_sync(inst, 1, m.can_reserve) == [1]  # busy instance 0 keeps its version
     m.reserve("b", 0)  # buffer 1 full for version 0
     assert instances_to_sync(inst, 1, m.can_reserve) == [0, 1]
-    assert instances_to_sync(inst, 1, m.can_reserve, idle_only=True) == [1]  # repack: blocked 0 waits to be freed
+    # pulled on completion (every run without partial rollout): blocked 0 drains at its version first
+    assert instances_to_sync(inst, 1, m.can_reserve, idle_only=pull_on_completion(False)) == [1]
+    assert instances_to_sync(inst, 1, m.can_reserve, idle_only=pull_on_completion(True)) == [0, 1]  # interrupts
 
 
 def test_a_preferred_instance_is_kept_within_the_slack():

@@ -11,8 +11,8 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
   among the instances of the trajectory's pool (RollArt's hardware affinity:
   ``services.generation.scheduling.pools.eligible_instances``).
 - ``instances_to_sync``: *lazy* synchronisation. An instance takes the newest weights only
-  when it can no longer start trajectories at its version (the bound forbids it) or when it
-  is idle. Each sync costs a drain (or, with partial rollout, an interrupt and re-prefill), so
+  when it is idle, or — with partial rollout only — as soon as it can no longer start
+  trajectories at its version (the bound forbids it). Each sync costs a drain (or, with partial rollout, an interrupt and re-prefill), so
   syncing only when needed keeps instances busy; the bound keeps the data fresh enough.
   Without partial rollout (``pull_on_completion``) an instance takes new weights only when
   idle, as Laminar's rollouts pull on completion: a staged version pauses admission, so staging

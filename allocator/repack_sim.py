@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from services.generation.scheduling.cost import StepCost
+from services.rollout.modes import instance_capacity
 from services.rollout.repack_policy import InstanceSnapshot, Migrate, RepackCoordinator, RepackSettings
 from services.rollout.routing import InstanceView, instances_to_sync, pick_instance, pull_on_completion
 from services.rollout.staleness import StalenessManager
@@ -81,7 +82,7 @@ class SimConfig:
     eta: int = 2
     prompts_per_iteration: int = 32
     group_size: int = 8
-    max_inflight_groups: int = 16  # per instance, as the runner's capacity
+    max_inflight_groups: int = 0  # per instance (0 = the engine's admission in whole groups), as the orchestrator's
     micro_batch_groups: int = 8
     max_new_tokens: int = 192
     engine_max_seqs: int = 256  # generation.max_inflight
@@ -92,6 +93,11 @@ class SimConfig:
     install_s: float = 0.015  # weight install (engine bench: vLLM load_weights)
     rpc_s: float = 0.005  # a sample's hop from the SGS core to the coordinator
     optimizer_s: float = 0.0  # optimizer step + snapshot after the last backward
+
+    @property
+    def capacity(self) -> int:
+        """Samples in flight per instance: the orchestrator's rule (``modes.instance_capacity``)."""
+        return instance_capacity(self.group_size, self.max_inflight_groups, self.engine_max_seqs)
 
 
 @dataclass
@@ -155,7 +161,7 @@ class _Sim:
         batch = cfg.prompts_per_iteration * cfg.group_size
         self.mgr = StalenessManager(cfg.eta, batch, cfg.group_size)
         self.coord = RepackCoordinator(cfg.settings, clock=lambda: self.t)
-        self.capacity = cfg.max_inflight_groups * cfg.group_size
+        self.capacity = cfg.capacity
         self.latest = 0
         self.busy_until = 0.0  # the coordinator thread is blocked (backward, optimizer step) until then
         self.inbox: list[tuple[float, _Seq, bool]] = []  # (arrival, seq, interrupted)
@@ -409,7 +415,7 @@ class _Sim:
 
 def simulate(cfg: SimConfig, groups: Sequence[GroupSpec], cost: StepCost, train: TrainCost) -> SimResult:
     """Run ``cfg.iterations`` optimizer steps of bounded mode over ``groups`` (enough of them)."""
-    need = (cfg.iterations + cfg.eta + 1) * cfg.prompts_per_iteration + cfg.instances * cfg.max_inflight_groups
+    need = (cfg.iterations + cfg.eta + 1) * cfg.prompts_per_iteration + cfg.instances * cfg.capacity // cfg.group_size
     if len(groups) < need:
         raise ValueError(f"{cfg.iterations} iterations may start up to {need} groups; {len(groups)} given")
     return _Sim(cfg, groups, cost, train).run()

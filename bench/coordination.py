@@ -6,7 +6,7 @@ pipeline) with SGS instances pinned to the generation core and the trainer on th
 one-host emulation of two sites), for each instance count in ``--instances`` (default 2 and 4).
 Two variants, identical but for ``trainer.repack.enabled``:
 
-- ``none``   — lazy weight sync: a blocked instance takes new weights at once and drains its tail;
+- ``none``   — lazy weight sync: a blocked instance drains its tail, then takes new weights (pull on completion);
 - ``repack`` — Health snapshots every ``trainer.repack.interval_s``; ramping-down instances of one
   version are consolidated by best fit (``services.rollout.repack_policy``), sources freed to pull.
 

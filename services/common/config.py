@@ -354,10 +354,10 @@ class RunConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _bounded_calls_fit(self) -> RunConfig:
+    def _calls_fit(self) -> RunConfig:
         tc = self.trainer
         per_instance = tc.max_inflight_groups * (tc.group_size + tc.redundancy_samples)
-        if tc.mode == "bounded" and per_instance > self.generation.max_inflight:
+        if per_instance > self.generation.max_inflight:
             raise ValueError(
                 f"trainer.max_inflight_groups x (group_size + redundancy_samples) = {per_instance} samples in flight "
                 f"per instance exceeds generation.max_inflight ({self.generation.max_inflight}): every open call "

@@ -82,7 +82,7 @@ class TrainerConfig(StrictModel):
     )
     redundancy_groups: int = Field(0, ge=0, le=100_000, description="Batch-level redundancy: extra groups per buffer (surplus aborted).")
     redundancy_samples: int = Field(0, ge=0, le=1024, description="Group-level redundancy: extra samples per group (surplus aborted).")
-    max_inflight_groups: int = Field(16, ge=1, le=100_000, description="bounded mode: groups in flight per SGS instance (the other modes fill generation.max_inflight).")
+    max_inflight_groups: int = Field(0, ge=0, le=100_000, description="Groups in flight per SGS instance, every mode (0 = fill generation.max_inflight with whole groups).")
     repack: RepackConfig = Field(default_factory=RepackConfig)
     checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

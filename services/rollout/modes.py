@@ -35,12 +35,11 @@ def streams_training(tc: ModeSettings) -> bool:
     return tc.mode != "sequential"
 
 
-def instance_capacity(mode: str, per_group: int, max_inflight_groups: int, engine_max_inflight: int,
-                      behind: int = 1) -> int:
+def instance_capacity(per_group: int, max_inflight_groups: int, engine_max_inflight: int, behind: int = 1) -> int:
     """Samples the orchestrator keeps in flight on one SGS address (``behind`` engine instances
-    when it is a router). ``bounded`` holds ``trainer.max_inflight_groups`` groups per instance
-    (its runs of record were tuned with it); the lock-step modes fill each engine's admission
-    (``generation.max_inflight``) as one request per step used to: the bound, not the
-    capacity, is what limits how far generation runs ahead."""
-    groups = max_inflight_groups if mode == "bounded" else max(1, engine_max_inflight // per_group)
+    when it is a router), the same rule in every mode: the engine's admission
+    (``generation.max_inflight``) in whole groups, or ``trainer.max_inflight_groups`` groups when
+    that is set (> 0). The bound, not the capacity, is what limits how far generation runs ahead:
+    a mode with a looser bound holds no less work in flight than a tighter one."""
+    groups = max_inflight_groups or max(1, engine_max_inflight // per_group)
     return groups * per_group * behind

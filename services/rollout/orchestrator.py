@@ -140,7 +140,7 @@ class Orchestrator(GroupLifecycle):
         self.pushers = trainer.publisher.pushers
         trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
         self.behind = engines_behind(trainer.cfg, len(trainer.clients))
-        self.capacity = instance_capacity(tc.mode, tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
+        self.capacity = instance_capacity(tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
                                           trainer.cfg.generation.max_inflight, self.behind)
         self.launched = [0] * len(self.pushers)  # groups started on each instance (resumes not counted)
         self.groups: dict[str, _GroupState] = {}

@@ -40,11 +40,22 @@ def test_invalid_values_name_field_and_range(override, fragment):
     assert (fragment or "min_steps (9) must be <= max_steps (3)") in str(err.value)
 
 
-def test_bounded_calls_must_fit_the_instance_server_threads():
+@pytest.mark.parametrize("mode", ["sync", "one_step", "bounded"])
+def test_groups_in_flight_must_fit_the_instance_server_threads(mode):
     # every open Generate call holds an SGS server thread (max_inflight + 16 of them)
     with pytest.raises(ConfigError, match=r"= 128 samples in flight per instance exceeds generation.max_inflight \(64\)"):
-        load_config(None, ["trainer.mode=bounded", "generation.max_inflight=64"])
-    assert load_config(None, ["trainer.mode=bounded", "generation.max_inflight=128"]).generation.max_inflight == 128
+        load_config(None, [f"trainer.mode={mode}", "trainer.max_inflight_groups=16", "generation.max_inflight=64"])
+    assert load_config(None, [f"trainer.mode={mode}", "generation.max_inflight=64"]).trainer.max_inflight_groups == 0
+
+
+def test_every_mode_fills_the_engines_admission_unless_capped():
+    """One capacity rule: a looser staleness bound never means less work in flight."""
+    from services.rollout.modes import instance_capacity
+
+    assert instance_capacity(8, 0, 256) == 256 and instance_capacity(8, 0, 260) == 256  # whole groups
+    assert instance_capacity(8, 16, 256) == 128  # trainer.max_inflight_groups caps it
+    assert instance_capacity(8, 0, 4) == 8  # one group at least
+    assert instance_capacity(9, 0, 256, behind=3) == 28 * 9 * 3  # a router in front of 3 engines
 
 
 def test_bad_file_and_bad_override_syntax(tmp_path):

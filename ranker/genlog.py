@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass
@@ -57,17 +58,34 @@ class GenerationLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        try:
-            self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_CREATE)
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        except sqlite3.DatabaseError as err:
-            raise GenerationLogError(f"{self.path}: not a generation log ({err})") from None
+        row = self._open()
         if row is None or int(row[0]) != SCHEMA_VERSION:
             raise GenerationLogError(
                 f"{self.path}: generation log schema {row[0] if row else '?'}, this Braid reads {SCHEMA_VERSION}"
             )
+
+    def _open(self, patience_s: float = 30.0) -> tuple | None:
+        """Connect, switch to WAL, create the tables if new; the schema row. Processes that open one
+        new file at once (every SGS of a run) can be refused "database is locked" without SQLite's
+        busy handler being asked (switching the journal mode, a reader upgrading to writer): such an
+        open is tried again until ``patience_s`` has passed."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            db = None
+            try:
+                db = sqlite3.connect(self.path, timeout=patience_s, check_same_thread=False, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(_CREATE)
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            except sqlite3.DatabaseError as err:
+                if db is not None:
+                    db.close()
+                if isinstance(err, sqlite3.OperationalError) and "locked" in str(err) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise GenerationLogError(f"{self.path}: not a generation log ({err})") from None
+            self._db = db
+            return row
 
     def append(self, records: Iterable[GenRecord]) -> int:
         """Append records in one transaction; returns how many. Rejects a non-positive length."""

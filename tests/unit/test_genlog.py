@@ -50,3 +50,29 @@ def test_several_processes_append_to_one_log(tmp_path):
         assert p.exitcode == 0
     with GenerationLog(path) as log:
         assert log.count() == 150
+
+
+def _open_and_append(path: str, i: int, start) -> str:
+    start.wait()
+    try:
+        with GenerationLog(path) as log:
+            log.append([GenRecord(f"p{i}", "x", 3, 0, i, 1.0)])
+        return "ok"
+    except GenerationLogError as err:
+        return str(err)
+
+
+def test_processes_that_open_one_new_log_at_once_all_get_it(tmp_path):
+    """Every SGS of a run opens the same new file when it starts; switching it to WAL can be refused
+    'database is locked' without SQLite's busy handler being asked (seen in make test: an SGS died)."""
+    ctx = mp.get_context("fork")
+    path = str(tmp_path / "gen.sqlite")
+    for attempt in range(3):  # a fresh file each time: the race is in creating it
+        p = f"{path}.{attempt}"
+        with ctx.Manager() as manager:
+            start = manager.Barrier(6)
+            with ctx.Pool(6) as pool:
+                outcomes = pool.starmap(_open_and_append, [(p, i, start) for i in range(6)])
+        assert outcomes == ["ok"] * 6
+        with GenerationLog(p) as log:
+            assert log.count() == 6

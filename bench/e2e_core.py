@@ -31,6 +31,11 @@ def mode_overrides(mode: str, instances: int) -> list[str]:
     return out
 
 
+def warmstart_overrides(steps: int | None) -> list[str]:
+    """The preset's warm-start SFT steps as a config override (None: the config's own)."""
+    return [f"warmstart.steps={steps}"] if steps is not None else []
+
+
 def repeat_overrides(r: int) -> list[str]:
     """Repeat ``r`` of a mode (0 = the scored run): another sampling seed, same data order."""
     return [f"generation.seed={r}"] if r else []

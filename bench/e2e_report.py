@@ -151,7 +151,24 @@ def convergence_lines(result: dict) -> list[str]:
         lines.append(f"| {name} | {v['mean_accuracy']:.4f} | {v['diff']:+.4f} | "
                      f"[{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] | {v['verdict']} |")
     lines += ["", f"Negative control flagged: **{conv['negative_control_flagged']}** (each control must not pass).", ""]
-    return lines
+    return lines + previous_regime_lines(result)
+
+
+def previous_regime_lines(result: dict) -> list[str]:
+    """The verdicts of the regime this run replaced (kept beside the new ones, ``previous_regime``)."""
+    prev = result.get("previous_regime")
+    if not prev or not prev.get("noninferiority"):
+        return []
+    reg, prov = prev["regime"], prev.get("provenance") or {}
+    steps = reg.get("warmstart_steps") or "the config's own"
+    verdicts = ", ".join(f"{m} {v['verdict']} ({v['diff']:+.4f})" for m, v in prev["noninferiority"].items())
+    return [
+        f"Previous regime (warm start: {steps} SFT steps, {reg.get('iterations')} RL steps; "
+        f"{str(prov.get('commit', '?'))[:7]}, {prov.get('date', '?')}): warm start "
+        f"{prev['warmstart']['accuracy']:.3f}, sync's gain {prev.get('sync_gain_se', float('nan')):.1f} standard "
+        f"errors; {verdicts}.",
+        "",
+    ]
 
 
 def trl_fair_lines(result: dict) -> list[str]:

@@ -36,7 +36,7 @@ for _path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(_path))
 
 from e2e import FULL, QUICK, measure_repeat, run_mode  # noqa: E402
-from e2e_core import mode_overrides, pin_overrides, repeat_overrides  # noqa: E402
+from e2e_core import mode_overrides, pin_overrides, repeat_overrides, warmstart_overrides  # noqa: E402
 
 from bench.report_io import flagged_ratio, provenance, results_dir, set_json_key, spread, write_results  # noqa: E402
 
@@ -195,10 +195,11 @@ def main() -> int:
     from services.policy.warmstart import ensure_warmstart
 
     preset = QUICK if ns.quick else FULL
-    base_cfg = load_config(ns.config)
+    # e2e.py's settings exactly (its warm start included), so these runs repeat its scored runs' workload
+    ws_over = warmstart_overrides(preset["warmstart_steps"])
+    base_cfg = load_config(ns.config, ws_over)
     checkpoint = str(ensure_warmstart(base_cfg).resolve())
-    # e2e.py's settings exactly, so these runs repeat its scored runs' workload
-    base = [f"trainer.iterations={preset['iterations']}", f"trainer.checkpoint_every={preset['checkpoint_every']}",
+    base = [*ws_over, f"trainer.iterations={preset['iterations']}", f"trainer.checkpoint_every={preset['checkpoint_every']}",
             f"eval.prompts={max(preset['eval_prompts'], preset['paired_prompts'])}"]
     work = Path(ns.work) / ("quick" if ns.quick else "full")
     t_start = time.time()

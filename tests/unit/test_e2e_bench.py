@@ -188,3 +188,35 @@ def test_trl_peer_batching_gives_one_step_per_iteration():
     with pytest.raises(ValueError):
         trl_peer.peer_batching(100, 8, 50)
     assert math.isfinite(core.TARGET_FRACTION)
+
+
+def _verdicts(steps, iterations=100, commit="abc1234"):
+    return {"settings": {"warmstart_steps": steps, "iterations": iterations},
+            "warmstart": {"accuracy": 0.3, "stderr": 0.02}, "sync_gain_se": 10.0,
+            "noninferiority": {"one_step": {"diff": -0.006, "verdict": "inconclusive"}},
+            "provenance": {"commit": commit, "date": "2026-11-25"}}
+
+
+def test_a_new_regime_keeps_the_old_verdicts_beside_and_the_same_regime_keeps_the_oldest(tmp_path):
+    import json
+
+    old = tmp_path / "e2e.json"
+    old.write_text(json.dumps(_verdicts(None)))  # written before warmstart_steps was recorded
+    new = _verdicts(275, commit="def5678")
+    e2e.carry_previous_regime(new, old)
+    prev = new["previous_regime"]
+    assert prev["regime"] == {"warmstart_steps": None, "iterations": 100}
+    assert prev["noninferiority"]["one_step"]["verdict"] == "inconclusive"
+    assert prev["provenance"]["commit"] == "abc1234"
+    text = "\n".join(e2e_report.previous_regime_lines(new))
+    assert "the config's own SFT steps" in text and "one_step inconclusive (-0.0060)" in text
+
+    old.write_text(json.dumps(new))  # a re-run of the same regime keeps the oldest verdicts beside
+    again = _verdicts(275, commit="0123abc")
+    e2e.carry_previous_regime(again, old)
+    assert again["previous_regime"]["provenance"]["commit"] == "abc1234"
+
+    old.write_text(json.dumps({"settings": {"warmstart_steps": 275}}))  # a file without verdicts: nothing to keep
+    fresh = _verdicts(275)
+    e2e.carry_previous_regime(fresh, old)
+    assert "previous_regime" not in fresh and e2e_report.previous_regime_lines(fresh) == []

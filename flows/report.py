@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from flows.online_ranker import report_lines
+
 
 def _load(run_dir: Path) -> tuple[list[dict], dict, dict]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -227,6 +229,7 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         "",
         "Accuracy is one sample per prompt at the training temperature (pass@1); the standard error is",
         "binomial, sqrt(p(1-p)/n).",
+        *report_lines(run_dir, rows),
         "",
     ]
     return "\n".join(lines)

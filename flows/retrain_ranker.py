@@ -29,7 +29,7 @@ from pydantic import Field
 
 from services.common.config import StrictModel
 
-KindName = Literal["lightgbm", "transformer", "ensemble", "tfidf_linear", "prompt_length"]
+KindName = Literal["lightgbm", "transformer", "causal_lm", "ensemble", "tfidf_linear", "prompt_length"]
 METRIC_KEYS = ("n", "recall_at_20", "recall_at_10", "recall_at_5", "spearman")
 
 

@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from flows.artifacts import embed_images, metrics_table
 from flows.launcher import run_processes
+from flows.online_ranker import OnlineRetrainer
 from flows.processes import child_env
 from flows.registries import check_run
 from flows.report import write_report
@@ -115,11 +116,19 @@ class _Progress:
 def run_services(run_dir: str, checkpoint: str) -> str:
     """Start the SGS and the trainer as processes, supervise them, return summary.json's path."""
     rd = Path(run_dir)
-    progress = _Progress(rd, load_config(rd / "config.json").trainer.iterations)
+    cfg = load_config(rd / "config.json")
+    progress = _Progress(rd, cfg.trainer.iterations)
+    retrainer = OnlineRetrainer(rd, cfg, checkpoint)  # generation.retrain.every: the ranker learns from this run
+
+    def poll() -> None:
+        progress()
+        retrainer(progress.seen)
+
     try:
-        summary = run_processes(rd, checkpoint, on_poll=progress)
+        summary = run_processes(rd, checkpoint, on_poll=poll)
     finally:
         progress.close()
+        retrainer.close()
     return str(summary)
 
 

@@ -1,3 +1,3 @@
 """Ranker models; importing this package registers every kind (heavy imports stay lazy)."""
 
-from ranker.models import baselines, ensemble, gbm, transformer  # noqa: F401
+from ranker.models import baselines, causal_lm, ensemble, gbm, transformer  # noqa: F401

@@ -24,7 +24,6 @@ local BERT-style checkpoint directory instead (HF_HUB_OFFLINE: nothing is downlo
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from pathlib import Path
@@ -33,6 +32,7 @@ import numpy as np
 
 from ranker.base import Ranker, register
 from ranker.features import TemplateStripper
+from ranker.models.tuning import tune
 
 
 def default_base_path() -> str:
@@ -126,33 +126,17 @@ class TransformerRanker(Ranker):
         cache = []
         ids, batches = self._batches(prompts)
         for idx in batches:  # frozen part once, fp16 in memory
-            h, mask, ext = self._frozen(ids, idx)
+            h, mask, _ = self._frozen(ids, idx)
             cache.append((torch.as_tensor(idx), h.to(torch.float16), mask))
         top, head = self._net["top"], self._net["head"]
-        groups = [{"params": head.parameters(), "lr": self.params["head_lr"]}]
+        groups = [{"params": list(head.parameters()), "lr": self.params["head_lr"]}]
         if len(top):
-            groups.append({"params": top.parameters(), "lr": self.params["lr"]})
-        opt = torch.optim.AdamW(groups, weight_decay=0.01)
-        steps = self.params["epochs"] * len(cache)
-        warm = max(1, steps // 10)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / max(1, steps - warm)))
-        rng = np.random.default_rng(self.params["seed"])
-        top.train()
-        head.train()
-        for _ in range(self.params["epochs"]):
-            for b in rng.permutation(len(cache)):
-                idx, h16, mask = cache[b]
-                ext = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
-                loss = torch.nn.functional.mse_loss(self._top(h16.float(), mask, ext), target[idx])
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(list(top.parameters()) + list(head.parameters()), 1.0)
-                opt.step()
-                sched.step()
-        top.eval()
-        head.eval()
-        self.final_loss = float(loss.detach()) if steps else math.nan
+            groups.append({"params": list(top.parameters()), "lr": self.params["lr"]})
+
+        def predict(h, mask):
+            return self._top(h, mask, (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min)
+
+        self.final_loss = tune(cache, target, predict, groups, [top, head], self.params["epochs"], self.params["seed"])
 
     def _score(self, prompts: list[str]) -> np.ndarray:
         import torch

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_va
 
 from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.pool_config import PoolConfig, check_pools
+from services.common.ranker_config import RetrainConfig
 from services.common.reward_config import RewardConfig
 from services.common.strict import StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
@@ -183,6 +184,7 @@ class GenerationConfig(StrictModel):
         "(ranker.store.RankerWatcher over this directory; None = no estimator).",
     )
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig)
     pools: list[PoolConfig] = Field(
         default_factory=list, max_length=64,
         description="Named instance pools on one kind of hardware each, partitioning 0..instances-1 "
@@ -202,6 +204,13 @@ class GenerationConfig(StrictModel):
     def _delays_fit(self) -> GenerationConfig:
         if len(self.step_delay_ms) > self.instances:
             raise ValueError(f"step_delay_ms has {len(self.step_delay_ms)} entries for {self.instances} instances")
+        return self
+
+    @model_validator(mode="after")
+    def _retrain_has_a_log_and_a_store(self) -> GenerationConfig:
+        if self.retrain.every and not (self.genlog and self.ranker_dir):
+            raise ValueError("generation.retrain.every needs generation.genlog (what it learns from) and "
+                             "generation.ranker_dir (the store it publishes to)")
         return self
 
     @model_validator(mode="after")

@@ -106,17 +106,21 @@ def build_policy(cfg: ModelConfig) -> Policy:
     return Policy(model=model, tokenizer=tok)
 
 
-def load_policy(path: str | Path, chat_template: bool = False) -> Policy:
-    """Load a policy from a local checkpoint directory (never the hub).
+def load_tokenizer(path: str | Path):
+    """A local checkpoint's tokenizer: its ``tokenizer.json`` as written when it has one
+    (``AutoTokenizer`` would rebuild a Qwen2 tokenizer from the vocabulary with Qwen's own
+    pre-tokenizer, ignoring the file's), else ``AutoTokenizer``; never the hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tok_cls = PreTrainedTokenizerFast if (Path(path) / "tokenizer.json").is_file() else AutoTokenizer
+    return tok_cls.from_pretrained(path, local_files_only=True)
 
-    The tokenizer is the directory's ``tokenizer.json`` as written: ``AutoTokenizer`` would rebuild
-    a Qwen2 tokenizer from its vocabulary with Qwen's own pre-tokenizer, ignoring the file's."""
+
+def load_policy(path: str | Path, chat_template: bool = False) -> Policy:
+    """Load a policy from a local checkpoint directory (never the hub; tokenizer: ``load_tokenizer``)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a local HF checkpoint (no config.json)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok_cls = PreTrainedTokenizerFast if (path / "tokenizer.json").is_file() else AutoTokenizer
-    tok = tok_cls.from_pretrained(path, local_files_only=True)
+    tok = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     eos = model.config.eos_token_id
     eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [] if eos is None else [eos])]

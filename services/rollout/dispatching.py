@@ -48,9 +48,10 @@ class NewGroup:
 
 class GroupDispatcher:
     def __init__(self, gen, n: int, estimator: Callable[[], LengthEstimator | None],
-                 spec: InstanceSpec | None = None) -> None:
+                 spec: InstanceSpec | None = None, version: Callable[[], str | None] | None = None) -> None:
         self.cfg, self.dcfg = gen, gen.dispatch
         self.estimator, self.spec = estimator, spec
+        self.version = version  # the estimator's name (a ranker store's live version), for the metrics
         self.work = [0.0] * n  # estimated output tokens outstanding per instance
         self.lengths = LengthWindow(self.dcfg.length_window)
         self.pairs: deque[tuple[float, float]] = deque(maxlen=self.dcfg.length_window)
@@ -107,7 +108,8 @@ class GroupDispatcher:
 
     def metrics(self) -> dict:
         return {"dispatch_policy": self.dcfg.policy, "dispatched_groups": self.placed,
-                "estimated_groups": self.estimated, "estimator_failures": self.failures}
+                "estimated_groups": self.estimated, "estimator_failures": self.failures,
+                **({"ranker_version": self.version()} if self.version is not None else {})}
 
     def plan_round(self, groups: list[NewGroup], first: list[InstanceView], eligible: list[list[int] | None],
                    views: list[InstanceView], capacity: int) -> dict[str, int]:

@@ -122,7 +122,8 @@ def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispa
         from services.generation.router_main import load_spec
 
         spec = load_spec(gen, trainer.model_dir)
-    return GroupDispatcher(gen, n, RankerWatcher(gen.ranker_dir).get, spec)
+    watcher = RankerWatcher(gen.ranker_dir)
+    return GroupDispatcher(gen, n, watcher.get, spec, version=lambda: watcher.name)
 
 
 class Orchestrator(GroupLifecycle):

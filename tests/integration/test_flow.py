@@ -72,11 +72,21 @@ def _check_artifacts() -> None:
 
 
 def test_sync_flow_from_a_local_checkpoint_waits_for_new_weights(prefect_api, tmp_path, tiny_checkpoint):
-    # --model path/: the same pipeline starts from a local HF checkpoint directory
-    _, run_dir = _run(tmp_path, "sync", (f"model.path={tiny_checkpoint}",))
+    # --model path/: the same pipeline starts from a local HF checkpoint directory; the run also logs its
+    # generations and retrains the ranker its orchestrator dispatches with on them (generation.retrain)
+    store = tmp_path / "rankers"
+    _, run_dir = _run(tmp_path, "sync", (f"model.path={tiny_checkpoint}", f"generation.genlog={tmp_path / 'gen.sqlite'}",
+                                         f"generation.ranker_dir={store}", "generation.retrain.every=1",
+                                         "generation.retrain.kind=tfidf_linear", "generation.retrain.min_samples=10",
+                                         "generation.retrain.holdout_fraction=0.25"))
     assert json.loads((run_dir / "config.json").read_text())["model"]["path"] == str(tiny_checkpoint)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(r["staleness_max"] == 0 for r in rows)  # on-policy
+    retrains = [json.loads(x) for x in (run_dir / "ranker_retrains.jsonl").read_text().splitlines()]
+    # due after iteration 1; a poll may first see both rows (the run is that short)
+    assert retrains[0]["iteration"] in (1, 2) and "error" not in retrains[0], retrains
+    assert (store / retrains[0]["published"] / "ranker.json").is_file() and retrains[0]["recall_before"] is None
+    assert "ranker_version" in rows[0] and "## Online ranker retrains" in (run_dir / "report.md").read_text()
     timeline = json.loads((run_dir / "timeline.json").read_text())
     gen, train = _spans(timeline, "generation"), _spans(timeline, "training")
     assert gen[1][0] >= train[0][1]  # iteration 1 generated only after iteration 0's step

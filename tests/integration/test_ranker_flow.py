@@ -23,21 +23,60 @@ MMLU = ROOT.parent / "shared/data/mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz"
 TINY_TRANSFORMER = {"max_tokens": 32, "epochs": 3, "batch_size": 16, "head_lr": 3e-3, "threads": 2}
 
 
-def test_transformer_and_ensemble_round_trip(tmp_path):
+def _fits_and_round_trips(kind: str, params: dict, out: Path):
+    """Fit ``kind`` on 120 fixture rows; it must have learned the fixture's signal and predict the
+    same after save and load. Returns the training and test splits."""
     ds = load_dataset(FIXTURE)
     train, test = ds.subset(range(120)), ds.subset(range(120, 160))
-    model = create("transformer", **TINY_TRANSFORMER).fit(train.prompts, train.lengths, unit="characters")
+    model = create(kind, **params).fit(train.prompts, train.lengths, unit="characters")
     before = model.predict(test.prompts)
-    loaded = load_ranker(model.save(tmp_path / "t"))
-    assert loaded.kind == "transformer" and (tmp_path / "t/transformer.safetensors").is_file()
+    loaded = load_ranker(model.save(out))
+    assert loaded.kind == kind and (out / f"{kind}.safetensors").is_file()
     np.testing.assert_allclose(loaded.predict(test.prompts), before, rtol=1e-5)
-    assert spearman(before, test.lengths) > 0.3  # it learned the fixture's signal
+    assert spearman(before, test.lengths) > 0.3
+    return train, test
+
+
+def test_transformer_and_ensemble_round_trip(tmp_path):
+    train, test = _fits_and_round_trips("transformer", TINY_TRANSFORMER, tmp_path / "t")
 
     ens = create("ensemble", members=["tfidf_linear", "lightgbm"], weights=[1, 2],
                  member_params={"lightgbm": {"max_rounds": 50, "threads": 1}}).fit(train.prompts, train.lengths)
     again = load_ranker(ens.save(tmp_path / "e"))
     assert [m.kind for m in again.models] == ["tfidf_linear", "lightgbm"]
     np.testing.assert_allclose(again.predict(test.prompts), ens.predict(test.prompts), rtol=1e-5)
+
+
+def _tiny_decoder(path: Path, arch: str = "llama") -> Path:
+    """A tiny random decoder with a real word-piece tokenizer (MiniLM's, from its package)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer, GPT2Config, LlamaConfig
+
+    from ranker.models.transformer import default_base_path
+
+    tok = AutoTokenizer.from_pretrained(default_base_path())
+    config = (LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
+                          max_position_embeddings=256) if arch == "llama" else
+              GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=256))
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_causal_lm_ranker_fine_tunes_the_top_of_a_decoder_and_round_trips(tmp_path):
+    params = {"base_path": str(_tiny_decoder(tmp_path / "llama")), "max_tokens": 64, "trainable_layers": 1,
+              "epochs": 4, "batch_size": 16, "lr": 1e-3, "head_lr": 3e-3, "threads": 2}
+    train, _ = _fits_and_round_trips("causal_lm", params, tmp_path / "r")
+    with pytest.raises(ValueError, match="local Hugging Face checkpoint"):
+        create("causal_lm").fit(train.prompts, train.lengths)
+    with pytest.raises(ValueError, match="chat_template is set"):
+        create("causal_lm", **params, chat_template=True).fit(train.prompts, train.lengths)
+    # GPT-2 keeps its blocks elsewhere (h, ln_f): refused by name, not mis-split
+    with pytest.raises(ValueError, match="not a decoder with `layers` and `norm`"):
+        create("causal_lm", **{**params, "base_path": str(_tiny_decoder(tmp_path / "gpt2", "gpt2"))}).fit(
+            train.prompts, train.lengths)
 
 
 def _fill_log(path: Path, rows: list[dict], version: int, scale: float = 1.0) -> None:

@@ -55,3 +55,13 @@ def test_a_failing_estimator_costs_estimates_only_and_finished_samples_feed_the_
     d.finished(0, 30.0, 25)
     d.finished(0, 30.0, 0)  # cancelled: releases its work, adds no length
     assert d.work[0] == 0.0 and len(d.lengths) == 1 and list(d.pairs) == [(30.0, 25.0)]
+
+
+def test_metrics_name_the_ranker_version_the_groups_were_placed_with():
+    gen = load_config(None, []).generation
+    live = {"name": None}
+    d = GroupDispatcher(gen, 2, lambda: Lengths(), version=lambda: live["name"])
+    assert d.metrics()["ranker_version"] is None
+    live["name"] = "r-2"  # the store's watcher swapped rankers
+    assert d.metrics()["ranker_version"] == "r-2"
+    assert "ranker_version" not in _dispatcher(Lengths()).metrics()  # an estimator without versions

@@ -5,10 +5,10 @@ earlier policy's) lengths ranks them worse. With ``generation.retrain.every = N`
 ``rl_training`` flow retrains the ranker on the run's own generation log (``generation.genlog``)
 every N iterations while the run goes on: the ``retrain_ranker`` flow (read the log's newest
 samples, train, compare with the current ranker on the newest held-out prompts, publish into
-``generation.ranker_dir``), called on a thread of its own (with the run's Prefect context copied to it) so the run's supervision
-never waits for it. The orchestrator's ``RankerWatcher`` picks the new version up at its next
-routing round, no restart; each metrics row names the ranker version its groups were placed with
-(``ranker_version``), so the report shows when a swap took effect.
+``generation.ranker_dir``), called on a thread of its own (the run's Prefect context copied to
+it), so the run's supervision never waits for it. The orchestrator's ``RankerWatcher`` picks the
+new version up at its next routing round, no restart; each metrics row names the ranker version
+its groups were placed with (``ranker_version``), so the report shows when a swap took effect.
 
 Every retrain appends one row to ``ranker_retrains.jsonl`` in the run directory — the iteration it
 started at, its data sizes, recall@20% of the current and the new ranker on the same held-out

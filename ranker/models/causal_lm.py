@@ -39,7 +39,7 @@ import numpy as np
 from ranker.base import Ranker, register
 from ranker.models.tuning import tune
 
-SPLIT_TOLERANCE = 1e-3  # max |difference| of the probe's last hidden state, split vs whole
+SPLIT_TOLERANCE = 1e-3  # max |difference| on the probe: the tuned stack's input and output, split vs whole
 
 
 @register("causal_lm")

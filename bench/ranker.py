@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "selection": "best kind by validation recall@20% (ties: Spearman) among lightgbm, transformer, ensemble",
         "estimates_file": "bench/results/ranker_test_estimates.jsonl",
     }
+    previous = json.loads((out / "ranker.json").read_text()) if (out / "ranker.json").is_file() else {}
+    result.update({k: v for k, v in previous.items() if k.startswith("policy_own")})  # bench/ranker_own.py's part
     (out / "ranker.json").write_text(json.dumps(result, indent=2) + "\n")
     write_markdown(out / "ranker.md", result)
     write_plot(out / "ranker.png", result)

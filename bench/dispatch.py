@@ -22,6 +22,7 @@ seconds (simulated, except the ``real`` section).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -38,6 +39,7 @@ PREDICTIVE = ("lpt", "streamrl", "streamrl_naive")
 INSIDE = ("fcfs", "lpt")
 PROMPT_UNIT = ("random", "round_robin", "lpt", "streamrl")  # also dispatched by prompt (whole GRPO groups)
 TARGET_REGIME = "h20/long-multi"
+TRAINING_KEYS = ("training", "ranker_vs_best_length_blind", "oracle_vs_best_length_blind")  # dispatch_train.py's
 CPU_SIM_MAX_BATCH = 32  # the real-engine configuration below (max_inflight)
 CPU_SIM_KV_TOKENS = 4_000_000  # room for 20K-token outputs (the shipped CPU profile's cache is a 16K-token test setting)
 HOW_TO_ESTIMATE = (
@@ -310,7 +312,10 @@ def main() -> int:
     result["bench_seconds"] = time.time() - t_start
     from bench.dispatch_report import markdown, plot
 
-    print(write_results(results_dir(ns.out, ns.quick), "dispatch", result, markdown, plot))
+    out = results_dir(ns.out, ns.quick)
+    previous = json.loads((out / "dispatch.json").read_text()) if (out / "dispatch.json").is_file() else {}
+    result.update({k: previous[k] for k in TRAINING_KEYS if k in previous})  # bench/dispatch_train.py's part
+    print(write_results(out, "dispatch", result, markdown, plot))
     return 0
 
 

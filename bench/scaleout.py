@@ -41,11 +41,16 @@ from bench.report_io import provenance, provenance_line, results_dir, write_resu
 BASE = [
     "trainer.mode=one_step", "trainer.prompts_per_iteration=8", "trainer.group_size=8", "trainer.micro_batch_groups=8",
     "trainer.kl_coef=0.001", "warmstart.steps=20", "eval.prompts=8", "generation.max_new_tokens=256",
-    "generation.forced_lengths=true", "generation.max_inflight=64", "generation.num_blocks=512",
+    "generation.forced_lengths=true", "generation.max_inflight=64", "generation.num_blocks=32",
     "generation.dispatch.router='on'", "generation.dispatch.policy=least_loaded",
     "generation.cpus=[0]", "trainer.cpus=[1]", "scaleout.cpus=[1]", "scaleout.max_instances=2",
     "scaleout.window=2", "scaleout.cooldown=2", "scaleout.scale_in=false",
 ]
+# Declared before the run of record (issue 30): each instance's KV cache holds 32 x 32 = 1,024 tokens, so
+# generation is memory-bound like an H20 site's (fewer sequences fit as outputs grow) and falls behind
+# the trainer. The regime before it (512 blocks = 16K tokens) never fell behind with vLLM: no event.
+REGIME = "kv-bound: generation.num_blocks=32 (1,024 KV tokens per instance)"
+PREVIOUS_KEYS = ("regime", "scaleout_events", "delta_before_s", "delta_after_s", "rl_wall_speedup", "speedup_after_join")
 QUICK = ["trainer.iterations=14", "forced_length_ramp.start=16", "forced_length_ramp.per_iteration=10"]
 FULL = ["trainer.iterations=20", "forced_length_ramp.start=16", "forced_length_ramp.per_iteration=7"]
 
@@ -100,7 +105,7 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
     result: dict = {
         **meta,
         "scaleout_events": [e["iteration"] for e in outs],
-        "delta_before_s": None, "delta_after_s": None,
+        "delta_before_s": None, "delta_after_s": None, "throughput_after_vs_before": None,
         "definitions": {
             "delta_s": "T_gen - T_train of one iteration: T_gen = its generation time net of overlap with the previous "
                        "iteration (allocator.scaleout.generation_time: last sample finish - max(first sample start, "
@@ -114,6 +119,9 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
             "delta_after_s": f"mean delta over the first {window} iterations measured with the added instance: "
                              f"after the iteration during which it joined the router plus a cooldown of {cooldown}",
             "baseline_*": "the same quantity over the same iterations of the baseline run (same ramp, controller off)",
+            "throughput_after_vs_before": "generated tokens/s (samples x forced length / iteration time) over the "
+                                          "after-window over the same over the before-window, in the scale-out run; "
+                                          "the baseline's over the same iterations beside it (the ramp alone)",
         },
     }
     if outs:
@@ -130,6 +138,8 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
             "baseline_delta_before_s": _mean([base_by_it[k]["delta_s"] for k in range(first - window + 1, first + 1) if k in base_by_it]),
             "baseline_delta_after_s": _mean([base_by_it[k]["delta_s"] for k in after_its if k in base_by_it]),
         })
+        before_its = [k for k in range(first - window + 1, first + 1) if k in by_it]
+        result.update(throughput_windows(by_it, base_by_it, before_its, after_its, meta.get("samples_per_iteration")))
         tail = [k for k in sorted(by_it) if k > joined + cooldown and k in base_by_it]
         if tail:
             ours = sum(by_it[k]["iteration_time_s"] for k in tail)
@@ -144,6 +154,24 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
     return result
 
 
+def throughput_windows(by_it: dict, base_by_it: dict, before: list[int], after: list[int], samples: int | None) -> dict:
+    """Generated tokens per second (samples x forced length / iteration time) over the iterations
+    ``before`` the event and ``after`` the join, in both runs; their ratios (after / before)."""
+    if not samples or not before or not after:
+        return {}
+
+    def rate(rows: dict, its: list[int]) -> float | None:
+        its = [k for k in its if k in rows]
+        wall = sum(rows[k]["iteration_time_s"] for k in its)
+        return sum(samples * rows[k]["forced_length"] for k in its) / wall if its and wall > 0 else None
+
+    ours = {"before": rate(by_it, before), "after": rate(by_it, after)}
+    theirs = {"before": rate(base_by_it, before), "after": rate(base_by_it, after)}
+    ratio = lambda d: d["after"] / d["before"] if d["after"] and d["before"] else None  # noqa: E731
+    return {"tokens_per_s": {"scaleout": ours, "baseline": theirs},
+            "throughput_after_vs_before": ratio(ours), "baseline_throughput_after_vs_before": ratio(theirs)}
+
+
 def _joined_at(events: list[dict], out: dict) -> int:
     """The last iteration the controller had read when the instance joined (its cooldown origin)."""
     read = [e["iteration"] for e in events if e["event"] == "decision" and e["t"] <= out["t"]]
@@ -156,7 +184,10 @@ def markdown(r: dict) -> str:
         "# Dynamic scale-out (StreamRL Figure 11), real processes on this machine",
         "",
         *([provenance_line(r["provenance"]), ""] if "provenance" in r else []),
-        f"{r['mode']} run, forced output length {r['ramp']}; host: {r['host']} (shared, noisy: compare columns).",
+        f"{r['mode']} run, forced output length {r['ramp']}, {r.get('regime', 'generation.num_blocks=512')}; "
+        f"host: {r['host']} (shared, noisy: compare columns).",
+        *([f"Previous regime ({r['previous_regime']['regime']}, {r['previous_regime']['commit'][:12]}): scale-out events "
+           f"{r['previous_regime']['scaleout_events']}."] if r.get("previous_regime") else []),
         "",
         f"Scale-out events after iterations {r['scaleout_events']}"
         + (f"; the instance took {r['instance_start_s']:.1f}s to start and joined after iteration "
@@ -171,6 +202,11 @@ def markdown(r: dict) -> str:
         it = r["iteration_time_after_s"]
         lines.append(f"| iteration time after the join (s, sum) | {f(it['scaleout'])} | {f(it['baseline'])} "
                      f"(**{r['speedup_after_join']:.2f}x** with scale-out) |")
+    if r.get("throughput_after_vs_before") is not None:
+        tp = r["tokens_per_s"]
+        lines.append(f"| generated tokens/s before -> after | {f(tp['scaleout']['before'])} -> {f(tp['scaleout']['after'])} "
+                     f"(**{r['throughput_after_vs_before']:.2f}x**) | {f(tp['baseline']['before'])} -> "
+                     f"{f(tp['baseline']['after'])} ({f(r['baseline_throughput_after_vs_before'])}x) |")
     lines.append(f"| RL wall time (s, all iterations) | {f(r['rl_wall_s']['scaleout'])} | {f(r['rl_wall_s']['baseline'])} |")
     lines += ["", "| iteration | length | T_gen | T_train | delta | delta' | instances | action | baseline delta |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -238,9 +274,16 @@ def main() -> int:
     }
     result = summarize(scaled, baseline, cfg.scaleout.window, cfg.scaleout.cooldown, meta)
     result["bench_wall_s"] = time.time() - t0
+    result["regime"] = REGIME
+    out = results_dir(ns.out, ns.quick)
+    previous = json.loads((out / "scaleout.json").read_text()) if (out / "scaleout.json").is_file() else None
+    if previous and previous.get("regime") != REGIME:  # a changed definition keeps the old result beside
+        result["previous_regime"] = {**{k: previous.get(k) for k in PREVIOUS_KEYS},
+                                     "regime": previous.get("regime") or "generation.num_blocks=512 (16K KV tokens)",
+                                     "commit": previous["provenance"]["commit"], "date": previous["provenance"]["date"]}
     result["provenance"] = provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "overrides": base},
                                       Path(ns.config), cfg.generation.engine)
-    print(write_results(results_dir(ns.out, ns.quick), "scaleout", result, markdown, plot))
+    print(write_results(out, "scaleout", result, markdown, plot))
     return 0
 
 

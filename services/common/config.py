@@ -307,13 +307,18 @@ class ForcedLengthReplay(StrictModel):
     """Forced-length replay of recorded lengths (``services.rollout.length_replay``): each GRPO
     group is exactly as long as a length drawn for its prompt (a hash of seed and prompt id) from a
     file of recorded output lengths, so the run's length distribution, long tail included, is the
-    recorded one (bench/coordination.py ``--workload replay``). ``bounded`` mode only."""
+    recorded one (bench/coordination.py ``--workload replay``, bench/dispatch_train.py)."""
 
     file: str | None = Field(
         None,
         description="JSON list of output lengths in tokens, each in [1, generation.max_new_tokens] (None = off).",
     )
     seed: int = Field(0, ge=0, description="Seed of the per-prompt draw (same seed and prompt id: same length).")
+    estimates: Literal["none", "recorded", "oracle"] = Field(
+        "none",
+        description="The groups' length estimates for dispatch: none (the ranker of generation.ranker_dir, if any), "
+        'recorded (the estimate beside each length: a file of {"length", "estimate"} objects), oracle (the true length).',
+    )
 
 
 class EvalConfig(StrictModel):
@@ -402,6 +407,8 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _replay_fits(self) -> RunConfig:
         if self.forced_length_replay.file is None:
+            if self.forced_length_replay.estimates != "none":
+                raise ValueError("forced_length_replay.estimates needs forced_length_replay.file (the lengths it estimates)")
             return self
         if not self.generation.forced_lengths:
             raise ValueError("forced_length_replay needs generation.forced_lengths: true")

@@ -74,6 +74,15 @@ class GenerationClient:
     def health(self, timeout_s: float = 10.0) -> HealthSnapshot:
         return convert.health_from_pb(self._stub.Health(pb.HealthRequest(), timeout=timeout_s))
 
+    def kv_state(self, timeout_s: float = 2.0) -> tuple[float, int] | None:
+        """(KV-cache fraction in use, samples queued) from Health; None when it does not answer
+        (what ``least_tokens`` dispatch measures; a lost instance is someone else's to detect)."""
+        try:
+            h = self.health(timeout_s)
+        except grpc.RpcError:
+            return None
+        return h.kv_usage, h.waiting
+
     def generate(self, prompts: list[PromptSpec], params: GenerateParams) -> Iterator[SampleRecord]:
         """Stream samples in completion order. Cancel by closing the iterator."""
         call = self.start(prompts, params)

@@ -66,6 +66,7 @@ from services.generation.scheduling import (
     SeqRequest,
     dispatch,
 )
+from services.generation.scheduling.dispatch import tokens_in_flight
 from services.generation.scheduling.lengths import LengthEstimator
 from services.generation.scheduling.pools import (
     PoolShare,
@@ -211,9 +212,15 @@ class RouterCore:
     def context(self, members: Sequence[int], seed: int) -> DispatchContext:
         """The dispatch view of the open slots ``members`` (one pool's), numbered 0..n-1
         (``members[k]`` is instance ``k``)."""
+        states = [self.clients[i].kv_state() for i in members] if self.dcfg.policy == "least_tokens" else None
+        kv_tokens = self.cfg.num_blocks * self.cfg.page_size
         with self._lock:
-            loads = tuple(InstanceLoad(k, self._outstanding[i], self._work[i]) for k, i in enumerate(members))
             dist = self._lengths.distribution(self.dcfg.min_history)
+            mean = dist.mean() if dist is not None else 0.0
+            loads = tuple(InstanceLoad(k, self._outstanding[i], self._work[i],
+                                       0.0 if states is None else tokens_in_flight(states[k], kv_tokens,
+                                                                                  self._outstanding[i], mean))
+                          for k, i in enumerate(members))
             pairs = list(self._pairs)
         errors = EstimateErrorModel(pairs) if len(pairs) >= self.dcfg.min_history else None
         return DispatchContext(

@@ -32,6 +32,7 @@ from services.generation.scheduling import (
     SeqRequest,
     dispatch,
 )
+from services.generation.scheduling.dispatch import tokens_in_flight
 from services.generation.scheduling.lengths import LengthEstimator
 from services.rollout.routing import InstanceView
 
@@ -48,9 +49,13 @@ class NewGroup:
 
 class GroupDispatcher:
     def __init__(self, gen, n: int, estimator: Callable[[], LengthEstimator | None],
-                 spec: InstanceSpec | None = None, version: Callable[[], str | None] | None = None) -> None:
+                 spec: InstanceSpec | None = None, version: Callable[[], str | None] | None = None,
+                 probe: Callable[[int], tuple[float, int] | None] | None = None) -> None:
         self.cfg, self.dcfg = gen, gen.dispatch
         self.estimator, self.spec = estimator, spec
+        # ``least_tokens``: instance index -> (KV-cache fraction in use, samples queued), None if it did not answer
+        self.probe = probe
+        self.kv_tokens = gen.num_blocks * gen.page_size
         self.version = version  # the estimator's name (a ranker store's live version), for the metrics
         self.work = [0.0] * n  # estimated output tokens outstanding per instance
         self.lengths = LengthWindow(self.dcfg.length_window)
@@ -73,15 +78,29 @@ class GroupDispatcher:
             return [None] * len(texts)
         if len(values) != len(texts):
             raise RuntimeError(f"length estimator returned {len(values)} estimates for {len(texts)} prompts")
+        return self.given(values)
+
+    def given(self, values: list[float | None]) -> list[float | None]:
+        """Estimates from elsewhere (a replay's recorded ones, or the true lengths), counted as the
+        estimator's are (a missing or non-positive value is no estimate)."""
         out = [float(v) if v is not None and v > 0 else None for v in values]
         self.estimated += sum(1 for v in out if v is not None)
         return out
+
+    def tokens_in_flight(self, instance: int, outstanding: int) -> float:
+        """Tokens on ``instance`` now (``least_tokens``' load, ``dispatch.tokens_in_flight``)."""
+        lengths = self.lengths.distribution(self.dcfg.min_history)
+        state = self.probe(instance) if self.probe is not None else None
+        return tokens_in_flight(state, self.kv_tokens, outstanding, lengths.mean() if lengths is not None else 0.0)
 
     def place(self, groups: list[NewGroup], candidates: list[InstanceView]) -> dict[str, int]:
         """Each group's instance (an index of ``candidates``' instances) by the dispatch policy."""
         if not groups:
             return {}
-        loads = tuple(InstanceLoad(k, v.inflight, self.work[v.index]) for k, v in enumerate(candidates))
+        measured = self.dcfg.policy == "least_tokens"
+        loads = tuple(InstanceLoad(k, v.inflight, self.work[v.index],
+                                   self.tokens_in_flight(v.index, v.inflight) if measured else 0.0)
+                      for k, v in enumerate(candidates))
         pairs = list(self.pairs)
         ctx = DispatchContext(
             instances=loads, spec=self.spec, lengths=self.lengths.distribution(self.dcfg.min_history),

@@ -9,6 +9,11 @@ The draw is a hash of (seed, prompt id) into the list, not a random stream: the 
 the same length in every run with the same seed, whatever order groups are launched in, so two
 variants of a benchmark run (repack on and off) replay the same lengths on the same prompts.
 
+With ``estimates`` the replay also stands in for the length estimator: ``"recorded"`` gives each
+group the estimate recorded beside its length (a file of ``{"length", "estimate"}`` objects: real
+lengths and a real ranker's estimates of them, e.g. ``bench/results/ranker_test_estimates.jsonl``
+converted), ``"oracle"`` its true length; the dispatch policy then places groups on them.
+
 ``scale_to_cap`` maps lengths recorded under one token budget onto a smaller one linearly (the
 source's cap onto ours), so the shape of the distribution (p99/p50, the top-20% share) and the
 share of responses that ran to the cap are kept.
@@ -45,12 +50,18 @@ def summary(lengths: Sequence[int], cap: int) -> dict:
             "at_cap": sum(1 for x in lengths if x >= cap) / len(lengths), "top20_token_share": sum(top) / sum(ordered)}
 
 
+ESTIMATES = ("none", "recorded", "oracle")
+
+
 @dataclass(frozen=True)
 class ReplayLengths:
-    """A list of output lengths (tokens) and the seed of the per-prompt draw."""
+    """A list of output lengths (tokens), the seed of the per-prompt draw, and where a group's
+    length estimate comes from (``mode``: ``ESTIMATES``; ``estimates`` beside the lengths)."""
 
     lengths: tuple[int, ...]
     seed: int = 0
+    mode: str = "none"
+    estimates: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -58,10 +69,18 @@ class ReplayLengths:
         bad = [x for x in self.lengths if isinstance(x, bool) or not isinstance(x, int) or x < 1]
         if bad:
             raise ValueError(f"replay lengths must be integers >= 1, got {bad[:5]}")
+        if self.mode not in ESTIMATES:
+            raise ValueError(f"replay estimates must be one of {ESTIMATES}, got {self.mode!r}")
+        if self.mode == "recorded" and self.estimates is None:
+            raise ValueError('replay estimates "recorded" need a file of {"length", "estimate"} objects')
+        if self.estimates is not None and (len(self.estimates) != len(self.lengths)
+                                           or any(not x > 0 for x in self.estimates)):
+            raise ValueError("replay estimates must be one positive number per length")
 
     @classmethod
-    def load(cls, path: str | Path, cap: int, seed: int = 0) -> ReplayLengths:
-        """The JSON list of lengths in ``path``; every length must lie in [1, ``cap``]."""
+    def load(cls, path: str | Path, cap: int, seed: int = 0, mode: str = "none") -> ReplayLengths:
+        """The JSON list in ``path`` — of lengths, or of ``{"length", "estimate"}`` objects; every
+        length must lie in [1, ``cap``]."""
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"forced_length_replay.file {path}: no such file")
@@ -72,7 +91,8 @@ class ReplayLengths:
         if not isinstance(data, list):
             raise ValueError(f"forced_length_replay.file {path}: expected a JSON list of token lengths")
         try:
-            replay = cls(tuple(data), seed)
+            lengths, estimates = _columns(data)
+            replay = cls(lengths, seed, mode, estimates)
         except ValueError as err:
             raise ValueError(f"forced_length_replay.file {path}: {err}") from None
         if max(replay.lengths) > cap:
@@ -80,7 +100,30 @@ class ReplayLengths:
                              f"generation.max_new_tokens ({cap})")
         return replay
 
+    def _row(self, prompt_id: str) -> int:
+        digest = hashlib.blake2b(f"{self.seed}\x00{prompt_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % len(self.lengths)
+
     def length(self, prompt_id: str) -> int:
         """The forced length of ``prompt_id``'s group."""
-        digest = hashlib.blake2b(f"{self.seed}\x00{prompt_id}".encode(), digest_size=8).digest()
-        return self.lengths[int.from_bytes(digest, "big") % len(self.lengths)]
+        return self.lengths[self._row(prompt_id)]
+
+    def estimate(self, prompt_id: str) -> float | None:
+        """The length estimate of ``prompt_id``'s group under ``mode`` (None for ``"none"``)."""
+        if self.mode == "oracle":
+            return float(self.length(prompt_id))
+        if self.mode == "recorded":
+            return self.estimates[self._row(prompt_id)]
+        return None
+
+
+def _columns(data: list) -> tuple[tuple, tuple[float, ...] | None]:
+    """(lengths, estimates or None) of a replay file's list: of lengths, or of objects."""
+    if not data or not isinstance(data[0], dict):
+        return tuple(data), None
+    if not all(isinstance(r, dict) and "length" in r and "estimate" in r for r in data):
+        raise ValueError('expected every entry to be a {"length", "estimate"} object (or every one a length)')
+    estimates = [r["estimate"] for r in data]
+    if any(isinstance(x, bool) or not isinstance(x, int | float) for x in estimates):
+        raise ValueError(f"estimates must be numbers, got {[x for x in estimates if not isinstance(x, int | float)][:5]}")
+    return tuple(r["length"] for r in data), tuple(float(x) for x in estimates)

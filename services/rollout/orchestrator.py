@@ -110,20 +110,28 @@ def engines_behind(cfg, addresses: int) -> int:
 
 def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispatcher | None:
     """The dispatch policy over new groups when the orchestrator dials the instances (however many:
-    more may join) and a length estimator is configured (``generation.ranker_dir``); None otherwise."""
-    gen = trainer.cfg.generation
-    if not gen.ranker_dir or behind > 1:
-        return None
-    from ranker.store import RankerWatcher
-    from services.generation.scheduling.dispatch import NEEDS_COST
+    more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
+    true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
+    the staleness-aware least-loaded pick places every group."""
+    from services.generation.scheduling.dispatch import NEEDS_COST, NEEDS_ESTIMATES
 
+    gen = trainer.cfg.generation
+    replayed = trainer.cfg.forced_length_replay.estimates != "none"
+    if behind > 1 or not (gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES):
+        return None
     spec = None
     if gen.dispatch.policy in NEEDS_COST:
         from services.generation.router_main import load_spec
 
         spec = load_spec(gen, trainer.model_dir)
+    clients = trainer.clients  # the list itself: it is edited in place when instances join or leave
+    probe = (lambda i: clients[i].kv_state()) if gen.dispatch.policy == "least_tokens" else None
+    if not gen.ranker_dir:
+        return GroupDispatcher(gen, n, lambda: None, spec, probe=probe)
+    from ranker.store import RankerWatcher
+
     watcher = RankerWatcher(gen.ranker_dir)
-    return GroupDispatcher(gen, n, watcher.get, spec, version=lambda: watcher.name)
+    return GroupDispatcher(gen, n, watcher.get, spec, version=lambda: watcher.name, probe=probe)
 
 
 class Orchestrator(GroupLifecycle):
@@ -155,7 +163,7 @@ class Orchestrator(GroupLifecycle):
         self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
         self.fleet = Fleet(trainer, self.router, self.counts, on_join=self._slot_added)
         replay = trainer.cfg.forced_length_replay
-        self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed) if replay.file else None
+        self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates) if replay.file else None
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
             self._restore(checkpoint.restore(trainer.runner_state, trainer.version, trainer.sampler.batch,
@@ -275,7 +283,10 @@ class Orchestrator(GroupLifecycle):
         if self.dispatcher is None or not batch:
             return {}, {}
         problems = [p for p, _ in batch]
-        estimates = self.dispatcher.estimates([p.prompt for p in problems])
+        if self.replay is not None and self.replay.mode != "none":
+            estimates = self.dispatcher.given([self.replay.estimate(p.prompt_id) for p in problems])
+        else:
+            estimates = self.dispatcher.estimates([p.prompt for p in problems])
         groups = [NewGroup(p.prompt_id, len(s.token_ids), e, g) for p, s, e in zip(problems, specs, estimates, strict=True)]
         targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch], [self._eligible(p.task) for p in problems],
                                              self.router.views(), self.capacity)

@@ -65,3 +65,19 @@ def test_metrics_name_the_ranker_version_the_groups_were_placed_with():
     live["name"] = "r-2"  # the store's watcher swapped rankers
     assert d.metrics()["ranker_version"] == "r-2"
     assert "ranker_version" not in _dispatcher(Lengths()).metrics()  # an estimator without versions
+
+
+def test_least_tokens_places_by_the_tokens_each_instance_reports():
+    gen = load_config(None, ["generation.dispatch.policy=least_tokens", "generation.dispatch.min_history=2",
+                             "generation.num_blocks=100", "generation.page_size=10"]).generation
+    state = {0: (0.9, 0), 1: (0.1, 2), 2: None}  # instance 2 does not answer
+    d = GroupDispatcher(gen, 3, lambda: None, probe=state.get)
+    for n in (40, 60):
+        d.finished(0, None, n)  # mean recent length 50
+    assert d.tokens_in_flight(0, 8) == 900.0  # 90% of 1000 KV tokens
+    assert d.tokens_in_flight(1, 8) == 100.0 + 2 * 50.0  # its KV plus two queued samples at the mean
+    assert d.tokens_in_flight(2, 3) == 150.0  # no answer: its outstanding samples at the mean
+    views = [InstanceView(0, 0, 1, 100), InstanceView(1, 0, 8, 100), InstanceView(2, 0, 3, 100)]
+    t = d.plan_round([NewGroup("g", 4, None, 2)], [views[0]], [None], views, capacity=100)
+    assert t == {"g": 2}  # fewest tokens (150), though it is not the one with fewest samples (instance 0)
+    assert d.given([12.0, None, 0.0]) == [12.0, None, None] and d.estimated == 1

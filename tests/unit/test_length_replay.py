@@ -50,6 +50,31 @@ def test_load_refuses_lengths_over_the_cap_and_bad_files(tmp_path):
         ReplayLengths.load(tmp_path / "missing.json", 192)
 
 
+def test_recorded_and_oracle_estimates_follow_the_drawn_row(tmp_path):
+    f = tmp_path / "pairs.json"
+    rows = [{"length": 10 * (i + 1), "estimate": 1000.0 - i} for i in range(50)]
+    f.write_text(json.dumps(rows))
+    recorded = ReplayLengths.load(f, 500, seed=3, mode="recorded")
+    oracle = ReplayLengths.load(f, 500, seed=3, mode="oracle")
+    for pid in ("a", "b", "c", "q17"):
+        n = recorded.length(pid)
+        assert recorded.estimate(pid) == 1000.0 - (n // 10 - 1)  # the estimate recorded beside that length
+        assert oracle.estimate(pid) == float(n) and oracle.length(pid) == n
+    assert ReplayLengths.load(f, 500).estimate("a") is None  # mode none: the run's ranker, if any
+    f.write_text(json.dumps([10, 20]))
+    with pytest.raises(ValueError, match="recorded"):
+        ReplayLengths.load(f, 500, mode="recorded")  # a plain list has no estimates to replay
+    assert ReplayLengths.load(f, 500, mode="oracle").estimate("x") in (10.0, 20.0)
+    f.write_text(json.dumps([{"length": 10, "estimate": 5}, 20]))
+    with pytest.raises(ValueError, match="every entry"):
+        ReplayLengths.load(f, 500)
+    f.write_text(json.dumps([{"length": 10, "estimate": 0}]))
+    with pytest.raises(ValueError, match="positive"):
+        ReplayLengths.load(f, 500, mode="recorded")
+    with pytest.raises(ConfigError, match=r"needs forced_length_replay\.file"):
+        load_config(ROOT / "deploy/configs/default.yaml", ["forced_length_replay.estimates=oracle"])
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["trainer.mode=bounded"], "needs generation.forced_lengths"),
     (["generation.forced_lengths=true", "trainer.mode=bounded", "trainer.partial_rollout=true"], "partial_rollout"),

@@ -39,6 +39,14 @@ def test_summary_fields_and_definitions(tmp_path):
     assert r["baseline_delta_after_s"] == pytest.approx((9 + 10) / 2)
     assert r["speedup_after_join"] == pytest.approx((12 + 13 + 14) / 15)
     assert {"delta_before_s", "delta_after_s", "scaleout_events"} <= set(r["definitions"])
+    assert r["throughput_after_vs_before"] is None  # meta has no samples_per_iteration: not measured
+    r = summarize(scaled, base, window=2, cooldown=1, meta={"mode": "quick", "ramp": "r", "host": "h",
+                                                              "samples_per_iteration": 10})
+    # tokens/s: before = iterations 2, 3 (lengths 12, 13; times 6, 8), after = 6, 7 (16, 17; 5, 5)
+    assert r["tokens_per_s"]["scaleout"]["before"] == pytest.approx(10 * 25 / 14)
+    assert r["throughput_after_vs_before"] == pytest.approx((10 * 33 / 10) / (10 * 25 / 14))
+    assert r["baseline_throughput_after_vs_before"] == pytest.approx((10 * 33 / 25) / (10 * 25 / 14))
+    assert "generated tokens/s before -> after" in markdown(r)
     assert "| 3 |" in markdown(r)
 
 

@@ -106,6 +106,20 @@ def test_baselines():
     assert a.assignment == b.assignment and set(a.assignment.values()) <= {0, 1, 2}
 
 
+def test_least_tokens_joins_the_queue_with_fewest_tokens_in_flight():
+    seqs = [SeqRequest(f"s{i}", 10) for i in range(4)]
+    # instance 0 holds few sequences but many tokens (long ones), instance 1 many short ones
+    loaded = DispatchContext(instances=(InstanceLoad(0, outstanding=2, tokens=900.0),
+                                        InstanceLoad(1, outstanding=6, tokens=300.0)),
+                             lengths=LengthDistribution([190.0, 210.0]))
+    plan = dispatch("least_tokens", seqs, loaded)
+    # each sequence adds 10 + 200 tokens: 300 -> 510 -> 720 -> 930 on instance 1, then 0 (900 < 930)
+    assert list(plan.assignment.values()) == [1, 1, 1, 0]
+    assert list(dispatch("least_loaded", seqs, loaded).assignment.values()) == [0, 0, 0, 0]
+    # idle instances: no history, no tokens -> spread by count like least_loaded
+    assert list(dispatch("least_tokens", seqs, ctx(2)).assignment.values()) == [0, 1, 0, 1]
+
+
 def test_global_lpt_balances_estimated_work():
     seqs = [SeqRequest(f"s{i}", 0, e) for i, e in enumerate([2.0, 7.0, 3.0, 5.0, 4.0, 6.0])]
     plan = dispatch("lpt", seqs, ctx(2))

@@ -14,6 +14,10 @@ Baselines (need no length estimates):
 - ``least_loaded`` — in arrival order, to the instance with the fewest outstanding sequences
   (already running there + assigned so far; ties: fewest prompt tokens assigned). On idle
   instances this is round-robin; it differs when instances carry unequal work.
+- ``least_tokens`` — join the shortest queue by **tokens in flight**: to the instance holding the
+  fewest tokens (its KV cache's and its queue's, measured and passed as ``InstanceLoad.tokens``),
+  each assigned sequence counting its prompt plus the mean recent output length. The strongest
+  length-blind policy when groups arrive while others run (on idle instances: ``least_loaded``).
 
 Estimate-driven (estimates are first calibrated onto the recent length distribution,
 ``lengths.calibrate``):
@@ -172,6 +176,34 @@ def _least_loaded(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchP
         count[i] += s.count
         prompt[i] += s.prompt_tokens * s.count
     return DispatchPlan(out, "least_loaded")
+
+
+def tokens_in_flight(state: tuple[float, int] | None, kv_tokens: int, outstanding: int, mean_length: float) -> float:
+    """``least_tokens``' load of one instance: the tokens its KV cache holds (``state``: the fraction
+    of its ``kv_tokens`` in use, samples queued) plus each queued sample at the mean recent output
+    length; without a state (it did not answer), each of its ``outstanding`` samples at the mean."""
+    if state is None:
+        return outstanding * mean_length
+    kv_usage, waiting = state
+    return kv_usage * kv_tokens + waiting * mean_length
+
+
+@register_dispatch("least_tokens")
+def _least_tokens(seqs: Sequence[SeqRequest], ctx: DispatchContext) -> DispatchPlan:
+    """Join the shortest queue by tokens in flight (length-blind): each unit goes to the instance
+    with the fewest tokens (``InstanceLoad.tokens``, measured on the instance), which then counts
+    the unit's prompt plus the mean recent output length (``ctx.lengths``; no per-prompt
+    estimate) per sequence. Ties: fewer sequences outstanding, then the lower index."""
+    tokens = [inst.tokens for inst in ctx.instances]
+    count = [inst.outstanding for inst in ctx.instances]
+    mean = ctx.lengths.mean() if ctx.lengths is not None else 0.0
+    out: dict[str, int] = {}
+    for s in seqs:
+        i = min(range(ctx.n), key=lambda j: (tokens[j], count[j], j))
+        out[s.seq_id] = i
+        tokens[i] += s.count * (s.prompt_tokens + mean)
+        count[i] += s.count
+    return DispatchPlan(out, "least_tokens")
 
 
 # ---------------------------------------------------------------------------- estimate-driven

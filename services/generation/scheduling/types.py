@@ -31,6 +31,7 @@ class InstanceLoad:
     index: int
     outstanding: int = 0  # sequences dispatched to it and not yet returned
     outstanding_work: float = 0.0  # their estimated output tokens
+    tokens: float = 0.0  # tokens in flight, measured (KV-resident + queued work; ``least_tokens``)
 
 
 @dataclass(frozen=True)

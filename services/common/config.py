@@ -101,7 +101,8 @@ class DispatchConfig(StrictModel):
     )
     policy: str = Field(
         "lpt",
-        description="Dispatch policy: random, round_robin, least_loaded, lpt (global LPT by estimate), "
+        description="Dispatch policy: random, round_robin, least_loaded, least_tokens (fewest tokens in flight), "
+        "lpt (global LPT by estimate), "
         "streamrl (Algorithm 2, refined), streamrl_naive (as written). Estimate-driven policies fall back "
         "to round_robin for a request without any estimate.",
     )

@@ -1,6 +1,6 @@
 """Dispatch policies in real training runs on a real long tail (issue 30 item 4), interleaved.
 
-Real Braid runs (tiny model, vLLM, 2 SGS instances on CPU 0, the trainer on CPU 1, one_step, the
+Real Braid runs (tiny model, vLLM, 2 SGS instances on CPU 0, the trainer on CPU 1, the
 orchestrator dialling the instances) whose every GRPO group is forced (``generation.forced_lengths``,
 ``forced_length_replay``) to a **recorded real length**: MMLU-Pro CoT responses of Llama-3.1-8B on
 the ranker benchmark's held-out prompts (``bench/results/ranker_test_estimates.jsonl``: characters
@@ -18,6 +18,17 @@ Variants (``VARIANTS``), one run each per round, ``ROUNDS`` rounds, the order ro
 - with the ranker's estimates: ``lpt`` (global LPT + LPT admission), ``streamrl`` (Algorithm 2
   refined + LPT admission);
 - with the true lengths (oracle): the same two.
+
+Regimes (``REGIMES``, each run as its own set of interleaved rounds; every one run is reported; the
+run of record runs ``RUN_OF_RECORD`` = sync, 24 runs of about 2.5 min here, and ``--regimes
+sync,one_step`` adds the other): ``sync``
+(each step's groups are placed at once over both instances, which then run the step's tail: where
+dispatch and admission order decide the generation makespan) and ``one_step`` (Braid's default:
+the next step's groups are placed while the previous step's tail runs; an instance takes a new
+version only when it has drained, so the two instances often serve different versions and a group
+can move only between instances of its own version). **Regime of record** (the rule declared
+before the run): the regime where the best oracle variant beats the best length-blind variant by
+the most (median ratio) — where length knowledge can pay at all; its ratios are the top-level ones.
 
 Metric of record (declared here before the run): **trained tokens/s** of the run's steady
 iterations (``steady_throughput``: completion tokens of the samples trained / wall time). Ratios
@@ -59,8 +70,10 @@ ROUNDS = 3
 ESTIMATES = ROOT / "bench/results/ranker_test_estimates.jsonl"
 CHARS_PER_TOKEN = 4.0
 SOURCE_CAP = 2048  # the recorded responses' max_new_tokens
+REGIMES = ("sync", "one_step")  # declared; the run of record runs the first (--regimes adds the other)
+RUN_OF_RECORD = ("sync",)
 BASE = [
-    "trainer.mode=one_step", "generation.instances=2", "trainer.iterations=16", "trainer.prompts_per_iteration=32",
+    "generation.instances=2", "trainer.iterations=12", "trainer.prompts_per_iteration=32",
     "trainer.group_size=8", "trainer.kl_coef=0.001", "trainer.checkpoint_every=0", "eval.prompts=8",
     "generation.max_inflight=64", "generation.forced_lengths=true", "generation.max_new_tokens=256",
 ]
@@ -127,10 +140,45 @@ def summarize(runs: dict[str, list[dict]], key: str = "tokens_per_s") -> dict:
     return out
 
 
+def measure_regime(ns, mode: str, names: list[str], base: list[str], checkpoint: str, work: Path) -> dict | None:
+    """``ns.rounds`` interleaved rounds of every variant in ``mode``; None when a run failed."""
+    from services.common.config import load_config
+
+    def config_for(name: str, r: int):
+        return load_config(ns.config, [*base, f"trainer.mode={mode}", *pin_overrides(ns.pin), *repeat_overrides(r),
+                                       f"forced_length_replay.seed={r}", *VARIANTS[name]])
+
+    t0 = time.time()
+    try:
+        runs, order = run_rounds(names, ns.rounds, config_for, checkpoint, work, mode_of=lambda _: mode)
+    except RoundFailed as err:
+        print(f"{err}; no result of record from this run", file=sys.stderr)
+        return None
+    for rs in runs.values():
+        for run in rs:
+            run["gen_span_s"] = gen_span(Path(run["run_dir"]))
+    return {"summary": summarize(runs), "runs": runs, "order": order, "wall_s": round(time.time() - t0, 1)}
+
+
+def regime_of_record(regimes: dict[str, dict]) -> str | None:
+    """The declared rule: where the best oracle variant's median ratio to the best length-blind is highest."""
+    scored = {m: r["summary"]["oracle_vs_best_length_blind"]["median"] for m, r in regimes.items()
+              if "oracle_vs_best_length_blind" in r["summary"]}
+    return max(scored, key=scored.get) if scored else None
+
+
 def markdown(res: dict) -> str:
-    s = res["summary"]
     lines = ["# Dispatch policies in real training runs (recorded real lengths, the ranker's real estimates)", "",
-             f"{res['settings']['rounds']} interleaved rounds; {res['settings']['note']}", "",
+             f"{res['settings']['rounds']} interleaved rounds per regime; {res['settings']['note']}. "
+             f"Regime of record: **{res['regime_of_record']}** ({res['rule']}).", ""]
+    for mode, reg in res["regimes"].items():
+        lines += regime_lines(mode, reg["summary"])
+    lines += [provenance_line(res["provenance"]), ""]
+    return "\n".join(lines)
+
+
+def regime_lines(mode: str, s: dict) -> list[str]:
+    lines = [f"## {mode}", "",
              "| variant | trained tokens/s (median [min-max]) | samples/s | gen span s/iteration | vs best length-blind |",
              "|---|---|---|---|---|"]
     for n, v in s["variants"].items():
@@ -145,8 +193,7 @@ def markdown(res: dict) -> str:
                      f"[{rk['min']:.3f}-{rk['max']:.3f}] — goal {GOAL}x **{'met' if s['goal_met'] else 'missed'}**.")
     if orc is not None:
         lines.append(f"oracle_vs_best_length_blind (`{s['best_oracle']}`): {orc['median']:.3f}x [{orc['min']:.3f}-{orc['max']:.3f}].")
-    lines += ["", provenance_line(res["provenance"]), ""]
-    return "\n".join(lines)
+    return [*lines, ""]
 
 
 def main() -> int:
@@ -154,6 +201,8 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (>= 3 for a ratio of record; {ROUNDS})")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--regimes", default=",".join(RUN_OF_RECORD),
+                    help=f"comma-separated trainer modes among {', '.join(REGIMES)} (default: {', '.join(RUN_OF_RECORD)})")
     ap.add_argument("--quick", action="store_true", help="4 iterations of 8 prompts (a smoke run; scratch output)")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-dispatch-train"))
@@ -163,6 +212,8 @@ def main() -> int:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or not any(n in LENGTH_BLIND for n in names) or ns.rounds < 1:
         ap.error(f"unknown variants {unknown}" if unknown else "--variants needs a length-blind variant; --rounds >= 1")
+    if any(m.strip() not in REGIMES for m in ns.regimes.split(",") if m.strip()):
+        ap.error(f"--regimes: each one of {', '.join(REGIMES)}")
     if not ESTIMATES.is_file():
         ap.error(f"{ESTIMATES} not found (bench/ranker.py writes it)")
 
@@ -173,7 +224,7 @@ def main() -> int:
     from services.rollout.length_replay import summary as length_summary
 
     ws = warmstart_overrides(FULL["warmstart_steps"])
-    base_cfg = load_config(ns.config, [*ws, *BASE])
+    base_cfg = load_config(ns.config, [*ws, *BASE, "trainer.mode=sync"])
     checkpoint = str(ensure_warmstart(base_cfg).resolve())
     cap = base_cfg.generation.max_new_tokens
     work = Path(ns.work).resolve() / ("quick" if ns.quick else "full")
@@ -182,37 +233,31 @@ def main() -> int:
     replay_file = work / "replay.json"
     replay_file.write_text(json.dumps(rows))
     base = [*ws, *(QUICK_BASE if ns.quick else BASE), f"forced_length_replay.file={replay_file}"]
-
-    def config_for(name: str, r: int):
-        return load_config(ns.config, base + pin_overrides(ns.pin) + repeat_overrides(r)
-                           + [f"forced_length_replay.seed={r}"] + VARIANTS[name])
-
+    lengths = length_summary([r["length"] for r in rows], cap)
     t0 = time.time()
-    try:
-        runs, order = run_rounds(names, ns.rounds, config_for, checkpoint, work, mode_of=lambda _: "one_step")
-    except RoundFailed as err:
-        print(f"{err}; no result of record from this run", file=sys.stderr)
-        return 1
-    for rs in runs.values():
-        for run in rs:
-            run["gen_span_s"] = gen_span(Path(run["run_dir"]))
+    regimes = {}
+    for mode in [m.strip() for m in ns.regimes.split(",") if m.strip()]:
+        regimes[mode] = measure_regime(ns, mode, names, base, checkpoint, work / mode)
+        if regimes[mode] is None:
+            return 1
+    record = regime_of_record(regimes)
     note = (f"tiny model, vLLM, 2 instances (max_inflight 64 each){' pinned to CPU 0, trainer on CPU 1' if ns.pin else ''}, "
-            f"one_step, {'4' if ns.quick else '16'} iterations of {'8' if ns.quick else '32'} prompts x 8 samples, "
-            f"replayed lengths p50 {length_summary([r['length'] for r in rows], cap)['p50']:.0f} / "
-            f"p99 {length_summary([r['length'] for r in rows], cap)['p99']:.0f} / cap {cap} tokens; "
+            f"{'4' if ns.quick else '12'} iterations of {'8' if ns.quick else '32'} prompts x 8 samples, "
+            f"replayed lengths p50 {lengths['p50']:.0f} / p99 {lengths['p99']:.0f} / cap {cap} tokens; "
             "forced_length_replay.seed = round (every variant of a round replays the same lengths on the same prompts)")
     result = {
         "provenance": provenance(Path(__file__), {"base": base, "variants": {n: VARIANTS[n] for n in names},
-                                                  "rounds": ns.rounds, "pin": ns.pin}),
-        "summary": summarize(runs), "runs": runs, "order": order,
-        "replay": {"source": str(ESTIMATES.relative_to(ROOT)), "lengths": length_summary([r["length"] for r in rows], cap)},
+                                                  "rounds": ns.rounds, "pin": ns.pin, "regimes": list(regimes)}),
+        "regimes": regimes, "regime_of_record": record,
+        "rule": "the regime where the best oracle variant beats the best length-blind variant by the most (median)",
+        "replay": {"source": str(ESTIMATES.relative_to(ROOT)), "lengths": lengths},
         "settings": {"rounds": ns.rounds, "quick": ns.quick, "note": note}, "bench_wall_s": round(time.time() - t0, 1),
     }
     out = results_dir(ns.out, ns.quick)
     set_json_key(out / "dispatch.json", "training", result)
     for key in ("ranker_vs_best_length_blind", "oracle_vs_best_length_blind"):
-        if key in result["summary"]:
-            set_json_key(out / "dispatch.json", key, result["summary"][key])
+        if record is not None and key in regimes[record]["summary"]:
+            set_json_key(out / "dispatch.json", key, {**regimes[record]["summary"][key], "regime": record})
     text = markdown(result)
     (out / "dispatch_train.md").write_text(text)
     print(text)

@@ -19,16 +19,23 @@ Variants (``VARIANTS``), one run each per round, ``ROUNDS`` rounds, the order ro
   refined + LPT admission);
 - with the true lengths (oracle): the same two.
 
-Regimes (``REGIMES``, each run as its own set of interleaved rounds; every one run is reported; the
-run of record runs ``RUN_OF_RECORD`` = sync, 24 runs of about 2.5 min here, and ``--regimes
-sync,one_step`` adds the other): ``sync``
-(each step's groups are placed at once over both instances, which then run the step's tail: where
-dispatch and admission order decide the generation makespan) and ``one_step`` (Braid's default:
-the next step's groups are placed while the previous step's tail runs; an instance takes a new
-version only when it has drained, so the two instances often serve different versions and a group
-can move only between instances of its own version). **Regime of record** (the rule declared
-before the run): the regime where the best oracle variant beats the best length-blind variant by
-the most (median ratio) — where length knowledge can pay at all; its ratios are the top-level ones.
+Regimes (``REGIMES``; each is its own set of interleaved rounds, ``--regimes`` picks them, a run
+keeps the regimes an earlier run measured that it does not re-run, each with its own provenance,
+and every regime run is reported):
+
+- ``sync``: each step's groups start as the instances have room (64 sequences = 8 groups each,
+  so a step's 32 groups start in about two waves) and the step's generation ends with its longest
+  group; the trainer then steps.
+- ``sync_small_batch``: the same with at most 16 sequences (2 groups) per instance — memory-bound
+  generation like an H20 site's: a step's 32 groups start in about 8 waves per instance, so the
+  order they start in and where they go decide the tail.
+- ``one_step`` (Braid's default): the next step's groups start while the previous step trains; an
+  instance takes a new version only when it has drained, so a group can move only between
+  instances of its own version.
+
+**Regime of record** (the rule declared before the run): the regime where the best oracle variant
+beats the best length-blind variant by the most (median ratio) — where length knowledge can pay at
+all; its ratios are the top-level ones.
 
 Metric of record (declared here before the run): **trained tokens/s** of the run's steady
 iterations (``steady_throughput``: completion tokens of the samples trained / wall time). Ratios
@@ -63,15 +70,27 @@ from e2e import FULL  # noqa: E402
 from e2e_core import pin_overrides, repeat_overrides, warmstart_overrides  # noqa: E402
 from e2e_throughput import RoundFailed, run_rounds  # noqa: E402
 
-from bench.report_io import flagged_ratio, provenance, provenance_line, results_dir, set_json_key, spread  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    flagged_ratio,
+    provenance,
+    provenance_line,
+    results_dir,
+    run_ref,
+    set_json_key,
+    spread,
+)
 
 GOAL = 1.10  # ranker_vs_best_length_blind, trained tokens/s (issue 30)
 ROUNDS = 3
 ESTIMATES = ROOT / "bench/results/ranker_test_estimates.jsonl"
 CHARS_PER_TOKEN = 4.0
 SOURCE_CAP = 2048  # the recorded responses' max_new_tokens
-REGIMES = ("sync", "one_step")  # declared; the run of record runs the first (--regimes adds the other)
-RUN_OF_RECORD = ("sync",)
+REGIMES = {  # declared before the runs of record (regime -> overrides; the trainer mode first)
+    "sync": ["trainer.mode=sync"],
+    "sync_small_batch": ["trainer.mode=sync", "generation.max_inflight=16"],
+    "one_step": ["trainer.mode=one_step"],
+}
+RUN_OF_RECORD = ("sync", "sync_small_batch")
 BASE = [
     "generation.instances=2", "trainer.iterations=12", "trainer.prompts_per_iteration=32",
     "trainer.group_size=8", "trainer.kl_coef=0.001", "trainer.checkpoint_every=0", "eval.prompts=8",
@@ -145,19 +164,33 @@ def measure_regime(ns, mode: str, names: list[str], base: list[str], checkpoint:
     from services.common.config import load_config
 
     def config_for(name: str, r: int):
-        return load_config(ns.config, [*base, f"trainer.mode={mode}", *pin_overrides(ns.pin), *repeat_overrides(r),
+        return load_config(ns.config, [*base, *REGIMES[mode], *pin_overrides(ns.pin), *repeat_overrides(r),
                                        f"forced_length_replay.seed={r}", *VARIANTS[name]])
 
     t0 = time.time()
     try:
-        runs, order = run_rounds(names, ns.rounds, config_for, checkpoint, work, mode_of=lambda _: mode)
+        trainer_mode = REGIMES[mode][0].split("=", 1)[1]
+        runs, order = run_rounds(names, ns.rounds, config_for, checkpoint, work, mode_of=lambda _: trainer_mode)
     except RoundFailed as err:
         print(f"{err}; no result of record from this run", file=sys.stderr)
         return None
     for rs in runs.values():
         for run in rs:
             run["gen_span_s"] = gen_span(Path(run["run_dir"]))
-    return {"summary": summarize(runs), "runs": runs, "order": order, "wall_s": round(time.time() - t0, 1)}
+    return {"summary": summarize(runs), "runs": runs, "order": order, "wall_s": round(time.time() - t0, 1),
+            "overrides": REGIMES[mode]}
+
+
+def earlier_regimes(path: Path, measured: dict[str, dict]) -> dict[str, dict]:
+    """The regimes an earlier run wrote into ``path`` (``training.regimes``) that this run did not
+    re-measure, kept with their own provenance (``run_ref``: commit, date)."""
+    if not path.is_file():
+        return {}
+    old = (json.loads(path.read_text()).get("training") or {})
+    kept = {m: r for m, r in (old.get("regimes") or {}).items() if m not in measured}
+    for r in kept.values():
+        r.setdefault("provenance", run_ref(old["provenance"]))
+    return kept
 
 
 def regime_of_record(regimes: dict[str, dict]) -> str | None:
@@ -172,13 +205,14 @@ def markdown(res: dict) -> str:
              f"{res['settings']['rounds']} interleaved rounds per regime; {res['settings']['note']}. "
              f"Regime of record: **{res['regime_of_record']}** ({res['rule']}).", ""]
     for mode, reg in res["regimes"].items():
-        lines += regime_lines(mode, reg["summary"])
+        ref = reg.get("provenance") or {}
+        lines += regime_lines(mode, reg["summary"], f"commit `{str(ref.get('commit', '?'))[:12]}`, {ref.get('date', '?')}")
     lines += [provenance_line(res["provenance"]), ""]
     return "\n".join(lines)
 
 
-def regime_lines(mode: str, s: dict) -> list[str]:
-    lines = [f"## {mode}", "",
+def regime_lines(mode: str, s: dict, where: str = "") -> list[str]:
+    lines = [f"## {mode}" + (f" ({where})" if where else ""), "",
              "| variant | trained tokens/s (median [min-max]) | samples/s | gen span s/iteration | vs best length-blind |",
              "|---|---|---|---|---|"]
     for n, v in s["variants"].items():
@@ -240,20 +274,23 @@ def main() -> int:
         regimes[mode] = measure_regime(ns, mode, names, base, checkpoint, work / mode)
         if regimes[mode] is None:
             return 1
+    prov = provenance(Path(__file__), {"base": base, "variants": {n: VARIANTS[n] for n in names},
+                                       "rounds": ns.rounds, "pin": ns.pin, "regimes": {m: REGIMES[m] for m in regimes}})
+    out = results_dir(ns.out, ns.quick)
+    for reg in regimes.values():
+        reg["provenance"] = run_ref(prov)
+    regimes = {**earlier_regimes(out / "dispatch.json", regimes), **regimes}
     record = regime_of_record(regimes)
     note = (f"tiny model, vLLM, 2 instances (max_inflight 64 each){' pinned to CPU 0, trainer on CPU 1' if ns.pin else ''}, "
             f"{'4' if ns.quick else '12'} iterations of {'8' if ns.quick else '32'} prompts x 8 samples, "
             f"replayed lengths p50 {lengths['p50']:.0f} / p99 {lengths['p99']:.0f} / cap {cap} tokens; "
             "forced_length_replay.seed = round (every variant of a round replays the same lengths on the same prompts)")
     result = {
-        "provenance": provenance(Path(__file__), {"base": base, "variants": {n: VARIANTS[n] for n in names},
-                                                  "rounds": ns.rounds, "pin": ns.pin, "regimes": list(regimes)}),
-        "regimes": regimes, "regime_of_record": record,
+        "provenance": prov, "regimes": regimes, "regime_of_record": record,
         "rule": "the regime where the best oracle variant beats the best length-blind variant by the most (median)",
         "replay": {"source": str(ESTIMATES.relative_to(ROOT)), "lengths": lengths},
         "settings": {"rounds": ns.rounds, "quick": ns.quick, "note": note}, "bench_wall_s": round(time.time() - t0, 1),
     }
-    out = results_dir(ns.out, ns.quick)
     set_json_key(out / "dispatch.json", "training", result)
     for key in ("ranker_vs_best_length_blind", "oracle_vs_best_length_blind"):
         if record is not None and key in regimes[record]["summary"]:

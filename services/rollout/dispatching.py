@@ -7,8 +7,10 @@ When the orchestrator dials the SGS instances and a length estimator is configur
 staleness protocol allows them (those of the version they were reserved at, in the task's pool),
 given each instance's samples in flight and estimated outstanding work, the recent output lengths
 and the estimator's recent errors (estimate -> actual). Each group's estimate travels with its
-prompt, so the instance admits the longest first (LPT). Without an estimator the orchestrator's
-staleness-aware least-loaded pick stands, the best length-blind choice.
+prompt, so the instance admits the longest first (LPT); ``GroupEstimates`` also puts each batch of
+prompts in LPT order before any of it starts (a step's long groups start while the instances have
+room). Without an estimator the orchestrator's staleness-aware least-loaded pick stands, unless a
+length-blind policy (e.g. ``least_tokens``: fewest tokens in flight) is asked for by name.
 
 Mechanism around a pure call: the estimator is injected (``predict(texts)``, e.g. the ranker
 store's ``RankerWatcher(root).get()``, hot-swapped), and a failing estimator costs estimates,
@@ -32,6 +34,7 @@ from services.generation.scheduling import (
     SeqRequest,
     dispatch,
 )
+from services.generation.scheduling.admission import AdmissionQueue
 from services.generation.scheduling.dispatch import tokens_in_flight
 from services.generation.scheduling.lengths import LengthEstimator
 from services.rollout.routing import InstanceView
@@ -80,12 +83,11 @@ class GroupDispatcher:
             raise RuntimeError(f"length estimator returned {len(values)} estimates for {len(texts)} prompts")
         return self.given(values)
 
-    def given(self, values: list[float | None]) -> list[float | None]:
-        """Estimates from elsewhere (a replay's recorded ones, or the true lengths), counted as the
+    @staticmethod
+    def given(values: list[float | None]) -> list[float | None]:
+        """Estimates from elsewhere (a replay's recorded ones, or the true lengths), cleaned as the
         estimator's are (a missing or non-positive value is no estimate)."""
-        out = [float(v) if v is not None and v > 0 else None for v in values]
-        self.estimated += sum(1 for v in out if v is not None)
-        return out
+        return [float(v) if v is not None and v > 0 else None for v in values]
 
     def tokens_in_flight(self, instance: int, outstanding: int) -> float:
         """Tokens on ``instance`` now (``least_tokens``' load, ``dispatch.tokens_in_flight``)."""
@@ -152,3 +154,44 @@ class GroupDispatcher:
                 targets[g.key] = t
                 added[t] += g.samples
         return targets
+
+
+class GroupEstimates:
+    """Length estimates of the groups drawn from the task — a replay's (recorded or true lengths)
+    or the dispatcher's estimator's — computed once per group, and the order a task batch's groups
+    start in."""
+
+    def __init__(self, dispatcher: GroupDispatcher, replay=None) -> None:
+        self.dispatcher, self.replay = dispatcher, replay
+        self._of: dict[str, float | None] = {}  # drawn groups' estimates, until they are placed
+
+    def of(self, problems: list) -> list[float | None]:
+        todo = [p for p in problems if p.prompt_id not in self._of]
+        if todo:
+            if self.replay is not None and self.replay.mode != "none":
+                values = self.dispatcher.given([self.replay.estimate(p.prompt_id) for p in todo])
+            else:
+                values = self.dispatcher.estimates([p.prompt for p in todo])
+            self._of.update(zip((p.prompt_id for p in todo), values, strict=True))
+        return [self._of[p.prompt_id] for p in problems]
+
+    def take(self, problems: list) -> list[float | None]:
+        """The estimates of groups being placed (forgotten here: placement carries them on)."""
+        out = self.of(problems)
+        for p in problems:
+            self._of.pop(p.prompt_id, None)
+        self.dispatcher.estimated += sum(1 for v in out if v is not None)  # counted as placed
+        return out
+
+    def launch_order(self, batch: Callable[[int], list]) -> Callable[[int], list]:
+        """``batch`` with each batch longest estimate first (``AdmissionQueue("lpt")``, the instances'
+        own rule: groups without an estimate first, in the task's order), so a step's long groups
+        start while the instances have room rather than last."""
+        def ordered(n: int) -> list:
+            items = batch(n)
+            est = dict(zip((p.prompt_id for p in items), self.of(items), strict=True))
+            queue = AdmissionQueue("lpt", lambda p: est[p.prompt_id])
+            queue.extend(items)
+            return list(queue)
+
+        return ordered

@@ -53,7 +53,7 @@ from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
-from services.rollout.dispatching import GroupDispatcher, NewGroup
+from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
 from services.rollout.fleet import Fleet
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle, drain
@@ -143,7 +143,6 @@ class Orchestrator(GroupLifecycle):
         super().__init__(trainer)
         tc = self.tc
         self.max_new = trainer.cfg.generation.max_new_tokens
-        self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(trainer.sampler.batch, tc.prompts_per_iteration)
         self.partial = PartialResponsePool()
         self.events: queue.Queue = queue.Queue()
         self.pushers = trainer.publisher.pushers
@@ -164,10 +163,13 @@ class Orchestrator(GroupLifecycle):
         self.fleet = Fleet(trainer, self.router, self.counts, on_join=self._slot_added)
         replay = trainer.cfg.forced_length_replay
         self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates) if replay.file else None
+        self.estimates = GroupEstimates(self.dispatcher, self.replay) if self.dispatcher is not None else None
+        lpt = self.estimates is not None and trainer.cfg.generation.admission == "lpt"
+        batches = self.estimates.launch_order(trainer.sampler.batch) if lpt else trainer.sampler.batch
+        self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(batches, tc.prompts_per_iteration)
         self.stepped = False  # an optimizer step since the last repack check (check at once)
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
-            self._restore(checkpoint.restore(trainer.runner_state, trainer.version, trainer.sampler.batch,
-                                             tc.prompts_per_iteration))
+            self._restore(checkpoint.restore(trainer.runner_state, trainer.version, batches, tc.prompts_per_iteration))
         self.start_head()
 
     def _restore(self, r: checkpoint.Restored) -> None:
@@ -283,10 +285,7 @@ class Orchestrator(GroupLifecycle):
         if self.dispatcher is None or not batch:
             return {}, {}
         problems = [p for p, _ in batch]
-        if self.replay is not None and self.replay.mode != "none":
-            estimates = self.dispatcher.given([self.replay.estimate(p.prompt_id) for p in problems])
-        else:
-            estimates = self.dispatcher.estimates([p.prompt for p in problems])
+        estimates = self.estimates.take(problems)
         groups = [NewGroup(p.prompt_id, len(s.token_ids), e, g) for p, s, e in zip(problems, specs, estimates, strict=True)]
         targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch], [self._eligible(p.task) for p in problems],
                                              self.router.views(), self.capacity)

@@ -41,3 +41,30 @@ def test_ratios_are_against_the_best_length_blind_variant_per_round():
 def test_every_variant_is_one_of_the_three_kinds():
     assert set(dt.VARIANTS) == set(dt.LENGTH_BLIND) | set(dt.RANKER) | set(dt.ORACLE)
     assert "least_tokens" in dt.LENGTH_BLIND and all("/" not in n for n in dt.VARIANTS)  # names are run dirs
+
+
+def test_the_regime_of_record_is_where_the_oracle_pays_most_and_every_regime_is_rendered():
+    regimes = {
+        "sync": {"summary": dt.summarize(_runs({"pick": [100, 100, 100], "lpt+ranker": [90, 95, 99],
+                                                "lpt+oracle": [130, 120, 125]}))},
+        "one_step": {"summary": dt.summarize(_runs({"pick": [100, 100, 100], "lpt+ranker": [104, 100, 101],
+                                                    "lpt+oracle": [105, 101, 103]}))},
+    }
+    assert dt.regime_of_record(regimes) == "sync"  # 1.25x beats 1.03x, whatever the ranker did
+    assert dt.regime_of_record({"one_step": {"summary": dt.summarize(_runs({"pick": [1, 1, 1]}))}}) is None
+    prov = {"commit": "0" * 40, "dirty": False, "config_hash": "x", "date": "d", "versions": {},
+            "machine": {"cpu": "c", "cores": 2, "mem_gb": 8}}
+    text = dt.markdown({"regimes": regimes, "regime_of_record": "sync", "rule": "r", "provenance": prov,
+                        "settings": {"rounds": 3, "note": "n"}})
+    assert "## sync" in text and "## one_step" in text and "goal 1.1x **missed**" in text
+
+
+def test_a_run_keeps_the_regimes_an_earlier_run_measured_with_their_provenance(tmp_path):
+    f = tmp_path / "dispatch.json"
+    assert dt.earlier_regimes(f, {}) == {}
+    old = {"training": {"provenance": {"commit": "abc", "date": "d0"},
+                        "regimes": {"sync": {"summary": {}}, "one_step": {"summary": {}, "provenance": {"commit": "x"}}}}}
+    f.write_text(json.dumps(old))
+    kept = dt.earlier_regimes(f, {"one_step": {}})
+    assert list(kept) == ["sync"] and kept["sync"]["provenance"]["commit"] == "abc"  # re-measured ones are replaced
+    assert set(dt.REGIMES) >= set(dt.RUN_OF_RECORD) and all(o[0].startswith("trainer.mode=") for o in dt.REGIMES.values())

@@ -27,7 +27,7 @@ def _dispatcher(estimator, n=3, policy="lpt"):
 def test_lpt_spreads_the_longest_groups_over_the_instances_of_their_version():
     d = _dispatcher(Lengths())
     est = d.estimates(["x" * 90, "x" * 80, "x" * 10, "x" * 5])
-    assert est == [90.0, 80.0, 10.0, 5.0] and d.estimated == 4
+    assert est == [90.0, 80.0, 10.0, 5.0]
     groups = [NewGroup(f"g{i}", 4, e, 2) for i, e in enumerate(est)]
     views = [InstanceView(0, 1, 0, 100), InstanceView(1, 1, 0, 100), InstanceView(2, 0, 0, 100)]
     first = [views[0]] * 4  # the pick put every group on instance 0 at version 1
@@ -80,4 +80,43 @@ def test_least_tokens_places_by_the_tokens_each_instance_reports():
     views = [InstanceView(0, 0, 1, 100), InstanceView(1, 0, 8, 100), InstanceView(2, 0, 3, 100)]
     t = d.plan_round([NewGroup("g", 4, None, 2)], [views[0]], [None], views, capacity=100)
     assert t == {"g": 2}  # fewest tokens (150), though it is not the one with fewest samples (instance 0)
-    assert d.given([12.0, None, 0.0]) == [12.0, None, None] and d.estimated == 1
+    assert d.given([12.0, None, 0.0]) == [12.0, None, None]
+
+
+class _Item:
+    def __init__(self, pid: str, prompt: str) -> None:
+        self.prompt_id, self.prompt = pid, prompt
+
+
+def test_a_step_starts_longest_estimate_first_and_each_group_is_estimated_once():
+    from services.rollout.dispatching import GroupEstimates
+
+    calls = []
+
+    class Counting(Lengths):
+        def predict(self, prompts):
+            calls.append(list(prompts))
+            return super().predict(prompts)
+
+    d = _dispatcher(Counting())
+    est = GroupEstimates(d)
+    items = [_Item("a", "x" * 5), _Item("b", "x" * 50), _Item("c", "x" * 20)]
+    ordered = est.launch_order(lambda n: items[:n])
+    assert [p.prompt_id for p in ordered(3)] == ["b", "c", "a"]  # longest estimate first
+    assert est.take(items[:2]) == [5.0, 50.0] and len(calls) == 1  # placement reuses the launch-time estimates
+    assert est.take(items[:1]) == [5.0] and len(calls) == 2  # forgotten once placed: asked again
+    assert d.estimated == 3  # counted when placed: b and a, then a again
+
+
+def test_launch_order_keeps_the_task_order_without_estimates_and_puts_unestimated_first():
+    from services.rollout.dispatching import GroupEstimates
+
+    items = [_Item("a", "x"), _Item("b", "xx")]
+    assert [p.prompt_id for p in GroupEstimates(_dispatcher(None)).launch_order(lambda n: items)(2)] == ["a", "b"]
+
+    class Partly:
+        def predict(self, prompts):
+            return [None if len(p) == 1 else 9.0 for p in prompts]
+
+    items = [_Item("b", "xx"), _Item("a", "x")]
+    assert [p.prompt_id for p in GroupEstimates(_dispatcher(Partly())).launch_order(lambda n: items)(2)] == ["a", "b"]

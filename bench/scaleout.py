@@ -120,7 +120,7 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
                              f"after the iteration during which it joined the router plus a cooldown of {cooldown}",
             "baseline_*": "the same quantity over the same iterations of the baseline run (same ramp, controller off)",
             "throughput_after_vs_before": "generated tokens/s (samples x forced length / iteration time) over the "
-                                          "after-window over the same over the before-window, in the scale-out run; "
+                                          "after-window divided by that over the before-window, in the scale-out run; "
                                           "the baseline's over the same iterations beside it (the ramp alone)",
         },
     }
@@ -281,6 +281,8 @@ def main() -> int:
         result["previous_regime"] = {**{k: previous.get(k) for k in PREVIOUS_KEYS},
                                      "regime": previous.get("regime") or "generation.num_blocks=512 (16K KV tokens)",
                                      "commit": previous["provenance"]["commit"], "date": previous["provenance"]["date"]}
+    elif previous and previous.get("previous_regime"):  # a re-run of the same regime keeps the older one too
+        result["previous_regime"] = previous["previous_regime"]
     result["provenance"] = provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "overrides": base},
                                       Path(ns.config), cfg.generation.engine)
     print(write_results(out, "scaleout", result, markdown, plot))

@@ -89,23 +89,24 @@ class GroupDispatcher:
         estimator's are (a missing or non-positive value is no estimate)."""
         return [float(v) if v is not None and v > 0 else None for v in values]
 
-    def tokens_in_flight(self, instance: int, outstanding: int) -> float:
+    def tokens_in_flight(self, instance: int, outstanding: int, mean_length: float) -> float:
         """Tokens on ``instance`` now (``least_tokens``' load, ``dispatch.tokens_in_flight``)."""
-        lengths = self.lengths.distribution(self.dcfg.min_history)
         state = self.probe(instance) if self.probe is not None else None
-        return tokens_in_flight(state, self.kv_tokens, outstanding, lengths.mean() if lengths is not None else 0.0)
+        return tokens_in_flight(state, self.kv_tokens, outstanding, mean_length)
 
     def place(self, groups: list[NewGroup], candidates: list[InstanceView]) -> dict[str, int]:
         """Each group's instance (an index of ``candidates``' instances) by the dispatch policy."""
         if not groups:
             return {}
+        lengths = self.lengths.distribution(self.dcfg.min_history)  # sorted once per round
+        mean = lengths.mean() if lengths is not None else 0.0
         measured = self.dcfg.policy == "least_tokens"
         loads = tuple(InstanceLoad(k, v.inflight, self.work[v.index],
-                                   self.tokens_in_flight(v.index, v.inflight) if measured else 0.0)
+                                   self.tokens_in_flight(v.index, v.inflight, mean) if measured else 0.0)
                       for k, v in enumerate(candidates))
         pairs = list(self.pairs)
         ctx = DispatchContext(
-            instances=loads, spec=self.spec, lengths=self.lengths.distribution(self.dcfg.min_history),
+            instances=loads, spec=self.spec, lengths=lengths,
             alpha=self.dcfg.alpha, admission=self.cfg.admission,
             errors=EstimateErrorModel(pairs) if len(pairs) >= self.dcfg.min_history else None,
             scenarios=self.dcfg.scenarios, seed=next(self._seeds),

@@ -74,9 +74,9 @@ def test_least_tokens_places_by_the_tokens_each_instance_reports():
     d = GroupDispatcher(gen, 3, lambda: None, probe=state.get)
     for n in (40, 60):
         d.finished(0, None, n)  # mean recent length 50
-    assert d.tokens_in_flight(0, 8) == 900.0  # 90% of 1000 KV tokens
-    assert d.tokens_in_flight(1, 8) == 100.0 + 2 * 50.0  # its KV plus two queued samples at the mean
-    assert d.tokens_in_flight(2, 3) == 150.0  # no answer: its outstanding samples at the mean
+    assert d.tokens_in_flight(0, 8, 50.0) == 900.0  # 90% of 1000 KV tokens
+    assert d.tokens_in_flight(1, 8, 50.0) == 100.0 + 2 * 50.0  # its KV plus two queued samples at the mean
+    assert d.tokens_in_flight(2, 3, 50.0) == 150.0  # no answer: its outstanding samples at the mean
     views = [InstanceView(0, 0, 1, 100), InstanceView(1, 0, 8, 100), InstanceView(2, 0, 3, 100)]
     t = d.plan_round([NewGroup("g", 4, None, 2)], [views[0]], [None], views, capacity=100)
     assert t == {"g": 2}  # fewest tokens (150), though it is not the one with fewest samples (instance 0)

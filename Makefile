@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow test-gpu lint gpu-wheels install lock proto bench chaos clean server server-stop screenshots
+.PHONY: run test test-slow test-gpu gpu-check lint gpu-wheels install lock proto bench chaos clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ test-gpu: install
 # Wheels the lent GPU machine lacks (no network there), for its Python 3.12 (docs/gpu.md).
 gpu-wheels:
 	deploy/gpu_wheels.sh
+
+# On the lent GPU machine (no network; its own python3 with CUDA torch): the CUDA suite and
+# bench/gpu_train.py in one run, after `make gpu-wheels` here (docs/gpu.md).
+gpu-check:
+	deploy/gpu_check.sh
 
 bench: install
 	$(PY) bench/pipeline.py

@@ -44,13 +44,20 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
     """Where a result came from: commit and dirty flag, the script's and config's hashes, the
     generation engine, package versions, the machine (CPU model, cores, memory), the UTC date and
     the command line."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
+        except FileNotFoundError:  # no git on the machine (the lent GPU machine)
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
 
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
                   if ln.startswith("MemTotal"))
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")), "engine": engine,
+    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
+    if commit is None:  # a copy of the tree without its .git (the device tool's): the caller says which commit
+        commit, status = os.environ.get("BRAID_SOURCE_COMMIT", "unknown"), os.environ.get("BRAID_SOURCE_STATUS", "unknown")
+    return {"commit": commit, "dirty": bool(status), "engine": engine,
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
             "config": config, "config_file": _shown(config_file),

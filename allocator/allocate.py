@@ -35,6 +35,7 @@ from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainP
 from allocator.training import MFU, TrainSite, TrainWorkload
 from services.generation.scheduling.hardware import HARDWARE, Hardware
 from services.generation.scheduling.models import MODELS, ModelSpec
+from services.policy.bucketing import MICRO_BATCH_TOKENS
 
 PLAN_FIELDS = ("gen_gpus", "train_gpus", "gen_parallel", "train_parallel", "t_gen_s", "t_train_s", "iteration_s",
                "samples_per_s", "samples_per_s_per_cost", "planning_time_s")
@@ -164,11 +165,13 @@ def train_workload(prompts: list[int], outputs: list[int], algorithm: str, profi
                    group_size: int | None = None, micro_batch_groups: int | None = None) -> TrainWorkload:
     """One iteration's training workload: its tokens and the learner's expected padded work
     (``allocator.padding.expected_work``), grouped as given, else as the profile's trainer config
-    was (the trainer's defaults, 8 and 8, without a profile)."""
+    was (the trainer's defaults, 8 and 8, without a profile), in passes of the profile's
+    ``micro_batch_tokens``."""
     seq = [p + o for p, o in zip(prompts, outputs, strict=True)]
     gs = group_size or (profile.group_size if profile is not None else 8)
     mbg = micro_batch_groups or (profile.micro_batch_groups if profile is not None else 8)
-    return TrainWorkload.from_work(expected_work(seq, gs, mbg), algorithm)
+    mbt = profile.micro_batch_tokens if profile is not None else MICRO_BATCH_TOKENS
+    return TrainWorkload.from_work(expected_work(seq, gs, mbg, max_tokens=mbt), algorithm)
 
 
 def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: WorkloadSpec) -> CostModel:

@@ -47,6 +47,7 @@ from allocator.training import TrainWorkload, padded_step_flops
 from services.common.config import StrictModel
 from services.generation.scheduling.models import ModelSpec
 from services.generation.scheduling.profiles import ProfileModel, check_fingerprint, read_validated
+from services.policy.bucketing import MICRO_BATCH_TOKENS
 
 FORMAT = "braid-train-profile/1"
 
@@ -75,15 +76,17 @@ class TrainPoint(StrictModel):
 
 
 def make_point(samples: int, prompt_tokens: int, response_tokens: int, seconds: float,
-               calls: Sequence[Sequence[int]] | None = None, sigma: float = 0.0) -> TrainPoint:
+               calls: Sequence[Sequence[int]] | None = None, sigma: float = 0.0,
+               max_tokens: int = MICRO_BATCH_TOKENS) -> TrainPoint:
     """A point of ``samples`` sequences whose lengths (prompt + response) went to the learner's
     ``backward`` calls as ``calls`` (default: one call, every sequence ``prompt_tokens +
-    response_tokens``); tokens, attn_sq and the padded work are computed from them."""
+    response_tokens``); tokens, attn_sq and the padded work are computed from them, the learner
+    bucketing each call into passes of at most ``max_tokens`` padded tokens."""
     if calls is None:
         calls = [[prompt_tokens + response_tokens] * samples]
     if sum(len(c) for c in calls) != samples:
         raise ValueError(f"{samples} samples but {sum(len(c) for c in calls)} sequence lengths")
-    work: PaddedWork = micro_batch_work(calls)
+    work: PaddedWork = micro_batch_work(calls, max_tokens)
     return TrainPoint(samples=samples, prompt_tokens=prompt_tokens, response_tokens=response_tokens,
                       tokens=round(work.tokens), attn_sq=work.attn_sq, padded_tokens=round(work.padded_tokens),
                       padded_attn_sq=work.padded_attn_sq, micro_batches=round(work.micro_batches), sigma=sigma,
@@ -109,6 +112,8 @@ class TrainProfile(StrictModel):
     group_size: int = Field(8, ge=1, le=100_000, description="trainer.group_size of the measured steps (the "
                             "allocator's expected padding deals a workload's lengths into such groups).")
     micro_batch_groups: int = Field(8, ge=1, le=100_000, description="trainer.micro_batch_groups: groups per backward call.")
+    micro_batch_tokens: int = Field(MICRO_BATCH_TOKENS, ge=16, le=4_194_304,
+                                    description="trainer.micro_batch_tokens: padded tokens per forward/backward pass.")
     response_sigma: float = Field(0.0, ge=0, le=5, description="Log-space spread of the grid's spread points (each "
                                   "grid point measured again at that spread; 0: equal lengths only).")
     points: tuple[TrainPoint, ...] = Field(min_length=2, description="Measured grid points.")
@@ -159,7 +164,8 @@ def fit_step_time(flops: Sequence[float], seconds: Sequence[float]) -> tuple[flo
 def make_train_profile(model: ModelSpec, points: Sequence[TrainPoint], *, hardware: str, algorithm: str,
                        reference_model: bool, device: str, threads: int, response_sigma: float = 0.0,
                        backend: str = "torch", dtype: str = "float32", ranks: int = 1, group_size: int = 8,
-                       micro_batch_groups: int = 8, activation_checkpointing: bool = False,
+                       micro_batch_groups: int = 8, micro_batch_tokens: int = MICRO_BATCH_TOKENS,
+                       activation_checkpointing: bool = False,
                        notes: str = "") -> TrainProfile:
     """Fit ``points`` (measured on ``model``) and wrap them into a profile."""
     flops = [padded_step_flops(model, p.workload(algorithm)) for p in points]
@@ -168,7 +174,8 @@ def make_train_profile(model: ModelSpec, points: Sequence[TrainPoint], *, hardwa
         hardware=hardware, model=ProfileModel(name=model.name, fingerprint=model.fingerprint()),
         algorithm=algorithm, reference_model=reference_model, backend=backend, device=device,  # type: ignore[arg-type]
         dtype=dtype, ranks=ranks, threads=threads, group_size=group_size,  # type: ignore[arg-type]
-        micro_batch_groups=micro_batch_groups, activation_checkpointing=activation_checkpointing,
+        micro_batch_groups=micro_batch_groups, micro_batch_tokens=micro_batch_tokens,
+        activation_checkpointing=activation_checkpointing,
         response_sigma=response_sigma,
         points=tuple(points), fixed_s=fixed, effective_flops=eff, fit_max_rel_error=max_err,
         fit_median_rel_error=med_err, created=date.today().isoformat(), notes=notes,

@@ -203,7 +203,7 @@ def measure_grid(learner, tc, vocab: int, grid: list[tuple[int, int, float]], *,
         time_step(learner, groups, tc.micro_batch_groups, sync)  # warm-up: allocator, new shapes
         times = [time_step(learner, groups, tc.micro_batch_groups, sync) for _ in range(repeats)]
         p = make_point(samples, PROMPT_TOKENS, resp, statistics.median(times), call_lengths(groups, tc.micro_batch_groups),
-                       sigma=sigma)
+                       sigma=sigma, max_tokens=tc.micro_batch_tokens)
         points.append(p)
         print(f"  samples={samples:4d} response={resp:4d} sigma={sigma:.1f} tokens={p.tokens:6d} padded={p.padded_tokens:6d}:"
               f" {p.seconds * 1e3:9.1f} ms/step ({p.tokens / p.seconds:7.0f} tok/s; runs "
@@ -245,7 +245,7 @@ def run_train_profile(config_path: str | None, model_dir: str | None, out: str |
     profile = make_train_profile(
         spec, points, hardware=kind, algorithm=tc.algorithm.name, reference_model=tc.kl_coef > 0,
         device=dev_label, threads=nthreads, response_sigma=sigma, backend=tc.backend, dtype=tc.dtype, ranks=1,
-        group_size=tc.group_size, micro_batch_groups=tc.micro_batch_groups,
+        group_size=tc.group_size, micro_batch_groups=tc.micro_batch_groups, micro_batch_tokens=tc.micro_batch_tokens,
         activation_checkpointing=tc.activation_checkpointing,
         notes=(f"MEASURED by `braid profile-train` on the trainer's Learner ({what}), "
                f"config {config_path or 'defaults'}: {tc.algorithm.name}, kl_coef {tc.kl_coef}, loss_agg "

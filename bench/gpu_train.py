@@ -13,7 +13,8 @@ network and the checkpoints do not travel; step time does not depend on the weig
 - ``qwen2.5-1.5b``: Qwen2.5-1.5B's (Qwen2, 28 layers, h1536, vocab 151,936, tied), the largest
   Qwen2.5 whose full AdamW training fits one 80 GB GPU beside a reference copy.
 
-Two variants per model (``VARIANTS``):
+Two variants (``VARIANTS``), each at a budget of padded tokens per forward/backward pass
+(``trainer.micro_batch_tokens``; ``RUNS`` lists the runs per model):
 
 - ``roofline``: what the allocator's roofline prices (``allocator.training``: GRPO at 5
   forward-equivalents = forward + recomputed forward + backward + a reference forward), i.e.
@@ -26,7 +27,10 @@ Per point: measured seconds, trained tokens/s, and the achieved MFU (the FLOPs t
 really computed: ``allocator.training.step_flops`` at the variant's forward-equivalents, over
 seconds x the H100's bf16 peak). Per model and variant: the measured profile's fit
 (``allocator.train_profile.make_train_profile``: fixed seconds per step and effective FLOP/s),
-the peak GPU memory. All points have equal lengths (sigma 0: no padding), prompts of 12 tokens.
+the peak GPU memory; ``micro_batch_speedup``: the plain variant's trained tokens/s at the
+largest budget over the CPU default of 4,096 tokens (a pass costs thousands of kernel launches
+whatever its size: on a 135M model at 4,096 tokens the GPU was busy 22 % of a step, a profile of
+2026-11-27 on an H100). All points have equal lengths (sigma 0: no padding), prompts of 12 tokens.
 
 Declared before the run of record (``TARGETS``): the roofline's median relative error over the
 ``roofline`` points of each model <= 0.30, i.e. the allocator's derived H100 training model is
@@ -61,10 +65,14 @@ ARCHS = {
                                    rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)),
 }
 # per model: (samples per step, median response tokens) grid and groups per backward call
-GRIDS = {"smollm2-135m": ((64, 256), (256, 1024), 8), "qwen2.5-1.5b": ((32, 128), (256, 1024), 1)}
-QUICK_GRIDS = {"smollm2-135m": ((16, 64), (64, 256), 8), "qwen2.5-1.5b": ((16, 32), (64, 256), 1)}
+GRIDS = {"smollm2-135m": ((64, 128), (256, 1024), 8), "qwen2.5-1.5b": ((32, 64), (256, 1024), 2)}
+QUICK_GRIDS = {"smollm2-135m": ((16, 64), (64, 256), 8), "qwen2.5-1.5b": ((16, 32), (64, 256), 2)}
 # variant -> (activation checkpointing, kl_coef, forward-equivalents of the work the learner does)
 VARIANTS = {"roofline": (True, 0.05, 5.0), "plain": (False, 0.0, 3.0)}
+# per model: the (variant, trainer.micro_batch_tokens) runs, in order. 4096 is the CPU default;
+# the larger budgets are what one H100's memory holds beside each model (logits of 49K / 152K vocab)
+RUNS = {"smollm2-135m": (("plain", 4096), ("plain", 32768), ("roofline", 32768)),
+        "qwen2.5-1.5b": (("plain", 8192), ("roofline", 8192))}
 REPEATS = 3
 HARDWARE = "H100"
 TARGETS = {"roofline_median_rel_error": 0.30}
@@ -116,7 +124,8 @@ def summarize(spec, points, variant: str, hw) -> dict:
             "roofline_over_measured_median": statistics.median(r["roofline_s"] / r["seconds"] for r in rows)}
 
 
-def fit_profile(spec, points, variant: str, *, device: str, group_size: int, micro_batch_groups: int) -> dict:
+def fit_profile(spec, points, variant: str, *, device: str, group_size: int, micro_batch_groups: int,
+                micro_batch_tokens: int) -> dict:
     """The measured points as a training profile (its fit), or the fit's error: a failed fit
     (time not growing with FLOPs) must not lose the points."""
     import torch
@@ -129,14 +138,15 @@ def fit_profile(spec, points, variant: str, *, device: str, group_size: int, mic
         return make_train_profile(
             spec, points, hardware=HARDWARE, algorithm="grpo", reference_model=kl > 0, device=device,
             threads=torch.get_num_threads(), backend="torch", dtype="bfloat16", group_size=group_size,
-            micro_batch_groups=micro_batch_groups, activation_checkpointing=ckpt,
+            micro_batch_groups=micro_batch_groups, micro_batch_tokens=micro_batch_tokens,
+            activation_checkpointing=ckpt,
             notes=f"MEASURED by bench/gpu_train.py ({variant}); random weights, prompts of {PROMPT_TOKENS} "
                   "tokens, equal response lengths").model_dump(mode="json")
     except ValueError as err:
         return {"error": str(err)}
 
 
-def measure(name: str, variant: str, quick: bool, device: str = "cuda") -> dict:
+def measure(name: str, variant: str, quick: bool, device: str = "cuda", micro_batch_tokens: int = 4096) -> dict:
     """Build the learner for ``name`` x ``variant`` on ``device``, measure its grid, fit a profile
     (``device`` 'cpu' only to check this script without a GPU: its numbers mean nothing)."""
     import torch
@@ -150,6 +160,7 @@ def measure(name: str, variant: str, quick: bool, device: str = "cuda") -> dict:
     samples, responses, mbg = (QUICK_GRIDS if quick else GRIDS)[name]
     cfg = load_config(None, [f"trainer.device={device}", "trainer.dtype=bfloat16", f"trainer.kl_coef={kl}",
                              f"trainer.activation_checkpointing={str(ckpt).lower()}", f"trainer.micro_batch_groups={mbg}",
+                             f"trainer.micro_batch_tokens={micro_batch_tokens}",
                              "trainer.learner=inline", "generation.max_new_tokens=4096"])
     policy = build_model(name)
     spec = spec_from_hf_config(name, policy.model.config.to_dict(), dtype_bytes=2)
@@ -164,9 +175,10 @@ def measure(name: str, variant: str, quick: bool, device: str = "cuda") -> dict:
     points = measure_grid(learner, cfg.trainer, spec.vocab, grid, repeats=REPEATS, cap=cfg.generation.max_new_tokens,
                           sync=torch.cuda.synchronize if cuda else (lambda: None))
     profile = fit_profile(spec, points, variant, device=f"{device} ({label})", group_size=cfg.trainer.group_size,
-                          micro_batch_groups=mbg)
+                          micro_batch_groups=mbg, micro_batch_tokens=micro_batch_tokens)
     out = {**summarize(spec, points, variant, get_hardware(HARDWARE)), "params": spec.params(),
-           "micro_batch_groups": mbg, "activation_checkpointing": ckpt, "kl_coef": kl,
+           "micro_batch_groups": mbg, "micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": ckpt,
+           "kl_coef": kl, "variant": variant,
            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "seconds": time.perf_counter() - t0,
            "profile": profile}
     del learner, policy
@@ -175,11 +187,29 @@ def measure(name: str, variant: str, quick: bool, device: str = "cuda") -> dict:
     return out
 
 
+def headlines(models: dict) -> dict:
+    """The results' headline numbers from the runs so far (pure): each model's roofline error on
+    its ``roofline`` run of the largest micro-batch budget, and the speedup of the plain variant's
+    largest budget over its 4096-token CPU default (median over the grid points)."""
+    errs, speedup = {}, {}
+    for name, runs in models.items():
+        done = {k: v for k, v in runs.items() if "points" in v}
+        roof = sorted((v["micro_batch_tokens"], k) for k, v in done.items() if v["variant"] == "roofline")
+        if roof:
+            errs[name] = done[roof[-1][1]]["roofline_median_rel_error"]
+        plain = sorted((v["micro_batch_tokens"], k) for k, v in done.items() if v["variant"] == "plain")
+        if len(plain) > 1 and plain[0][0] == 4096:
+            small, large = done[plain[0][1]]["points"], done[plain[-1][1]]["points"]
+            speedup[name] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(small, large, strict=True))
+    return {"models": models, "roofline_median_rel_error": errs, "micro_batch_speedup": speedup, "targets": TARGETS,
+            "targets_met": {n: e <= TARGETS["roofline_median_rel_error"] for n, e in errs.items()}}
+
+
 def markdown(result: dict) -> str:
     lines = ["# The learner on one GPU vs the allocator's roofline", "", provenance_line(result["provenance"]), "",
              f"Device: {result['device']}. Random weights of the named architectures; bfloat16 autocast over "
              "float32 master weights; equal lengths, prompts of 12 tokens.", "",
-             "| model | variant | samples | response | tokens/s | MFU | measured s | roofline s | error |",
+             "| model | variant @ micro-batch tokens | samples | response | tokens/s | MFU | measured s | roofline s | error |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, variants in result["models"].items():
         for variant, v in variants.items():
@@ -193,6 +223,9 @@ def markdown(result: dict) -> str:
     for name, ok in result["targets_met"].items():
         lines.append(f"| roofline median error, {name} | {result['roofline_median_rel_error'].get(name, float('nan')):.0%} | "
                      f"<= {TARGETS['roofline_median_rel_error']:.0%} | {'met' if ok else '**missed**'} |")
+    for name, x in result.get("micro_batch_speedup", {}).items():
+        lines.append(f"\nPlain variant, {name}: {x:.2f}x trained tokens/s with the largest micro-batch budget over the "
+                     "4096-token CPU default (median over the grid points).")
     return "\n".join(lines) + "\n"
 
 
@@ -230,20 +263,20 @@ def main() -> None:
         sys.exit(f"--models: unknown {unknown}; known: {sorted(ARCHS)}")
     models: dict = {}
     for name in names:
-        for variant in VARIANTS:
+        for variant, mbt in RUNS[name]:
+            key = f"{variant}@{mbt}"
             try:
-                models.setdefault(name, {})[variant] = measure(name, variant, args.quick)
-            except Exception as err:  # noqa: BLE001 - one failed model must not lose the others' results
-                models.setdefault(name, {})[variant] = {"error": f"{type(err).__name__}: {err}"}
-                print(f"{name} / {variant} failed: {err}", flush=True)
-    errs = {n: v["roofline"]["roofline_median_rel_error"] for n, v in models.items() if "points" in v.get("roofline", {})}
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "models": models,
-              "roofline_median_rel_error": errs, "targets": TARGETS,
-              "targets_met": {n: e <= TARGETS["roofline_median_rel_error"] for n, e in errs.items()},
-              "provenance": provenance(Path(__file__), {"grids": QUICK_GRIDS if args.quick else GRIDS,
-                                                        "variants": VARIANTS, "repeats": REPEATS, "models": names})}
-    print(write_results(results_dir(args.out, args.quick), "gpu_train", result, markdown, plot))
-
+                models.setdefault(name, {})[key] = measure(name, variant, args.quick, micro_batch_tokens=mbt)
+            except Exception as err:  # noqa: BLE001 - one failed run must not lose the others' results
+                models.setdefault(name, {})[key] = {"error": f"{type(err).__name__}: {err}"}
+                print(f"{name} / {key} failed: {err}", flush=True)
+            # written after every run: a run cut short by its time limit keeps what it measured
+            result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, **headlines(models),
+                      "provenance": provenance(Path(__file__), {"grids": QUICK_GRIDS if args.quick else GRIDS,
+                                                                "variants": VARIANTS, "runs": RUNS, "repeats": REPEATS,
+                                                                "models": names})}
+            text = write_results(results_dir(args.out, args.quick), "gpu_train", result, markdown, plot)
+    print(text)
 
 if __name__ == "__main__":
     main()

@@ -91,6 +91,12 @@ class TrainerConfig(StrictModel):
     prompts_per_iteration: int = Field(32, ge=1, le=100_000, description="Prompts per iteration.")
     group_size: int = Field(8, ge=2, le=1024, description="Samples per prompt (GRPO group).")
     micro_batch_groups: int = Field(8, ge=1, le=100_000, description="Complete groups that trigger a forward/backward.")
+    micro_batch_tokens: int = Field(
+        4096, ge=16, le=4_194_304,
+        description="Padded tokens per forward/backward pass (sequences are bucketed by length up to this; a longer "
+        "sequence goes alone). Bounds activation memory; on a GPU each pass costs thousands of kernel launches "
+        "whatever its size, so raise it there as far as memory allows (docs/gpu.md).",
+    )
     skip_zero_advantage_groups: bool = Field(
         True,
         description="Skip the forward/backward of groups whose advantages are all zero when there is no KL term "

@@ -27,7 +27,7 @@ from services.common.config import RunConfig
 from services.common.types import SampleRecord
 from services.common.weights import WeightStream
 from services.policy.batch import PackedBatch, completion_values, pack, token_logprobs
-from services.policy.bucketing import MICRO_BATCH_TOKENS, length_buckets
+from services.policy.bucketing import length_buckets
 from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
 from services.trainer.backends import create_backend
@@ -123,7 +123,7 @@ class Learner:
                 continue
             chosen.extend(zip(group.samples, signal.tolist(), strict=True))
         lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s, _ in chosen]
-        buckets = length_buckets(lengths, MICRO_BATCH_TOKENS)
+        buckets = length_buckets(lengths, self.cfg.trainer.micro_batch_tokens)
         # data parallel: every rank makes as many passes as the busiest (agreed before any pass)
         passes = len(buckets) if self.parallel is None else max_across(len(buckets))
         for idx in buckets:

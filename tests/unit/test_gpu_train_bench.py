@@ -6,7 +6,7 @@ import pytest
 
 from allocator.train_profile import make_point
 from allocator.training import step_flops
-from bench.gpu_train import ARCHS, TARGETS, VARIANTS, markdown, summarize
+from bench.gpu_train import ARCHS, RUNS, VARIANTS, headlines, markdown, summarize
 from services.generation.scheduling.hardware import get_hardware
 from services.generation.scheduling.models import spec_from_hf_config
 
@@ -43,9 +43,25 @@ def test_the_report_marks_a_missed_target_and_a_failed_variant():
     result = {"device": "NVIDIA H100 80GB HBM3", "provenance": {
         "commit": "0" * 40, "dirty": False, "config_hash": "x", "date": "2026-11-27",
         "machine": {"cpu": "x", "cores": 16, "mem_gb": 128}, "versions": {}},
-        "models": {"smollm2-135m": {"roofline": measured, "plain": {"error": "OutOfMemoryError: CUDA"}}},
-        "roofline_median_rel_error": {"smollm2-135m": measured["roofline_median_rel_error"]},
-        "targets_met": {"smollm2-135m": measured["roofline_median_rel_error"] <= TARGETS["roofline_median_rel_error"]}}
+        **headlines({"smollm2-135m": {"roofline@4096": {**measured, "variant": "roofline", "micro_batch_tokens": 4096},
+                                      "plain@4096": {"error": "OutOfMemoryError: CUDA"}}})}
     text = markdown(result)
     assert "**missed**" in text and "failed: OutOfMemoryError" in text
-    assert set(VARIANTS) == {"roofline", "plain"}
+    assert set(VARIANTS) == {"roofline", "plain"} and all(v in VARIANTS for runs in RUNS.values() for v, _ in runs)
+
+
+def test_headlines_judge_the_largest_budget_and_the_speedup_over_the_cpu_default():
+    spec, hw = _spec("smollm2-135m"), get_hardware("H100")
+
+    def run(variant, mbt, seconds):
+        out = summarize(spec, [make_point(64, 12, 256, s) for s in seconds], variant, hw)
+        return {**out, "variant": variant, "micro_batch_tokens": mbt}
+
+    h = headlines({"smollm2-135m": {"plain@4096": run("plain", 4096, [4.0, 8.0]),
+                                    "plain@32768": run("plain", 32768, [1.0, 4.0]),
+                                    "roofline@4096": run("roofline", 4096, [9.0]),
+                                    "roofline@32768": run("roofline", 32768, [1.0])}})
+    assert h["micro_batch_speedup"]["smollm2-135m"] == pytest.approx(3.0)  # median of 4x and 2x
+    big = summarize(spec, [make_point(64, 12, 256, 1.0)], "roofline", hw)["roofline_median_rel_error"]
+    assert h["roofline_median_rel_error"]["smollm2-135m"] == pytest.approx(big)
+    assert h["targets_met"]["smollm2-135m"] is False

@@ -30,9 +30,11 @@ def test_the_allocator_prices_the_learners_own_bucketing_without_importing_torch
     import subprocess
     import sys
 
+    from services.common.trainer_config import TrainerConfig
     from services.trainer import learner
 
-    assert learner.length_buckets is length_buckets and learner.MICRO_BATCH_TOKENS == MICRO_BATCH_TOKENS
+    # the learner buckets with the same function, at trainer.micro_batch_tokens (default: the allocator's)
+    assert learner.length_buckets is length_buckets and TrainerConfig().micro_batch_tokens == MICRO_BATCH_TOKENS
     code = "import sys, allocator.padding, allocator.training; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"

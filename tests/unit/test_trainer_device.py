@@ -70,3 +70,17 @@ def test_the_direct_transport_snapshots_to_host_memory():
     for k, v in snap.items():
         assert v.device.type == "cpu" and v.dtype == torch.float32
         assert v.data_ptr() != state[k].data_ptr()  # a copy, not a view of the live weights
+
+
+def test_the_micro_batch_token_budget_sets_the_passes_not_the_update():
+    """trainer.micro_batch_tokens: several passes at a tiny budget, one pass for all at a large
+    one; the gradients are the same (up to float32 summation order)."""
+    from tests.unit.test_learner import _groups, _step
+
+    small, large = _learner(micro_batch_tokens=16), _learner(micro_batch_tokens=1_000_000)
+    _, g_small = _step(small, [_groups()])
+    _, g_large = _step(large, [_groups()])
+    assert small.stats.trained_samples == large.stats.trained_samples == 5  # group c has zero advantages
+    assert small.stats.micro_batches >= 3 and large.stats.micro_batches == 1
+    for k in g_small:
+        assert torch.allclose(g_small[k], g_large[k], atol=1e-6, rtol=1e-4), k

@@ -207,8 +207,11 @@ def headlines(models: dict) -> dict:
 
 def markdown(result: dict) -> str:
     lines = ["# The learner on one GPU vs the allocator's roofline", "", provenance_line(result["provenance"]), "",
-             f"Device: {result['device']}. Random weights of the named architectures; bfloat16 autocast over "
-             "float32 master weights; equal lengths, prompts of 12 tokens.", "",
+             *([f"Provenance note: {result['provenance']['provenance_note']}", ""]
+               if result["provenance"].get("provenance_note") else []),
+             f"Device: {result['device']}; the roofline is the allocator's {HARDWARE} (989.4 TFLOP/s dense bf16, "
+             "the H200's peak too; MFU 0.40). Random weights of the named architectures; bfloat16 autocast over "
+             "float32 master weights; equal lengths, prompts of 12 tokens; median of 3 steps per point.", "",
              "| model | variant @ micro-batch tokens | samples | response | tokens/s | MFU | measured s | roofline s | error |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, variants in result["models"].items():
@@ -239,7 +242,8 @@ def plot(result: dict, path: Path) -> None:
     for name, variants in result["models"].items():
         for variant, v in variants.items():
             if "points" in v:
-                ax.plot([r["tokens"] for r in v["points"]], [r["mfu"] for r in v["points"]], "o-", label=f"{name} {variant}")
+                pts = sorted(v["points"], key=lambda r: r["tokens"])
+                ax.plot([r["tokens"] for r in pts], [r["mfu"] for r in pts], "o-", label=f"{name} {variant}")
     ax.axhline(0.40, color="grey", ls="--", label="roofline MFU 0.40")
     ax.set(xscale="log", xlabel="tokens per step", ylabel="achieved MFU (bf16 peak)", title=result["device"])
     ax.legend(fontsize=8)

@@ -54,9 +54,13 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
                   if ln.startswith("MemTotal"))
-    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain")
-    if commit is None:  # a copy of the tree without its .git (the device tool's): the caller says which commit
-        commit, status = os.environ.get("BRAID_SOURCE_COMMIT", "unknown"), os.environ.get("BRAID_SOURCE_STATUS", "unknown")
+    if source := os.environ.get("BRAID_SOURCE_COMMIT"):
+        # a copy of the tree made elsewhere (the device tool's carries the .git of the session's first
+        # checkout, so git there names an older commit, dirty): the caller says which commit it is
+        commit, status = source, os.environ.get("BRAID_SOURCE_STATUS", "unknown")
+    else:
+        commit, status = git("rev-parse", "HEAD") or "unknown", git("status", "--porcelain")
+        status = "unknown" if status is None else status
     return {"commit": commit, "dirty": bool(status), "engine": engine,
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],

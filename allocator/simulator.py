@@ -11,7 +11,11 @@
    the batch limit and the KV-cache capacity, and advances decode steps with the profile's
    per-step cost (StaleFlow's T_i(S) = k1 kv + max(k2, k3 n) + k4, plus k5 n kv for the CPU
    engine), generating each sequence's **true** length;
-3. the makespan is the latest finish over instances (all sequences arrive at t = 0).
+3. the makespan is the latest finish over instances (all sequences arrive at t = 0); with
+   ``cores`` (instances sharing that many CPU cores, as two SGS instances pinned to one core), the
+   instances' runs are their CPU work and the makespan is that of processor sharing over the
+   cores (``shared_makespan``): the instance model's decisions depend on counts and KV tokens,
+   never on time, so each instance makes the same steps at whatever speed it gets.
 
 The allocator issue's generation-time model is ``generation_time``: a workload (prompt and
 output lengths, optional estimates) on ``n`` instances of one profile, with the configured
@@ -82,10 +86,12 @@ def simulate(
     oracle: bool = False,
     unit: str = "sample",
     trace: bool = False,
+    cores: float | None = None,
 ) -> SimResult:
     """Dispatch ``samples`` with ``policy`` over ``n_instances`` identical instances and run
     each instance; ``oracle`` tells the scheduler the true lengths instead of the estimates
-    (then pass no ``lengths``/``errors``: true lengths need no calibration)."""
+    (then pass no ``lengths``/``errors``: true lengths need no calibration). ``cores``: the
+    instances share that many cores (None: each has its own)."""
     if n_instances < 1:
         raise ValueError(f"n_instances must be >= 1, got {n_instances}")
     if not samples:
@@ -101,7 +107,24 @@ def simulate(
     for s in samples:
         per_inst[plan.assignment[s.seq_id]].append(Job(s.seq_id, s.prompt_tokens, s.length, est[s.seq_id]))
     runs = [run_instance(jobs, spec, admission, trace=trace) for jobs in per_inst]
-    return SimResult(max(r.makespan_s for r in runs), policy, admission, plan, runs)
+    works = [r.makespan_s for r in runs]
+    makespan = max(works) if cores is None else shared_makespan(works, cores)
+    return SimResult(makespan, policy, admission, plan, runs)
+
+
+def shared_makespan(works: Sequence[float], cores: float) -> float:
+    """When the last of ``works`` (seconds of one core each, all ready at t = 0, each on one
+    thread) ends under processor sharing over ``cores`` cores: k busy instances each run at
+    min(1, cores / k). One core: the sum of the works; as many cores as works: the largest."""
+    if cores <= 0:
+        raise ValueError(f"cores must be > 0, got {cores}")
+    left = sorted(w for w in works if w > 0)
+    t = done = 0.0
+    for k, w in enumerate(left):
+        rate = min(1.0, cores / (len(left) - k))  # each of the len(left) - k still busy
+        t += (w - done) / rate
+        done = w
+    return t
 
 
 def generation_time(

@@ -173,6 +173,9 @@ def main() -> None:
     ns = ap.parse_args()
     from services.generation.scheduling.profiles import load_profile
 
+    # before anything is written: a profile measured by this run must not make its own tree dirty
+    prov = provenance(Path(__file__), {"regime": ns.regime, "calibration": CALIBRATION_VARIANT,
+                                       "prompt_tokens": PROMPT_TOKENS, "cores": 1})
     out = results_dir(ns.out, False)
     training = json.loads((out / "dispatch.json").read_text()).get("training") or {}
     regime = (training.get("regimes") or {}).get(ns.regime)
@@ -196,8 +199,7 @@ def main() -> None:
            "per_round": {"measured_s": measured, "simulated_raw_s": simulated}, "target_error": TARGET_ERROR,
            "profile": {"file": str(profile_path.relative_to(ROOT)) if profile_path.is_relative_to(ROOT) else str(profile_path),
                        "fit_rel_rmse": profile.fit_rel_rmse, "notes": profile.notes},
-           "provenance": provenance(Path(__file__), {"regime": ns.regime, "calibration": CALIBRATION_VARIANT,
-                                                     "prompt_tokens": PROMPT_TOKENS, "cores": 1})}
+           "provenance": prov}
     set_json_key(out / "dispatch.json", "training_sim", res)
     for key in ("sim_error_max_per_policy", "sim_policy_order_matches", "sim_resolved_pairs_agree"):
         set_json_key(out / "dispatch.json", key, judged[key])

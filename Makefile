@@ -29,8 +29,10 @@ lock:
 run: install
 	$(VENV)/bin/braid run --config $(CONFIG)
 
+# Two workers (pytest-xdist), each test file on one worker (its module fixtures stay shared): the
+# integration tests wait on their processes most of the time, one process kept one core busy.
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 # ruff with the rule selection in pyproject.toml (tests/unit/test_lint.py runs the same check in `make test`).
 # `make lint FIX=1` applies ruff's safe fixes first.

@@ -53,7 +53,7 @@ from bench.report_io import provenance, provenance_line, results_dir, set_json_k
 
 TARGET_ERROR = 0.15
 CALIBRATION_VARIANT = "round_robin"
-REGIME_OF_RECORD = "sync_small_batch"  # dispatch_train's regime of record
+REGIME_OF_RECORD = "sync_small_batch"  # the regime the simulator models (a step's groups ready at its start)
 PROMPT_TOKENS = 12  # the arith task's prompts (bos + "247-9>200=" and a little more)
 PROFILE = ROOT / "bench/profiles/vllm-cpu-dispatch-train.json"  # an input of the bench, not a result
 SGS_CORE = "0"  # bench/dispatch_train.py pins both SGS instances to CPU 0

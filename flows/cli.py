@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "HARDWARE-MODEL[-BACKEND][-DTYPE]-train.json, torch and float32 left out)")
     ptrain.add_argument("--hardware", help="hardware kind recorded in the profile (default: cpu-local on a CPU, "
                         "the GPU kind in the CUDA device's name)")
-    ptrain.add_argument("--quick", action="store_true", help="a 2 x 2 grid of equal lengths, 2 repeats")
+    ptrain.add_argument("--quick", action="store_true", help="a 2 x 2 grid of equal lengths, 3 repeats")
     ptrain.add_argument("--threads", type=int, help="torch threads (default: the config's trainer.threads)")
     ptrain.add_argument("--device", help="trainer.device to measure on: cpu, cuda, cuda:1 (default: the config's)")
     ptrain.add_argument("--sigma", type=float,

@@ -166,3 +166,17 @@ def test_direct_write_patterns_catch_the_old_ways():
                  '    print(write_results(OUT, "engine", result, markdown))'):
         assert any(rx.search(line) for rx in DIRECT_WRITE), line
     assert not any(rx.search('    out = results_dir(ns.out, ns.quick)') for rx in DIRECT_WRITE)
+
+
+def test_a_copied_tree_takes_its_commit_from_the_caller(monkeypatch):
+    """The device tool's copy carries an older .git: BRAID_SOURCE_COMMIT names the commit, and the
+    tree counts as dirty unless BRAID_SOURCE_STATUS says it was clean (empty)."""
+    from bench.report_io import provenance
+
+    script = Path(__file__)
+    monkeypatch.setenv("BRAID_SOURCE_COMMIT", "0123abc")
+    monkeypatch.setenv("BRAID_SOURCE_STATUS", "")
+    p = provenance(script, {})
+    assert (p["commit"], p["dirty"]) == ("0123abc", False)
+    monkeypatch.delenv("BRAID_SOURCE_STATUS")
+    assert provenance(script, {})["dirty"] is True

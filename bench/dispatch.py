@@ -314,7 +314,10 @@ def main() -> int:
 
     out = results_dir(ns.out, ns.quick)
     previous = json.loads((out / "dispatch.json").read_text()) if (out / "dispatch.json").is_file() else {}
-    result.update({k: previous[k] for k in TRAINING_KEYS if k in previous})  # bench/dispatch_train.py's part
+    from bench.dispatch_train_sim import KEYS as TRAINING_SIM_KEYS
+
+    # bench/dispatch_train.py's and bench/dispatch_train_sim.py's parts
+    result.update({k: previous[k] for k in (*TRAINING_KEYS, *TRAINING_SIM_KEYS) if k in previous})
     print(write_results(out, "dispatch", result, markdown, plot))
     return 0
 

@@ -57,6 +57,8 @@ REGIME_OF_RECORD = "sync_small_batch"  # the regime the simulator models (a step
 PROMPT_TOKENS = 12  # the arith task's prompts (bos + "247-9>200=" and a little more)
 PROFILE = ROOT / "bench/profiles/vllm-cpu-dispatch-train.json"  # an input of the bench, not a result
 SGS_CORE = "0"  # bench/dispatch_train.py pins both SGS instances to CPU 0
+HEADLINE_KEYS = ("sim_error_max_per_policy", "sim_policy_order_matches", "sim_resolved_pairs_agree")
+KEYS = ("training_sim", *HEADLINE_KEYS)  # what this bench owns in dispatch.json (bench/dispatch.py keeps them)
 
 
 def step_groups(run_dir: Path) -> list[list[str]]:
@@ -201,7 +203,7 @@ def main() -> None:
                        "fit_rel_rmse": profile.fit_rel_rmse, "notes": profile.notes},
            "provenance": prov}
     set_json_key(out / "dispatch.json", "training_sim", res)
-    for key in ("sim_error_max_per_policy", "sim_policy_order_matches", "sim_resolved_pairs_agree"):
+    for key in HEADLINE_KEYS:
         set_json_key(out / "dispatch.json", key, judged[key])
     (out / "dispatch_train_sim.md").write_text(markdown(res))
     print(markdown(res))

@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.model_cli import add_parser as add_model_parser  # argparse only; torch loads lazily
 
     add_model_parser(sub)
+    from flows.follow_cli import add_parser as add_follow_parser  # argparse only; Prefect loads lazily
+
+    add_follow_parser(sub)
     return parser
 
 

@@ -50,10 +50,15 @@ def new_run_dir(cfg: RunConfig) -> Path:
     return run_dir
 
 
+DEFAULT_CONFIG = "deploy/configs/default.yaml"
+
+
 def resolve_config(config: RunConfig | None, config_path: str | None, overrides: list[str]) -> RunConfig:
-    """``config`` (or, when it is None, the file ``config_path``) with ``overrides`` applied."""
-    if config is None:
-        return load_config(config_path, overrides)
+    """The run's config with ``overrides`` applied: the file ``config_path`` when one is named (it
+    replaces ``config``: a deployment's form carries the default config, and ``-p config_path=...``
+    must not be silently ignored), else ``config``, else ``DEFAULT_CONFIG``."""
+    if config_path is not None or config is None:
+        return load_config(config_path or DEFAULT_CONFIG, overrides)
     try:
         return RunConfig.model_validate(apply_overrides(config.model_dump(mode="json"), overrides))
     except ValueError as err:  # pydantic's ValidationError names the field and the rule
@@ -62,6 +67,8 @@ def resolve_config(config: RunConfig | None, config_path: str | None, overrides:
 
 @task(name="prepare-run")
 def prepare_run(config: RunConfig | None, config_path: str | None, overrides: list[str]) -> str:
+    if config is not None and config_path is not None:
+        get_run_logger().warning("config_path %s given: it replaces the 'config' parameter", config_path)
     cfg = check_run(resolve_config(config, config_path, overrides))
     run_dir = new_run_dir(cfg)
     write_config(cfg, run_dir / "config.json")
@@ -88,19 +95,31 @@ def _read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
+def iteration_line(row: dict, iterations: int) -> str:
+    """One metrics row as the line a person follows a run by (the flow run's log, ``braid follow``)."""
+    return (f"iteration {row['iteration'] + 1}/{iterations}: reward {row['reward_mean']:.3f}, accuracy "
+            f"{row['accuracy']:.3f}, loss {row['loss']:.4f}, mean length {row['response_len_mean']:.1f}, "
+            f"{row['samples_per_s']:.1f} samples/s, staleness {row['staleness_mean']:.2f}, "
+            f"{row['iteration_time_s']:.1f} s")
+
+
 class _Progress:
-    """Mirrors metrics.jsonl into a Prefect progress artifact and a terminal bar."""
+    """Mirrors metrics.jsonl into a Prefect progress artifact, a terminal bar and one log line per
+    iteration (made in a flow or task run: its logger is that run's)."""
 
     def __init__(self, run_dir: Path, iterations: int) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.iterations = iterations
         self.seen = 0
+        self.logger = get_run_logger()
         self.artifact_id = create_progress_artifact(0.0, key="rl-training-progress", description="RL iterations completed")
         self.bar = tqdm(total=iterations, desc="RL iterations", unit="it", mininterval=progress_interval())
 
     def __call__(self) -> None:
         rows = _read_metrics(self.path)
         if len(rows) > self.seen:
+            for row in rows[self.seen:]:
+                self.logger.info(iteration_line(row, self.iterations))
             self.bar.update(len(rows) - self.seen)
             self.seen = len(rows)
             last = rows[-1]
@@ -197,17 +216,18 @@ def report(run_dir: str) -> str:
 def rl_training(
     config: RunConfig | None = None,
     sites: TwoSiteConfig | None = None,
-    config_path: str | None = "deploy/configs/default.yaml",
+    config_path: str | None = None,
     overrides: list[str] | None = None,
     plan: dict | str | None = None,
 ) -> dict:
     """Run asynchronous GRPO end to end; returns the run summary.
 
     Args:
-        config: The run config; every field has its default, bounds and help. Empty: load config_path.
+        config: The run config; every field has its default, bounds and help. Used when config_path is empty.
         sites: Two-site mode: run the services as per-site flow runs on the sites' work pools. Empty: run them
             as local processes of this flow run (what `braid run` does).
-        config_path: YAML run config, used only when config is empty (the CLI's --config).
+        config_path: YAML run config file (the CLI's --config); when set it replaces config. Both empty:
+            deploy/configs/default.yaml.
         overrides: key.sub=value overrides applied on top of the config (the CLI's --set).
         plan: An allocation plan (plan_allocation's result, or its JSON file). For braid-tiny it sets the number of
             SGS instances; otherwise it is recorded in the run report.
@@ -218,11 +238,12 @@ def rl_training(
     run_dir = prepare_run(config, config_path, list(overrides or []) + extra)
     if allocation is not None:
         (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
-    logger.info("run directory: %s", run_dir)
+    logger.info("run directory: %s", Path(run_dir).resolve())
     checkpoint = warm_start(run_dir)
     summary_path = run_services(run_dir, checkpoint) if sites is None else run_sites(run_dir, checkpoint, sites)
-    report(run_dir)
+    report_path = report(run_dir)
     summary = json.loads(Path(summary_path).read_text())
+    logger.info("report: %s", Path(report_path).resolve())
     logger.info(
         "warm start %.3f -> final %.3f (stderr %.3f) on %d held-out prompts; %.1f samples/s (%s)",
         summary["warmstart_accuracy"], summary["final_accuracy"], summary["accuracy_stderr"],

@@ -108,16 +108,26 @@ def engines_behind(cfg, addresses: int) -> int:
     return max(1, -(-total // max(1, addresses)))
 
 
+def dispatches(cfg, behind: int) -> bool:
+    """Whether the orchestrator places new groups by a dispatch policy (``build_dispatcher``) rather
+    than by its least-loaded pick alone: it dials the instances itself and has length estimates
+    (``generation.ranker_dir``, or a replay's) or the policy needs none."""
+    from services.generation.scheduling.dispatch import NEEDS_ESTIMATES
+
+    gen = cfg.generation
+    replayed = cfg.forced_length_replay.estimates != "none"
+    return behind <= 1 and bool(gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES)
+
+
 def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispatcher | None:
     """The dispatch policy over new groups when the orchestrator dials the instances (however many:
     more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
     true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
     the staleness-aware least-loaded pick places every group."""
-    from services.generation.scheduling.dispatch import NEEDS_COST, NEEDS_ESTIMATES
+    from services.generation.scheduling.dispatch import NEEDS_COST
 
     gen = trainer.cfg.generation
-    replayed = trainer.cfg.forced_length_replay.estimates != "none"
-    if behind > 1 or not (gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES):
+    if not dispatches(trainer.cfg, behind):
         return None
     spec = None
     if gen.dispatch.policy in NEEDS_COST:

@@ -63,3 +63,39 @@ def test_a_runs_steps_and_spans_come_from_its_ledger_and_metrics(tmp_path):
     assert step_spans(tmp_path) == [2.5, 1.0]
     cfg = {"generation": {"dispatch": {"policy": "lpt"}, "admission": "lpt"}}
     assert variant_policy("pick", cfg) == ("least_loaded", "lpt") and variant_policy("lpt+ranker", cfg) == ("lpt", "lpt")
+
+
+def _run_dir(tmp_path, variant_overrides: list[str]):
+    """A run directory as bench/dispatch_train.py leaves one: config, ledger of 3 steps x 8 groups."""
+    from services.common.config import load_config, write_config
+
+    tmp_path.mkdir()
+    lengths = tmp_path / "lengths.json"
+    lengths.write_text(json.dumps([{"length": n, "estimate": n * 0.8} for n in (8, 12, 20, 40, 90, 200)]))
+    cfg = load_config(None, ["generation.instances=2", "generation.max_inflight=16", "trainer.group_size=8",
+                             "generation.max_new_tokens=256", "generation.forced_lengths=true",
+                             f"forced_length_replay.file={lengths}", *variant_overrides])
+    run = tmp_path / "run"
+    run.mkdir()
+    write_config(cfg, run / "config.json")
+    events = [{"event": "consume", "step": s, "prompt_id": f"p{s}-{k}"} for s in range(3) for k in range(8)]
+    (run / "ledger.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
+    return run
+
+
+def test_both_models_replay_a_runs_steps(tmp_path):
+    """The launch path (groups start as others finish, 2 per instance here) and the whole step at
+    once both give one span per step; with room for only 2 groups per instance the launch path
+    leaves a length-blind dispatch policy nothing to choose, so it simulates the pick's spans."""
+    from bench.dispatch_train_sim import PROFILE, simulate_run, simulate_run_launched
+    from services.generation.scheduling.profiles import load_profile
+
+    profile = load_profile(PROFILE)
+    pick = _run_dir(tmp_path / "pick", [])
+    rr = _run_dir(tmp_path / "rr", ["generation.dispatch.policy=round_robin"])
+    oracle = _run_dir(tmp_path / "oracle", ["generation.dispatch.policy=lpt", "forced_length_replay.estimates=oracle"])
+    launched = {name: simulate_run_launched(d, name, profile) for name, d in
+                (("pick", pick), ("round_robin", rr), ("lpt+oracle", oracle))}
+    assert all(len(v) == 3 and min(v) > 0 for v in launched.values())
+    assert launched["pick"] == pytest.approx(launched["round_robin"])
+    assert len(simulate_run(oracle, "lpt+oracle", profile)) == 3

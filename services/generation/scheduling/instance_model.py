@@ -145,27 +145,76 @@ class _Instance:
             heapq.heappop(self.finishing)
         return self.finishing[0][0] - self.step
 
+    def segment(self) -> bool:
+        """Admit, then run to the next completion (or KV overflow); False when there is nothing to run."""
+        self.admit()
+        if self.n == 0:
+            return False
+        k = self.steps_to_next_finish()
+        room = self.spec.kv_capacity_tokens - self.held  # tokens the cache can still take
+        if self.n > 1 and self.n * k > room:  # the running sequences outgrow the cache within k steps
+            self.advance(max(0, room // self.n))
+            self.preempt_newest()
+            return True
+        self.advance(k)
+        self.retire_finished()
+        return True
+
+
+def _check(jobs: Sequence[Job]) -> None:
+    for j in jobs:
+        if j.length < 1 or j.prompt_tokens < 0:
+            raise ValueError(f"job {j.seq_id!r}: length must be >= 1 and prompt_tokens >= 0 (got {j.length}, {j.prompt_tokens})")
+
 
 def run_instance(
     jobs: Sequence[Job], spec: InstanceSpec, order: Order, *, start_s: float = 0.0, trace: bool = False
 ) -> InstanceRun:
     """Run ``jobs`` (all queued at ``start_s``) to completion on one instance."""
-    for j in jobs:
-        if j.length < 1 or j.prompt_tokens < 0:
-            raise ValueError(f"job {j.seq_id!r}: length must be >= 1 and prompt_tokens >= 0 (got {j.length}, {j.prompt_tokens})")
+    _check(jobs)
     inst = _Instance(jobs, spec, order, start_s, trace)
-    while True:
-        inst.admit()
-        if inst.n == 0:
-            break
-        k = inst.steps_to_next_finish()
-        room = spec.kv_capacity_tokens - inst.held  # tokens the cache can still take
-        if inst.n > 1 and inst.n * k > room:  # the running sequences outgrow the cache within k steps
-            inst.advance(max(0, room // inst.n))
-            inst.preempt_newest()
-            continue
-        inst.advance(k)
-        inst.retire_finished()
+    while inst.segment():
+        pass
     out = inst.out
     out.makespan_s, out.steps = inst.t - start_s, inst.step
     return out
+
+
+class SteppedInstance:
+    """One instance driven segment by segment, with jobs arriving between segments: the model of
+    ``run_instance`` for a caller that decides what arrives when (``allocator.launch_sim``: the
+    orchestrator launching groups as earlier ones complete). ``t`` is the instance's own work
+    clock: the seconds of compute its segments took, whatever share of a core it gets."""
+
+    def __init__(self, spec: InstanceSpec, order: Order) -> None:
+        self._inst = _Instance((), spec, order, 0.0, False)
+
+    def push(self, jobs: Sequence[Job]) -> None:
+        _check(jobs)
+        for j in jobs:
+            self._inst.queue.push((j, 0))
+
+    def next_segment(self) -> tuple[float, list[str]] | None:
+        """Run the next segment: (its work in seconds, the sequences it finished), or None when idle."""
+        inst = self._inst
+        t0, done = inst.t, len(inst.out.finish_s)
+        if not inst.segment():
+            return None
+        return inst.t - t0, list(inst.out.finish_s)[done:]  # dicts keep insertion order: the new finishes
+
+    @property
+    def work_s(self) -> float:
+        """Compute seconds of the segments run so far (the work clock)."""
+        return self._inst.t
+
+    @property
+    def kv_tokens(self) -> int:
+        return self._inst.held
+
+    @property
+    def queued(self) -> int:
+        return len(self._inst.queue)
+
+    @property
+    def run(self) -> InstanceRun:
+        return self._inst.out

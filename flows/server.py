@@ -265,21 +265,29 @@ def start(opts: ServerOptions) -> dict:
 
 def _terminate(pid: int, grace_s: float) -> bool:
     """SIGTERM the process group of ``pid`` (its children too), SIGKILL after ``grace_s``."""
-    if not _alive(pid):
-        return False
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
+    return bool(_terminate_all([pid], grace_s))
+
+
+def _terminate_all(pids: list[int], grace_s: float) -> list[int]:
+    """SIGTERM the process groups of ``pids`` at once, SIGKILL what is left after ``grace_s`` (one
+    grace for all: workers shut down side by side); returns the pids that were running."""
+    signalled = []
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+                signalled.append(pid)
     deadline = time.monotonic() + grace_s
-    while _alive(pid) and time.monotonic() < deadline:
-        _reap(pid)
+    while any(_alive(p) for p in signalled) and time.monotonic() < deadline:
+        for p in signalled:
+            _reap(p)
         time.sleep(0.2)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    _reap(pid)
-    return True
+    for p in signalled:
+        if _alive(p):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p, signal.SIGKILL)
+        _reap(p)
+    return signalled
 
 
 def _reap(pid: int) -> None:
@@ -301,10 +309,9 @@ def stop(state_dir: str | Path) -> list[str]:
     state = read_state(state_dir)
     if state is None:
         return []
-    stopped = []
-    for w in state.get("workers", []):
-        if _terminate(w["pid"], STOP_GRACE_S):
-            stopped.append(f"worker {w['pool']} (pid {w['pid']})")
+    workers = state.get("workers", [])
+    ended = set(_terminate_all([w["pid"] for w in workers], STOP_GRACE_S))
+    stopped = [f"worker {w['pool']} (pid {w['pid']})" for w in workers if w["pid"] in ended]
     if _terminate(state["server"]["pid"], STOP_GRACE_S):
         stopped.append(f"server {state['url']} (pid {state['server']['pid']})")
     _state_path(state_dir).unlink(missing_ok=True)

@@ -11,7 +11,6 @@ them, and its two-site run covers them.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,15 +20,13 @@ import psutil
 import pytest
 import yaml
 
-from flows.processes import free_port
-from flows.server import ServerOptions, api_request, start, stop, stop_worker
+from flows.server import api_request, stop_worker
 from services.common.config import load_config
 from tests.conftest import FAST_ENGINE
+from tests.integration.prefect_server import AUTH, prefect_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deploy/prefect.yaml"
-SITES = ROOT / "deploy/sites/local-two-site.yaml"
-AUTH = "braid:integration-test"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
@@ -95,22 +92,8 @@ def _deployments() -> list[dict]:
 def server(tmp_path_factory):
     """A Prefect server with auth, the deployments and a worker per site; sites on ports 0."""
     tmp = tmp_path_factory.mktemp("server")
-    sites = yaml.safe_load(SITES.read_text())
-    for site in sites["sites"]:
-        site["sgs_port"] = site["router_port"] = site["relay_port"] = site["relay_tls_port"] = 0  # tests bind free ports
-    (tmp / "sites.yaml").write_text(yaml.safe_dump(sites))
-    saved = os.environ.get("PREFECT_SERVER_API_AUTH_STRING")
-    os.environ["PREFECT_SERVER_API_AUTH_STRING"] = AUTH
-    opts = ServerOptions(port=free_port(), sites_file=str(tmp / "sites.yaml"), state_dir=str(tmp / "state"), root=str(ROOT))
-    try:
-        state = start(opts)
+    with prefect_server(tmp) as state:
         yield state, tmp
-    finally:
-        stop(opts.state_dir)
-        if saved is None:
-            os.environ.pop("PREFECT_SERVER_API_AUTH_STRING", None)
-        else:
-            os.environ["PREFECT_SERVER_API_AUTH_STRING"] = saved
 
 
 def _api(state: dict, method: str, path: str, body: dict | None = None, auth: str | None = AUTH):

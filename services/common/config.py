@@ -22,7 +22,7 @@ from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.pool_config import PoolConfig, check_pools
 from services.common.ranker_config import RetrainConfig
 from services.common.reward_config import RewardConfig
-from services.common.strict import StrictModel
+from services.common.strict import AutoOnOff, StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
@@ -94,10 +94,11 @@ class WarmstartConfig(StrictModel):
 class DispatchConfig(StrictModel):
     """The SGS router: skewness-aware dispatch over the engine instances (``docs/scheduling.md``)."""
 
-    router: Literal["auto", "on", "off"] = Field(
+    router: AutoOnOff = Field(
         "auto",
         description="Put a router process in front of the instances: auto = with scale-out, or when "
-        "generation.instances > 1 and trainer.mode is not bounded (bounded mode syncs each instance lazily itself).",
+        "generation.instances > 1 and trainer.mode is not bounded (bounded mode syncs each instance lazily itself). "
+        "An unquoted on/off (a YAML boolean) means 'on'/'off'.",
     )
     policy: str = Field(
         "lpt",

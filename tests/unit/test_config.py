@@ -171,3 +171,36 @@ def test_the_learner_runs_in_its_own_process_with_one_rank_on_the_cpu():
     assert not where(device="cuda") and not where(ranks=2) and not where(learner="inline")
     with pytest.raises(ValueError, match=r"trainer\.learner process needs trainer\.ranks 1"):
         where(learner="process", ranks=2)
+
+
+@pytest.mark.parametrize("word, value", [("on", "on"), ("off", "off"), ("'on'", "on"), ("auto", "auto"), ("yes", "on")])
+def test_router_on_off_unquoted_in_a_set_override(word, value):
+    """YAML 1.1 reads an unquoted on/off as a boolean; the tri-state field takes it as the word."""
+    overrides = [f"generation.dispatch.router={word}", "generation.instances=2"]
+    assert load_config(None, overrides).generation.dispatch.router == value
+
+
+@pytest.mark.parametrize("word, uses_router", [("on", True), ("off", False)])
+def test_router_on_off_unquoted_in_a_config_file(tmp_path, word, uses_router):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"generation:\n  instances: 2\n  dispatch:\n    router: {word}\n")
+    cfg = load_config(path)
+    assert cfg.generation.dispatch.router == word and cfg.uses_router is uses_router
+
+
+def test_router_on_off_unquoted_in_a_deployment_override():
+    """The rl_training deployment's ``overrides`` parameter and its resolved ``config`` parameter."""
+    from flows.deploy_steps import run_config
+    from flows.rl_training import resolve_config
+
+    cfg = resolve_config(RunConfig(), None, ["generation.dispatch.router=off", "generation.instances=2"])
+    assert cfg.generation.dispatch.router == "off"
+    step = run_config(str(ROOT / "deploy/configs/default.yaml"), ["generation.dispatch.router=on"])
+    assert step["config"]["generation"]["dispatch"]["router"] == "on"
+    cfg = resolve_config(RunConfig.model_validate(step["config"]), None, [])
+    assert cfg.generation.dispatch.router == "on"
+
+
+def test_router_takes_no_other_value():
+    with pytest.raises(ConfigError, match=r"generation.dispatch.router: Input should be 'auto', 'on' or 'off' \(got 1\)"):
+        load_config(None, ["generation.dispatch.router=1"])

@@ -1,3 +1,4 @@
+import json
 import re
 from pathlib import Path
 
@@ -204,3 +205,14 @@ def test_router_on_off_unquoted_in_a_deployment_override():
 def test_router_takes_no_other_value():
     with pytest.raises(ConfigError, match=r"generation.dispatch.router: Input should be 'auto', 'on' or 'off' \(got 1\)"):
         load_config(None, ["generation.dispatch.router=1"])
+
+
+def test_braid_config_takes_model_as_braid_run_does(capsys, tmp_path):
+    from flows.cli import build_parser, config_overrides, main
+
+    argv = ["--set", "model.path=/elsewhere", "--model", str(tmp_path), "--set", "trainer.mode=sync"]
+    assert config_overrides(build_parser().parse_args(["config", *argv])) == \
+        config_overrides(build_parser().parse_args(["run", *argv]))  # the same overrides, --model last
+    assert main(["config", *argv]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"]["path"] == str(tmp_path) and printed["trainer"]["mode"] == "sync"

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
 from services.common.agentic_config import AgenticConfig, check_agentic_run
+from services.common.config_errors import ConfigError, format_errors
 from services.common.pool_config import PoolConfig, check_pools
 from services.common.ranker_config import RetrainConfig
 from services.common.reward_config import RewardConfig
@@ -427,18 +428,6 @@ class RunConfig(StrictModel):
         return self
 
 
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the field and the rule."""
-
-
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b=value`` overrides (value parsed as a YAML scalar) to a nested dict."""
     for item in overrides:
@@ -489,7 +478,7 @@ def load_model(cls: type[M], path: str | Path | None = None, overrides: list[str
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(format_errors(err, source)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -51,6 +51,7 @@ class RetrainParams(StrictModel):
 @task(name="read-log")
 def read_log(log_path: str, n_recent: int, holdout_fraction: float, min_samples: int, work_dir: str) -> dict[str, Any]:
     from ranker.data import examples_from_log, examples_to_rows, write_jsonl
+    from ranker.train import write_unit
 
     examples = examples_from_log(log_path, n_recent)
     if len(examples) < min_samples:
@@ -66,6 +67,8 @@ def read_log(log_path: str, n_recent: int, holdout_fraction: float, min_samples:
     out = Path(work_dir)
     write_jsonl(out / "train.jsonl", examples_to_rows(train))
     write_jsonl(out / "holdout.jsonl", examples_to_rows(hold))
+    for name in ("train.jsonl", "holdout.jsonl"):
+        write_unit(out / name, "tokens")  # the generation log counts tokens
     return {"train": str(out / "train.jsonl"), "holdout": str(out / "holdout.jsonl"),
             "n_train": len(train), "n_holdout": len(hold)}
 
@@ -84,7 +87,7 @@ def evaluate_step(ranker_dir: str | None, holdout_path: str, tolerate_broken: bo
     if ranker_dir is None:
         return None
     from ranker.base import RankerFormatError, load_ranker
-    from ranker.train import evaluate_ranker
+    from ranker.train import evaluate_ranker, unit_mismatch
 
     try:
         model = load_ranker(ranker_dir)
@@ -93,7 +96,11 @@ def evaluate_step(ranker_dir: str | None, holdout_path: str, tolerate_broken: bo
             raise
         get_run_logger().warning("current ranker unreadable, replacing it: %s", err)  # recover: publish a good one
         return None
-    return evaluate_ranker(model, holdout_path)
+    result = evaluate_ranker(model, holdout_path)
+    warning = unit_mismatch(result)
+    if warning:
+        get_run_logger().warning("ranker %s: %s", ranker_dir, warning)
+    return result
 
 
 @task(name="publish")

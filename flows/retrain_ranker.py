@@ -29,6 +29,11 @@ from pydantic import Field
 
 from services.common.config import StrictModel
 
+# What a run of deploy/configs/skewness.yaml writes and reads (generation.genlog, generation.ranker_dir),
+# relative to the directory the flow runs in: the repository root for `braid run` and for the workers
+# `make server` starts. A unit test keeps them equal to the config's.
+DEFAULT_LOG_PATH = "runs/generation-log.sqlite"
+DEFAULT_STORE_ROOT = "runs/rankers"
 KindName = Literal["lightgbm", "transformer", "causal_lm", "ensemble", "tfidf_linear", "prompt_length"]
 METRIC_KEYS = ("n", "recall_at_20", "recall_at_10", "recall_at_5", "spearman")
 
@@ -36,8 +41,10 @@ METRIC_KEYS = ("n", "recall_at_20", "recall_at_10", "recall_at_5", "spearman")
 class RetrainParams(StrictModel):
     """Parameters of one ranker retraining (rendered as a form in the Prefect UI)."""
 
-    log_path: str = Field(description="Path of the SGS generation log (SQLite) to learn from.")
-    store_root: str = Field(description="Ranker store directory (CURRENT pointer + published rankers) the SGS watches.")
+    log_path: str = Field(DEFAULT_LOG_PATH, description="Path of the SGS generation log (SQLite) to learn from; "
+                          "default: the one a deploy/configs/skewness.yaml run writes (generation.genlog).")
+    store_root: str = Field(DEFAULT_STORE_ROOT, description="Ranker store directory (CURRENT pointer + published "
+                            "rankers) the SGS watches; default: deploy/configs/skewness.yaml's generation.ranker_dir.")
     n_recent: int = Field(20_000, ge=20, le=10_000_000, description="Train on the N most recent finished samples.")
     kind: KindName = Field("lightgbm", description="Model kind to train.")
     holdout_fraction: float = Field(0.1, gt=0.0, le=0.5,
@@ -53,6 +60,9 @@ def read_log(log_path: str, n_recent: int, holdout_fraction: float, min_samples:
     from ranker.data import examples_from_log, examples_to_rows, write_jsonl
     from ranker.train import write_unit
 
+    if not Path(log_path).is_file():
+        raise ValueError(f"{log_path}: no such generation log (relative to {Path.cwd()}); a run writes one with "
+                         "generation.genlog set, as `braid run --config deploy/configs/skewness.yaml` does")
     examples = examples_from_log(log_path, n_recent)
     if len(examples) < min_samples:
         raise ValueError(f"{log_path}: generation log has {len(examples)} finished samples, "
@@ -117,12 +127,18 @@ def _row(name: str, metrics: dict[str, Any] | None, where: str | None) -> dict[s
 
 
 @flow(name="retrain_ranker", log_prints=True)
-def retrain_ranker(params: RetrainParams) -> dict[str, Any]:
-    """Retrain the output-length ranker on recent generations and hot-swap it into the store."""
+def retrain_ranker(params: RetrainParams | None = None) -> dict[str, Any]:
+    """Retrain the output-length ranker on recent generations and hot-swap it into the store.
+
+    Args:
+        params: What to learn from and where to publish; empty: every default (the generation log and
+            the ranker store of a deploy/configs/skewness.yaml run, runs/generation-log.sqlite and runs/rankers).
+    """
     from prefect.artifacts import create_table_artifact
 
     from ranker.store import RankerStore
 
+    params = params or RetrainParams()
     logger = get_run_logger()
     work = Path(params.work_dir or tempfile.mkdtemp(prefix="braid-retrain-"))
     work.mkdir(parents=True, exist_ok=True)

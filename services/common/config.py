@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_va
 from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.config_errors import ConfigError, format_errors
 from services.common.pool_config import PoolConfig, check_pools
-from services.common.ranker_config import RetrainConfig
+from services.common.ranker_config import RetrainConfig, ranker_dir_problem
 from services.common.reward_config import RewardConfig
 from services.common.strict import AutoOnOff, StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
@@ -97,9 +97,9 @@ class DispatchConfig(StrictModel):
 
     router: AutoOnOff = Field(
         "auto",
-        description="Put a router process in front of the instances: auto = with scale-out, or when "
-        "generation.instances > 1 and trainer.mode is not bounded (bounded mode syncs each instance lazily itself). "
-        "An unquoted on/off (a YAML boolean) means 'on'/'off'.",
+        description="Put a router process in front of the instances: auto = with scale-out (instances join and "
+        "leave); otherwise the orchestrator dials every instance itself. An unquoted on/off (a YAML boolean) means "
+        "'on'/'off'.",
     )
     policy: str = Field(
         "lpt",
@@ -183,8 +183,10 @@ class GenerationConfig(StrictModel):
     )
     ranker_dir: str | None = Field(
         None,
-        description="Output-length ranker the router uses for prompts without estimated_length "
-        "(ranker.store.RankerWatcher over this directory; None = no estimator).",
+        description="Output-length ranker store (ranker.store.RankerWatcher over this directory; None = no estimator). "
+        "The orchestrator estimates each group with it, one instance included: LPT launch order and the estimate "
+        "sent for the instance's LPT admission, and dispatch over several instances; the SGS router estimates "
+        "prompts without estimated_length. Refused where nothing would read it.",
     )
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
@@ -425,6 +427,13 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _agentic_fits(self) -> RunConfig:
         check_agentic_run(self)
+        return self
+
+    @model_validator(mode="after")
+    def _ranker_is_read(self) -> RunConfig:
+        problem = ranker_dir_problem(self)
+        if problem:
+            raise ValueError(problem)
         return self
 
 

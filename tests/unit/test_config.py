@@ -216,3 +216,20 @@ def test_braid_config_takes_model_as_braid_run_does(capsys, tmp_path):
     assert main(["config", *argv]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["model"]["path"] == str(tmp_path) and printed["trainer"]["mode"] == "sync"
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    ([], None),  # one instance, LPT admission: the orchestrator's estimates order launches and admission
+    (["generation.admission=fcfs"], "changes nothing with one instance admitting FCFS"),
+    (["generation.admission=fcfs", "generation.instances=2"], None),  # placement over two instances
+    (["generation.admission=fcfs", "generation.genlog=g.sqlite", "generation.retrain.every=5"], None),  # a store it publishes
+    (["agentic.enabled=true", "trainer.mode=sync"], "read by the SGS router only in an agentic run"),
+    (["agentic.enabled=true", "trainer.mode=sync", "generation.dispatch.router=on"], None),
+])
+def test_a_ranker_store_nothing_reads_is_refused(overrides, refused):
+    overrides = ["generation.ranker_dir=store", *overrides]
+    if refused is None:
+        assert load_config(None, overrides).generation.ranker_dir == "store"
+    else:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            load_config(None, overrides)

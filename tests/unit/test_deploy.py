@@ -238,3 +238,4 @@ def test_api_request_retries_a_get_that_timed_out_but_never_a_write(monkeypatch)
         with pytest.raises(TimeoutError):
             api_request(url, "POST", "/x", {"a": 1})
         assert calls["POST"] == 1
+

@@ -17,6 +17,10 @@ Cluster file (``deploy/clusters/*.yaml``)::
     links:
       - {sites: [h20-cloud, h800-dc], gbps: 80}
 
+``count: auto`` (and ``gpus_per_node: auto``) is the number of CPU cores this process may run on
+(``os.sched_getaffinity``), read when the file is loaded: a CPU site where one "GPU" is one core
+(``local-cpu.yaml``) then describes the machine that plans and runs.
+
 A site may name a generation ``profile`` (PTL JSON, ``braid profile``) and, on the training site,
 a ``train_profile`` (step-time JSON, ``braid profile-train``) that replaces the training roofline;
 without one, a shipped profile of the site's kind, the model, the workload's algorithm and the
@@ -37,11 +41,12 @@ max); the RL ``algorithm`` (grpo | ppo, sets the training passes) and the SGS ``
 from __future__ import annotations
 
 import math
+import os
 import random
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from services.common.config import ConfigError, StrictModel, load_model
 
@@ -50,13 +55,29 @@ class AllocationInputError(ValueError):
     """Planning input is missing or inconsistent; the message says what (file, field, numbers)."""
 
 
+def machine_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; all online cores where there is none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _auto_cores(value: Any) -> Any:
+    return machine_cores() if value == "auto" else value
+
+
+CoreCount = Annotated[int, BeforeValidator(_auto_cores)]
+
+
 class SiteSpec(StrictModel):
     """One site of a cluster: a pool of identical GPUs."""
 
     name: str = Field(min_length=1, description="Site name.")
     gpu: str = Field(min_length=1, description="GPU kind: H20, H800, H100 (scheduling.hardware) or a custom kind.")
-    count: int = Field(ge=1, le=1_000_000, description="GPUs at the site available to this job.")
-    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per node (tensor parallelism stays inside a node).")
+    count: CoreCount = Field(ge=1, le=1_000_000, description="GPUs at the site available to this job; 'auto' = the "
+                             "CPU cores this process may run on (a CPU site, one core per 'GPU').")
+    gpus_per_node: CoreCount = Field(8, ge=1, le=64, description="GPUs per node (tensor parallelism stays inside a "
+                                     "node); 'auto' = this machine's CPU cores, as count.")
     inter_node_gbps: float = Field(200.0, gt=0, le=1e5, description="Inter-node network bandwidth per GPU, Gbit/s.")
     cost_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Relative cost per GPU (default: the kind's StreamRL Table 1 cost).")
     roles: list[Literal["generation", "training"]] = Field(min_length=1, description="Stages this site may run.")

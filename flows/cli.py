@@ -20,13 +20,19 @@ def prefect_env(cache_dir: str) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def config_overrides(ns: argparse.Namespace) -> list[str]:
+    """The ``--set`` overrides, then ``--model`` as ``model.path`` (``braid run`` and ``braid config``)."""
+    overrides = list(ns.set or [])
+    if ns.model:
+        overrides.append(f"model.path={ns.model}")
+    return overrides
+
+
 def _run(ns: argparse.Namespace) -> int:
     from flows.registries import check_run
     from services.common.config import ConfigError, load_config
 
-    overrides = list(ns.set or [])
-    if ns.model:
-        overrides.append(f"model.path={ns.model}")
+    overrides = config_overrides(ns)
     if ns.run_id:
         overrides.append(f"run_id={ns.run_id}")
     try:
@@ -48,7 +54,7 @@ def _config(ns: argparse.Namespace) -> int:
     from services.common.config import ConfigError, load_config
 
     try:
-        cfg = check_run(load_config(ns.config, list(ns.set or [])))
+        cfg = check_run(load_config(ns.config, config_overrides(ns)))
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -116,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cfg = sub.add_parser("config", help="print the resolved config (validates it)")
     cfg.add_argument("--config", default="deploy/configs/default.yaml")
-    cfg.add_argument("--set", action="append", metavar="KEY=VALUE")
+    cfg.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. trainer.mode=sync")
+    cfg.add_argument("--model", help="local HF checkpoint dir instead of the built tiny model (as braid run)")
     cfg.set_defaults(func=_config)
 
     prof = sub.add_parser("profile", help="measure PTL(batch size) and KV bytes/token on the engine; write a profile JSON")

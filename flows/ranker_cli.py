@@ -55,11 +55,25 @@ def _train(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(ns: argparse.Namespace) -> int:
+def _load(ranker: str):
+    """The ranker of ``--ranker``: a saved ranker directory or a store's current version (said on stderr)."""
     from ranker.base import load_ranker
-    from ranker.train import evaluate_ranker
+    from ranker.store import resolve_ranker_dir
 
-    result = evaluate_ranker(load_ranker(ns.ranker), ns.data)
+    path, note = resolve_ranker_dir(ranker)
+    if note:
+        print(f"braid ranker: {note}", file=sys.stderr)
+    return path, load_ranker(path)
+
+
+def _eval(ns: argparse.Namespace) -> int:
+    from ranker.train import evaluate_ranker, unit_mismatch
+
+    path, model = _load(ns.ranker)
+    result = {**evaluate_ranker(model, ns.data), "ranker": str(path)}
+    warning = unit_mismatch(result)
+    if warning:
+        print(f"braid ranker eval: {warning}", file=sys.stderr)
     if ns.json:
         print(json.dumps(result))
     else:
@@ -69,10 +83,9 @@ def _eval(ns: argparse.Namespace) -> int:
 
 
 def _annotate(ns: argparse.Namespace) -> int:
-    from ranker.base import load_ranker
     from ranker.train import annotate
 
-    n = annotate(load_ranker(ns.ranker), ns.prompts, ns.out, keep_prompt=not ns.drop_prompt)
+    n = annotate(_load(ns.ranker)[1], ns.prompts, ns.out, keep_prompt=not ns.drop_prompt)
     print(json.dumps({"out": ns.out, "rows": n}))
     return 0
 
@@ -105,13 +118,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func_ranker=_train)
 
     p = cmds.add_parser("eval", help="recall@20/10/5%% and Spearman of a ranker on a JSONL file")
-    p.add_argument("--ranker", required=True, help="ranker directory")
+    p.add_argument("--ranker", required=True, help="ranker directory, or a ranker store (its current version)")
     p.add_argument("--data", required=True, help="JSONL with true response lengths")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func_ranker=_eval)
 
     p = cmds.add_parser("annotate", help="add estimated_length to every prompt of a JSONL file")
-    p.add_argument("--ranker", required=True, help="ranker directory")
+    p.add_argument("--ranker", required=True, help="ranker directory, or a ranker store (its current version)")
     p.add_argument("--prompts", required=True, help='JSONL with a "prompt" per line (other fields kept)')
     p.add_argument("--out", required=True, help="output JSONL")
     p.add_argument("--drop-prompt", action="store_true", help="leave the prompt text out of the output")

@@ -29,6 +29,11 @@ from pydantic import Field
 
 from services.common.config import StrictModel
 
+# What a run of deploy/configs/skewness.yaml writes and reads (generation.genlog, generation.ranker_dir),
+# relative to the directory the flow runs in: the repository root for `braid run` and for the workers
+# `make server` starts. A unit test keeps them equal to the config's.
+DEFAULT_LOG_PATH = "runs/generation-log.sqlite"
+DEFAULT_STORE_ROOT = "runs/rankers"
 KindName = Literal["lightgbm", "transformer", "causal_lm", "ensemble", "tfidf_linear", "prompt_length"]
 METRIC_KEYS = ("n", "recall_at_20", "recall_at_10", "recall_at_5", "spearman")
 
@@ -36,8 +41,10 @@ METRIC_KEYS = ("n", "recall_at_20", "recall_at_10", "recall_at_5", "spearman")
 class RetrainParams(StrictModel):
     """Parameters of one ranker retraining (rendered as a form in the Prefect UI)."""
 
-    log_path: str = Field(description="Path of the SGS generation log (SQLite) to learn from.")
-    store_root: str = Field(description="Ranker store directory (CURRENT pointer + published rankers) the SGS watches.")
+    log_path: str = Field(DEFAULT_LOG_PATH, description="Path of the SGS generation log (SQLite) to learn from; "
+                          "default: the one a deploy/configs/skewness.yaml run writes (generation.genlog).")
+    store_root: str = Field(DEFAULT_STORE_ROOT, description="Ranker store directory (CURRENT pointer + published "
+                            "rankers) the SGS watches; default: deploy/configs/skewness.yaml's generation.ranker_dir.")
     n_recent: int = Field(20_000, ge=20, le=10_000_000, description="Train on the N most recent finished samples.")
     kind: KindName = Field("lightgbm", description="Model kind to train.")
     holdout_fraction: float = Field(0.1, gt=0.0, le=0.5,
@@ -51,7 +58,11 @@ class RetrainParams(StrictModel):
 @task(name="read-log")
 def read_log(log_path: str, n_recent: int, holdout_fraction: float, min_samples: int, work_dir: str) -> dict[str, Any]:
     from ranker.data import examples_from_log, examples_to_rows, write_jsonl
+    from ranker.train import write_unit
 
+    if not Path(log_path).is_file():
+        raise ValueError(f"{log_path}: no such generation log (relative to {Path.cwd()}); a run writes one with "
+                         "generation.genlog set, as `braid run --config deploy/configs/skewness.yaml` does")
     examples = examples_from_log(log_path, n_recent)
     if len(examples) < min_samples:
         raise ValueError(f"{log_path}: generation log has {len(examples)} finished samples, "
@@ -66,6 +77,8 @@ def read_log(log_path: str, n_recent: int, holdout_fraction: float, min_samples:
     out = Path(work_dir)
     write_jsonl(out / "train.jsonl", examples_to_rows(train))
     write_jsonl(out / "holdout.jsonl", examples_to_rows(hold))
+    for name in ("train.jsonl", "holdout.jsonl"):
+        write_unit(out / name, "tokens")  # the generation log counts tokens
     return {"train": str(out / "train.jsonl"), "holdout": str(out / "holdout.jsonl"),
             "n_train": len(train), "n_holdout": len(hold)}
 
@@ -84,7 +97,7 @@ def evaluate_step(ranker_dir: str | None, holdout_path: str, tolerate_broken: bo
     if ranker_dir is None:
         return None
     from ranker.base import RankerFormatError, load_ranker
-    from ranker.train import evaluate_ranker
+    from ranker.train import evaluate_ranker, unit_mismatch
 
     try:
         model = load_ranker(ranker_dir)
@@ -93,7 +106,11 @@ def evaluate_step(ranker_dir: str | None, holdout_path: str, tolerate_broken: bo
             raise
         get_run_logger().warning("current ranker unreadable, replacing it: %s", err)  # recover: publish a good one
         return None
-    return evaluate_ranker(model, holdout_path)
+    result = evaluate_ranker(model, holdout_path)
+    warning = unit_mismatch(result)
+    if warning:
+        get_run_logger().warning("ranker %s: %s", ranker_dir, warning)
+    return result
 
 
 @task(name="publish")
@@ -110,12 +127,18 @@ def _row(name: str, metrics: dict[str, Any] | None, where: str | None) -> dict[s
 
 
 @flow(name="retrain_ranker", log_prints=True)
-def retrain_ranker(params: RetrainParams) -> dict[str, Any]:
-    """Retrain the output-length ranker on recent generations and hot-swap it into the store."""
+def retrain_ranker(params: RetrainParams | None = None) -> dict[str, Any]:
+    """Retrain the output-length ranker on recent generations and hot-swap it into the store.
+
+    Args:
+        params: What to learn from and where to publish; empty: every default (the generation log and
+            the ranker store of a deploy/configs/skewness.yaml run, runs/generation-log.sqlite and runs/rankers).
+    """
     from prefect.artifacts import create_table_artifact
 
     from ranker.store import RankerStore
 
+    params = params or RetrainParams()
     logger = get_run_logger()
     work = Path(params.work_dir or tempfile.mkdtemp(prefix="braid-retrain-"))
     work.mkdir(parents=True, exist_ok=True)

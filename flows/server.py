@@ -17,6 +17,7 @@ client needs that variable too (``make server`` prints what to export).
 
 from __future__ import annotations
 
+import ast
 import base64
 import contextlib
 import json
@@ -30,6 +31,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from services.common.atomic import write_json_atomic
 
@@ -218,11 +221,37 @@ def _wait_workers(opts: ServerOptions, pools: list[str], workers: list[dict]) ->
         raise ServerError(f"no worker became ready for pools {pending} within {WORKER_TIMEOUT_S:.0f}s")
 
 
+def _flow_name(source: Path, func: str) -> str:
+    """The Prefect flow name of ``func`` in ``source``, read from its ``@flow(name=...)`` without
+    importing the module (Prefect's default, the function name with ``-`` for ``_``, otherwise)."""
+    tree = ast.parse(source.read_text(encoding="utf-8"), str(source))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == func:
+            for dec in node.decorator_list:
+                for kw in dec.keywords if isinstance(dec, ast.Call) else []:
+                    if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                        return kw.value.value
+            return func.replace("_", "-")
+    raise ServerError(f"{source} has no function {func!r} (a deployment's entrypoint)")
+
+
+def deployment_names(prefect_file: str | Path, root: str | Path) -> list[str]:
+    """``<flow>/<deployment>`` of every deployment in ``prefect_file`` (entrypoints relative to ``root``),
+    in the file's order: what ``prefect deploy --all`` creates."""
+    try:
+        deployments = yaml.safe_load(Path(prefect_file).read_text(encoding="utf-8"))["deployments"]
+        entries = [(d["name"], *d["entrypoint"].rsplit(":", 1)) for d in deployments]
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as err:
+        raise ServerError(f"{prefect_file}: cannot read its deployments (name and entrypoint each): {err!r}") from None
+    return [f"{_flow_name(Path(root) / path, func)}/{name}" for name, path, func in entries]
+
+
 def start(opts: ServerOptions) -> dict:
     """Start server, pools, deployments and workers; return the state (see module docstring)."""
     from services.common.sites import load_sites
 
-    sites = load_sites(opts.sites_file)  # fail on a bad site file before starting anything
+    sites = load_sites(opts.sites_file)  # fail on a bad site or prefect file before starting anything
+    deployments = deployment_names(Path(opts.root) / opts.prefect_file, opts.root)
     state_dir = Path(opts.state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_state(state_dir)
@@ -235,7 +264,7 @@ def start(opts: ServerOptions) -> dict:
     env = client_env(opts.api_url, home)
     state: dict = {
         "url": opts.url, "api_url": opts.api_url, "prefect_home": str(home), "state_dir": str(state_dir),
-        "auth": bool(os.environ.get("PREFECT_SERVER_API_AUTH_STRING")), "workers": [],
+        "auth": bool(os.environ.get("PREFECT_SERVER_API_AUTH_STRING")), "workers": [], "deployments": deployments,
     }
     server_log = state_dir / "server.log"
     server_env = {**env, "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false"}
@@ -326,8 +355,9 @@ def describe(state: dict) -> str:
     if state.get("auth"):
         lines.append("Auth:        export PREFECT_API_AUTH_STRING=\"$PREFECT_SERVER_API_AUTH_STRING\"")
     lines += [f"worker:      pool {w['pool']} (site {w['site']}, pid {w['pid']}, log {w['log']})" for w in state["workers"]]
+    lines += [f"deployment:  {name}" + ("  (Run it from the UI)" if name == "rl_training/rl-training" else "")
+              for name in state.get("deployments", [])]
     lines += [
-        "deployments: rl_training/rl-training (Run it from the UI), generation_site/<site>, training_site/<site>",
         f"logs/state:  {state['state_dir']}",
         "stop:        make server-stop",
     ]

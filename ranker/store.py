@@ -13,6 +13,9 @@ atomically: it writes ``CURRENT.tmp`` and renames it over ``CURRENT`` (``os.repl
 on POSIX), so a reader sees the old name or the new one, never a partial file. Old versions are
 kept (``keep`` newest; older ones are removed after the switch).
 
+``resolve_ranker_dir(path)`` lets a command take either a saved ranker directory or a store root:
+a store's ``CURRENT`` version (its newest one when ``CURRENT`` is missing), with a note saying which.
+
 ``RankerWatcher(root).get()`` returns the live ``Ranker``. Each call stats ``CURRENT`` (mtime,
 size, inode) and, only when that changed, reads the name and loads the new ranker; a load that
 fails is logged and the previous ranker is kept (and retried on the next change). Thread-safe:
@@ -30,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from ranker.base import RankerFormatError, read_manifest
+from ranker.base import MANIFEST, RankerFormatError, read_manifest
 
 log = logging.getLogger(__name__)
 CURRENT = "CURRENT"
@@ -86,6 +89,23 @@ class RankerStore:
         old = [p for p in self.versions() if p.name != keep_name]
         for path in old[: max(0, len(old) - (self.keep - 1))]:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def resolve_ranker_dir(path: str | Path) -> tuple[Path, str | None]:
+    """``path`` when it is a saved ranker (or not a store: loading it names what is missing); for a
+    store root (what ``retrain_ranker`` publishes to), its ``CURRENT`` version, else its newest
+    version, and a note naming the version taken."""
+    path = Path(path)
+    if (path / MANIFEST).is_file() or not path.is_dir():
+        return path, None
+    store = RankerStore(path)
+    current = store.current()
+    if current is not None:
+        return current, f"{path} is a ranker store: using its current version {current.name}"
+    versions = store.versions()
+    if versions:
+        return versions[-1], f"{path} is a ranker store without {CURRENT}: using its newest version {versions[-1].name}"
+    return path, None
 
 
 class RankerWatcher:

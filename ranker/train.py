@@ -2,7 +2,7 @@
 
 - ``train(data, out, kind)``: fit a registered kind on a JSONL file and save it to ``out``;
 - ``evaluate_ranker(ranker, data)``: ``n``, ``recall_at_20/10/5`` and ``spearman`` (``ranker.metrics``)
-  plus the ranker's kind and unit;
+  plus the ranker's kind and unit and the data's unit (``unit_mismatch`` warns when they differ);
 - ``annotate(ranker, prompts_file, out)``: StreamRL's one-time offline pass: every row of a
   prompts file gets ``estimated_length`` (other fields kept).
 
@@ -46,11 +46,25 @@ def train(data: str | Path | Dataset, out: str | Path | None, kind: str = "light
     return model
 
 
-def evaluate_ranker(model: Ranker, data: str | Path | Dataset) -> dict[str, Any]:
+def evaluate_ranker(model: Ranker, data: str | Path | Dataset, data_unit: str | None = None) -> dict[str, Any]:
+    """Metrics of ``model`` on ``data``, its kind and unit, and ``data_unit`` (given, else the file's
+    ``.unit`` sidecar)."""
     dataset = data if isinstance(data, Dataset) else load_dataset(data)
+    if data_unit is None:
+        data_unit = "unknown" if isinstance(data, Dataset) else guess_unit(data)
     result: dict[str, Any] = dict(evaluate(model.predict(dataset.prompts), dataset.lengths))
-    result.update(kind=model.kind, unit=model.unit)
+    result.update(kind=model.kind, unit=model.unit, data_unit=data_unit)
     return result
+
+
+def unit_mismatch(result: dict[str, Any]) -> str | None:
+    """A warning when ``evaluate_ranker``'s ranker and data measure lengths in different known units."""
+    unit, data_unit = result.get("unit", "unknown"), result.get("data_unit", "unknown")
+    if "unknown" in (unit, data_unit) or unit == data_unit:
+        return None
+    return (f"warning: the ranker was trained on response lengths in {unit}, the data's are in {data_unit}: "
+            f"it ranks a different length than it learned (train it on {data_unit}, e.g. from `braid ranker "
+            f"convert-log` for tokens)")
 
 
 def annotate(model: Ranker, prompts_file: str | Path, out: str | Path, keep_prompt: bool = True) -> int:

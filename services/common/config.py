@@ -19,10 +19,11 @@ import yaml
 from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
 
 from services.common.agentic_config import AgenticConfig, check_agentic_run
+from services.common.config_errors import ConfigError, format_errors
 from services.common.pool_config import PoolConfig, check_pools
-from services.common.ranker_config import RetrainConfig
+from services.common.ranker_config import RetrainConfig, ranker_dir_problem
 from services.common.reward_config import RewardConfig
-from services.common.strict import StrictModel
+from services.common.strict import AutoOnOff, StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
 from services.common.trainer_config import AlgorithmConfig, TrainerConfig  # noqa: F401  (part of this schema)
 
@@ -94,10 +95,11 @@ class WarmstartConfig(StrictModel):
 class DispatchConfig(StrictModel):
     """The SGS router: skewness-aware dispatch over the engine instances (``docs/scheduling.md``)."""
 
-    router: Literal["auto", "on", "off"] = Field(
+    router: AutoOnOff = Field(
         "auto",
-        description="Put a router process in front of the instances: auto = with scale-out, or when "
-        "generation.instances > 1 and trainer.mode is not bounded (bounded mode syncs each instance lazily itself).",
+        description="Put a router process in front of the instances: auto = with scale-out (instances join and "
+        "leave); otherwise the orchestrator dials every instance itself. An unquoted on/off (a YAML boolean) means "
+        "'on'/'off'.",
     )
     policy: str = Field(
         "lpt",
@@ -181,8 +183,10 @@ class GenerationConfig(StrictModel):
     )
     ranker_dir: str | None = Field(
         None,
-        description="Output-length ranker the router uses for prompts without estimated_length "
-        "(ranker.store.RankerWatcher over this directory; None = no estimator).",
+        description="Output-length ranker store (ranker.store.RankerWatcher over this directory; None = no estimator). "
+        "The orchestrator estimates each group with it, one instance included: LPT launch order and the estimate "
+        "sent for the instance's LPT admission, and dispatch over several instances; the SGS router estimates "
+        "prompts without estimated_length. Refused where nothing would read it.",
     )
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     retrain: RetrainConfig = Field(default_factory=RetrainConfig)
@@ -425,17 +429,12 @@ class RunConfig(StrictModel):
         check_agentic_run(self)
         return self
 
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the field and the rule."""
-
-
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {loc}: {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
+    @model_validator(mode="after")
+    def _ranker_is_read(self) -> RunConfig:
+        problem = ranker_dir_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -488,7 +487,7 @@ def load_model(cls: type[M], path: str | Path | None = None, overrides: list[str
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+        raise ConfigError(format_errors(err, source)) from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:

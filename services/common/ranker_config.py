@@ -27,3 +27,24 @@ class RetrainConfig(StrictModel):
     holdout_fraction: float = Field(
         0.1, gt=0.0, le=0.5, description="Newest fraction of the samples held out to compare the old and new ranker."
     )
+
+
+def ranker_dir_problem(run: Any) -> str | None:
+    """Why ``generation.ranker_dir`` would change nothing in ``run`` (a ``RunConfig``), or None.
+
+    Its readers: the SGS router (estimates prompts without one); and, in a single-turn run, the
+    orchestrator, with any number of instances (one included): each group's estimate orders a
+    batch's launches and rides with its prompt for the instance's LPT admission (admission lpt),
+    and places groups over several instances (more than one, or scale-out). An agentic run without
+    the router, or one fixed instance admitting FCFS, reads it nowhere; a store that
+    ``generation.retrain`` publishes to is still a store worth keeping."""
+    gen = run.generation
+    if gen.ranker_dir is None or gen.retrain.every or run.uses_router:
+        return None
+    if run.agentic.enabled:
+        return ("generation.ranker_dir is read by the SGS router only in an agentic run (its turns are not placed by "
+                "length estimates): set generation.dispatch.router 'on', or drop ranker_dir")
+    if gen.instances == 1 and not run.scaleout.enabled and gen.admission == "fcfs":
+        return ("generation.ranker_dir changes nothing with one instance admitting FCFS (no placement to make, no "
+                "LPT order): set generation.admission 'lpt' (the default), or drop ranker_dir")
+    return None

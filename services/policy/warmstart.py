@@ -156,29 +156,37 @@ def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]
         return ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     losses: list[float] = []
-    bar = tqdm(range(ws.steps), desc="warm start (SFT)", disable=not progress, unit="step", mininterval=progress_interval())
-    for step in bar:
-        prompts, comps, masks = source.batch(ws.batch_size)
-        n_tokens = sum(sum(m) for m in masks) if masks is not None else sum(len(c) for c in comps)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        lengths = [len(p) + len(c) for p, c in zip(prompts, comps, strict=True)]
-        for idx in length_buckets(lengths, ws.micro_batch_tokens):
-            batch = pack([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id,
-                         [masks[i] for i in idx] if masks is not None else None)
-            logp = token_logprobs(model, batch)
-            loss = -(logp * batch.completion_mask).sum() / n_tokens
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(total)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    # A bar advanced by hand: iterating a tqdm bar updates its count only when it redraws (every
+    # mininterval, 20 s in a log), so a postfix refresh in between showed 0/steps beside a moving loss.
+    with tqdm(total=ws.steps, desc="warm start (SFT)", disable=not progress, unit="step",
+              mininterval=progress_interval()) as bar:
+        for step in range(ws.steps):
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            losses.append(_sft_step(policy, opt, source.batch(ws.batch_size), ws.micro_batch_tokens))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)  # drawn with the count at the next redraw
     model.eval()
     return losses
+
+
+def _sft_step(policy: Policy, opt: torch.optim.Optimizer, demos: Demos, micro_batch_tokens: int) -> float:
+    """One optimizer step on ``demos`` (micro-batches of at most ``micro_batch_tokens`` padded
+    tokens, the loss normalised by the batch's loss tokens); returns the step's loss."""
+    prompts, comps, masks = demos
+    n_tokens = sum(sum(m) for m in masks) if masks is not None else sum(len(c) for c in comps)
+    opt.zero_grad(set_to_none=True)
+    total = 0.0
+    lengths = [len(p) + len(c) for p, c in zip(prompts, comps, strict=True)]
+    for idx in length_buckets(lengths, micro_batch_tokens):
+        batch = pack([prompts[i] for i in idx], [comps[i] for i in idx], policy.pad_id,
+                     [masks[i] for i in idx] if masks is not None else None)
+        loss = -(token_logprobs(policy.model, batch) * batch.completion_mask).sum() / n_tokens
+        loss.backward()
+        total += loss.item()
+    torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+    opt.step()
+    return total
 
 
 def ensure_warmstart(cfg: RunConfig, *, progress: bool = True) -> Path:

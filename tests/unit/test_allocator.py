@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from allocator.allocate import PLAN_FIELDS, build_cost_model, find_model, plan_files
-from allocator.cluster import AllocationInputError, ClusterSpec, WorkloadSpec, load_cluster, load_workload
+from allocator.cluster import (
+    AllocationInputError,
+    ClusterSpec,
+    WorkloadSpec,
+    load_cluster,
+    load_workload,
+    machine_cores,
+)
 from allocator.memory import ParallelConfig, training_memory
 from allocator.planner import (
     CostModel,
@@ -188,7 +198,7 @@ def test_cli_json_has_the_plan_fields(capsys):
     assert rc == 0
     plan = json.loads(capsys.readouterr().out)
     assert set(PLAN_FIELDS) <= set(plan)
-    assert plan["gen_gpus"] + plan["train_gpus"] <= 4 and math.isclose(plan["iteration_s"], max(plan["t_gen_s"], plan["t_train_s"]))
+    assert plan["gen_gpus"] + plan["train_gpus"] <= machine_cores() and math.isclose(plan["iteration_s"], max(plan["t_gen_s"], plan["t_train_s"]))
 
 
 def test_cli_bad_input_exits_2_with_the_message(tmp_path, capsys):
@@ -208,3 +218,20 @@ def test_rl_training_takes_a_plan_for_the_local_cluster(tmp_path):
     assert plan_overrides({**plan, "model": "qwen2.5-7b"}) == []  # a GPU plan is only recorded
     with pytest.raises(ConfigError, match="missing fields"):
         load_plan({"model": "braid-tiny"})
+
+
+def test_the_local_cluster_has_the_cores_this_process_may_run_on():
+    """local-cpu.yaml says count: auto: a plan never puts more instances on the machine than it has cores."""
+    site = load_cluster(ROOT / "deploy/clusters/local-cpu.yaml").sites[0]
+    assert site.count == site.gpus_per_node == machine_cores() == len(os.sched_getaffinity(0))
+    one_core = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+                "from allocator.cluster import load_cluster; "
+                "print(load_cluster('deploy/clusters/local-cpu.yaml').sites[0].count)")
+    out = subprocess.run([sys.executable, "-c", one_core], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "1"
+
+
+def test_auto_is_the_only_word_a_count_takes(tmp_path):
+    path = _write(tmp_path, "c.yaml", CLUSTER.replace("GPU", "H800").replace("COUNT", "many"))
+    with pytest.raises(AllocationInputError, match=r"sites\.0\.count: Input should be a valid integer"):
+        load_cluster(path)

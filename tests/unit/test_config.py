@@ -1,3 +1,4 @@
+import json
 import re
 from pathlib import Path
 
@@ -171,3 +172,64 @@ def test_the_learner_runs_in_its_own_process_with_one_rank_on_the_cpu():
     assert not where(device="cuda") and not where(ranks=2) and not where(learner="inline")
     with pytest.raises(ValueError, match=r"trainer\.learner process needs trainer\.ranks 1"):
         where(learner="process", ranks=2)
+
+
+@pytest.mark.parametrize("word, value", [("on", "on"), ("off", "off"), ("'on'", "on"), ("auto", "auto"), ("yes", "on")])
+def test_router_on_off_unquoted_in_a_set_override(word, value):
+    """YAML 1.1 reads an unquoted on/off as a boolean; the tri-state field takes it as the word."""
+    overrides = [f"generation.dispatch.router={word}", "generation.instances=2"]
+    assert load_config(None, overrides).generation.dispatch.router == value
+
+
+@pytest.mark.parametrize("word, uses_router", [("on", True), ("off", False)])
+def test_router_on_off_unquoted_in_a_config_file(tmp_path, word, uses_router):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"generation:\n  instances: 2\n  dispatch:\n    router: {word}\n")
+    cfg = load_config(path)
+    assert cfg.generation.dispatch.router == word and cfg.uses_router is uses_router
+
+
+def test_router_on_off_unquoted_in_a_deployment_override():
+    """The rl_training deployment's ``overrides`` parameter and its resolved ``config`` parameter."""
+    from flows.deploy_steps import run_config
+    from flows.rl_training import resolve_config
+
+    cfg = resolve_config(RunConfig(), None, ["generation.dispatch.router=off", "generation.instances=2"])
+    assert cfg.generation.dispatch.router == "off"
+    step = run_config(str(ROOT / "deploy/configs/default.yaml"), ["generation.dispatch.router=on"])
+    assert step["config"]["generation"]["dispatch"]["router"] == "on"
+    cfg = resolve_config(RunConfig.model_validate(step["config"]), None, [])
+    assert cfg.generation.dispatch.router == "on"
+
+
+def test_router_takes_no_other_value():
+    with pytest.raises(ConfigError, match=r"generation.dispatch.router: Input should be 'auto', 'on' or 'off' \(got 1\)"):
+        load_config(None, ["generation.dispatch.router=1"])
+
+
+def test_braid_config_takes_model_as_braid_run_does(capsys, tmp_path):
+    from flows.cli import build_parser, config_overrides, main
+
+    argv = ["--set", "model.path=/elsewhere", "--model", str(tmp_path), "--set", "trainer.mode=sync"]
+    assert config_overrides(build_parser().parse_args(["config", *argv])) == \
+        config_overrides(build_parser().parse_args(["run", *argv]))  # the same overrides, --model last
+    assert main(["config", *argv]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"]["path"] == str(tmp_path) and printed["trainer"]["mode"] == "sync"
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    ([], None),  # one instance, LPT admission: the orchestrator's estimates order launches and admission
+    (["generation.admission=fcfs"], "changes nothing with one instance admitting FCFS"),
+    (["generation.admission=fcfs", "generation.instances=2"], None),  # placement over two instances
+    (["generation.admission=fcfs", "generation.genlog=g.sqlite", "generation.retrain.every=5"], None),  # a store it publishes
+    (["agentic.enabled=true", "trainer.mode=sync"], "read by the SGS router only in an agentic run"),
+    (["agentic.enabled=true", "trainer.mode=sync", "generation.dispatch.router=on"], None),
+])
+def test_a_ranker_store_nothing_reads_is_refused(overrides, refused):
+    overrides = ["generation.ranker_dir=store", *overrides]
+    if refused is None:
+        assert load_config(None, overrides).generation.ranker_dir == "store"
+    else:
+        with pytest.raises(ConfigError, match=re.escape(refused)):
+            load_config(None, overrides)

@@ -130,6 +130,29 @@ def test_server_state_and_help_need_no_server(tmp_path):
     assert out.returncode == 0 and "--port" in out.stdout and "--state-dir" in out.stdout, out.stderr
 
 
+def test_server_banner_names_every_deployment_of_the_prefect_file():
+    from flows.server import deployment_names, describe
+
+    names = deployment_names(PREFECT_FILE, ROOT)
+    assert names == [f"{_flow(d['entrypoint']).name}/{d['name']}" for d in _deployments()]  # the flows' own names
+    assert {"retrain_ranker/retrain-ranker", "plan_allocation/plan-allocation", "rl_training/rl-training"} <= set(names)
+    banner = describe({"url": "http://h:1", "api_url": "http://h:1/api", "state_dir": "/s", "workers": [],
+                       "deployments": names})
+    assert all(f"deployment:  {name}" in banner for name in names)
+
+
+def test_server_refuses_a_prefect_file_whose_entrypoint_is_missing(tmp_path):
+    from flows.server import ServerError, deployment_names
+
+    bad = tmp_path / "prefect.yaml"
+    bad.write_text("deployments:\n  - name: x\n    entrypoint: flows/rl_training.py:no_such_flow\n")
+    with pytest.raises(ServerError, match="has no function 'no_such_flow'"):
+        deployment_names(bad, ROOT)
+    bad.write_text("deployments:\n  - name: x\n")
+    with pytest.raises(ServerError, match="cannot read its deployments"):
+        deployment_names(bad, ROOT)
+
+
 def test_deploy_step_output_is_json():
     from flows.deploy_steps import run_config
 

@@ -120,3 +120,24 @@ def test_launch_order_keeps_the_task_order_without_estimates_and_puts_unestimate
 
     items = [_Item("b", "xx"), _Item("a", "x")]
     assert [p.prompt_id for p in GroupEstimates(_dispatcher(Partly())).launch_order(lambda n: items)(2)] == ["a", "b"]
+
+
+def test_one_instance_without_a_router_estimates_with_the_ranker_store(tmp_path):
+    """generation.ranker_dir with one instance: the orchestrator still builds its dispatcher over the
+    store's ranker, so a batch starts longest estimate first and each estimate rides with its prompt."""
+    from types import SimpleNamespace
+
+    from ranker.base import create
+    from ranker.store import RankerStore
+    from services.rollout.dispatching import GroupEstimates
+    from services.rollout.orchestrator import build_dispatcher, engines_behind
+
+    RankerStore(tmp_path / "store").publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r"))
+    cfg = load_config(None, [f"generation.ranker_dir={tmp_path / 'store'}"])
+    assert cfg.generation.instances == 1 and not cfg.uses_router
+    trainer = SimpleNamespace(cfg=cfg, clients=[None], model_dir=None)  # what build_dispatcher reads
+    d = build_dispatcher(trainer, 1, engines_behind(cfg, 1))
+    assert d is not None
+    items = [_Item("a", "x"), _Item("b", "x" * 40), _Item("c", "x" * 8)]
+    assert [p.prompt_id for p in GroupEstimates(d).launch_order(lambda n: items)(3)] == ["b", "c", "a"]
+    assert d.version() == RankerStore(tmp_path / "store").current().name  # the metrics name the store's version

@@ -76,3 +76,23 @@ def test_one_retrain_at_a_time_rows_record_results_and_failures(tmp_path):
     assert "not retrained: ValueError" in text
     assert report_lines(tmp_path / "nothing", metrics) == []
     json.dumps(rows)  # rows are JSON
+
+
+def test_the_retrain_deployment_defaults_are_what_a_skewness_run_writes(tmp_path, monkeypatch):
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.retrain_ranker import RetrainParams, read_log, retrain_ranker
+    from ranker.genlog import GenerationLog, GenRecord
+
+    skew = load_config(ROOT / "deploy/configs/skewness.yaml").generation
+    params = RetrainParams()
+    assert (params.log_path, params.store_root) == (skew.genlog, skew.ranker_dir)
+    assert not parameter_schema(retrain_ranker.fn).required  # the deployment runs with no parameters
+    monkeypatch.chdir(tmp_path)  # where the run's relative paths resolve, as the repository root does
+    with pytest.raises(ValueError, match=r"runs/generation-log.sqlite: no such generation log .*skewness.yaml"):
+        read_log.fn(params.log_path, params.n_recent, params.holdout_fraction, 10, str(tmp_path / "work"))
+    Path(skew.genlog).parent.mkdir(parents=True)
+    with GenerationLog(skew.genlog) as log:
+        log.append(GenRecord(f"p{i}", f"prompt {i}", 5 + i, 1, 0, float(i)) for i in range(40))
+    split = read_log.fn(params.log_path, params.n_recent, params.holdout_fraction, 10, str(tmp_path / "work"))
+    assert split["n_train"] + split["n_holdout"] == 40 and Path(split["holdout"] + ".unit").read_text() == "tokens\n"

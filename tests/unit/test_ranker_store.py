@@ -112,3 +112,45 @@ def test_cli_bad_input_exits_2_naming_file_line_field(tmp_path, capsys):
     assert "ranker.json: missing" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         braid(["ranker", "train", "--data", str(FIXTURE), "--out", str(tmp_path / "r"), "--kind", "forest"])
+
+
+def test_cli_eval_takes_a_store_and_says_which_version(tmp_path, capsys):
+    """What retrain_ranker publishes to (a store root) evaluates as its CURRENT version."""
+    store = RankerStore(tmp_path / "store")
+    store.publish(_trained(tmp_path / "old"))
+    name = store.publish(create("tfidf_linear").fit(*_fixture_rows(), unit="characters").save(tmp_path / "new"))
+    assert braid(["ranker", "eval", "--ranker", str(tmp_path / "store"), "--data", str(FIXTURE), "--json"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert result["ranker"] == str(tmp_path / "store" / name) and result["kind"] == "tfidf_linear"
+    assert f"is a ranker store: using its current version {name}" in out.err
+    (tmp_path / "store" / "CURRENT").unlink()  # no pointer: the newest version
+    assert braid(["ranker", "annotate", "--ranker", str(tmp_path / "store"), "--prompts", str(FIXTURE),
+                  "--out", str(tmp_path / "ann.jsonl")]) == 0
+    assert f"without CURRENT: using its newest version {name}" in capsys.readouterr().err
+    assert braid(["ranker", "eval", "--ranker", str(tmp_path / "empty"), "--data", str(FIXTURE)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def _fixture_rows() -> tuple[list[str], list[float]]:
+    rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+    return [r["prompt"] for r in rows], [r["response_length"] for r in rows]
+
+
+@pytest.mark.parametrize("ranker_unit, data_unit, warned", [
+    ("characters", "tokens", True), ("tokens", "characters", True), ("tokens", "tokens", False),
+    ("characters", None, False), ("unknown", "tokens", False),
+])
+def test_cli_eval_warns_when_ranker_and_data_units_differ(tmp_path, capsys, ranker_unit, data_unit, warned):
+    from ranker.train import write_unit
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(FIXTURE.read_text())
+    if data_unit is not None:
+        write_unit(data, data_unit)
+    ranker = create("prompt_length").fit(*_fixture_rows(), unit=ranker_unit).save(tmp_path / "r")
+    assert braid(["ranker", "eval", "--ranker", str(ranker), "--data", str(data), "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["data_unit"] == (data_unit or "unknown")
+    expected = f"warning: the ranker was trained on response lengths in {ranker_unit}, the data's are in {data_unit}"
+    assert (expected in out.err) is warned and ("warning" in out.err) is warned

@@ -35,8 +35,8 @@ def _cli(args: list[str], env: dict, timeout: float = 420) -> subprocess.Complet
 def _trigger(env: dict, deployment: str, params: dict) -> str:
     """`prefect deployment run NAME -p key=json ...`; the flow run's id from what it prints."""
     args = [PREFECT, "--no-prompt", "deployment", "run", deployment]
-    for key, value in params.items():
-        args += ["-p", f"{key}={json.dumps(value)}"]
+    for key, value in params.items():  # a plain string as README writes it, anything else as JSON
+        args += ["-p", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
     out = _cli(args, env, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     found = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout)

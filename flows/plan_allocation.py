@@ -25,9 +25,12 @@ from services.common.config import StrictModel
 class PlanParams(StrictModel):
     """Inputs of one planning run (rendered as a form in the Prefect UI)."""
 
-    cluster_file: str = Field(description="Cluster file: sites, GPU kinds, counts, interconnect, costs (deploy/clusters/).")
-    model: str = Field(description="Model: qwen2.5-7b, qwen2.5-32b, qwen2.5-72b or braid-tiny.")
-    workload_file: str = Field(description="Workload file: batch size and prompt/response lengths (deploy/workloads/).")
+    cluster_file: str = Field("deploy/clusters/local-cpu.yaml", description="Cluster file: sites, GPU kinds, counts, "
+                              "interconnect, costs (deploy/clusters/; default: this machine's cores).")
+    model: str = Field("braid-tiny", description="Model: qwen2.5-7b, qwen2.5-32b, qwen2.5-72b or braid-tiny (default: the "
+                       "local tiny model, whose plan sets a run's SGS instances).")
+    workload_file: str = Field("deploy/workloads/tiny.yaml", description="Workload file: batch size and prompt/response "
+                               "lengths (deploy/workloads/).")
     objective: Literal["time", "cost"] = Field("time", description="time: least iteration time; cost: most samples/s per cost.")
     max_iteration_s: float | None = Field(None, gt=0, le=1e7, description="Cost objective: only plans at least this fast.")
     out: str | None = Field(None, description="Also write the plan JSON to this path.")
@@ -50,12 +53,17 @@ def stage_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @flow(name="plan_allocation", log_prints=True)
-def plan_allocation(params: PlanParams) -> dict[str, Any]:
-    """Plan GPUs and parallel configs for the SGS and the trainer; publish the plan as artifacts."""
+def plan_allocation(params: PlanParams | None = None) -> dict[str, Any]:
+    """Plan GPUs and parallel configs for the SGS and the trainer; publish the plan as artifacts.
+
+    Args:
+        params: What to plan for; empty: the local tiny model on this machine (PlanParams' defaults).
+    """
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     from allocator.allocate import format_table
 
+    params = params or PlanParams()
     plan = plan_step(params.cluster_file, params.model, params.workload_file, params.objective, params.max_iteration_s)
     get_run_logger().info("plan: %d generation + %d training GPUs, iteration %.1f s, %.3f samples/s",
                           plan["gen_gpus"], plan["train_gpus"], plan["iteration_s"], plan["samples_per_s"])

@@ -265,3 +265,17 @@ def test_workers_are_stopped_side_by_side_within_one_grace():
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, 9)
+
+
+def test_plan_allocation_needs_no_parameter():
+    """The planning deployment runs out of the box: the local tiny model on this machine's cores."""
+    from prefect.utilities.callables import parameter_schema
+
+    from allocator.allocate import plan_files
+    from flows.plan_allocation import PlanParams, plan_allocation
+
+    assert not parameter_schema(plan_allocation).model_dump().get("required")
+    p = PlanParams()
+    assert all((ROOT / f).is_file() for f in (p.cluster_file, p.workload_file))
+    plan = plan_files(str(ROOT / p.cluster_file), p.model, str(ROOT / p.workload_file), objective=p.objective)
+    assert plan["model"] == "braid-tiny" and plan["gen_instances"] >= 1

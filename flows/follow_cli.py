@@ -16,7 +16,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from uuid import UUID
 
 NOT_FOUND = 2  # the run or deployment does not exist
@@ -56,17 +56,50 @@ async def _latest_run(client, deployment: str) -> UUID | None:
     return runs[0].id if runs else None
 
 
-async def _new_logs(client, run_id: UUID, offset: int) -> list[LogLine]:
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+def _task_done(record) -> bool:
+    """A task run's "Finished in state Completed()": one per task, nothing to act on (a task that
+    failed, and every flow-run line, is shown)."""
+    return getattr(record, "task_run_id", None) is not None and record.message.startswith("Finished in state Completed")
+
+
+class LogCursor:
+    """The log lines of a run not printed yet. Lines reach the server in batches and not always in
+    timestamp order, so each read goes back ``LATE_S`` before the newest line seen and skips the
+    lines already printed (by id): none is printed twice, none is skipped for arriving late."""
+
+    LATE_S = 30.0
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+        self.newest: datetime | None = None
+
+    def take(self, records: list) -> list[LogLine]:
+        """The records not seen before, oldest first, less completed tasks' last lines (pure: records
+        need ``id``, ``timestamp``, ``level``, ``message`` and ``task_run_id``)."""
+        fresh = sorted((r for r in records if r.id not in self.seen), key=lambda r: r.timestamp)
+        self.seen.update(r.id for r in fresh)
+        if fresh:
+            newest = fresh[-1].timestamp
+            self.newest = newest if self.newest is None else max(self.newest, newest)
+        return [LogLine(r.timestamp, r.level, r.message) for r in fresh if not _task_done(r)]
+
+    def since(self) -> datetime | None:
+        return None if self.newest is None else self.newest - timedelta(seconds=self.LATE_S)
+
+
+async def _new_logs(client, run_id: UUID, cursor: LogCursor) -> list[LogLine]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
     from prefect.client.schemas.sorting import LogSort
 
-    out: list[LogLine] = []
+    since = cursor.since()
+    flt = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]),
+                    timestamp=LogFilterTimestamp(after_=since) if since is not None else None)
+    records: list = []
     while True:
-        page = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])),
-                                      limit=PAGE, offset=offset + len(out), sort=LogSort.TIMESTAMP_ASC)
-        out += [LogLine(r.timestamp, r.level, r.message) for r in page]
+        page = await client.read_logs(log_filter=flt, limit=PAGE, offset=len(records), sort=LogSort.TIMESTAMP_ASC)
+        records += page
         if len(page) < PAGE:
-            return out
+            return cursor.take(records)
 
 
 async def follow(run_id: UUID | None, deployment: str | None, interval: float, timeout: float | None,
@@ -87,19 +120,17 @@ async def follow(run_id: UUID | None, deployment: str | None, interval: float, t
             echo(f"braid follow: flow run {run_id} not found on {client.api_url}")
             return NOT_FOUND
         echo(f"following flow run {run.name} ({run_id})")
-        seen, state, deadline = 0, None, None if timeout is None else time.monotonic() + timeout
+        cursor, state, deadline = LogCursor(), None, None if timeout is None else time.monotonic() + timeout
         while True:
             run = await client.read_flow_run(run_id)
-            lines = await _new_logs(client, run_id, seen)
-            for line in lines:
+            for line in await _new_logs(client, run_id, cursor):
                 echo(format_line(line))
-            seen += len(lines)
             if run.state is not None and run.state.name != state:
                 state = run.state.name
                 echo(f"state: {state}")
             if run.state is not None and run.state.is_final():
                 await asyncio.sleep(min(interval, 1.0))  # the last log lines reach the server after the state
-                for line in await _new_logs(client, run_id, seen):
+                for line in await _new_logs(client, run_id, cursor):
                     echo(format_line(line))
                 return exit_code(run.state.type.value)
             if deadline is not None and time.monotonic() > deadline:
@@ -123,5 +154,11 @@ def _main(ns: argparse.Namespace) -> int:
         return USAGE
     if ns.interval <= 0:
         print(f"braid follow: --interval must be > 0, got {ns.interval}", file=sys.stderr)
+        return USAGE
+    from prefect.settings import get_current_settings
+
+    if not get_current_settings().api.url:  # else the client starts a throwaway local server with no runs
+        print("braid follow: no Prefect server configured: export PREFECT_API_URL (`make server` prints it)",
+              file=sys.stderr)
         return USAGE
     return asyncio.run(follow(ns.flow_run_id, ns.deployment, ns.interval, ns.timeout, echo=lambda s: print(s, flush=True)))

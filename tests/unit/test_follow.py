@@ -54,3 +54,48 @@ def test_follow_refuses_ambiguous_arguments(capsys):
     assert main(["follow"]) == 2
     assert "one of them" in capsys.readouterr().err
     assert main(["follow", "--deployment", "a/b", "--interval", "0"]) == 2
+    assert "--interval" in capsys.readouterr().err
+
+
+def test_follow_without_a_server_says_what_to_export(tmp_path):
+    """Without PREFECT_API_URL the client would start a throwaway local server that has no runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {"PREFECT_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "follow", "--deployment", "a/b"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "export PREFECT_API_URL" in out.stderr, out.stderr
+
+
+def test_log_cursor_prints_each_line_once_even_when_lines_arrive_late():
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from flows.follow_cli import LogCursor
+
+    t = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
+
+    def rec(i: int, dt: float):
+        return SimpleNamespace(id=i, timestamp=t + timedelta(seconds=dt), level=20, message=f"m{i}", task_run_id=None)
+
+    cursor = LogCursor()
+    assert cursor.since() is None
+    assert [x.message for x in cursor.take([rec(1, 0), rec(3, 2)])] == ["m1", "m3"]
+    assert cursor.since() == t + timedelta(seconds=2 - LogCursor.LATE_S)
+    # the next read overlaps the last one and brings a line stamped before m3 that reached the server late
+    assert [x.message for x in cursor.take([rec(1, 0), rec(2, 1), rec(3, 2), rec(4, 3)])] == ["m2", "m4"]
+    assert cursor.take([rec(4, 3)]) == []
+
+
+def test_completed_tasks_last_lines_are_left_out_failures_are_not():
+    from types import SimpleNamespace
+
+    from flows.follow_cli import LogCursor
+
+    t = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
+    recs = [SimpleNamespace(id=1, timestamp=t, level=20, message="Finished in state Completed()", task_run_id="t1"),
+            SimpleNamespace(id=2, timestamp=t, level=40, message="Finished in state Failed('x')", task_run_id="t2"),
+            SimpleNamespace(id=3, timestamp=t, level=20, message="Finished in state Completed()", task_run_id=None)]
+    assert [x.message for x in LogCursor().take(recs)] == ["Finished in state Failed('x')", "Finished in state Completed()"]

@@ -16,7 +16,11 @@ SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
 
 def test_profile_train_quick_writes_a_profile_whose_times_grow_with_tokens(tmp_path, capsys):
     out = tmp_path / "smoke-train.json"
-    rc = cli_main(["profile-train", "--config", SMOKE, "--quick", "--threads", "1", "--out", str(out)])
+    # the smoke model widened (hidden 256, 4 layers): its steps take 50-600 ms, so compute, not a
+    # step's fixed ~10 ms, sets the times; at the smoke model's own size a busy machine (make test runs
+    # two workers) made the smallest point 3x slower than the largest and the fit found no throughput
+    wider = ["--set", "model.hidden_size=256", "--set", "model.num_layers=4", "--set", "model.intermediate_size=512"]
+    rc = cli_main(["profile-train", "--config", SMOKE, "--quick", "--threads", "1", *wider, "--out", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out  # a progress line per grid point, then the summary
     assert printed.count("ms/step") == 4
@@ -26,7 +30,7 @@ def test_profile_train_quick_writes_a_profile_whose_times_grow_with_tokens(tmp_p
     assert raw["device"] == "cpu" and raw["threads"] == 1 and raw["reference_model"] is False
     assert (raw["backend"], raw["dtype"], raw["ranks"], raw["group_size"], raw["micro_batch_groups"]) == (
         "torch", "float32", 1, 4, 2)
-    assert raw["model"]["fingerprint"]["hidden"] == 64 and raw["model"]["fingerprint"]["layers"] == 1
+    assert raw["model"]["fingerprint"]["hidden"] == 256 and raw["model"]["fingerprint"]["layers"] == 4
     prof = load_train_profile(out)
     assert len(prof.points) == 4 and prof.effective_flops > 0 and prof.fixed_s >= 0
     # equal lengths: the learner padded nothing; every step made at least one micro-batch

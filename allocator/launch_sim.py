@@ -165,10 +165,14 @@ def _run(insts: list[SteppedInstance], launcher: _Launcher, cores: float | None)
         if seg is not None:
             busy[i] = [seg[0], seg[1]]
 
-    for i, gs in launcher.route().items():
-        insts[i].push([j for g in gs for j in _jobs(g)])
-    for i in range(len(insts)):
-        start(i)
+    def launch() -> None:  # a routing round, then every idle instance with work starts a segment
+        for i, gs in launcher.route().items():
+            insts[i].push([j for g in gs for j in _jobs(g)])
+        for i in range(len(insts)):
+            if i not in busy:
+                start(i)
+
+    launch()
     while busy:
         rate = 1.0 if cores is None else min(1.0, cores / len(busy))
         i = min(busy, key=lambda k: (busy[k][0], k))
@@ -179,10 +183,6 @@ def _run(insts: list[SteppedInstance], launcher: _Launcher, cores: float | None)
         _, done = busy.pop(i)
         for seq_id in done:
             launcher.finished(i, seq_id, t)
-        for k, gs in launcher.route().items():
-            insts[k].push([j for g in gs for j in _jobs(g)])
-        for k in range(len(insts)):
-            if k not in busy:
-                start(k)
+        launch()
     if launcher.waiting:
         raise RuntimeError(f"{len(launcher.waiting)} groups never started")  # cannot happen: capacity checked above

@@ -127,7 +127,9 @@ class _Instance:
         self.queue.push((victim.job, gen), resumed=True)
         self.blocked = True
 
-    def retire_finished(self) -> None:
+    def retire_finished(self) -> list[str]:
+        """Retire the sequences done by now; their ids."""
+        done: list[str] = []
         while self.finishing and self.finishing[0][0] <= self.step:
             _, _, run = heapq.heappop(self.finishing)
             if not run.alive:
@@ -137,28 +139,30 @@ class _Instance:
             self.n -= 1
             self.blocked = False
             self.out.finish_s[run.job.seq_id] = self.t
+            done.append(run.job.seq_id)
         while self.stack and not self.stack[-1].alive:
             self.stack.pop()
+        return done
 
     def steps_to_next_finish(self) -> int:
         while not self.finishing[0][2].alive:
             heapq.heappop(self.finishing)
         return self.finishing[0][0] - self.step
 
-    def segment(self) -> bool:
-        """Admit, then run to the next completion (or KV overflow); False when there is nothing to run."""
+    def segment(self) -> list[str] | None:
+        """Admit, then run to the next completion (or KV overflow); the sequences that finished, or
+        None when there is nothing to run."""
         self.admit()
         if self.n == 0:
-            return False
+            return None
         k = self.steps_to_next_finish()
         room = self.spec.kv_capacity_tokens - self.held  # tokens the cache can still take
         if self.n > 1 and self.n * k > room:  # the running sequences outgrow the cache within k steps
             self.advance(max(0, room // self.n))
             self.preempt_newest()
-            return True
+            return []
         self.advance(k)
-        self.retire_finished()
-        return True
+        return self.retire_finished()
 
 
 def _check(jobs: Sequence[Job]) -> None:
@@ -173,7 +177,7 @@ def run_instance(
     """Run ``jobs`` (all queued at ``start_s``) to completion on one instance."""
     _check(jobs)
     inst = _Instance(jobs, spec, order, start_s, trace)
-    while inst.segment():
+    while inst.segment() is not None:
         pass
     out = inst.out
     out.makespan_s, out.steps = inst.t - start_s, inst.step
@@ -196,11 +200,9 @@ class SteppedInstance:
 
     def next_segment(self) -> tuple[float, list[str]] | None:
         """Run the next segment: (its work in seconds, the sequences it finished), or None when idle."""
-        inst = self._inst
-        t0, done = inst.t, len(inst.out.finish_s)
-        if not inst.segment():
-            return None
-        return inst.t - t0, list(inst.out.finish_s)[done:]  # dicts keep insertion order: the new finishes
+        t0 = self._inst.t
+        done = self._inst.segment()
+        return None if done is None else (self._inst.t - t0, done)
 
     @property
     def work_s(self) -> float:

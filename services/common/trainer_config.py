@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, model_validator
 
+from services.common.lora import LoraConfig
 from services.common.strict import StrictModel
 
 
@@ -143,6 +144,12 @@ class TrainerConfig(StrictModel):
         description="What trains the policy (services.trainer.backends): torch (the Hugging Face model, FSDP2 when "
         "ranks > 1) or megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names).",
     )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train a LoRA adapter over the frozen base instead of every weight (torch backend): only the "
+        "adapter is pushed to the SGS, which serves base + adapter; the KL reference is the base (adapter off). "
+        "None = full fine-tuning.",
+    )
 
     def learner_in_process(self) -> bool:
         """Whether the learner runs in a process of its own (``learner``, ``auto`` resolved)."""
@@ -159,6 +166,9 @@ class TrainerConfig(StrictModel):
                              "launcher's processes, led by rank 0 through their process group")
         if self.ranks > 1 and self.backend == "megatron":
             raise ValueError("trainer.backend megatron trains one rank today (its data parallelism is not wired up)")
+        if self.lora is not None and self.backend == "megatron":
+            raise ValueError("trainer.lora trains with trainer.backend torch: LoRA on megatron-core is not implemented "
+                             "(drop trainer.lora, or set trainer.backend torch)")
         return self
 
     @model_validator(mode="after")

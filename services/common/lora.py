@@ -1,0 +1,123 @@
+"""LoRA adapters (``trainer.lora``): the one place Braid meets peft.
+
+With ``trainer.lora`` set, the trainer trains a LoRA adapter over a frozen base, the weight plane
+carries only the adapter (every version is an adapter: its tensors under peft's saved names, e.g.
+``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``, float32), and the SGS serves
+base + adapter (vLLM's LoRA API; the ``hf`` engine through peft). Version 0 is the base itself:
+a fresh adapter's ``lora_B`` is zero, so base + adapter v0 = base.
+
+On disk an adapter is peft's format (``adapter_config.json`` + ``adapter_model.safetensors``), which
+vLLM's ``LoRARequest`` and ``peft.PeftModel.from_pretrained`` both read; ``merge`` folds one into
+its base and writes a plain Hugging Face checkpoint (``braid model merge``).
+
+Imports of torch, transformers and peft are inside the functions: the config half of this module
+is read by every process that loads a run config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from services.common.strict import StrictModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from services.common.weights import TensorSpec
+
+# Every projection of a Llama/Qwen/Mistral-style decoder layer (attention and MLP).
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+class LoraConfig(StrictModel):
+    """A LoRA adapter over the policy's linear layers (``trainer.lora``; None = full fine-tuning)."""
+
+    rank: int = Field(16, ge=1, le=512, description="Adapter rank r.")
+    alpha: float = Field(32.0, gt=0.0, le=16384.0, description="LoRA alpha: the update is scaled by alpha / rank.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TARGETS), min_length=1, max_length=64,
+        description="Names of the linear modules that get an adapter (suffixes of module names, peft's rule).",
+    )
+
+    def peft(self, base_path: str | Path | None = None):
+        """The equivalent ``peft.LoraConfig``."""
+        from peft import LoraConfig as PeftLoraConfig
+
+        return PeftLoraConfig(
+            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=list(self.target_modules),
+            bias="none", task_type="CAUSAL_LM", base_model_name_or_path=str(base_path) if base_path else None,
+        )
+
+
+class AdapterError(ValueError):
+    """An adapter cannot be built, read or merged (the message says why)."""
+
+
+def wrap(model, cfg: LoraConfig):
+    """``model`` with fresh adapters on ``cfg.target_modules`` (peft's ``get_peft_model``): only the
+    adapters train; ``lora_B`` starts at zero, so the wrapped model computes what the base does."""
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, cfg.peft(getattr(model.config, "_name_or_path", None)))
+    except ValueError as err:  # peft: "Target modules {...} not found in the base model"
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
+        raise AdapterError(f"trainer.lora.target_modules {cfg.target_modules}: {err} (this model's linear "
+                           f"modules: {names})") from err
+
+
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """The adapter's tensors of a wrapped model under peft's saved names (no base weights)."""
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def adapter_specs(model_path: str | Path, cfg: LoraConfig) -> dict[str, TensorSpec]:
+    """Names, dtypes (float32) and shapes of the adapter ``cfg`` puts on the checkpoint at
+    ``model_path``, worked out on the meta device (no weights are read or allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from services.common.weights import specs_of
+
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return specs_of(adapter_state(wrap(model, cfg)))
+
+
+def save_adapter(out: str | Path, state: dict[str, torch.Tensor], cfg: LoraConfig,
+                 base_path: str | Path | None = None) -> Path:
+    """Write ``state`` as a peft adapter directory (what vLLM's ``LoRARequest`` and peft load)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.peft(base_path).save_pretrained(str(out))
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / ADAPTER_WEIGHTS))
+    return out
+
+
+def read_adapter(path: str | Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+    """An adapter directory's config and tensors; ``AdapterError`` naming what is missing or wrong."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    missing = [n for n in (ADAPTER_CONFIG, ADAPTER_WEIGHTS) if not (path / n).is_file()]
+    if missing:
+        raise AdapterError(f"{path} is not a LoRA adapter directory: no {' or '.join(missing)}")
+    raw = json.loads((path / ADAPTER_CONFIG).read_text())
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise AdapterError(f"{path}: peft_type {raw.get('peft_type')!r} is not LORA")
+    targets = raw.get("target_modules") or []
+    cfg = LoraConfig(rank=raw.get("r", 8), alpha=raw.get("lora_alpha", 8), dropout=raw.get("lora_dropout", 0.0),
+                     target_modules=sorted(targets) if isinstance(targets, list | set) else [targets])
+    return cfg, load_file(str(path / ADAPTER_WEIGHTS))

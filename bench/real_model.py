@@ -64,15 +64,18 @@ def train(run_dir: Path, iterations: int, extra: list[str]) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def measure(run_dir: Path, iterations: int, samples: int, limit: int | None) -> dict:
+def measure(run_dir: Path, iterations: int, samples: int, limit: int | None, *, after: Path | None = None,
+            config_path: Path | None = None) -> dict:
+    """Base and trained policy on the held-out questions; ``after``: the trained checkpoint (default:
+    the run's last), ``config_path``: the config their SGS serves with (default: the run's)."""
     from bench import real_model_eval as ev
     from services.common.config import load_config
     from services.policy.importer import resolve_model
 
-    config_path = run_dir / "config.json"
+    config_path = config_path or run_dir / "config.json"
     cfg = load_config(config_path)
     models = {"before": resolve_model(cfg.model.path, cfg.cache_dir),
-              "after": run_dir / "checkpoints" / f"v{iterations:05d}"}
+              "after": after or run_dir / "checkpoints" / f"v{iterations:05d}"}
     answers, parts = {}, {}
     for name, path in models.items():  # the same questions, the same settings, one model after the other
         t0 = time.time()

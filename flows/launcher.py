@@ -47,6 +47,10 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         # the rollout resumes a lost instance's trajectories (a multi-turn run re-runs their turns) and
         # readmits it once restarted, in every mode
         tolerate = cfg.generation.instances > 1
+        # every run's rewards: worker processes, restarted on their ports; started first, so their
+        # start-up overlaps the SGS instances' (awaited below)
+        rewards = RewardPoolController(sup, run_dir, cfg)
+        launched = rewards.launch()
         w = cfg.weights
         relays = (
             start_relays(sup, run_dir, w.relays, keep=w.keep_versions, shm=w.shm, max_message_mb=w.max_message_mb,
@@ -85,8 +89,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]
         if cfg.agentic.enabled:  # environment workers: processes, restarted on their ports
             base += ["--env-workers", ",".join(start_env_workers(sup, run_dir, cfg.agentic.workers))]
-        rewards = RewardPoolController(sup, run_dir, cfg)  # every run's rewards: worker processes, restarted on their ports
-        rewards.start()
+        rewards.start(launched)
         base += ["--reward-membership", str(rewards.membership)]
         start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 

@@ -80,10 +80,15 @@ class RewardPoolController:
         with self._lock:
             return [a for a, _ in self.members]
 
-    def start(self) -> list[str]:
-        """Start ``reward.workers`` workers, write the membership file; return their addresses."""
-        n = self.cfg.reward.workers
-        started = [self._launch(self._take_index()) for _ in range(n)]  # all start at once, then wait for each
+    def launch(self) -> list[tuple[str, Path, Service]]:
+        """Start the ``reward.workers`` worker processes without waiting for them (``start`` waits):
+        a launcher starts them before its SGS instances, whose start-up they then overlap."""
+        return [self._launch(self._take_index()) for _ in range(self.cfg.reward.workers)]
+
+    def start(self, launched: list[tuple[str, Path, Service]] | None = None) -> list[str]:
+        """Start ``reward.workers`` workers (or take those ``launch`` started), wait until each
+        answers, write the membership file; return their addresses."""
+        started = self.launch() if launched is None else launched  # all start at once, then wait for each
         members = [(self._await(name, port_file, svc), svc) for name, port_file, svc in started]
         with self._lock:
             self.members = members

@@ -167,8 +167,7 @@ def _rank_lora(rank: int, world: int, port: int, out: str) -> None:
     leader.load_state(saved)
     again = step()[2]
     leader.close()
-    torch.save({"first": first, "once": once, "again": again, "grad_norm": grad_norm, "loss": stats.loss,
-}, out)
+    torch.save({"first": first, "once": once, "again": again, "grad_norm": grad_norm, "loss": stats.loss}, out)
     shutdown()
 
 

@@ -12,6 +12,7 @@ import torch
 
 from flows.cli import main as cli_main
 from services.common.lora import (
+    AdapterError,
     LoraConfig,
     adapter_state,
     check_fits,
@@ -22,6 +23,7 @@ from services.common.lora import (
 )
 from services.policy.model import load_policy
 
+ROOT = Path(__file__).resolve().parents[2]
 CFG = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 
 
@@ -95,3 +97,35 @@ def test_braid_model_merge_refuses_bad_input(trained, tiny_checkpoint, tmp_path,
     other = tmp_path / "other"  # targets the base does not have
     save_adapter(other, {}, LoraConfig(target_modules=["nope_proj"]), tiny_checkpoint)
     assert "nope_proj" in refused(tiny_checkpoint, other)
+
+
+def test_a_lora_run_checkpoints_the_adapter_and_it_loads_folded_into_its_base(tiny_checkpoint, tmp_path):
+    """``trainer.checkpoint_every`` under LoRA saves the adapter (listed with its base in the
+    index); ``load_checkpoint`` (what ``bench/eval_checkpoints.py`` scores) folds it into the base."""
+    from services.common.config import load_config
+    from services.policy.model import load_checkpoint
+    from services.run.runtime import TrainerRuntime
+    from tests.unit.test_learner import _groups
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["trainer.lr=0.05", "trainer.lora.rank=4",
+                                                           "trainer.checkpoint_every=1"])
+    rt = TrainerRuntime(cfg, load_policy(tiny_checkpoint), [], tmp_path)
+    rt.model_dir = str(tiny_checkpoint)
+    rt.learner.begin()
+    rt.learner.backward(_groups())
+    rt.learner.step()
+    rt.version = 1
+    rt.maybe_checkpoint()
+    row = json.loads((tmp_path / "checkpoints" / "index.jsonl").read_text())
+    assert row["adapter"] is True and row["base"] == str(tiny_checkpoint) and row["version"] == 1
+    _, saved = read_adapter(row["path"])
+    live = rt.learner.weights().host_copies()
+    assert saved.keys() == live.keys() and all(torch.equal(saved[k], live[k]) for k in live)
+    assert not (Path(row["path"]) / "config.json").exists()  # the adapter only, not the base
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    with torch.no_grad():
+        want = rt.learner.model.eval()(input_ids=ids).logits
+        got = load_checkpoint(row["path"]).model(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    with pytest.raises(AdapterError, match=r"base checkpoint .* is not here"):
+        load_checkpoint(row["path"], base=tmp_path / "gone")

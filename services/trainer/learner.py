@@ -223,7 +223,9 @@ class Learner:
         """Everything a recovery checkpoint needs to continue this learner exactly: the module's
         and the optimizer's state (and the critic's). Data parallel: gathered full on rank 0 (a
         collective every rank makes; None on the others); keyed by parameter name there, by
-        parameter index with one process, so a checkpoint resumes under the same ``ranks``."""
+        parameter index with one process, so a checkpoint resumes under the same ``ranks``. With
+        LoRA one process keeps only the adapter's module state (``_module_state``); data parallel
+        keeps the full module (the base too) as gathered."""
         if self.parallel is None:
             state = {"module": self._module_state(), "opt": self.opt.state_dict()}
             if self.critic is not None:

@@ -1,7 +1,8 @@
 """Offline held-out evaluation of saved policy checkpoints (the accuracy-over-time curves of ``bench/e2e.py``).
 
 Braid's trainer (``trainer.checkpoint_every``) and the TRL peer (``bench/trl_peer.py``) both save
-checkpoints as ``<run_dir>/checkpoints/vNNNNN/`` (HF ``save_pretrained`` + tokenizer) and append
+checkpoints as ``<run_dir>/checkpoints/vNNNNN/`` (HF ``save_pretrained`` + tokenizer; with
+``trainer.lora`` a peft adapter, scored folded into its base: the index's ``base``) and append
 ``{"version", "path", "time"}`` lines to ``<run_dir>/checkpoints/index.jsonl``. This module scores
 every checkpoint of a run the same way, outside the timed region of the run:
 
@@ -78,13 +79,14 @@ def held_out(config_path: Path, n: int):
     return eval_problems(cfg.eval.seed, n, **cfg.task.distribution()), cfg.generation.max_new_tokens
 
 
-def _sampler(path: str | Path, max_new_tokens: int):
-    """The checkpoint's policy and the evaluation's decoding (sampling at temperature 1.0)."""
+def _sampler(path: str | Path, max_new_tokens: int, base: str | None = None):
+    """The checkpoint's policy (an adapter folded into ``base``, or the base it names) and the
+    evaluation's decoding (sampling at temperature 1.0)."""
     from transformers import GenerationConfig
 
-    from services.policy.model import load_policy
+    from services.policy.model import load_checkpoint
 
-    policy = load_policy(path)
+    policy = load_checkpoint(path, base)
     policy.model.eval()
     gen = GenerationConfig(
         do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -116,12 +118,13 @@ def _sample(policy, gen, rows) -> tuple[list[float], list[int]]:
 
 
 def evaluate_checkpoint(path: str | Path, problems, max_new_tokens: int, *, seed: int = EVAL_SEED,
-                        version: int = 0, when: float = 0.0) -> EvalPoint:
-    """Score one checkpoint on ``problems`` (one sampled completion each)."""
+                        version: int = 0, when: float = 0.0, base: str | None = None) -> EvalPoint:
+    """Score one checkpoint on ``problems`` (one sampled completion each; a LoRA adapter folded
+    into ``base``, default the base it names)."""
     import torch
 
     t0 = time.time()
-    policy, gen = _sampler(path, max_new_tokens)
+    policy, gen = _sampler(path, max_new_tokens, base)
     torch.manual_seed(seed)
     rewards: list[float] = []
     lengths: list[int] = []
@@ -158,7 +161,8 @@ def prompt_scores(path: str | Path, problems, max_new_tokens: int, *, samples: i
 def evaluate_run(run_dir: Path, problems, max_new_tokens: int, *, seed: int = EVAL_SEED) -> list[EvalPoint]:
     """Score every checkpoint listed in the run's index (version order)."""
     return [
-        evaluate_checkpoint(row["path"], problems, max_new_tokens, seed=seed, version=row["version"], when=row["time"])
+        evaluate_checkpoint(row["path"], problems, max_new_tokens, seed=seed, version=row["version"], when=row["time"],
+                            base=row.get("base"))
         for row in read_index(run_dir)
     ]
 

@@ -17,6 +17,7 @@ is read by every process that loads a run config.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -121,3 +122,80 @@ def read_adapter(path: str | Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]
     cfg = LoraConfig(rank=raw.get("r", 8), alpha=raw.get("lora_alpha", 8), dropout=raw.get("lora_dropout", 0.0),
                      target_modules=sorted(targets) if isinstance(targets, list | set) else [targets])
     return cfg, load_file(str(path / ADAPTER_WEIGHTS))
+
+
+# Files of a checkpoint's tokenizer that a merged checkpoint takes from its base, when present.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What ``merge`` wrote (``braid model merge`` prints it as JSON)."""
+
+    base: str
+    adapter: str
+    out: str
+    rank: int
+    alpha: float
+    adapter_bytes: int  # the adapter's tensors as stored
+    adapter_tensors: int
+    merged_modules: int  # base linear layers the adapter changed (one lora_A/lora_B pair each)
+    tokenizer_files: list[str]
+
+
+def check_fits(base_path: str | Path, adapter_path: str | Path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+    """The adapter's config and tensors, once its tensor names and shapes are exactly those its
+    config puts on the base at ``base_path`` (``adapter_specs``); ``AdapterError`` naming the
+    misfits otherwise."""
+    from services.common.weights import specs_of
+
+    if not (Path(base_path) / "config.json").is_file():
+        raise AdapterError(f"{base_path} is not a Hugging Face checkpoint directory (no config.json)")
+    cfg, state = read_adapter(adapter_path)
+    want, got = adapter_specs(base_path, cfg), specs_of(state)
+    unknown, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+    wrong = [f"{k}: {list(got[k].shape)} (the base needs {list(want[k].shape)})"
+             for k in got if k in want and got[k].shape != want[k].shape]
+    if unknown or missing or wrong:
+        raise AdapterError(f"the adapter at {adapter_path} does not fit the base at {base_path}: "
+                           f"{len(wrong)} tensors of the wrong shape {wrong[:3]}, {len(unknown)} the base has no place "
+                           f"for {unknown[:3]}, {len(missing)} missing {missing[:3]}")
+    return cfg, state
+
+
+def merge_into(model, adapter_path: str | Path):
+    """``model`` (the adapter's base, loaded) with the adapter at ``adapter_path`` folded into its
+    weights: a plain Hugging Face model (peft's ``merge_and_unload``)."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter_path), is_trainable=False).merge_and_unload()
+
+
+def adapter_base(adapter_path: str | Path) -> str | None:
+    """The base checkpoint an adapter directory names (``base_model_name_or_path``), if any."""
+    raw = json.loads((Path(adapter_path) / ADAPTER_CONFIG).read_text())
+    return raw.get("base_model_name_or_path") or None
+
+
+def merge(base_path: str | Path, adapter_path: str | Path, out: str | Path) -> MergeReport:
+    """Fold the adapter at ``adapter_path`` into the checkpoint at ``base_path`` and write the
+    result to ``out`` as a plain Hugging Face checkpoint (float32 weights, the base's tokenizer
+    files), one ``braid run --model`` and every engine load."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg, state = check_fits(base_path, adapter_path)
+    model = AutoModelForCausalLM.from_pretrained(base_path, local_files_only=True, dtype=torch.float32)
+    merged = merge_into(model, adapter_path)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(out)
+    copied = [n for n in TOKENIZER_FILES if (Path(base_path) / n).is_file()]
+    for name in copied:
+        shutil.copyfile(Path(base_path) / name, out / name)
+    return MergeReport(str(base_path), str(adapter_path), str(out), cfg.rank, cfg.alpha,
+                       (Path(adapter_path) / ADAPTER_WEIGHTS).stat().st_size, len(state),
+                       sum(1 for k in state if ".lora_A." in k), copied)

@@ -134,6 +134,24 @@ def load_policy(path: str | Path, chat_template: bool = False) -> Policy:
     return Policy(model=model, tokenizer=tok, chat_template=chat_template)
 
 
+def load_checkpoint(path: str | Path, base: str | Path | None = None, chat_template: bool = False) -> Policy:
+    """A saved checkpoint's policy: a Hugging Face checkpoint as ``load_policy`` loads it, or a LoRA
+    adapter directory (a ``trainer.lora`` run's checkpoint) folded into its base: ``base``, else the
+    base the adapter names; ``AdapterError`` when that base is not here or the adapter does not fit it."""
+    from services.common.lora import ADAPTER_CONFIG, AdapterError, adapter_base, check_fits, merge_into
+
+    if not (Path(path) / ADAPTER_CONFIG).is_file():
+        return load_policy(path, chat_template)
+    base = base or adapter_base(path)
+    if base is None or not (Path(base) / "config.json").is_file():
+        raise AdapterError(f"{path} is a LoRA adapter and its base checkpoint ({base or 'not named'}) is not here: "
+                           "pass the base the run trained over (its --model)")
+    check_fits(base, path)
+    policy = load_policy(base, chat_template)
+    policy.model = merge_into(policy.model, path)
+    return policy
+
+
 def save_policy(policy: Policy, path: str | Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """Write the policy as a Hugging Face checkpoint; ``state``: its full weights when the model's
     own are not them (sharded, or trained by another backend: ``Learner.weights().host_copies()``)."""

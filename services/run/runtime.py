@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from services.common.config import RunConfig
+from services.common.lora import save_adapter
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerationClient
 from services.policy.model import Policy, save_policy
@@ -165,14 +166,25 @@ class TrainerRuntime:
         return Published(self.version, snap, grad_norm, stall)
 
     def maybe_checkpoint(self) -> None:
-        """Every ``checkpoint_every`` versions, save the policy (for offline evaluation over time)."""
+        """Every ``checkpoint_every`` versions, save the policy (for offline evaluation over time):
+        a Hugging Face checkpoint, or with ``trainer.lora`` the adapter (peft's format, naming the
+        run's base; ``braid model merge`` folds it in), listed in ``checkpoints/index.jsonl``."""
         every = self.cfg.trainer.checkpoint_every
         if every and self.version % every == 0:
             out = self.run_dir / "checkpoints" / f"v{self.version:05d}"
-            # the backend's full weights (gathered when sharded, converted from Megatron's layout)
-            save_policy(self.policy, out, self.learner.weights().host_copies())
+            row: dict = {"version": self.version, "path": str(out)}
+            # the backend's weights (gathered when sharded, converted from Megatron's layout)
+            state = self.learner.weights().host_copies()
+            lora = self.cfg.trainer.lora
+            if lora is None:
+                save_policy(self.policy, out, state)
+            else:
+                base = self.model_dir or self.cfg.model.path
+                save_adapter(out, state, lora, base)
+                row |= {"adapter": True, "base": base}
+            row["time"] = time.time()  # when it was complete
             with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
-                f.write(json.dumps({"version": self.version, "path": str(out), "time": time.time()}) + "\n")
+                f.write(json.dumps(row) + "\n")
 
     def score(self, sample: SampleRecord) -> Future[Outcome]:
         """The sample's reward from the reward service, as a future (``services.rollout.rewards``)."""

@@ -78,20 +78,28 @@ class Learner:
         self.policy = policy
         self.parallel = parallel
         # float32 master weights on trainer.device (cuda: this rank's GPU), in the backend's layout;
-        # the KL reference is a frozen copy of the starting weights (sharded like the policy)
+        # the KL reference is a frozen copy of the starting weights (sharded like the policy; with
+        # LoRA the policy itself with its adapter disabled)
+        self.algo = tc.algorithm
+        self.objective = get_algorithm(self.algo.name)
+        self.critic: ValueModel | None = None
+        if self.objective.uses_critic:
+            # a Hugging Face backbone whatever the policy's backend (its own parameters and optimizer),
+            # copied before the backend wraps the policy (LoRA: the critic trains every weight)
+            self.critic = ValueModel(policy.model)
         self.backend = create_backend(cfg, policy, parallel)
         self.device = self.backend.device
         self.ref = self.backend.ref
         self.model = self.backend.module.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
-        self.algo = tc.algorithm
-        self.objective = get_algorithm(self.algo.name)
+        # what the optimizer steps and clipping sees: every parameter, or with LoRA the adapter's
+        self.trainable = self.backend.trainable()
+        self.opt = torch.optim.AdamW(self.trainable, lr=tc.lr, weight_decay=tc.weight_decay)
         self.params = ObjectiveParams.from_config(tc)
         self.skip_zero_adv = tc.skip_zero_advantage_groups
-        self.critic: ValueModel | None = None
-        if self.objective.uses_critic:
-            # a Hugging Face backbone whatever the policy's backend (its own parameters and optimizer)
-            self.critic = ValueModel(policy.model).to(self.device).train()
+        if self.critic is not None:
+            self.critic = self.critic.to(device=self.device, dtype=torch.float32).train()
+            if tc.activation_checkpointing:
+                self.critic.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=self.algo.critic_lr)
         self._normaliser = 0.0
         self.stats = StepStats()
@@ -138,10 +146,10 @@ class Learner:
         ids = torch.full((1, 2), self.policy.pad_id, dtype=torch.long, device=self.device)
         batch = PackedBatch(ids, torch.ones_like(ids), torch.zeros(1, 2, device=self.device))
         with compute_context(self.device, self.cfg.trainer.dtype):
-            logp = token_logprobs(self.model, batch)
             if self.ref is not None:  # its all-gathers too
                 with torch.no_grad():
                     token_logprobs(self.ref, batch)
+            logp = token_logprobs(self.model, batch)
         (logp.sum() * 0.0).backward()
 
     def _weight(self, samples: list[SampleRecord]) -> float:
@@ -158,10 +166,10 @@ class Learner:
         behav = completion_values(batch, [len(p) for p in prompts], [list(s.logprobs) for s, _ in items])
         logp_ref, values = None, None
         with compute_context(device, self.cfg.trainer.dtype):  # log-probs and values come out float32
-            logp = token_logprobs(self.model, batch, self.temperature)
-            if self.ref is not None:
+            if self.ref is not None:  # first: a LoRA reference toggles the adapter, before the graph holds it
                 with torch.no_grad():
                     logp_ref = token_logprobs(self.ref, batch, self.temperature)
+            logp = token_logprobs(self.model, batch, self.temperature)
             if self.critic is not None:
                 values = self.critic.values(batch)
         mask = batch.completion_mask
@@ -195,9 +203,9 @@ class Learner:
         scale = 1.0 / normaliser if normaliser > 0 else 1.0
         max_norm = self.cfg.trainer.max_grad_norm
         # FSDP averaged the gradients over ranks: x ranks makes them the sum the normaliser divides
-        grad_norm = _apply(self.model, self.opt, scale * ranks, max_norm)
+        grad_norm = _apply(self.trainable, self.opt, scale * ranks, max_norm)
         if self.critic is not None:
-            self.stats.critic_grad_norm = _apply(self.critic, self.critic_opt, scale, max_norm)
+            self.stats.critic_grad_norm = _apply(list(self.critic.parameters()), self.critic_opt, scale, max_norm)
         self.stats.loss *= scale
         self.stats.value_loss *= scale
         self.stats.busy.append((t0, time.time()))
@@ -215,9 +223,11 @@ class Learner:
         """Everything a recovery checkpoint needs to continue this learner exactly: the module's
         and the optimizer's state (and the critic's). Data parallel: gathered full on rank 0 (a
         collective every rank makes; None on the others); keyed by parameter name there, by
-        parameter index with one process, so a checkpoint resumes under the same ``ranks``."""
+        parameter index with one process, so a checkpoint resumes under the same ``ranks``. With
+        LoRA one process keeps only the adapter's module state (``_module_state``); data parallel
+        keeps the full module (the base too) as gathered."""
         if self.parallel is None:
-            state = {"module": self.model.state_dict(), "opt": self.opt.state_dict()}
+            state = {"module": self._module_state(), "opt": self.opt.state_dict()}
             if self.critic is not None:
                 state |= {"critic": self.critic.state_dict(), "critic_opt": self.critic_opt.state_dict()}
             return state
@@ -226,12 +236,31 @@ class Learner:
         module, opt = get_state_dict(self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {"module": module, "opt": opt} if self.parallel.leader else None
 
+    def _module_state(self) -> dict[str, torch.Tensor]:
+        """The module's state a checkpoint keeps: all of it, or with LoRA the trained (adapter)
+        parameters only (the frozen base is the checkpoint the run started from)."""
+        state = self.model.state_dict()
+        if self.cfg.trainer.lora is None:
+            return state
+        trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return {k: v for k, v in state.items() if k in trained}
+
+    def _load_module(self, state: dict[str, torch.Tensor]) -> None:
+        if self.cfg.trainer.lora is None:
+            self.model.load_state_dict(state)
+            return
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        if unexpected or trained & set(missing):
+            raise ValueError(f"the checkpoint's module state does not fit this LoRA model: unexpected "
+                             f"{sorted(unexpected)[:4]}, missing {sorted(trained & set(missing))[:4]}")
+
     def load_state(self, state: dict | None) -> None:
         """Install ``state()``'s result. Data parallel: every rank calls it, rank 0 with the state
         (the others with None); each takes its shard from rank 0's broadcast."""
         if self.parallel is None:
             assert state is not None
-            self.model.load_state_dict(state["module"])
+            self._load_module(state["module"])
             self.opt.load_state_dict(state["opt"])
             if self.critic is not None:
                 self.critic.load_state_dict(state["critic"])
@@ -250,7 +279,7 @@ class Learner:
         set_optimizer_state_dict(self.model, self.opt, state["opt"] if state else {}, options=options)
 
     def weights(self) -> WeightStream:
-        """The policy's full weights by Hugging Face name, tensor by tensor (``backends``): one
+        """The policy's weights by Hugging Face name (with LoRA the adapter's, peft's names), tensor by tensor (``backends``): one
         process on the torch backend hands out the live tensors (the weight transport copies them
         out); data parallel, each is all-gathered as it is drawn, a collective every rank makes in
         the same order, so no rank holds more than one full tensor at a time besides what the
@@ -266,12 +295,13 @@ def _to(batch: PackedBatch, device: torch.device) -> PackedBatch:
     return PackedBatch(batch.input_ids.to(device), batch.attention_mask.to(device), batch.completion_mask.to(device))
 
 
-def _apply(module: torch.nn.Module, opt: torch.optim.Optimizer, scale: float, max_norm: float) -> float:
-    """Scale the accumulated gradients by ``scale`` (the normaliser), clip to ``max_norm``, step."""
-    for p in module.parameters():
+def _apply(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, scale: float, max_norm: float) -> float:
+    """Scale the accumulated gradients of ``params`` (what ``opt`` steps) by ``scale`` (the
+    normaliser), clip to ``max_norm``, step."""
+    for p in params:
         if p.grad is not None:
             p.grad.mul_(scale)
-    norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     total = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: the global norm
     opt.step()
     return total

@@ -83,12 +83,15 @@ def shutdown(code: int = 0) -> NoReturn:
 
 
 def shard(model: torch.nn.Module, ctx: ParallelContext, device: torch.device) -> None:
-    """FSDP2 over all ranks: one unit per decoder layer, the embeddings, norm and head in the root."""
+    """FSDP2 over all ranks: one unit per decoder layer, the embeddings, norm and head in the root
+    (with LoRA, a layer's frozen base weights and trained adapter share its unit)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (ctx.world,))
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    # a peft model (trainer.lora): the decoder layers are its base model's; the wrapper is the root
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(getattr(base, "model", None), "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__}: no model.layers to shard (Qwen2/Llama-style decoders only)")
     for layer in layers:

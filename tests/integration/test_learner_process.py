@@ -65,10 +65,14 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+# with trainer.lora the weights are the adapter's (slow: ~70 s here, as the full-weights case)
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_learner_process_trains_as_the_inline_learner_and_a_killed_one_is_replayed_to_the_same_weights(
-        cfg, tiny_checkpoint, tmp_path):
+        cfg, tiny_checkpoint, tmp_path, lora):
     """Same weights as the learner in this process, step by step; killed between two checkpoints
     (versions 3 and 4 published since the one at 2), it is replaced and replays them exactly."""
+    if lora:
+        cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["trainer.lr=0.01", "trainer.lora.rank=4"])
     torch.manual_seed(cfg.trainer.seed)
     inline = Learner(cfg, load_policy(str(tiny_checkpoint)))
     revived = []
@@ -91,6 +95,7 @@ def test_a_learner_process_trains_as_the_inline_learner_and_a_killed_one_is_repl
         assert [(r.replayed_steps, r.replayed_groups, r.replayed_samples) for r in revived] == [(2, 6, 24)]
         _train(inline, range(2, 5))
         _same(_weights(proc), _weights(inline))
+        assert all(".lora_" in k for k in _weights(proc)) == lora
     finally:
         proc.close()
 

@@ -147,7 +147,11 @@ class VLLMEngine(Engine):
         else:
             self._specs = adapter_specs(model_path, adapter)
             self._adapters = _Adapters(self._engine, model_path, adapter)
-            self._adapters.check(self._specs)
+            try:
+                self._adapters.check(self._specs)
+            except BaseException:
+                self.close()
+                raise
 
     def _stat_logger_factory(self):
         from vllm.v1.metrics.loggers import StatLoggerBase

@@ -211,6 +211,20 @@ def test_adapter_engine_takes_the_adapters_tensors_only(lora_engine, tiny_checkp
     assert {s.dtype for s in specs.values()} == {"float32"}
 
 
+def test_vllm_refuses_an_adapter_it_cannot_serve_at_start(tiny_checkpoint):
+    """vLLM serves LoRA on the decoder's projections only: an adapter on lm_head stops the engine
+    at start, naming what it serves, and leaves no adapter directory behind."""
+    import re
+
+    from services.common.lora import AdapterError
+
+    with pytest.raises(AdapterError, match=r"vLLM cannot serve trainer.lora.*expected target modules in") as err:
+        create_engine("vllm", str(tiny_checkpoint), GenerationConfig(engine="vllm", **CFG),
+                      adapter=LoraConfig(rank=4, target_modules=["lm_head"]))
+    [tmp] = re.findall(r"(/\S*braid-lora-[^/\s]+)/", str(err.value))
+    assert not Path(tmp).exists()
+
+
 def test_param_specs_name_every_tensor_of_the_checkpoint(engine, reference):
     specs = engine.param_specs()
     state = reference.state_dict()

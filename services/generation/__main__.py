@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     from services.generation.engine import create_engine
     from services.generation.server import GenerationServicer, create_server
 
-    engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0)
+    # trainer.lora set: the trainer pushes adapters only, and this instance serves base + adapter.
+    engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0,
+                           adapter=run_cfg.trainer.lora)
     genlog = None
     if cfg.genlog:
         from services.generation.genlog_writer import GenLogWriter
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:
         servicer.start_auto_pull(run_cfg.weights.sgs_auto_pull_s)
     publish_port(ns.port_file, port)
-    logging.info("serving on %s:%d (engine %s%s)", ns.host, port, engine.name, ", mutual TLS" if tls else "")
+    logging.info("serving on %s:%d (engine %s%s%s)", ns.host, port, engine.name,
+                 f", LoRA adapter rank {run_cfg.trainer.lora.rank}" if run_cfg.trainer.lora else "", ", mutual TLS" if tls else "")
 
     def failed() -> int | None:
         if not core.alive():

@@ -13,6 +13,12 @@ engine only executes. Engines (``generation.engine``):
 
 Both pass the same contract suite (``tests/integration/test_engine_contract.py``). The registry
 maps a key to the module that defines the engine, imported only when that engine is created.
+
+**Adapters** (``trainer.lora``): an engine created with ``adapter`` serves the base checkpoint plus
+a LoRA adapter. Its ``param_specs`` are then the adapter's tensors only (``lora.adapter_specs``:
+peft's saved names, float32) and ``load_weights`` installs a new adapter over the unchanged base.
+Before the first load it serves the base itself (weight version 0: a fresh adapter's ``lora_B``
+is zero, so base + adapter v0 = base).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from services.common.config import GenerationConfig
+from services.common.lora import LoraConfig
 from services.common.weights import TensorSpec
 
 MAX_TEMPERATURE = 2.0  # vLLM's bound; every engine keeps to it
@@ -100,11 +107,13 @@ class Engine(ABC):
 
     @abstractmethod
     def param_specs(self) -> dict[str, TensorSpec]:
-        """Names, dtypes and shapes the engine accepts in ``load_weights``."""
+        """Names, dtypes and shapes the engine accepts in ``load_weights`` (an adapter-serving
+        engine: the adapter's tensors only)."""
 
     @abstractmethod
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Install new weights. The caller guarantees no request is in flight."""
+        """Install new weights (an adapter-serving engine: a new adapter over the same base).
+        The caller guarantees no request is in flight."""
 
     @abstractmethod
     def kv_usage(self) -> float:
@@ -128,7 +137,7 @@ def check_fits(request_id: str, prompt_tokens: int, max_new_tokens: int, capacit
         )
 
 
-EngineFactory = Callable[..., Engine]  # (model_path, cfg, step_delay_s=0.0) -> Engine
+EngineFactory = Callable[..., Engine]  # (model_path, cfg, step_delay_s=0.0, adapter=None) -> Engine
 # key -> "module:factory"; the module is imported when the engine is created, never before.
 ENGINES: dict[str, str] = {
     "vllm": "services.generation.vllm_engine:VLLMEngine",
@@ -136,10 +145,12 @@ ENGINES: dict[str, str] = {
 }
 
 
-def create_engine(key: str, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> Engine:
+def create_engine(key: str, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
+                  adapter: LoraConfig | None = None) -> Engine:
     """Build the engine registered under ``key`` for the checkpoint at ``model_path``
-    (``step_delay_s``: an injected delay per engine step, to emulate a straggler)."""
+    (``step_delay_s``: an injected delay per engine step, to emulate a straggler; ``adapter``: serve
+    base + a LoRA adapter of this shape, ``trainer.lora``, and take adapters as weight versions)."""
     if key not in ENGINES:
         raise ValueError(f"unknown engine {key!r}; registered: {sorted(ENGINES)}")
     module, factory = ENGINES[key].split(":")
-    return getattr(importlib.import_module(module), factory)(model_path, cfg, step_delay_s)
+    return getattr(importlib.import_module(module), factory)(model_path, cfg, step_delay_s, adapter=adapter)

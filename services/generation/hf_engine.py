@@ -11,6 +11,10 @@ subject is not the engine (it starts in about a second).
 Sampling per request (temperature, top-k, top-p) from one seeded generator (``generation.seed``),
 so a run is reproducible; log-probs are of the distribution sampled from. Interrupt returns each
 request's tokens and log-probs so far. Weights load with ``load_state_dict`` between batches.
+
+With an adapter (``trainer.lora``) the model is wrapped with peft (``lora.wrap``: fresh adapters,
+``lora_B`` zero, so it computes what the base does) and each weight version is an adapter: its
+tensors are copied into the wrapped model's adapter (``set_peft_model_state_dict``), the base stays.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from services.common.config import GenerationConfig
+from services.common.lora import LoraConfig, adapter_specs, wrap
 from services.common.weights import TensorSpec, specs_of
 from services.generation.checkpoint import inspect_checkpoint
 from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
@@ -44,10 +49,15 @@ class HFEngine(Engine):
     name = "hf"
     supports_interrupt = True
 
-    def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> None:
+    def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
+                 adapter: LoraConfig | None = None) -> None:
         info = inspect_checkpoint(model_path)
         torch.set_num_threads(cfg.threads)
         self._model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32)
+        self._adapter_specs: dict[str, TensorSpec] | None = None
+        if adapter is not None:
+            self._model = wrap(self._model, adapter)
+            self._adapter_specs = adapter_specs(model_path, adapter)
         self._model.eval()
         self.vocab_size, self.max_positions = info.vocab_size, info.max_positions
         self._eos = set(info.eos_ids)
@@ -165,10 +175,22 @@ class HFEngine(Engine):
         return outputs
 
     def param_specs(self) -> dict[str, TensorSpec]:
+        if self._adapter_specs is not None:
+            return self._adapter_specs
         return specs_of(self._model.state_dict())
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self._model.load_state_dict(state, strict=True)
+        if self._adapter_specs is None:
+            self._model.load_state_dict(state, strict=True)
+            return
+        from peft import set_peft_model_state_dict
+
+        if set(state) != set(self._adapter_specs):
+            raise ValueError(f"adapter tensors {sorted(set(state) ^ set(self._adapter_specs))[:4]} are not this "
+                             "engine's adapter (lora.adapter_specs)")
+        result = set_peft_model_state_dict(self._model, state)
+        if result.unexpected_keys:
+            raise RuntimeError(f"peft did not place adapter tensors {result.unexpected_keys[:4]}")
 
     def kv_usage(self) -> float:
         live = [r for r in self._batch if not r.done]

@@ -3,7 +3,9 @@
 Validates every request and answers bad ones with a clear status (INVALID_ARGUMENT for
 malformed input, FAILED_PRECONDITION for a stale weight version, DATA_LOSS for a digest
 mismatch, RESOURCE_EXHAUSTED for oversized messages), converts protobuf to dataclasses, and
-streams each finished sample back as soon as the core delivers it. Serves plaintext, or mutual
+streams each finished sample back as soon as the core delivers it. A weight version (pushed, or
+pulled from a relay) must be exactly the engine's ``param_specs``: full weights, or with
+``trainer.lora`` the adapter's tensors only; the other kind is refused saying which this one takes. Serves plaintext, or mutual
 TLS only with ``create_server(..., tls=...)`` (``--tls-dir/--tls-site``: another site's callers).
 """
 
@@ -21,7 +23,7 @@ from services.common.config import GenerationConfig
 from services.common.pool_config import task_problem
 from services.common.rpc import MB, bind, new_server
 from services.common.types import GenerateParams, PromptSpec
-from services.common.weights import WeightAssembler, WeightError
+from services.common.weights import TensorSpec, WeightAssembler, WeightError
 from services.generation import convert
 from services.generation.core import CallClosed, GenerationCore
 from services.generation.engine import Sampling
@@ -41,6 +43,25 @@ MAX_WAIT_S = 86400.0
 
 class RequestError(ValueError):
     pass
+
+
+def weights_kind(specs: dict[str, TensorSpec]) -> str:
+    """What this instance takes as a weight version, in words (added to a refusal of other tensors)."""
+    example = next(iter(specs), "")
+    if specs and all(".lora_" in name for name in specs):
+        return (f"this SGS serves base + a LoRA adapter (trainer.lora): a weight version is the adapter's {len(specs)} "
+                f"tensors only (e.g. {example!r}), not full weights")
+    return (f"this SGS serves full weights: a weight version is the model's {len(specs)} tensors (e.g. {example!r}); "
+            "to serve LoRA adapters set trainer.lora in its config")
+
+
+def _explained(err: WeightError, specs: dict[str, TensorSpec]) -> WeightError:
+    """``err``, naming what this instance takes when the version held other tensors than its specs."""
+    text = str(err)
+    if err.kind == "argument" and (text.startswith(("unknown parameter", "incomplete version"))
+                                   or "different model's parameters" in text):
+        return WeightError(err.kind, f"{text}; {weights_kind(specs)}")
+    return err
 
 
 def pull_problem(request: pb.PullWeightsRequest) -> str | None:
@@ -167,14 +188,15 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             yield convert.sample_to_pb(item)
 
     def UpdateWeights(self, request_iterator, context: grpc.ServicerContext) -> pb.UpdateAck:
-        assembler = WeightAssembler(self.core.engine.param_specs(), self.core.newest_version())
+        specs = self.core.engine.param_specs()
+        assembler = WeightAssembler(specs, self.core.newest_version())
         try:
             for chunk in request_iterator:
                 assembler.add(convert.chunk_from_pb(chunk))
             version, state = assembler.finish()
             self.core.stage_weights(version, state)
         except WeightError as err:
-            context.abort(_WEIGHT_CODES[err.kind], str(err))
+            context.abort(_WEIGHT_CODES[err.kind], str(_explained(err, specs)))
         except ValueError as err:  # lost a race with a newer version
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         log.info("staged weight version %d (%d bytes)", version, assembler.bytes)
@@ -191,7 +213,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         try:
             return self.pull_and_stage(request.version, min(request.wait_s or self.pull_wait_s, self.pull_wait_s))
         except WeightError as err:
-            context.abort(_WEIGHT_CODES.get(err.kind, grpc.StatusCode.FAILED_PRECONDITION), str(err))
+            context.abort(_WEIGHT_CODES.get(err.kind, grpc.StatusCode.FAILED_PRECONDITION),
+                          str(_explained(err, self.core.engine.param_specs())))
         except RelayError as err:
             context.abort(err.code, f"relay {self.relay.address}: {err}")
 
@@ -257,7 +280,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             try:
                 if self.relay.versions(timeout_s=5).latest > self.core.newest_version():
                     self.pull_and_stage(-1, 0.0)
-            except (WeightError, RelayError, grpc.RpcError) as err:  # the relay may be restarting: retry next period
+            except WeightError as err:  # e.g. a version of other tensors than this instance serves
+                log.warning("auto-pull from relay %s failed: %s", self.relay.address,
+                            _explained(err, self.core.engine.param_specs()))
+            except (RelayError, grpc.RpcError) as err:  # the relay may be restarting: retry next period
                 log.warning("auto-pull from relay %s failed: %s", self.relay.address, err)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:

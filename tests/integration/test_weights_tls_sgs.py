@@ -1,4 +1,5 @@
-"""TLS on a relay's cross-site port, and an SGS instance pulling weights from its relay."""
+"""TLS on a relay's cross-site port, and an SGS instance pulling weights from its relay (full
+weights, or with ``trainer.lora`` adapters only)."""
 
 from __future__ import annotations
 
@@ -134,6 +135,59 @@ def test_sgs_pulling_over_the_network_prefaults_its_next_receive_buffer(tmp_path
         assert "weight version 2 from relay" in log and "(tcp, into a pre-faulted buffer)" in log
     finally:
         pusher.close()
+        client.close()
+        stop_sgs(sgs)
+        relay.stop()
+
+
+def test_adapter_serving_sgs_takes_adapters_pushed_and_pulled_and_refuses_full_weights(tmp_path: Path, tiny_checkpoint):
+    """trainer.lora set: every version is the adapter's tensors, through PushWeights and through a
+    relay pull, validated like full weights; a full-weights version is refused on either path saying
+    why, and the instance keeps serving what it has. Greedy outputs are base + adapter merged's.
+    (A relay keeps one model's parameters for life: a full-weights relay is replaced on its port by
+    one that holds adapters.)"""
+    from services.common.lora import LoraConfig
+    from services.common.types import GenerateParams, PromptSpec
+    from services.generation.client import GenerationClient
+    from tests.integration.adapters import random_adapter, ref_greedy
+
+    relay = start_relay(tmp_path, "local")
+    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("trainer.lora.rank=4", "trainer.lora.alpha=8",
+                                                                          "weights.sgs_auto_pull_s=0"))
+    client = GenerationClient(sgs.address)
+    cfg, prompt, shm = LoraConfig(rank=4, alpha=8.0), (1, 5, 6, 7), Path("/dev/shm")
+
+    def greedy(version: int) -> list[int]:
+        [s] = client.generate([PromptSpec("p", prompt)], GenerateParams(1, 12, temperature=1e-6, min_weight_version=version))
+        assert s.weight_version == version
+        return list(s.token_ids)
+
+    def refused(call, *words: str) -> None:
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        assert all(w in err.value.details() for w in words), err.value.details()
+
+    try:
+        client.wait_ready()
+        assert "LoRA adapter rank 4" in sgs.log.read_text()
+        full = {k: v.clone() for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
+        refused(lambda: client.update_weights(full, 1, chunk_bytes=CHUNK), "serves base + a LoRA adapter", "not full weights")
+        v1, merged1 = random_adapter(tiny_checkpoint, cfg, 21)
+        assert client.update_weights(v1, 1, chunk_bytes=CHUNK).staged  # PushWeights
+        out1 = greedy(1)
+        assert out1 == ref_greedy(merged1, list(prompt), len(out1))
+        RelayClient(relay.address).push(snapshot_blob(full, CHUNK, shm), 2)  # full weights on the relay
+        refused(lambda: client.pull_weights(2, wait_s=10), "different model's parameters", "serves base + a LoRA adapter")
+        assert client.health().weight_version == 1 and greedy(1) == out1
+        assert relay.stop() == 0
+        relay = start_relay(tmp_path, "local", port=int(relay.address.rsplit(":", 1)[1]))  # now holding adapters
+        v2, merged2 = random_adapter(tiny_checkpoint, cfg, 22)
+        RelayClient(relay.address).push(snapshot_blob(v2, CHUNK, shm), 2)
+        assert client.pull_weights(2, wait_s=10).staged  # PullWeights through the relay
+        out2 = greedy(2)
+        assert out2 == ref_greedy(merged2, list(prompt), len(out2)) and out2 != out1
+    finally:
         client.close()
         stop_sgs(sgs)
         relay.stop()

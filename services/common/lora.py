@@ -10,8 +10,8 @@ On disk an adapter is peft's format (``adapter_config.json`` + ``adapter_model.s
 vLLM's ``LoRARequest`` and ``peft.PeftModel.from_pretrained`` both read; ``merge`` folds one into
 its base and writes a plain Hugging Face checkpoint (``braid model merge``).
 
-Imports of torch, transformers and peft are inside the functions: the config half of this module
-is read by every process that loads a run config.
+The config (``LoraConfig``) is ``services.common.lora_config``, a schema module; torch,
+transformers and peft are imported inside the functions here.
 """
 
 from __future__ import annotations
@@ -21,40 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import Field
-
-from services.common.strict import StrictModel
+from services.common.lora_config import LoraConfig
 
 if TYPE_CHECKING:
     import torch
 
     from services.common.weights import TensorSpec
 
-# Every projection of a Llama/Qwen/Mistral-style decoder layer (attention and MLP).
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-class LoraConfig(StrictModel):
-    """A LoRA adapter over the policy's linear layers (``trainer.lora``; None = full fine-tuning)."""
+def peft_config(cfg: LoraConfig, base_path: str | Path | None = None):
+    """The ``peft.LoraConfig`` equivalent to ``cfg``."""
+    from peft import LoraConfig as PeftLoraConfig
 
-    rank: int = Field(16, ge=1, le=512, description="Adapter rank r.")
-    alpha: float = Field(32.0, gt=0.0, le=16384.0, description="LoRA alpha: the update is scaled by alpha / rank.")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input while training.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_TARGETS), min_length=1, max_length=64,
-        description="Names of the linear modules that get an adapter (suffixes of module names, peft's rule).",
+    return PeftLoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+        bias="none", task_type="CAUSAL_LM", base_model_name_or_path=str(base_path) if base_path else None,
     )
-
-    def peft(self, base_path: str | Path | None = None):
-        """The equivalent ``peft.LoraConfig``."""
-        from peft import LoraConfig as PeftLoraConfig
-
-        return PeftLoraConfig(
-            r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=list(self.target_modules),
-            bias="none", task_type="CAUSAL_LM", base_model_name_or_path=str(base_path) if base_path else None,
-        )
 
 
 class AdapterError(ValueError):
@@ -67,7 +52,7 @@ def wrap(model, cfg: LoraConfig):
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, cfg.peft(getattr(model.config, "_name_or_path", None)))
+        return get_peft_model(model, peft_config(cfg, getattr(model.config, "_name_or_path", None)))
     except ValueError as err:  # peft: "Target modules {...} not found in the base model"
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ == "Linear"})
         raise AdapterError(f"trainer.lora.target_modules {cfg.target_modules}: {err} (this model's linear "
@@ -102,7 +87,7 @@ def save_adapter(out: str | Path, state: dict[str, torch.Tensor], cfg: LoraConfi
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg.peft(base_path).save_pretrained(str(out))
+    peft_config(cfg, base_path).save_pretrained(str(out))
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(out / ADAPTER_WEIGHTS))
     return out
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, model_validator
 
-from services.common.lora import LoraConfig
+from services.common.lora_config import LoraConfig
 from services.common.strict import StrictModel
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -38,9 +39,11 @@ def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path
     # one iteration's 16 samples fill the engine (max_inflight), so iteration 1 generates after iteration 0,
     # 48 tokens a sample at >= 10 ms an engine step (>= 0.5 s): longer than the reward service's round trips
     # between a batch's last sample and its first backward (~0.1 s under a heavy CPU load; the tiny model's
-    # ~0.1 s batches, both in the engine at once, did not overlap training then)
+    # ~0.1 s batches, both in the engine at once, did not overlap training then).
+    # trained with a LoRA adapter (trainer.lora): every version the relay carries and vLLM serves is the adapter
     _, run_dir = _run(tmp_path, "one_step", ("generation.max_inflight=16", "generation.step_delay_ms=[10]",
-                                                  "generation.forced_lengths=true", "forced_length_ramp.start=48"))
+                                                  "generation.forced_lengths=true", "forced_length_ramp.start=48",
+                                                  "trainer.lora.rank=8", "trainer.lr=0.001"))
     for name in ("config.json", "metrics.jsonl", "timeline.json", "summary.json", "report.md", "learning_curve.png", "timeline.png"):
         assert (run_dir / name).is_file(), name
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -59,6 +62,20 @@ def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path
     assert overlap > 0, (train, gen)  # generation of k+1 ran while iteration k trained
     assert json.loads((run_dir / "config.json").read_text())["trainer"]["mode"] == "one_step"
     _check_artifacts()
+    _check_adapter_versions(run_dir)
+
+
+def _check_adapter_versions(run_dir: Path) -> None:
+    """Each version the relay committed is the adapter's bytes, not the model's; vLLM installed them."""
+    from services.common.config import load_config
+    from services.common.lora import adapter_specs
+
+    cfg = load_config(run_dir / "config.json")
+    checkpoint = (run_dir / "warmstart.path").read_text().strip()
+    adapter = sum(s.nbytes for s in adapter_specs(checkpoint, cfg.trainer.lora).values())
+    committed = [int(b) for b in re.findall(r"version \d+ committed \((\d+) bytes\)", (run_dir / "relay-0.log").read_text())]
+    assert committed and all(b == adapter for b in committed), (committed, adapter)
+    assert "installed weight version 2" in (run_dir / "sgs-0.log").read_text()
 
 
 def _check_artifacts() -> None:

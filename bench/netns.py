@@ -252,7 +252,7 @@ def unavailable_reason() -> str | None:
     except NetnsError as err:
         return f"`ip netns add` is refused here: {err}"
     try:
-        _sh(["ip", "-n", ns, "link", "add", "p0", "type", "veth", "peer", "name", "p1"])
+        _sh(["ip", "link", "add", "p0", "netns", ns, "type", "veth", "peer", "name", "p1", "netns", ns])  # as setup does
         _sh(tbf_command(ns, "p0", tbf_params("100mbit")))
     except NetnsError as err:
         return f"no veth or no tbf qdisc in this kernel: {err}"

@@ -8,10 +8,13 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from bench.netns import list_namespaces, remove_stale, shaped_link, unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(bool(unavailable_reason()), reason=str(unavailable_reason()))
 
@@ -98,3 +101,17 @@ def test_a_failure_inside_the_block_still_tears_everything_down():
         raise RuntimeError("boom")
     assert not names & set(list_namespaces())
     assert remove_stale() == []
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next_use():
+    """A run killed with SIGKILL cannot tear down: its namespaces and control veths stay until the
+    next ``shaped_link`` finds their owner dead."""
+    hold = ("import sys, time; sys.path.insert(0, '.'); from bench.netns import shaped_link\n"
+            "with shaped_link('100mbit') as link:\n    print(' '.join(link.names.values()), flush=True); time.sleep(600)")
+    child = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    left = set(child.stdout.readline().split())
+    child.kill()
+    child.wait()
+    assert len(left) == 2 and left <= set(list_namespaces())
+    with shaped_link("100mbit"):
+        assert not left & set(list_namespaces())

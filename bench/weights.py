@@ -18,6 +18,9 @@ sizes in one run:
 (d) see ``bench/weights_xsite.py``: an RL run across two namespaces joined by a 1 Gbit/s veth with
     20 ms RTT vs the same run on an unlimited link, and the bytes crossing the link per version.
 
+``shaped_link`` (weight versions of the real model and of a LoRA adapter across a tbf-shaped link,
+against the link's limit) is ``bench/weights_shaped.py``'s: a run of this script keeps it as it was.
+
 ``python bench/weights.py [--quick] [--parts abcd] [--out DIR]`` writes ``weights.{json,md,png}``
 to ``bench/results`` (``--quick``: to a scratch directory, never over the results of record).
 Needs root for the namespaces (``--no-netns`` skips (b) and (d)). A run of some ``--parts``
@@ -268,6 +271,10 @@ def write_report(result: dict, out: Path) -> None:
     if xs:
         lines += ["## (d) Cross-site RL run (one_step), weights crossing a 1 Gbit/s, 20 ms RTT link", "",
                   parts_line(parts, "d"), "", xs.get("summary", ""), ""]
+    if result.get("shaped_link"):  # written by bench/weights_shaped.py, carried by this script's runs
+        from bench.weights_shaped import markdown as shaped_markdown
+
+        lines += shaped_markdown(result["shaped_link"])
     lines += ["## Result fields", "", "```json",
               json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1",
                                                      "trainer_stall_fraction", "cross_site_iteration_overhead",
@@ -402,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             for key in (section, *PART_KEYS[part]):
                 if key in previous:
                     result[key] = previous[key]
+    if "shaped_link" in previous:  # bench/weights_shaped.py's key, with its own provenance: kept as it was
+        result["shaped_link"] = previous["shaped_link"]
     result["parts"] = parts_record(PARTS, measured, previous, result["provenance"])
     carried = [p for p, r in result["parts"].items() if not r["measured_in_this_run"]]
     result["note"] = ("Shared, noisy machine: every part was measured side by side in this run." if not carried else

@@ -7,7 +7,9 @@ until every pool reports a live worker and prints the UI address. Everything it 
 its own session with its log and pid under the state directory (``.cache/server`` by default),
 recorded in ``state.json``. ``stop`` stops the workers first (so no flow run is left without a
 worker mid-way through a server shutdown), then the server. A second ``start`` while the
-recorded server is alive only reports it.
+recorded server is alive only reports it. ``ServerOptions.worker_netns`` starts a site's worker
+inside a network namespace (``ip netns exec``): its flow runs, and the site services they start,
+run there too (the two-site test across a shaped link, ``bench/netns.py``).
 
 Auth: when ``PREFECT_SERVER_API_AUTH_STRING`` (``user:password``) is set in the environment of
 ``start``, the server requires it (HTTP basic auth on every API route except the health
@@ -54,6 +56,9 @@ class ServerOptions:
     prefect_file: str = "deploy/prefect.yaml"
     state_dir: str = ".cache/server"
     root: str = field(default_factory=lambda: str(Path.cwd()))  # where `prefect deploy` runs (entrypoints' base)
+    # site -> network namespace its worker (and so every flow run it starts) runs in; the server's
+    # host must then be an address that namespace reaches (bench/netns.py: two sites on one machine)
+    worker_netns: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -251,6 +256,10 @@ def start(opts: ServerOptions) -> dict:
     from services.common.sites import load_sites
 
     sites = load_sites(opts.sites_file)  # fail on a bad site or prefect file before starting anything
+    unknown = sorted(set(opts.worker_netns) - {s.name for s in sites.sites})
+    if unknown:
+        raise ServerError(f"worker_netns names sites {unknown} that {opts.sites_file} does not have "
+                          f"(its sites: {[s.name for s in sites.sites]})")
     deployments = deployment_names(Path(opts.root) / opts.prefect_file, opts.root)
     state_dir = Path(opts.state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -281,9 +290,12 @@ def start(opts: ServerOptions) -> dict:
              env, opts.root, f"prefect deploy --all --prefect-file {opts.prefect_file}", setup_log)
         for site in sites.sites:
             log = state_dir / f"worker-{site.name}.log"
-            wpid = _spawn(_prefect("worker", "start", "--pool", site.work_pool, "--type", "process",
-                                   "--name", f"braid-{site.name}"), env, log, opts.root)
-            state["workers"].append({"site": site.name, "pool": site.work_pool, "pid": wpid, "log": str(log)})
+            ns = opts.worker_netns.get(site.name)
+            wpid = _spawn([*(["ip", "netns", "exec", ns] if ns else []), *_prefect(
+                "worker", "start", "--pool", site.work_pool, "--type", "process", "--name", f"braid-{site.name}")],
+                env, log, opts.root)
+            state["workers"].append({"site": site.name, "pool": site.work_pool, "pid": wpid, "log": str(log),
+                                     "netns": ns or ""})
             _write_state(state_dir, state)
         _wait_workers(opts, [s.work_pool for s in sites.sites], state["workers"])
     except BaseException:

@@ -1,7 +1,13 @@
-"""Deployments on a real Prefect server: `braid server start` on a free loopback port (auth on),
+"""Deployments on a real Prefect server: `braid server start` on a free port (auth on),
 deployments from deploy/prefect.yaml, one process worker per site pool; runs are created from a
 deployment through the REST API exactly as the UI's Run button does
 (POST /deployments/{id}/create_flow_run with the form's parameters).
+
+Where network namespaces can be made (root, iproute2, tbf: ``bench.netns.unavailable_reason``),
+the two sites are two namespaces joined by a tbf-shaped veth: each site's worker, and so its flow
+runs and services, runs in its own namespace, the site config's hosts are the link's addresses,
+TLS is on across the link, and the server listens on a root-namespace address both reach. Elsewhere
+the same tests run on loopback and the test that the run crossed namespaces skips with the reason.
 
 Adding a deployment to deploy/prefect.yaml means adding its row to SHORT_RUNS (a test fails
 until it is there): the parameters a person would enter for a seconds-long run, and the
@@ -11,6 +17,8 @@ them, and its two-site run covers them.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +28,7 @@ import psutil
 import pytest
 import yaml
 
+from bench.netns import shaped_link, unavailable_reason
 from flows.server import api_request, stop_worker
 from services.common.config import load_config
 from tests.conftest import FAST_ENGINE
@@ -28,6 +37,7 @@ from tests.integration.prefect_server import AUTH, prefect_server
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deploy/prefect.yaml"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+LINK_RATE = "1gbit"  # the sites' link where namespaces can be made: shaped, not a bottleneck for the smoke model
 
 
 @dataclass(frozen=True)
@@ -90,10 +100,15 @@ def _deployments() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A Prefect server with auth, the deployments and a worker per site; sites on ports 0."""
+    """A Prefect server with auth, the deployments and a worker per site; sites on ports 0. Where
+    network namespaces can be made (``bench/netns.py``), each site's worker runs in a namespace of
+    its own and the sites reach each other only across a tbf-shaped link, over TLS (``link`` in the
+    state); elsewhere everything runs on loopback (``link`` None)."""
     tmp = tmp_path_factory.mktemp("server")
-    with prefect_server(tmp) as state:
-        yield state, tmp
+    with contextlib.ExitStack() as stack:
+        link = None if unavailable_reason() else stack.enter_context(shaped_link(LINK_RATE))
+        state = stack.enter_context(prefect_server(tmp, link))
+        yield {**state, "link": link}, tmp
 
 
 def _api(state: dict, method: str, path: str, body: dict | None = None, auth: str | None = AUTH):
@@ -186,6 +201,29 @@ def test_two_site_weights_cross_once_through_each_sites_relay(server):
     committed = {name: logs[name][-1].read_text().count("committed") for name in ("relay-train-site", "relay-gen-site")}
     assert committed["relay-train-site"] >= 1 and committed["relay-gen-site"] == committed["relay-train-site"], committed
     assert "from relay" in logs["sgs-0"][-1].read_text()
+
+
+def test_two_site_run_crossed_the_shaped_link_between_namespaces(server):
+    """Each site's worker (and so its flow runs and services) ran in its own network namespace, the
+    generation site served at its address on the link, and every weight version the generation
+    site's relay committed went through the training end's tbf (skipped, with the harness's
+    reason, where namespaces cannot be made: the run was on loopback)."""
+    state, tmp = server
+    link = state["link"]
+    if link is None:
+        pytest.skip(f"the two-site run was on loopback: {unavailable_reason()}")
+    for worker in state["workers"]:
+        role = "train" if worker["site"] == "train-site" else "gen"
+        assert link.identify(worker["pid"]) == link.names[role], worker
+    _, runs = _api(state, "POST", "/flow_runs/filter", {"flows": {"name": {"any_": ["generation_site"]}}})
+    _, found = _api(state, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [runs[-1]["id"]]},
+                                                                       "key": {"any_": ["sgs-endpoints"]}}})
+    rows = json.loads(found[0]["data"])
+    assert rows and all(r["address"].startswith(f"{link.address('gen')}:") for r in rows), rows
+    logs = sorted((tmp / "runs").glob("*/relay-gen-site.log"))
+    committed = [int(line.split("(")[-1].split()[0]) for log in logs for line in log.read_text().splitlines()
+                 if "committed (" in line]
+    assert committed and link.tx_bytes("train") >= sum(committed), (committed, link.tx_bytes("train"))
 
 
 def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):

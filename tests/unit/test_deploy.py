@@ -153,6 +153,16 @@ def test_server_refuses_a_prefect_file_whose_entrypoint_is_missing(tmp_path):
         deployment_names(bad, ROOT)
 
 
+def test_server_refuses_a_worker_namespace_for_a_site_it_does_not_have(tmp_path):
+    from flows.server import ServerError, ServerOptions, start
+
+    opts = ServerOptions(sites_file=str(ROOT / "deploy/sites/local-two-site.yaml"), state_dir=str(tmp_path / "state"), root=str(ROOT),
+                         worker_netns={"gen-site": "ns-a", "no-such-site": "ns-b"})
+    with pytest.raises(ServerError, match=r"worker_netns names sites \['no-such-site'\]"):
+        start(opts)
+    assert not (tmp_path / "state").exists()  # refused before anything started
+
+
 def test_deploy_step_output_is_json():
     from flows.deploy_steps import run_config
 

@@ -83,3 +83,16 @@ def test_parts_record_of_a_file_without_provenance():
                           "carried_from": {"commit": None, "date": None, "note": "the earlier file recorded no provenance"}}
     assert prov["measured_in_this_run"] is False
     assert "Carried" in parts_line(parts, "b") and "no provenance" in parts_line(parts, "b")
+
+
+def test_a_run_keeps_the_shaped_link_key_it_did_not_measure_and_shows_its_section(tmp_path, fake_parts):
+    """``shaped_link`` is bench/weights_shaped.py's (its own provenance): kept as it was."""
+    from tests.unit.test_weights_shaped_bench import _entry
+
+    assert weights.main(["--out", str(tmp_path), "--parts", "c"]) == 0
+    doc = json.loads((tmp_path / "weights.json").read_text())
+    doc["shaped_link"] = _entry()
+    (tmp_path / "weights.json").write_text(json.dumps(doc))
+    assert weights.main(["--out", str(tmp_path), "--parts", "c"]) == 0
+    assert json.loads((tmp_path / "weights.json").read_text())["shaped_link"] == _entry()
+    assert "tbf-shaped link between two namespaces" in (tmp_path / "weights.md").read_text()

@@ -37,6 +37,7 @@ from tests.integration.prefect_server import AUTH, prefect_server
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deploy/prefect.yaml"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+LORA_RANK = 8  # the two-site run trains an adapter of this rank
 LINK_RATE = "1gbit"  # the sites' link where namespaces can be made: shaped, not a bottleneck for the smoke model
 
 
@@ -74,7 +75,8 @@ def _generation_log(tmp: Path) -> Path:
 # deployment name in deploy/prefect.yaml -> its short run (None: started by another flow, not by people)
 SHORT_RUNS: dict[str, ShortRun | None] = {
     "rl-training": ShortRun(
-        parameters=lambda tmp: {"config": _smoke_config(tmp), "sites": _two_sites(tmp)},
+        # trained with a LoRA adapter: what crosses the sites' link each version is the adapter
+        parameters=lambda tmp: {"config": _smoke_config(tmp, f"trainer.lora.rank={LORA_RANK}"), "sites": _two_sites(tmp)},
         artifacts=("rl-training-progress", "rl-training-metrics", "rl-training-report"),
     ),
     "retrain-ranker": ShortRun(
@@ -194,13 +196,17 @@ def test_two_site_run_ran_each_site_on_its_own_pool(server):
 
 def test_two_site_weights_cross_once_through_each_sites_relay(server):
     """Relay transport: the trainer pushed to its site's master relay, the master forwarded every
-    version to the generation site's relay, and the SGS pulled it from there."""
+    version to the generation site's relay, and the SGS pulled it from there; the run trains a LoRA
+    adapter, so every version that crossed is the adapter's bytes."""
     _, tmp = server
     logs = {name: sorted((tmp / "runs").glob(f"*/{name}.log")) for name in ("relay-train-site", "relay-gen-site", "sgs-0")}
     assert all(logs.values()), logs
     committed = {name: logs[name][-1].read_text().count("committed") for name in ("relay-train-site", "relay-gen-site")}
     assert committed["relay-train-site"] >= 1 and committed["relay-gen-site"] == committed["relay-train-site"], committed
     assert "from relay" in logs["sgs-0"][-1].read_text()
+    sizes = {int(line.split("(")[-1].split()[0]) for line in logs["relay-gen-site"][-1].read_text().splitlines()
+             if "committed (" in line}
+    assert sizes == {_adapter_bytes(tmp)}, sizes  # each version that crossed was the adapter, not the model
 
 
 def test_two_site_run_crossed_the_shaped_link_between_namespaces(server):
@@ -224,6 +230,15 @@ def test_two_site_run_crossed_the_shaped_link_between_namespaces(server):
     committed = [int(line.split("(")[-1].split()[0]) for log in logs for line in log.read_text().splitlines()
                  if "committed (" in line]
     assert committed and link.tx_bytes("train") >= sum(committed), (committed, link.tx_bytes("train"))
+
+
+def _adapter_bytes(tmp: Path) -> int:
+    """Bytes of the two-site run's adapter (``LORA_RANK``) on its warm-started smoke model."""
+    from services.common.lora import adapter_specs
+    from services.common.lora_config import LoraConfig
+
+    [checkpoint] = sorted((tmp / "cache").glob("warmstart-*[!.tmp]"))
+    return sum(s.nbytes for s in adapter_specs(checkpoint, LoraConfig(rank=LORA_RANK)).values())
 
 
 def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):

@@ -20,8 +20,11 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
 - **Held-out gain**: the config trained with the adapter (``LORA_SETS``; learning rate ``LORA_LR``,
   10x the config's full fine-tuning rate, the usual ratio for LoRA) through ``bench/real_model.py``'s
   path: the run, its last adapter checkpoint merged into the base (``braid model merge``), base and
-  merged model each answering the 1000 held-out questions ``real_model.SAMPLES`` times;
-  ``gain_se`` = the paired gain over its standard error. Goal: ``gain_se >= 3``.
+  merged model each answering the first ``HELDOUT_QUESTIONS`` held-out questions ``real_model.SAMPLES``
+  times; ``gain_se`` = the paired gain over its standard error. Goal: ``gain_se >= 3``. Shorter
+  than ``bench/real_model.py``'s run (``ITERATIONS`` iterations, not the config's 40; half the
+  held-out file), declared for the machine this was first run on (AMD EPYC, 2 cores: about 1.5x
+  slower a step than the Xeon of real_model.json) so that the whole measurement fits one session.
 
 A run of record starts from a clean checkout (refused otherwise unless ``--allow-dirty``).
 Writes ``bench/results/lora.{json,md,png}`` (``--quick``: short versions of every part, to /tmp).
@@ -52,6 +55,8 @@ LORA_SETS = [f"trainer.lora.{k}={v}" for k, v in LORA.items()] + [f"trainer.lr={
 ROUNDS = 3
 STEPS = 3
 RESPONSE_LENGTHS = (8, 64)  # uniform, tokens: the base model's held-out answers run p50 39
+ITERATIONS = 24  # RL iterations of the held-out part (the config ships 40)
+HELDOUT_QUESTIONS = 500  # the first 500 of the 1000 held-out questions
 PARTS = ("sizes", "serve", "train", "heldout")
 GOAL_GAIN_SE = 3.0
 QUICK_QUESTIONS = 32
@@ -214,7 +219,7 @@ def heldout(runs_dir: Path, quick: bool) -> dict:
     from services.common.config import load_config, write_config
     from services.common.lora import merge
 
-    extra = [*LORA_SETS, *(real_model.QUICK if quick else [])]
+    extra = [*LORA_SETS, *(real_model.QUICK if quick else [f"trainer.iterations={ITERATIONS}"])]
     iterations = load_config(CONFIG, extra).trainer.iterations
     run_dir = runs_dir / time.strftime("%Y%m%d-%H%M%S")
     summary = real_model.train(run_dir, iterations, extra)
@@ -227,7 +232,7 @@ def heldout(runs_dir: Path, quick: bool) -> dict:
     eval_config = run_dir / "eval-config.json"
     write_config(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"lora": None})}), eval_config)
     measured = real_model.measure(run_dir, iterations, 1 if quick else real_model.SAMPLES,
-                                  QUICK_QUESTIONS if quick else None, after=merged, config_path=eval_config)
+                                  QUICK_QUESTIONS if quick else HELDOUT_QUESTIONS, after=merged, config_path=eval_config)
     paired = measured["paired"]
     return {
         "heldout_before": paired["heldout_before"], "heldout_after": paired["heldout_after"], "gain": paired["gain"],
@@ -300,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in parts if p not in PARTS]:
         parser.error(f"unknown parts {bad}: choose from {', '.join(PARTS)}")
     prov = provenance(Path(__file__), {"lora": LORA, "lora_lr": LORA_LR, "rounds": ROUNDS, "steps": STEPS,
+                                       "iterations": ITERATIONS, "heldout_questions": HELDOUT_QUESTIONS,
                                        "quick": ns.quick, "parts": parts}, CONFIG, engine="vllm")
     if prov["dirty"] and not (ns.allow_dirty or ns.quick):
         raise SystemExit("the tree has uncommitted changes: a run of record starts from a clean commit (--allow-dirty to measure anyway)")

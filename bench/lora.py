@@ -24,7 +24,8 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   times; ``gain_se`` = the paired gain over its standard error. Goal: ``gain_se >= 3``. Shorter
   than ``bench/real_model.py``'s run (``ITERATIONS`` iterations, not the config's 40; half the
   held-out file), declared for the machine this was first run on (AMD EPYC, 2 cores: about 1.5x
-  slower a step than the Xeon of real_model.json) so that the whole measurement fits one session.
+  slower a step than the Xeon of real_model.json) so that the whole measurement fits one session;
+  the run's own start and end evaluation on ``RUN_EVAL_PROMPTS`` prompts (the paired one judges).
 
 A run of record starts from a clean checkout (refused otherwise unless ``--allow-dirty``).
 Writes ``bench/results/lora.{json,md,png}`` (``--quick``: short versions of every part, to /tmp).
@@ -57,6 +58,7 @@ STEPS = 3
 RESPONSE_LENGTHS = (8, 64)  # uniform, tokens: the base model's held-out answers run p50 39
 ITERATIONS = 24  # RL iterations of the held-out part (the config ships 40)
 HELDOUT_QUESTIONS = 500  # the first 500 of the 1000 held-out questions
+RUN_EVAL_PROMPTS = 64  # the run's own start/end evaluation (the config's 500): the paired held-out one judges
 PARTS = ("sizes", "serve", "train", "heldout")
 GOAL_GAIN_SE = 3.0
 QUICK_QUESTIONS = 32
@@ -219,7 +221,7 @@ def heldout(runs_dir: Path, quick: bool) -> dict:
     from services.common.config import load_config, write_config
     from services.common.lora import merge
 
-    extra = [*LORA_SETS, *(real_model.QUICK if quick else [f"trainer.iterations={ITERATIONS}"])]
+    extra = [*LORA_SETS, *(real_model.QUICK if quick else [f"trainer.iterations={ITERATIONS}", f"eval.prompts={RUN_EVAL_PROMPTS}"])]
     iterations = load_config(CONFIG, extra).trainer.iterations
     run_dir = runs_dir / time.strftime("%Y%m%d-%H%M%S")
     summary = real_model.train(run_dir, iterations, extra)

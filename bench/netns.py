@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows.processes import pid_alive
+
 PREFIX = "braidnet"  # every namespace this module makes starts with it
 BASE = ipaddress.ip_network("10.213.0.0/16")  # private space nothing on these machines uses; /28 slots
 SLOT_BITS = 28  # one slot: the link /30 and one control /30 per role (two roles: 12 of 16 addresses)
@@ -200,23 +202,13 @@ def _sh(cmd: Sequence[str], check: bool = True) -> str:
     return proc.stdout
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def list_namespaces() -> list[str]:
     return [line.split()[0] for line in _sh(["ip", "netns", "list"]).splitlines() if line.strip()]
 
 
 def remove_stale() -> list[str]:
     """Remove the namespaces (and root-side control veths) of this module's dead owners."""
-    gone = stale(list_namespaces(), _alive)
+    gone = stale(list_namespaces(), pid_alive)
     for name in gone:
         slot, role = name.split("-")[2:4]
         if slot.isdigit():

@@ -54,6 +54,20 @@ class Service:
         return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{tail(self.log_path)}"
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's counts; a zombie, exited but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child (ours, not yet reaped) counts as dead
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def free_port() -> int:
     """A loopback port free now (for a listener that cannot take port 0 and report back)."""
     with socket.socket() as s:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from flows.processes import pid_alive
 from services.common.atomic import write_json_atomic
 
 HEALTH_TIMEOUT_S = 180.0  # first start migrates the database: ~36 s on an idle 2-core machine
@@ -80,19 +81,6 @@ def read_state(state_dir: str | Path) -> dict | None:
 
 def _write_state(state_dir: str | Path, state: dict) -> None:
     write_json_atomic(_state_path(state_dir), state, indent=2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child (ours, not yet reaped) counts as dead
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def client_env(api_url: str, prefect_home: Path) -> dict[str, str]:
@@ -197,7 +185,7 @@ def _run(cmd: list[str], env: dict[str, str], cwd: str, what: str, log: Path) ->
 def _wait_health(opts: ServerOptions, pid: int, log: Path) -> None:
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not pid_alive(pid):
             raise ServerError(f"the Prefect server exited; last lines of {log}:\n{_tail(log)}")
         try:
             status, _ = api_request(opts.api_url, "GET", "/health")
@@ -215,7 +203,7 @@ def _wait_workers(opts: ServerOptions, pools: list[str], workers: list[dict]) ->
     pending = list(pools)
     while pending and time.monotonic() < deadline:
         for w in workers:
-            if not _alive(w["pid"]):
+            if not pid_alive(w["pid"]):
                 raise ServerError(f"worker for pool {w['pool']!r} exited; last lines of {w['log']}:\n{_tail(Path(w['log']))}")
         status, body = api_request(opts.api_url, "GET", f"/work_pools/{pending[0]}", auth=auth)
         if status == 200 and isinstance(body, dict) and body.get("status") == "READY":
@@ -264,7 +252,7 @@ def start(opts: ServerOptions) -> dict:
     state_dir = Path(opts.state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_state(state_dir)
-    if existing and _alive(existing["server"]["pid"]):
+    if existing and pid_alive(existing["server"]["pid"]):
         return {**existing, "already_running": True}
     if not _port_free(opts.host, opts.port):
         raise ServerError(f"port {opts.port} on {opts.host} is in use; choose another (make server PORT=...)")
@@ -314,17 +302,17 @@ def _terminate_all(pids: list[int], grace_s: float) -> list[int]:
     grace for all: workers shut down side by side); returns the pids that were running."""
     signalled = []
     for pid in pids:
-        if _alive(pid):
+        if pid_alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGTERM)
                 signalled.append(pid)
     deadline = time.monotonic() + grace_s
-    while any(_alive(p) for p in signalled) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in signalled) and time.monotonic() < deadline:
         for p in signalled:
             _reap(p)
         time.sleep(0.2)
     for p in signalled:
-        if _alive(p):
+        if pid_alive(p):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p, signal.SIGKILL)
         _reap(p)
@@ -393,7 +381,7 @@ def main(argv: list[str]) -> int:
         return 0
     if ns.action == "status":
         state = read_state(ns.state_dir)
-        if not state or not _alive(state["server"]["pid"]):
+        if not state or not pid_alive(state["server"]["pid"]):
             print("not running")
             return 1
         print(describe(state))

@@ -63,6 +63,16 @@ def _rank(rank: int, world: int, port: int, out: str, kl_coef: float = 0.0, devi
 
 
 
+def _one_process_step(cfg):
+    """(learner, stats, grad norm) of the same step in one process, seeded as the ranks are."""
+    torch.manual_seed(0)
+    single = Learner(cfg, build_policy(cfg.model))
+    stats = single.begin()
+    for batch in _batches():
+        single.backward(batch)
+    return single, stats, single.step()
+
+
 def _spawn_ranks(target, *args) -> None:
     """Run ``target(rank, 2, port, *args)`` as 2 spawned ranks; both must exit 0."""
     ctx = mp.get_context("spawn")
@@ -87,12 +97,7 @@ def check_two_ranks(tmp_path, kl_coef: float, device: str) -> None:
     dp = torch.load(out, map_location="cpu")
 
     cfg = _config(kl_coef=kl_coef)
-    torch.manual_seed(0)
-    single = Learner(cfg, build_policy(cfg.model))
-    stats = single.begin()
-    for batch in _batches():
-        single.backward(batch)
-    grad_norm = single.step()
+    single, stats, grad_norm = _one_process_step(cfg)
 
     # without KL the zero-advantage group is skipped; with it every group trains
     assert dp["trained"] == stats.trained_samples == (8 if kl_coef == 0 else 10)
@@ -180,12 +185,7 @@ def test_two_ranks_train_a_lora_adapter(tmp_path):
     dp = torch.load(out, map_location="cpu", weights_only=False)
 
     cfg = _config(kl_coef=0.05, lora=LORA)
-    torch.manual_seed(0)
-    single = Learner(cfg, build_policy(cfg.model))
-    stats = single.begin()
-    for batch in _batches():
-        single.backward(batch)
-    grad_norm = single.step()
+    single, stats, grad_norm = _one_process_step(cfg)
     assert dp["loss"] == pytest.approx(stats.loss, rel=1e-5, abs=1e-7)
     assert dp["grad_norm"] == pytest.approx(grad_norm, rel=1e-5) and grad_norm > 0
     want = single.weights().host_copies()

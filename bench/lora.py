@@ -52,7 +52,8 @@ from bench.report_io import provenance, provenance_line, ratio_spread, results_d
 CONFIG = ROOT / "deploy/configs/smollm2-arith.yaml"
 LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0}  # target_modules: the default, every projection
 LORA_LR = 2e-4
-LORA_SETS = [f"trainer.lora.{k}={v}" for k, v in LORA.items()] + [f"trainer.lr={LORA_LR}"]
+ADAPTER_SETS = [f"trainer.lora.{k}={v}" for k, v in LORA.items()]
+LORA_SETS = [*ADAPTER_SETS, f"trainer.lr={LORA_LR}"]
 ROUNDS = 3
 STEPS = 3
 RESPONSE_LENGTHS = (8, 64)  # uniform, tokens: the base model's held-out answers run p50 39
@@ -67,7 +68,12 @@ QUICK_QUESTIONS = 32
 def _config(extra: list[str] | None = None):
     from services.common.config import load_config
 
-    return load_config(CONFIG, [*LORA_SETS[:3], *(extra or [])])
+    return load_config(CONFIG, [*ADAPTER_SETS, *(extra or [])])
+
+
+def _without_lora(cfg):
+    """``cfg`` serving and training full weights (``trainer.lora`` off)."""
+    return cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"lora": None})})
 
 
 def _model_dir(cfg) -> Path:
@@ -193,8 +199,7 @@ def push_to_serve(cfg, rounds: int, work: Path) -> dict:
     try:
         for kind in times:
             path = work / f"config-{kind}.json"
-            write_config(cfg if kind == "lora" else cfg.model_copy(update={"trainer": cfg.trainer.model_copy(
-                update={"lora": None})}), path)
+            write_config(cfg if kind == "lora" else _without_lora(cfg), path)
             (address,) = start_instances(sup, work, str(model), 1, cfg.generation.threads, config=path, first=len(clients))
             clients[kind] = GenerationClient(address, max_message_mb=cfg.generation.max_message_mb)
             clients[kind].wait_ready(timeout_s=300)
@@ -232,7 +237,7 @@ def heldout(runs_dir: Path, quick: bool) -> dict:
     merge(_model_dir(cfg), adapter, merged)
     # base and merged model are plain checkpoints: their SGS serves without adapters
     eval_config = run_dir / "eval-config.json"
-    write_config(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"lora": None})}), eval_config)
+    write_config(_without_lora(cfg), eval_config)
     measured = real_model.measure(run_dir, iterations, 1 if quick else real_model.SAMPLES,
                                   QUICK_QUESTIONS if quick else HELDOUT_QUESTIONS, after=merged, config_path=eval_config)
     paired = measured["paired"]

@@ -237,7 +237,7 @@ def _adapter_bytes(tmp: Path) -> int:
     from services.common.lora import adapter_specs
     from services.common.lora_config import LoraConfig
 
-    [checkpoint] = sorted((tmp / "cache").glob("warmstart-*[!.tmp]"))
+    [checkpoint] = [p for p in (tmp / "cache").glob("warmstart-*") if (p / "warmstart.json").is_file()]
     return sum(s.nbytes for s in adapter_specs(checkpoint, LoraConfig(rank=LORA_RANK)).values())
 
 

@@ -106,10 +106,15 @@ class InstanceRouter:
         self._lock = threading.RLock()  # ``acquire`` picks (``views``) under it
 
     def views(self) -> list[InstanceView]:
-        extra = self.incoming() if self.incoming is not None else [0] * len(self.inflight)
+        """One view per instance that both the router and ``versions()`` know: a joining instance's
+        weights publisher may list it before ``add`` gives it a slot here (another thread picks
+        meanwhile), and an instance without a slot is not routable yet."""
+        extra = self.incoming() if self.incoming is not None else []
         with self._lock:
-            return [InstanceView(i, v, self.inflight[i] + extra[i], self.capacity, self.alive[i] and self.open[i])
-                    for i, v in enumerate(self.versions())]
+            versions = self.versions()
+            return [InstanceView(i, versions[i], self.inflight[i] + (extra[i] if i < len(extra) else 0), self.capacity,
+                                 self.alive[i] and self.open[i])
+                    for i in range(min(len(versions), len(self.inflight)))]
 
     def pick(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1, eligible: Collection[int] | None = None,
              prefer: int | None = None, slack: int = 0) -> InstanceView | None:

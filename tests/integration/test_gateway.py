@@ -1,5 +1,6 @@
 """The OpenAI-compatible gateway driven by the official ``openai`` client, in front of a real SGS
-process serving SmolLM2-135M-Instruct on vLLM: chat (plain, streamed, with tools), plain
+process serving SmolLM2-135M-Instruct (the hf engine: the gateway, not the engine, is the subject;
+the SGS and its engine contract are tested elsewhere): chat (plain, streamed, with tools), plain
 completions, a history edit, OpenAI-style errors; every generated token the transcript keeps is
 the SGS's own (its streamed samples, compared id for id)."""
 
@@ -11,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import start_sgs, stop_sgs
+from tests.conftest import FAST_ENGINE, start_sgs, stop_sgs
 
 MODEL = "braid-policy"
 MAX_NEW = 24
@@ -31,7 +32,7 @@ def gateway(smollm2, tmp_path_factory):
     from services.generation.client import GenerationClient
 
     ckpt, _ = smollm2
-    sgs = start_sgs(tmp_path_factory.mktemp("gateway-sgs"), ckpt, [f"generation.max_new_tokens={MAX_NEW}"])
+    sgs = start_sgs(tmp_path_factory.mktemp("gateway-sgs"), ckpt, [FAST_ENGINE, f"generation.max_new_tokens={MAX_NEW}"])
     client = GenerationClient(sgs.address)
     client.wait_ready()
     tok = AutoTokenizer.from_pretrained(ckpt)

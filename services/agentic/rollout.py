@@ -136,10 +136,14 @@ class Scorer(Protocol):
 
 
 class EnvScorer:
-    """The environment's own rule-based reward, summed over the trajectory's turns."""
+    """The environment's own rule-based reward, summed over the trajectory's turns (``source``
+    ``agent``: the reward the agent returned for its episode, ``agentic.agent``)."""
+
+    def __init__(self, source: str = "environment") -> None:
+        self.source = source
 
     async def score(self, traj: Trajectory) -> Score:
-        return Score(traj.reward, {"source": "environment"})
+        return Score(traj.reward, {"source": self.source})
 
 
 class ServiceScorer:
@@ -172,12 +176,19 @@ class Rollout:
     environment pool, the codec, the limits, the scorer."""
 
     def __init__(self, *, loop: RolloutLoop, generator: SgsGenerator, envs: EnvPool, codec: TokenCodec, limits: Limits,
-                 scorer: Scorer, executor: concurrent.futures.Executor) -> None:
+                 scorer: Scorer, executor: concurrent.futures.Executor,
+                 agents: Callable[[str, Episode, int], Any] | None = None,
+                 on_close: Sequence[Callable[[], None]] = ()) -> None:
         self.loop, self.generator, self.envs, self.codec = loop, generator, envs, codec
         self.limits, self.scorer, self.executor = limits, scorer, executor
+        self.agents = agents  # (trajectory id, episode, V_traj) -> an AgentManager (``agentic.agent``)
+        self.on_close = list(on_close)
 
     def manager(self, trajectory_id: str, episode: Episode, min_version: int) -> tuple[EnvManager, int]:
-        """A manager for one trajectory of ``episode`` and the index of the worker the pool chose."""
+        """A manager for one trajectory of ``episode`` and the index of the worker the pool chose
+        (with ``agentic.agent``, the agent's manager: it steps no worker of the pool)."""
+        if self.agents is not None:
+            return self.agents(trajectory_id, episode, min_version), 0
         i = self.envs.pick()
         m = EnvManager(trajectory_id, episode.kind, episode.seed, env=self.envs.backends[i], generator=self.generator,
                        codec=self.codec, limits=self.limits, clock=time.time, min_version=min_version)
@@ -209,6 +220,8 @@ class Rollout:
 
     def close(self) -> None:
         self.loop.close()
+        for fn in self.on_close:
+            fn()
         self.envs.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 

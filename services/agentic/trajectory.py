@@ -50,6 +50,8 @@ class Trajectory:
     started_at: float
     finished_at: float
     prompt_text: str = ""  # the first observation (tokenized into the first prompt_len tokens)
+    # earlier segments of an agent's episode (services.gateway: history edits), trained beside it
+    segments: tuple[Trajectory, ...] = ()
 
     @property
     def num_turns(self) -> int:

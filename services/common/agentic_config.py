@@ -91,6 +91,14 @@ class AgenticConfig(StrictModel):
     step_retries: int = Field(2, ge=0, le=100, description="Retries of a failed step (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED) before the trajectory is dropped.")
     retry_backoff_s: float = Field(0.1, ge=0.0, le=60.0, description="Wait before the first retry, doubled each time (s).")
     concurrency: int = Field(64, ge=1, le=65536, description="Trajectories the trajectory-level runner drives at once.")
+    agent: str | None = Field(
+        None, description="module:function of an agent that plays each episode through Braid's OpenAI-compatible gateway "
+        "(services.gateway; docs/gateway.md) instead of the EnvManager: it gets a base URL, a session key, the task, seed and "
+        "first observation, and returns the episode's reward. Needs a model whose tokenizer has a chat template.",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+    )
+    agent_model: str = Field("braid-policy", min_length=1, max_length=128, description="The model name the gateway serves to the agent.")
+    gateway_host: str = Field("127.0.0.1", min_length=1, description="Address the gateway listens on (a free port).")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     calculator: CalculatorEnvConfig = Field(default_factory=CalculatorEnvConfig)
     walk: WalkEnvConfig = Field(default_factory=WalkEnvConfig)

@@ -54,9 +54,10 @@ class Sessions:
         self._closed: list[str] = []
         self._lock = threading.Lock()
 
-    def open(self, task: str, seed: int, min_version: int = 0) -> Session:
-        session = Session(self.KEY_PREFIX + secrets.token_urlsafe(24), f"{task}-{seed}-{secrets.token_hex(3)}", task, seed,
-                          Transcript(self.tokenizer, self.max_segments), min_version)
+    def open(self, task: str, seed: int, min_version: int = 0, sid: str | None = None) -> Session:
+        """A new session; ``sid`` names it in logs and SGS request ids (default: task, seed, random)."""
+        session = Session(self.KEY_PREFIX + secrets.token_urlsafe(24), sid or f"{task}-{seed}-{secrets.token_hex(3)}",
+                          task, seed, Transcript(self.tokenizer, self.max_segments), min_version)
         with self._lock:
             self._sessions[session.key] = session
         return session

@@ -279,8 +279,11 @@ class AgenticRunner(GroupLifecycle):
     def _complete(self, g: _Group) -> None:
         self._cancel_members(g.key)  # the group is full: its other trajectories are surplus
         done = sorted(g.finished.items(), key=lambda kv: kv[1][0].finished_at)[: self.tc.group_size]
-        samples = [to_sample(traj, g.key, idx) for idx, (traj, _) in done]
-        outcomes = [Outcome(score.reward, score.reward == 1.0) for _, (_, score) in done]
+        samples, outcomes = [], []
+        for _, (traj, score) in done:  # an agent's earlier segments (history edits) train with the same reward
+            for part in (*traj.segments, traj):
+                samples.append(to_sample(part, g.key, len(samples)))
+                outcomes.append(Outcome(score.reward, score.reward == 1.0))
         if self.complete(g.key, samples, outcomes):
             self.kept[g.key] = [(idx, traj, score) for idx, (traj, score) in done]
 

@@ -65,6 +65,9 @@ def trajectory_record(step: int, buffer_version: int, group: str, index: int, t:
                    "reward": x.reward, "retries": x.retries, "gen_s": round(x.gen_s, 6), "env_s": round(x.env_s, 6),
                    "latency_s": round(x.latency_s, 6)} for x in t.turns],
         "token_ids": list(t.token_ids), "loss_mask": list(t.loss_mask),
+        # an agent's earlier segments (history edits), trained beside it with the same reward
+        "segments": [{"trajectory_id": x.trajectory_id, "prompt_len": x.prompt_len, "token_ids": list(x.token_ids),
+                      "loss_mask": list(x.loss_mask), "turns": len(x.turns)} for x in t.segments],
     }
 
 

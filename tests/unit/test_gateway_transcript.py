@@ -24,6 +24,9 @@ class CharChat:
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
 
+    def decode_text(self, ids):
+        return self.decode(ids).replace(EOS, "")
+
 
 def _reply(transcript, prepared, text, version=0, stop=True):
     generated = [ord(c) for c in text + (EOS if stop else "")]  # the SGS's ids, EOS included
@@ -147,3 +150,38 @@ def test_a_plain_completion_extends_by_ids_or_by_text_and_otherwise_starts_a_seg
     assert t.prepare_prompt("2+3=6").new and t.prepare_prompt([ord("x")]).new
     with pytest.raises(ValueError, match="empty"):
         t.prepare_prompt("")
+
+
+def test_a_segment_becomes_a_trajectory_whose_turns_are_its_calls():
+    from services.gateway.episodes import segment_trajectory
+
+    chat = CharChat()
+    t = Transcript(chat)
+    user = {"role": "user", "content": "9-2>4="}
+    echoed = _reply(t, t.prepare([user]), "9-2", version=3)
+    _reply(t, t.prepare([user, echoed, {"role": "user", "content": "=7,"}]), "#5", version=4)
+    traj = segment_trajectory(t.segments[0], chat, trajectory_id="g/0", kind="calculator", seed=1, reward=1.0,
+                              started_at=0.0, finished_at=1.0)
+    assert traj.trajectory_id == "g/0/s0" and traj.prompt_text == "<|user|>9-2>4=<|end|>\n<|assistant|>"
+    assert [x.action_text for x in traj.turns] == ["9-2", "#5"]
+    assert [x.weight_version for x in traj.turns] == [3, 4] and [x.reward for x in traj.turns] == [0.0, 1.0]
+    first = traj.turns[0]
+    assert traj.token_ids[first.gen_start + first.gen_len:][: first.obs_len] == tuple(
+        chat.encode("\n<|user|>=7,<|end|>\n<|assistant|>"))
+    assert traj.turns[1].obs_len == 0 and sum(traj.loss_mask) == traj.generated_tokens == len("9-2#5") + 2 * len(EOS)
+
+
+def test_an_agent_is_named_module_function_and_checked_at_load():
+    from services.gateway.episodes import load_agent
+
+    assert load_agent("examples.calculator_agent:play").__name__ == "play"
+    for spec, match in [("nocolon", "module:function"), ("examples.calculator_agent:nope", "nope"),
+                        ("no_such_module_x:play", "No module"), ("examples.calculator_agent:PROBLEM", "not callable")]:
+        with pytest.raises(ValueError, match=match):
+            load_agent(spec)
+
+
+def test_the_example_agent_solves_and_runs_the_tool_like_the_task():
+    from examples.calculator_agent import solve, tool
+
+    assert solve("247-9>200=") == 193 and tool("12-3") == "=9," and tool("12>3") == "=1," and tool("hi") == "=,"

@@ -170,8 +170,10 @@ class _Api:
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = calls
+            # the transcript keeps the generated text exactly (special tokens included) to render the reply
+            # by when the conversation goes on; the agent reads it without them
             session.transcript.record(prepared, out.token_ids, out.logprobs, out.weight_version, out.finish_reason,
-                                      message, text)
+                                      message, self._text(out, exact=True))
         finish = "tool_calls" if calls else out.finish_reason
         usage = _usage(prepared, out)
         if body.stream:
@@ -202,11 +204,14 @@ class _Api:
         except (ValueError, TypeError) as exc:  # a template that cannot render these messages, an empty prompt
             raise ApiError(400, str(exc), param) from exc
 
-    def _text(self, out: Generated) -> str:
+    def _text(self, out: Generated, exact: bool = False) -> str:
+        """The turn's text, the final EOS left out: as the agent reads it (special tokens dropped), or
+        ``exact`` (kept: it decodes to the generated ids)."""
         ids = list(out.token_ids)
         if ids and self.s.eos_id is not None and ids[-1] == self.s.eos_id:
             ids = ids[:-1]
-        return self.sessions.tokenizer.decode_text(ids)
+        tok = self.sessions.tokenizer
+        return tok.decode(ids) if exact else tok.decode_text(ids)
 
 
 def _usage(prepared: Prepared, out: Generated) -> dict[str, int]:

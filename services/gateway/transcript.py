@@ -191,7 +191,8 @@ class Transcript:
                finish_reason: str, reply: Message | None = None, text: str = "") -> Call:
         """Append what the SGS generated for ``prepared`` (its ids exactly, with their log-probs), the
         reply as returned to the agent (what its next call must echo to extend the segment) and
-        ``text``, the generated text it was parsed from (EOS excluded); neither for a plain completion."""
+        ``text``, the generated text exactly (special tokens kept, the final EOS left out: a reply renders
+        as it when the conversation goes on); neither for a plain completion."""
         if len(generated) != len(logprobs):
             raise ValueError(f"{len(generated)} generated ids but {len(logprobs)} log-probs")
         if prepared.new:

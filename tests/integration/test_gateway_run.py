@@ -80,7 +80,6 @@ def test_an_agent_speaking_only_the_openai_api_trains_on_the_sgs_tokens(tmp_path
         assert t["prompt"] == "<bos>" + first_observation(cfg.agentic, t["env"], t["seed"]) and t["turns"]
         _own_tokens(t, sgs, policy, first_call=0)
     assert all(r["bound_violations"] == 0 and r["samples"] == tc.prompts_per_iteration * tc.group_size for r in rows)
-    assert any(t["reward"] == 1.0 for t in trajs), "the warm-started policy solves some episodes"
 
 
 def test_a_history_edit_is_a_segment_of_its_own_and_trains_beside_the_episode(tmp_path, chat_checkpoint):

@@ -3,7 +3,7 @@ request, and episodes per second of an agent playing through it against Braid's 
 
 Declared before the run of record (DESIGN.md §5); nothing here is chosen after seeing results:
 
-- **Model**: the tiny policy of ``deploy/configs/smoke.yaml`` with ``TEMPLATE``, the chat template
+- **Model**: the tiny policy of ``deploy/configs/smoke.yaml`` with ``TRAJECTORY_TEMPLATE``, the chat template
   that lays a conversation out as Braid's own multi-turn trajectories (as
   ``tests/integration/test_gateway_run.py``); the config's engine (vLLM).
 - **call_overhead_s**: one SGS process; ``CALLS`` pairs after ``WARMUP`` unrecorded ones, each pair
@@ -40,10 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report_io import provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
+from services.gateway.transcript import TRAJECTORY_TEMPLATE  # noqa: E402
 
 CONFIG = ROOT / "deploy/configs/smoke.yaml"
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
-            "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}")
 CALLS, WARMUP, MAX_NEW = 200, 10, 8
 ROUNDS, ITERATIONS = 3, 4
 AGENTIC = ["agentic.enabled=true", "agentic.concurrency=8", "trainer.prompts_per_iteration=2", "trainer.group_size=4",
@@ -53,14 +52,14 @@ AGENT = "examples.calculator_agent:play"
 
 
 def chat_checkpoint(work: Path) -> Path:
-    """The config's tiny policy (random init, seeded) with ``TEMPLATE`` in its tokenizer."""
+    """The config's tiny policy (random init, seeded) with ``TRAJECTORY_TEMPLATE`` in its tokenizer."""
     from services.common.config import load_config
     from services.policy.model import build_policy, save_policy
 
     path = work / "policy"
     save_policy(build_policy(load_config(CONFIG).model), path)
     config = json.loads((path / "tokenizer_config.json").read_text())
-    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TRAJECTORY_TEMPLATE}))
     return path
 
 

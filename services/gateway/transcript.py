@@ -29,6 +29,12 @@ from typing import Any, Protocol
 
 Message = Mapping[str, Any]
 
+# A chat template that lays a conversation out as Braid's own multi-turn trajectories (what the
+# EnvManager builds): BOS, the messages' text in order, EOS after each assistant reply, no role
+# markers. For a model trained on that layout without a chat template of its own (the tiny policy).
+TRAJECTORY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
+                       "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}")
+
 
 class ChatTokenizer(Protocol):
     """What a transcript needs of the policy's tokenizer."""

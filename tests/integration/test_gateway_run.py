@@ -16,12 +16,10 @@ from flows.launcher import run_processes
 from ranker.genlog import GenerationLog
 from services.agentic.episodes import first_observation
 from services.common.config import load_config, write_config
+from services.gateway.transcript import TRAJECTORY_TEMPLATE
 from services.policy.model import load_policy
 from tests.conftest import FAST_ENGINE, ROOT
 
-# the conversation as the EnvManager would lay it out: <bos>, the problem, each reply + <eos>, each tool result
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}"
-            "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}")
 AGENTIC = ["agentic.enabled=true", "agentic.concurrency=8", "trainer.prompts_per_iteration=2", "trainer.group_size=4",
            "trainer.micro_batch_groups=1", "eval.prompts=4", "agentic.max_turns=6", "trainer.mode=one_step",
            "trainer.iterations=3"]
@@ -33,7 +31,7 @@ def chat_checkpoint(tiny_checkpoint, tmp_path_factory):
     path = tmp_path_factory.mktemp("chat") / "policy"
     shutil.copytree(tiny_checkpoint, path)
     config = json.loads((path / "tokenizer_config.json").read_text())
-    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TRAJECTORY_TEMPLATE}))
     return path
 
 

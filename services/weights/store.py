@@ -59,12 +59,19 @@ def private_shm_dir(kind: str, root: Path = Path("/dev/shm")) -> Path:
 
 
 def host_id() -> str:
-    """This host's identity for the shared-memory fast path: boot id + the /dev/shm mount."""
+    """This host's identity for the shared-memory fast path: boot id + the /dev/shm mount + the
+    network namespace. Processes in different network namespaces stand for different hosts (two
+    sites on one machine, ``bench/netns.py``): their weights cross the network between them, never
+    shared memory, as they would between two machines."""
     boot = Path("/proc/sys/kernel/random/boot_id")
     boot_id = boot.read_text().strip() if boot.exists() else "unknown"
     shm = Path("/dev/shm")
     dev = os.stat(shm).st_dev if shm.exists() else 0
-    return f"{boot_id}:{dev}"
+    try:
+        net = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        net = 0
+    return f"{boot_id}:{dev}:{net}"
 
 
 class Blob:

@@ -115,3 +115,18 @@ def test_what_a_killed_run_left_is_removed_by_the_next_use():
     assert len(left) == 2 and left <= set(list_namespaces())
     with shaped_link("100mbit"):
         assert not left & set(list_namespaces())
+
+
+def test_each_namespace_is_a_host_of_its_own_for_the_weights_shared_memory_path():
+    """Relays in two namespaces never take the shared-memory shortcut between them (their host ids
+    differ): the two sites' weights cross the link, as between two machines."""
+    from services.weights.store import host_id
+
+    probe = "from services.weights.store import host_id; print(host_id())"
+    with shaped_link("1gbit") as link:
+        ids = {role: link.run(role, [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+               for role in ("train", "gen")}
+    assert all(r.returncode == 0 for r in ids.values()), {k: r.stderr[-500:] for k, r in ids.items()}
+    train, gen = (ids[r].stdout.strip() for r in ("train", "gen"))
+    assert len({train, gen, host_id()}) == 3, (train, gen, host_id())
+    assert train.rsplit(":", 1)[0] == gen.rsplit(":", 1)[0] == host_id().rsplit(":", 1)[0]  # the same machine

@@ -105,6 +105,8 @@ class AgenticConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AgenticConfig:
+        if self.agent is not None and self.interaction != "trajectory":
+            raise ValueError("agentic.agent plays whole episodes on its own: it needs interaction 'trajectory', not 'batch'")
         if self.max_new_tokens_per_turn >= self.max_context_tokens:
             raise ValueError(
                 f"max_new_tokens_per_turn ({self.max_new_tokens_per_turn}) must be < max_context_tokens ({self.max_context_tokens})"

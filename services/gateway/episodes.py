@@ -82,17 +82,12 @@ class AgentManager:
 
     def __init__(self, trajectory_id: str, kind: str, seed: int, *, agent: Agent, sessions: Sessions,
                  episode: Callable[[str], AgentEpisode], executor: Executor, clock: Callable[[], float],
-                 min_version: int = 0, prompt: str = "") -> None:
+                 min_version: int = 0) -> None:
         self.trajectory_id, self.kind, self.seed, self.min_version = trajectory_id, kind, seed, min_version
         self.agent, self.sessions, self.episode, self.executor, self.clock = agent, sessions, episode, executor, clock
-        self.prompt = prompt
         self.session: Session | None = None
         self._result: Trajectory | Dropped | None = None
         self.started_at = self.finished_at = 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self._result is not None
 
     @property
     def generated_tokens(self) -> int:

@@ -32,7 +32,6 @@ class Session:
     seed: int
     transcript: Transcript
     min_version: int = 0  # generate with weights at least this new (the staleness bound's reservation)
-    opened_at: float = field(default_factory=time.time)
     closed_at: float | None = None
     reward: float | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one call at a time
@@ -81,7 +80,3 @@ class Sessions:
             while len(self._closed) > self.keep_closed:  # forget the oldest closed ones (their keys then unknown)
                 self._sessions.pop(self._closed.pop(0), None)
         return session
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(not s.closed for s in self._sessions.values())

@@ -181,6 +181,13 @@ def test_an_agent_is_named_module_function_and_checked_at_load():
             load_agent(spec)
 
 
+def test_an_agent_needs_trajectory_level_interaction():
+    from services.common.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="needs interaction 'trajectory'"):
+        load_config(None, ["agentic.agent=examples.calculator_agent:play", "agentic.interaction=batch"])
+
+
 def test_the_example_agent_solves_and_runs_the_tool_like_the_task():
     from examples.calculator_agent import solve, tool
 

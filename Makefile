@@ -28,9 +28,10 @@ $(STAMP): requirements.lock requirements-models.lock pyproject.toml | $(PY)
 
 install: $(STAMP)
 
-# Re-resolve requirements.lock from pyproject.toml (deploy/lock.sh); commit both.
+# Re-resolve requirements.lock from pyproject.toml (deploy/lock.sh); commit both. KEEP=1 [UNPIN="pkg ..."]
+# adds new requirements holding every other pin.
 lock:
-	PYTHON=$(PYTHON) deploy/lock.sh
+	PYTHON=$(PYTHON) KEEP=$(KEEP) UNPIN="$(UNPIN)" deploy/lock.sh
 
 run: install
 	$(VENV)/bin/braid run --config $(CONFIG)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 from pathlib import Path
 
@@ -30,6 +31,14 @@ TABLE_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("push stall ms", "push_stall_s", 1),
 )
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+\.png)\)")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The complete rows of ``metrics.jsonl``: a last line without its newline is still being
+    written by the trainer (a long row reaches the file in more than one write) and is skipped."""
+    text = path.read_text() if path.exists() else ""
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def metrics_table(rows: list[dict]) -> list[dict]:

@@ -30,12 +30,13 @@ from prefect.artifacts import (
 )
 from tqdm import tqdm
 
-from flows.artifacts import embed_images, metrics_table
+from flows.artifacts import embed_images, metrics_table, read_metrics
 from flows.launcher import run_processes
 from flows.online_ranker import OnlineRetrainer
 from flows.processes import child_env
 from flows.registries import check_run
 from flows.report import write_report
+from flows.tracking import tracked
 from flows.two_site import TwoSiteConfig, run_two_sites
 from services.common.config import ConfigError, RunConfig, apply_overrides, load_config, write_config
 from services.common.progress import progress_interval
@@ -87,14 +88,6 @@ def warm_start(run_dir: str) -> str:
     return out.read_text().strip()
 
 
-def _read_metrics(path: Path) -> list[dict]:
-    """The complete rows of ``metrics.jsonl``: a last line without its newline is still being
-    written by the trainer (a long row reaches the file in more than one write) and is skipped."""
-    text = path.read_text() if path.exists() else ""
-    complete = text[: text.rfind("\n") + 1]
-    return [json.loads(line) for line in complete.splitlines() if line.strip()]
-
-
 def iteration_line(row: dict, iterations: int) -> str:
     """One metrics row as the line a person follows a run by (the flow run's log, ``braid follow``)."""
     return (f"iteration {row['iteration'] + 1}/{iterations}: reward {row['reward_mean']:.3f}, accuracy "
@@ -116,7 +109,7 @@ class _Progress:
         self.bar = tqdm(total=iterations, desc="RL iterations", unit="it", mininterval=progress_interval())
 
     def __call__(self) -> None:
-        rows = _read_metrics(self.path)
+        rows = read_metrics(self.path)
         if len(rows) > self.seen:
             for row in rows[self.seen:]:
                 self.logger.info(iteration_line(row, self.iterations))
@@ -206,7 +199,7 @@ def report(run_dir: str) -> str:
         embed_images(path.read_text(), rd) + _plan_section(rd), key="rl-training-report", description=f"Braid run {rd.name}"
     )
     create_table_artifact(
-        metrics_table(_read_metrics(rd / "metrics.jsonl")), key="rl-training-metrics",
+        metrics_table(read_metrics(rd / "metrics.jsonl")), key="rl-training-metrics",
         description=f"Per-iteration metrics of Braid run {rd.name}",
     )
     return str(path)
@@ -239,9 +232,10 @@ def rl_training(
     if allocation is not None:
         (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
     logger.info("run directory: %s", Path(run_dir).resolve())
-    checkpoint = warm_start(run_dir)
-    summary_path = run_services(run_dir, checkpoint) if sites is None else run_sites(run_dir, checkpoint, sites)
-    report_path = report(run_dir)
+    with tracked(Path(run_dir), load_config(Path(run_dir) / "config.json").tracking, logger):
+        checkpoint = warm_start(run_dir)
+        summary_path = run_services(run_dir, checkpoint) if sites is None else run_sites(run_dir, checkpoint, sites)
+        report_path = report(run_dir)
     summary = json.loads(Path(summary_path).read_text())
     logger.info("report: %s", Path(report_path).resolve())
     logger.info(

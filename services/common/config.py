@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, model_validator
+from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
 from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.config_errors import ConfigError, format_errors
@@ -351,6 +351,9 @@ class RunConfig(StrictModel):
     forced_length_replay: ForcedLengthReplay = Field(default_factory=ForcedLengthReplay)
     agentic: AgenticConfig = Field(default_factory=AgenticConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    tracking: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list, description="Experiment trackers the run logs to, any subset (flows/tracking.py; "
+        "docs/tracking.md): metrics.jsonl's rows, this config, summary.json and the report's plots.")
 
     @property
     def uses_router(self) -> bool:
@@ -371,6 +374,14 @@ class RunConfig(StrictModel):
                 "does not do: let the trainer reach the instances (generation.dispatch.router 'off', no scale-out)"
             )
         return self
+
+    @field_validator("tracking")
+    @classmethod
+    def _trackers_once(cls, names: list[str]) -> list[str]:
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tracking names {', '.join(twice)} more than once")
+        return names
 
     @model_validator(mode="after")
     def _calls_fit(self) -> RunConfig:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from flows.rl_training import _read_metrics
+from flows.artifacts import read_metrics
 
 
 def test_a_row_still_being_written_is_not_read(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    assert _read_metrics(path) == []
+    assert read_metrics(path) == []
     row = json.dumps({"iteration": 0, "reward": 0.5})
     path.write_text(row + "\n" + row[:20])  # the second row is half on disk
-    assert _read_metrics(path) == [{"iteration": 0, "reward": 0.5}]
+    assert read_metrics(path) == [{"iteration": 0, "reward": 0.5}]
     path.write_text(row + "\n" + row + "\n")
-    assert len(_read_metrics(path)) == 2
+    assert len(read_metrics(path)) == 2

@@ -53,7 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.report_io import flagged_ratio, provenance, provenance_line, results_dir, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    flagged_ratio,
+    provenance,
+    provenance_line,
+    results_dir,
+    write_results,
+)
 
 CONFIG = ROOT / "deploy/configs/agentic.yaml"
 CVS = ("0.1", "0.5", "1.0")
@@ -237,7 +244,7 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2, help="iterations not counted at the start of each run")

@@ -23,7 +23,6 @@ roofline training model (``allocator.training``, MFU 0.40), on StreamRL-like wor
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -43,7 +42,7 @@ from allocator.planner import (  # noqa: E402
     plan_single_site,
     plan_two_sites,
 )
-from bench.report_io import provenance, provenance_line, results_dir  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir  # noqa: E402
 
 MODELS = {"Qwen2.5-7B": "qwen2.5-7b", "Qwen2.5-32B": "qwen2.5-32b", "Qwen2.5-72B": "qwen2.5-72b"}
 CLUSTERS = ROOT / "deploy/clusters"
@@ -183,7 +182,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = RecordParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller brute-force grid")
     ap.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = ap.parse_args(argv)

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos_run import RunResult, Scenario, run_scenario
-from bench.report_io import ROOT, provenance, provenance_line, results_dir, write_results
+from bench.report_io import ROOT, RecordParser, provenance, provenance_line, results_dir, write_results
 
 SCENARIOS = [
     Scenario("kill_sgs", "bounded", ("sgs",)),
@@ -203,7 +203,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/smoke.yaml"), help="base config (model, task)")
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--only", default="", help="comma-separated scenario names (default: all)")

@@ -57,7 +57,15 @@ for _path in (ROOT, ROOT / "bench"):
 from e2e_core import mode_overrides, pin_overrides, repeat_overrides  # noqa: E402
 from e2e_throughput import RoundFailed, run_rounds  # noqa: E402
 
-from bench.report_io import flagged_ratio, provenance, results_dir, set_json_key, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    flagged_ratio,
+    provenance,
+    results_dir,
+    set_json_key,
+    spread,
+    write_results,
+)
 
 MODE = "bounded_2"
 VARIANTS = {"none": [], "repack": ["trainer.repack.enabled=true"]}
@@ -296,7 +304,7 @@ def measure_config(ns, instances: int, base: list[str], checkpoint: str, per_rou
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=30)

@@ -40,7 +40,7 @@ from allocator.padding import micro_batch_work  # noqa: E402
 from allocator.repack_sim import SimConfig, arith_workload, repack_ratio, simulate  # noqa: E402
 from allocator.train_profile import load_train_profile  # noqa: E402
 from allocator.training import TrainWorkload, padded_step_flops  # noqa: E402
-from bench.report_io import RESULTS, set_json_key  # noqa: E402
+from bench.report_io import RESULTS, RecordParser, set_json_key  # noqa: E402
 from services.generation.scheduling.cost import StepCost  # noqa: E402
 from services.generation.scheduling.instance_model import Job, run_instance  # noqa: E402
 from services.generation.scheduling.models import get_model  # noqa: E402
@@ -112,7 +112,7 @@ def calibrate_scale(cfg: SimConfig, target: float, cost: StepCost, workload) -> 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=str(RESULTS / "coordination.json"))
     parser.add_argument("--engine", default=str(RESULTS / "engine.json"))
     parser.add_argument("--seeds", type=int, default=3)

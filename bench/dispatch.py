@@ -238,7 +238,9 @@ def targets(makespan: dict[str, dict[str, float]]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from bench.report_io import RecordParser
+
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--estimates", help="JSONL: prompt, response_length, estimated_length (braid ranker annotate)")
     parser.add_argument("--length-unit", choices=("chars", "tokens"), default="chars", help="unit of the file's lengths")
     parser.add_argument("--chars-per-token", type=float, default=4.0)

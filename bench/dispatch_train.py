@@ -71,6 +71,7 @@ from e2e_core import pin_overrides, repeat_overrides, warmstart_overrides  # noq
 from e2e_throughput import RoundFailed, run_rounds  # noqa: E402
 
 from bench.report_io import (  # noqa: E402
+    RecordParser,
     flagged_ratio,
     provenance,
     provenance_line,
@@ -231,7 +232,7 @@ def regime_lines(mode: str, s: dict, where: str = "") -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (>= 3 for a ratio of record; {ROUNDS})")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))

@@ -47,7 +47,6 @@ is kept) and ``dispatch_train_sim.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -58,7 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir, set_json_key  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key  # noqa: E402
 
 TARGET_ERROR = 0.15
 CALIBRATION_VARIANT = "round_robin"
@@ -223,7 +222,7 @@ def markdown(res: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = RecordParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--regime", default=REGIME_OF_RECORD)
     ap.add_argument("--profile", default=str(PROFILE), help="vLLM profile (measured here when the file is missing)")
     ap.add_argument("--out", default=None)

@@ -86,7 +86,7 @@ from e2e_core import (  # noqa: E402  (the pure helpers)
 )
 from e2e_report import markdown, plot  # noqa: E402  (rendering of the results)
 
-from bench.report_io import provenance, results_dir, write_results  # noqa: E402
+from bench.report_io import RecordParser, provenance, results_dir, write_results  # noqa: E402
 
 TRL_REQUIREMENTS = ("torch==2.13.0", "trl==1.16.0", "datasets", "accelerate")
 TRL_VENV = ROOT / ".cache" / "bench-trl-venv"
@@ -307,7 +307,7 @@ def run_mode(mode: str, run_dir: Path, cfg, settings: dict, reuse: bool, measure
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--quick", action="store_true", help=f"few iterations, small eval ({QUICK}); < 10 min")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))

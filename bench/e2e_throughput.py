@@ -38,7 +38,15 @@ for _path in (ROOT, ROOT / "bench"):
 from e2e import FULL, QUICK, measure_repeat, run_mode  # noqa: E402
 from e2e_core import mode_overrides, pin_overrides, repeat_overrides, warmstart_overrides  # noqa: E402
 
-from bench.report_io import flagged_ratio, provenance, results_dir, set_json_key, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    flagged_ratio,
+    provenance,
+    results_dir,
+    set_json_key,
+    spread,
+    write_results,
+)
 
 MODES = ("sync", "one_step", "bounded_1", "bounded_2", "bounded_4", "bounded_2_partial")
 BASELINE = "sync"
@@ -171,7 +179,7 @@ def run_rounds(names: list[str], rounds: int, config_for, checkpoint: str, work:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated; must include sync")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (>= 3 for a ratio of record)")

@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report_io import (  # noqa: E402
     QUICK_OUT,
+    RecordParser,
     provenance,
     provenance_line,
     ratio_spread,
@@ -350,7 +351,7 @@ def bench(ns: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = RecordParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per N in each worker")
     ap.add_argument("--swaps", type=int, default=5)

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report_io import (  # noqa: E402
+    RecordParser,
     parts_line,
     parts_record,
     provenance,
@@ -119,7 +120,7 @@ def run_files(ns: argparse.Namespace, t0: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = RecordParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=800, help="hypothesis examples per (service, method, variant)")
     parser.add_argument("--file-examples", type=int, default=2000, help="hypothesis examples per file kind")
     parser.add_argument("--seed", type=int, default=0)

@@ -19,7 +19,7 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   (first iteration's start to last iteration's end); the ratio agent/built-in per round, median
   and range.
 
-A run of record starts from a clean checkout (refused otherwise unless ``--allow-dirty``).
+A run of record starts from a clean checkout (refused otherwise; ``--allow-dirty`` writes into /tmp/braid-bench-scratch).
 Writes ``bench/results/gateway.{json,md,png}`` (``--quick``: 40 pairs, 1 round, into /tmp).
 
     python bench/gateway.py [--quick] [--allow-dirty]
@@ -27,7 +27,6 @@ Writes ``bench/results/gateway.{json,md,png}`` (``--quick``: 40 pairs, 1 round, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -39,7 +38,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    provenance,
+    provenance_line,
+    ratio_spread,
+    results_dir,
+    spread,
+    write_results,
+)
 from services.gateway.transcript import TRAJECTORY_TEMPLATE  # noqa: E402
 
 CONFIG = ROOT / "deploy/configs/smoke.yaml"
@@ -193,17 +200,14 @@ def plot(res: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="40 pairs and 1 round, into a scratch directory")
-    parser.add_argument("--allow-dirty", action="store_true", help="measure a tree with uncommitted changes (not of record)")
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = parser.parse_args(argv)
     calls, rounds = (40, 1) if ns.quick else (CALLS, ROUNDS)
     prov = provenance(Path(__file__), {"calls": calls, "warmup": WARMUP, "max_new": MAX_NEW, "rounds": rounds,
                                        "iterations": ITERATIONS, "agentic": AGENTIC, "agent": AGENT, "quick": ns.quick},
                       CONFIG, "vllm")
-    if prov["dirty"] and not (ns.allow_dirty or ns.quick):
-        raise SystemExit("the tree has uncommitted changes: a run of record starts from a clean commit (--allow-dirty to measure anyway)")
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="braid-gateway-"))
     try:

@@ -44,7 +44,6 @@ smaller grid to a scratch directory). Refuses to run without CUDA.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -53,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir, write_results  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, write_results  # noqa: E402
 
 # public architecture configs (Hugging Face config.json fields), weights drawn at random
 ARCHS = {
@@ -253,7 +252,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = RecordParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--models", default=",".join(ARCHS))
     ap.add_argument("--quick", action="store_true")

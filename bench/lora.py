@@ -27,7 +27,7 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   slower a step than the Xeon of real_model.json) so that the whole measurement fits one session;
   the run's own start and end evaluation on ``RUN_EVAL_PROMPTS`` prompts (the paired one judges).
 
-A run of record starts from a clean checkout (refused otherwise unless ``--allow-dirty``).
+A run of record starts from a clean checkout (refused otherwise; ``--allow-dirty`` writes into /tmp/braid-bench-scratch).
 Writes ``bench/results/lora.{json,md,png}`` (``--quick``: short versions of every part, to /tmp).
 
     python bench/lora.py [--quick] [--allow-dirty] [--parts sizes,serve,train,heldout]
@@ -35,7 +35,6 @@ Writes ``bench/results/lora.{json,md,png}`` (``--quick``: short versions of ever
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import random
@@ -47,7 +46,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    provenance,
+    provenance_line,
+    ratio_spread,
+    results_dir,
+    spread,
+    write_results,
+)
 
 CONFIG = ROOT / "deploy/configs/smollm2-arith.yaml"
 LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0}  # target_modules: the default, every projection
@@ -301,9 +308,8 @@ def plot(r: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short versions of every part, into a scratch directory")
-    parser.add_argument("--allow-dirty", action="store_true", help="measure a tree with uncommitted changes (not of record)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-lora"), help="where the run directories go")
     parser.add_argument("--out", default=None, help="results directory (default bench/results, or /tmp/... with --quick)")
@@ -314,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance(Path(__file__), {"lora": LORA, "lora_lr": LORA_LR, "rounds": ROUNDS, "steps": STEPS,
                                        "iterations": ITERATIONS, "heldout_questions": HELDOUT_QUESTIONS,
                                        "quick": ns.quick, "parts": parts}, CONFIG, engine="vllm")
-    if prov["dirty"] and not (ns.allow_dirty or ns.quick):
-        raise SystemExit("the tree has uncommitted changes: a run of record starts from a clean commit (--allow-dirty to measure anyway)")
     out = results_dir(ns.out, ns.quick)
     previous = out / "lora.json"
     result = json.loads(previous.read_text()) if previous.is_file() else {}  # parts not re-run are kept

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
 
 MODES = ("sequential", "sync", "one_step")
 
@@ -106,7 +106,7 @@ def _cell(s: dict, fmt: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds over the modes")

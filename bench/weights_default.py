@@ -13,7 +13,6 @@ of record.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,13 +22,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.report_io import provenance, results_dir  # noqa: E402
+from bench.report_io import RecordParser, provenance, results_dir  # noqa: E402
 
 CONFIG = ROOT / "deploy/configs/default.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--runs-dir", default="/tmp/braid-weights-default")

@@ -45,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.report_io import provenance, provenance_line, results_dir, set_json_key, spread  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key, spread  # noqa: E402
 
 RATE = "400mbit"
 REPS = 3
@@ -230,7 +230,7 @@ def _summary(entry: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = RecordParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
     d = sub.add_parser("driver", help="(internal) the trainer's side, run inside the train namespace")
     d.add_argument("--payload", required=True, choices=("full", "lora"))

@@ -1,0 +1,217 @@
+"""Results of record pinned to the code they measured.
+
+Every provenance block a benchmark writes (``bench/report_io.provenance``) names its script and
+records ``code``: the git object id, at the measured commit, of each path on the script's
+measured path (``measured_paths``: the bench modules it imports, the project's code the runs it
+starts execute, the lock). A result is **fresh** when its tree was clean, its script's recorded
+hash is the script's at its commit, and every path on its measured path still has the recorded
+id at HEAD. Anything else is **stale**, and README.md must say so: its stale table (between
+``<!--stale-begin-->`` and ``<!--stale-end-->``) lists exactly the results files that are not
+fresh, each with the reasons. ``tests/unit/test_record.py`` holds the README to that, and fails on
+a planted mismatch.
+
+    python bench/record.py            # every results file: fresh, or why not
+    python bench/record.py --write    # rewrite the README's stale table from the results
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+README = ROOT / "README.md"
+# what any benchmark's outcome depends on besides its own imports: the locked packages
+ALWAYS = ("requirements.lock", "pyproject.toml")
+# benchmarks that start Braid's services or flows as processes run code they never import: all of it
+STACK = ("services", "flows", "allocator", "ranker", "deploy")
+# benchmarks that start no process (simulators, fits over recorded data): their imports and the data they read
+PURE = {"bench/allocator.py": ("allocator", "deploy/clusters", "deploy/workloads"),
+        "bench/coordination_sim.py": ("allocator", "bench/profiles"),
+        "bench/ranker.py": ("ranker",)}
+PACKAGES = ("bench", "services", "flows", "allocator", "ranker")
+# how results are written and judged, not what they measure
+NOT_MEASURED = ("bench/report_io.py", "bench/record.py", "bench/headlines.py")
+_STALE = re.compile(r"<!--stale-begin-->\n(?P<table>.*?)<!--stale-end-->", re.S)
+
+
+def git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT)
+    except FileNotFoundError:  # no git on the machine (the lent GPU machine)
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _module_file(name: str, beside: Path) -> str | None:
+    """The repository file of module ``name`` imported from a file in ``beside`` (a script's siblings
+    import each other by bare name: its directory is first on ``sys.path``)."""
+    if name.split(".")[0] not in PACKAGES:
+        sibling = beside / f"{name}.py"
+        return str(sibling.relative_to(ROOT)) if "." not in name and sibling.is_file() else None
+    base = ROOT / Path(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return str(path.relative_to(ROOT))
+    return None
+
+
+def import_closure(script: str) -> set[str]:
+    """The repository's Python files ``script`` imports, directly or through each other (static)."""
+    seen: set[str] = set()
+    todo = [script]
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for node in ast.walk(ast.parse((ROOT / rel).read_text(), rel)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            todo += [f for n in names if (f := _module_file(n, (ROOT / rel).parent)) and f not in seen]
+    return seen
+
+
+def measured_paths(script: str) -> list[str]:
+    """What ``script``'s results depend on, as repository paths (files and directories)."""
+    paths = (set(import_closure(script)) - set(NOT_MEASURED)) | set(ALWAYS)
+    whole = PURE.get(script, STACK)
+    return sorted({p for p in paths if not p.startswith(tuple(f"{d}/" for d in whole))} | set(whole))
+
+
+def code_ids(paths: list[str], rev: str = "HEAD") -> dict[str, str | None]:
+    """The git object id of each path at ``rev`` (None: not there)."""
+    listed = git("ls-tree", "--full-tree", rev, "--", *paths) or "" if paths else ""
+    ids = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listed.splitlines())}
+    return {p: ids.get(p) for p in paths}
+
+
+def script_of(block: dict) -> str | None:
+    """The benchmark script a provenance block names (older blocks: read from its command line)."""
+    if block.get("script"):
+        return block["script"]
+    words = str(block.get("command", "")).split()
+    for w in words[1:]:
+        m = re.search(r"(bench/[\w]+\.py)$", w)
+        if m:
+            return m.group(1)
+        if w.startswith("bench."):
+            return w.replace(".", "/") + ".py"
+    return None
+
+
+def blocks(doc: object, where: str = "") -> list[tuple[str, dict]]:
+    """Every provenance block in a results document, with its key path (``.`` for the top one)."""
+    found = []
+    if isinstance(doc, dict):
+        if isinstance(doc.get("provenance"), dict):
+            found.append((where or ".", doc["provenance"]))
+        for key, value in doc.items():
+            if key != "provenance":
+                found += blocks(value, f"{where}/{key}")
+    return found
+
+
+def judge_block(block: dict) -> list[str]:
+    """Why one provenance block's result is not fresh (empty: it is)."""
+    problems = []
+    commit = str(block.get("commit", "unknown"))
+    if block.get("dirty") is not False:
+        problems.append(f"measured on a dirty tree ({commit[:8]}, {block.get('date', '?')[:10]})")
+    script = script_of(block)
+    if not block.get("script_sha256"):
+        problems.append("records no hash of its script")
+    elif script and commit != "unknown" and git("cat-file", "-e", f"{commit}^{{commit}}") is not None:
+        at_commit = subprocess.run(["git", "show", f"{commit}:{script}"], capture_output=True, cwd=ROOT).stdout
+        if not at_commit:
+            problems.append(f"{script} is not in commit {commit[:8]}")
+        elif hashlib.sha256(at_commit).hexdigest()[:16] != block.get("script_sha256"):
+            problems.append(f"its script hash is not {script}'s at commit {commit[:8]}")
+    code = block.get("code")
+    if not isinstance(code, dict) or not code:
+        problems.append("records no ids of the code it measured")
+    else:
+        now = code_ids(sorted(code))
+        changed = [p for p in sorted(code) if now[p] != code[p]]
+        if changed:
+            problems.append(f"code on its measured path changed since {commit[:8]}: {', '.join(changed[:6])}"
+                            + (f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""))
+    return problems
+
+
+def judge_file(path: Path) -> list[str]:
+    doc = json.loads(path.read_text())
+    found = blocks(doc)
+    if not found:
+        return ["no provenance"]
+    problems = []
+    top = doc.get("provenance") if isinstance(doc, dict) else None
+    if isinstance(top, dict) and top.get("measured_in_this_run") is False:
+        problems.append("not all of it was measured in its latest run (parts carried)")
+    for where, block in found:
+        problems += [p if where == "." else f"{where}: {p}" for p in judge_block(block)]
+    return problems
+
+
+def stale_listed(readme: str) -> dict[str, str]:
+    """The README's stale table: results file -> the reasons it gives."""
+    m = _STALE.search(readme)
+    if m is None:
+        return {}
+    rows = re.findall(r"^\| `([\w.-]+\.json)` \| (.*) \|$", m.group("table"), re.M)
+    return dict(rows)
+
+
+def check(results: Path = RESULTS, readme: Path = README) -> list[str]:
+    """Every disagreement between the results' freshness and the README's stale table."""
+    listed = stale_listed(readme.read_text())
+    bad = []
+    for path in sorted(results.glob("*.json")):
+        problems = judge_file(path)
+        if problems and path.name not in listed:
+            bad.append(f"{path.name} is stale but the README does not say so: {'; '.join(problems)}")
+        elif not problems and path.name in listed:
+            bad.append(f"{path.name} is fresh but the README lists it as stale")
+    bad += [f"the README lists {name}, which is not a results file" for name in listed
+            if not (results / name).is_file()]
+    return bad
+
+
+def stale_table(results: Path = RESULTS) -> str:
+    rows = [(p.name, judge_file(p)) for p in sorted(results.glob("*.json"))]
+    lines = ["| results file | why it is stale |", "|---|---|"]
+    lines += [f"| `{name}` | {'; '.join(problems).replace('|', '/')} |" for name, problems in rows if problems]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(readme: Path = README, results: Path = RESULTS) -> None:
+    text = readme.read_text()
+    if not _STALE.search(text):
+        raise SystemExit(f"{readme} has no <!--stale-begin--> ... <!--stale-end--> section")
+    readme.write_text(_STALE.sub(lambda _: f"<!--stale-begin-->\n{stale_table(results)}<!--stale-end-->", text))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--write"]:
+        write_readme()
+    elif args:
+        print(__doc__)
+        return 2
+    for path in sorted(RESULTS.glob("*.json")):
+        problems = judge_file(path)
+        print(f"{path.name:28s} {'fresh' if not problems else 'STALE: ' + '; '.join(problems)}")
+    bad = check()
+    print("\n".join(bad) if bad else "README's stale table agrees with the results")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

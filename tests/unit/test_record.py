@@ -1,0 +1,143 @@
+"""Results of record pinned to their code (bench/record.py), and benchmarks refusing a dirty tree."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+
+import pytest
+
+import bench.report_io as report_io
+from bench.record import ROOT, check, code_ids, judge_file, measured_paths, stale_listed
+from bench.report_io import RESULTS, SCRATCH, RecordParser, of_record_or_scratch
+
+SCRIPT = "bench/pipeline.py"
+
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
+
+
+def _fresh_block() -> dict:
+    """A provenance block as a clean run at HEAD writes it."""
+    script = subprocess.run(["git", "show", f"HEAD:{SCRIPT}"], capture_output=True, cwd=ROOT, check=True).stdout
+    return {"commit": _head(), "dirty": False, "script": SCRIPT, "script_sha256": hashlib.sha256(script).hexdigest()[:16],
+            "code": code_ids(measured_paths(SCRIPT)), "date": "2026-11-28T00:00:00+00:00", "measured_in_this_run": True}
+
+
+def _results(tmp_path, **blocks: dict):
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, block in blocks.items():
+        (results / f"{name}.json").write_text(json.dumps({"value": 1.0, "provenance": block}))
+    return results
+
+
+def _readme(tmp_path, *stale: str):
+    rows = "".join(f"| `{n}` | why |\n" for n in stale)
+    path = tmp_path / "README.md"
+    path.write_text(f"text\n<!--stale-begin-->\n| results file | why it is stale |\n|---|---|\n{rows}<!--stale-end-->\n")
+    return path
+
+
+def test_a_run_measured_on_the_committed_code_is_fresh(tmp_path):
+    results = _results(tmp_path, a=_fresh_block())
+    assert judge_file(results / "a.json") == []
+    assert check(results, _readme(tmp_path)) == []
+
+
+@pytest.mark.parametrize("plant, problem", [
+    ({"script_sha256": "0" * 16}, f"its script hash is not {SCRIPT}'s at commit"),
+    ({"dirty": True}, "measured on a dirty tree"),
+    ({"code": None}, "records no ids of the code it measured"),
+    ({"script_sha256": None}, "records no hash of its script"),
+    ({"measured_in_this_run": False}, "parts carried"),
+])
+def test_a_planted_mismatch_makes_the_result_stale(tmp_path, plant, problem):
+    results = _results(tmp_path, a={**_fresh_block(), **plant})
+    assert any(problem in p for p in judge_file(results / "a.json")), judge_file(results / "a.json")
+    [bad] = check(results, _readme(tmp_path))
+    assert bad.startswith("a.json is stale but the README does not say so") and problem in bad
+    assert check(results, _readme(tmp_path, "a.json")) == []  # listed as stale: the README says the truth
+
+
+def test_code_changed_on_the_measured_path_makes_the_result_stale(tmp_path):
+    block = _fresh_block()
+    block["code"] = {**block["code"], "services": "0" * 40}  # measured another services/ than HEAD's
+    results = _results(tmp_path, a=block)
+    [problem] = judge_file(results / "a.json")
+    assert problem.startswith("code on its measured path changed since") and problem.endswith(": services")
+
+
+def test_a_script_hash_that_no_commit_holds_is_caught_in_a_nested_block(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    nested = {**_fresh_block(), "script_sha256": "f" * 16}
+    (results / "a.json").write_text(json.dumps({"provenance": _fresh_block(), "part": {"provenance": nested}}))
+    assert judge_file(results / "a.json") == [f"/part: its script hash is not {SCRIPT}'s at commit {_head()[:8]}"]
+
+
+def test_a_fresh_result_listed_as_stale_and_a_listed_file_that_is_gone_fail(tmp_path):
+    results = _results(tmp_path, a=_fresh_block())
+    assert check(results, _readme(tmp_path, "a.json", "gone.json")) == [
+        "a.json is fresh but the README lists it as stale", "the README lists gone.json, which is not a results file"]
+
+
+def test_the_readme_says_which_results_of_record_are_stale():
+    assert check() == [], "run python bench/record.py --write"
+    assert set(stale_listed((ROOT / "README.md").read_text())) <= {p.name for p in RESULTS.glob("*.json")}
+
+
+def test_the_measured_path_of_a_benchmark_that_starts_the_stack_is_all_of_the_code():
+    paths = measured_paths("bench/e2e.py")
+    assert {"services", "flows", "requirements.lock", "bench/e2e.py", "bench/e2e_core.py"} <= set(paths)
+    assert "bench/report_io.py" not in paths  # how results are written, not what they measure
+    pure = measured_paths("bench/allocator.py")
+    assert "allocator" in pure and "services" not in pure and "services/common/config.py" in pure
+
+
+@pytest.fixture
+def tree(monkeypatch):
+    def set_status(status: str) -> None:
+        monkeypatch.setattr(report_io, "commit_status", lambda: ("abc", status))
+    return set_status
+
+
+def _parser() -> RecordParser:
+    parser = RecordParser(prog="bench")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=None)
+    return parser
+
+
+def test_a_run_of_record_refuses_a_dirty_tree(tree, capsys):
+    tree(" M services/x.py\n?? notes.txt")
+    with pytest.raises(SystemExit) as exc:
+        _parser().parse_args([])
+    assert exc.value.code == 2
+    assert "the working tree is dirty (2 paths differ): a run of record measures a commit" in capsys.readouterr().err
+
+
+def test_allow_dirty_sends_the_run_to_the_scratch_directory(tree):
+    tree(" M services/x.py")
+    assert _parser().parse_args(["--allow-dirty"]).out == str(SCRATCH)
+    assert _parser().parse_args(["--allow-dirty", "--out", str(RESULTS)]).out == str(SCRATCH)
+
+
+@pytest.mark.parametrize("args", [["--quick"], ["--out", "/tmp/elsewhere"]])
+def test_scratch_runs_may_measure_a_dirty_tree(tree, args):
+    tree(" M services/x.py")
+    ns = _parser().parse_args(args)
+    assert ns.out == (None if args == ["--quick"] else "/tmp/elsewhere")
+
+
+def test_a_clean_tree_runs_of_record(tree):
+    tree("")
+    assert _parser().parse_args([]).out is None
+
+
+def test_a_result_measured_on_a_dirty_tree_is_never_written_as_of_record(tmp_path):
+    assert of_record_or_scratch(RESULTS, {"provenance": {"dirty": True}}) == SCRATCH
+    assert of_record_or_scratch(RESULTS, {"provenance": {"dirty": False}}) == RESULTS
+    assert of_record_or_scratch(tmp_path, {"provenance": {"dirty": True}}) == tmp_path

@@ -91,6 +91,14 @@ def summarize(results: list[RunResult]) -> dict:
         "duplicates": sum(r.duplicates for r in results),
         "violations": sum(r.violations for r in results),
         "weights_mismatches": sum(1 for r in results if r.completed and not r.weights.get("ok")),
+        # every run's ledger: each sample consumed exactly once, no step missing, split or out of order
+        "ledger_ok": bool(results) and all(r.ledger.get("ok") for r in results),
+        "ledger_failures": [r.scenario for r in results if not r.ledger.get("ok")],
+        # each kill of the trainer process landed between two recovery checkpoints and rolled back steps
+        # (None: no run killed it)
+        "rollback_exercised": (all(r.rolled_back_groups > 0 for r in trainer)
+                               if (trainer := [r for r in results if _killed(r, "trainer")]) else None),
+        "rolled_back_groups": {r.scenario: r.rolled_back_groups for r in results if _killed(r, "trainer")},
         "recovery_s": {k: {"median": statistics.median(v), "max": max(v), "n": len(v)} for k, v in sorted(recovery.items())},
         **trajectory_totals(results),
     }
@@ -122,6 +130,7 @@ def trajectory_totals(results: list[RunResult]) -> dict:
 def passed(summary: dict) -> bool:
     flaky = summary.get("flaky_test")
     return (summary["runs_completed"] == summary["runs"] and not summary["samples_lost"] and not summary["duplicates"]
+            and summary.get("ledger_ok", False) and summary.get("rollback_exercised") is not False
             and not summary["violations"] and not summary["weights_mismatches"]
             and not summary.get("trajectories_lost_on_trainer_kill")
             and all(summary.get("instances_readmitted", {}).values())
@@ -158,10 +167,11 @@ def markdown(result: dict) -> str:
         f"**{'PASSED' if result['passed'] else 'FAILED'}**: {result['runs_completed']}/{result['runs']} runs completed, "
         f"{result['faults_total']} faults injected, samples lost {result['samples_lost']}, duplicates "
         f"{result['duplicates']}, staleness violations {result['violations']}, weights mismatches "
-        f"{result['weights_mismatches']}.", "",
+        f"{result['weights_mismatches']}; every run's ledger ok: {result.get('ledger_ok')}; every trainer-process kill "
+        f"between two recovery checkpoints rolled back steps: {result.get('rollback_exercised')}.", "",
         "| scenario | faults | after step | completed | restarts | recovery s | samples lost | dup | violations | weights "
-        "| training s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ledger | rolled back groups | training s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["scenarios"]:
         rec = "—" if r["recovery_s"] is None else f"{r['recovery_s']:.1f}"
@@ -170,7 +180,9 @@ def markdown(result: dict) -> str:
         rl = "—" if r["rl_seconds"] is None else f"{r['rl_seconds']:.1f}"
         lines.append(f"| {r['scenario']} | {', '.join(r['faults'])} | {at} | "
                      f"{'yes' if r['completed'] else 'NO: ' + r['error'][:80]} | {r['restarts'] or '—'} | {rec} "
-                     f"| {r['samples_lost']} | {r['duplicates']} | {r['violations']} | {w} | {rl} | {r['wall_s']:.0f} |")
+                     f"| {r['samples_lost']} | {r['duplicates']} | {r['violations']} | {w} "
+                     f"| {'ok' if r['ledger'].get('ok') else 'BROKEN'} | {r.get('rolled_back_groups', '—')} "
+                     f"| {rl} | {r['wall_s']:.0f} |")
     lines += ["", "Recovery time (fault → next finished training step), per component:", "",
               "| component | median s | max s | runs |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['median']:.1f} | {v['max']:.1f} | {v['n']} |" for k, v in result["recovery_s"].items()]
@@ -216,8 +228,9 @@ def main() -> int:
     unknown = names - {s.name for s in SCENARIOS}
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {[s.name for s in SCENARIOS]}")
-    if ns.iterations < 4 or ns.repeat < 0:
-        parser.error("--iterations >= 4 (faults come after 2 steps) and --repeat >= 0")
+    if ns.iterations < 6 or ns.repeat < 0:
+        parser.error("--iterations >= 6 (a trainer kill lands between the recovery checkpoints of steps 3 and 6) "
+                     "and --repeat >= 0")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import shutil

@@ -70,6 +70,7 @@ class RunResult:
     # trajectories generated again or thrown away because of the kill: rolled-back groups and
     # in-flight groups the restarted trainer regenerated, times the group size
     trajectories_lost: int = 0
+    rolled_back_groups: int = 0  # groups consumed before the kill and again after the restart's rollback
     instances_readmitted: int = 0  # SGS instances back in service after they were lost (the orchestrator's count)
 
 
@@ -122,9 +123,10 @@ class Injector:
             from services.run import recovery
 
             found = recovery.newest(recovery.recovery_dir(self.run_dir))
-            # the learner: a step past the newest checkpoint, none due with it (the kill lands between two)
+            # a step past the newest checkpoint, none due with it: the kill lands between two. The trainer
+            # process then rolls back the steps since (rollback exercised); the learner alone must lose none
             version = _rows(self.run_dir)[-1]["weight_version"]
-            return found is not None and ("learner" not in self.s.kill or (version > found.version and version % EVERY))
+            return found is not None and version > found.version and version % EVERY != 0
         return True
 
     def __call__(self) -> None:
@@ -226,7 +228,7 @@ def restarts_by_service(run_dir: Path) -> dict[str, int]:
 # each engine step waits STEP_DELAY_MS so that the run's training phase lasts seconds, not a
 # fraction of one: the faults land while samples are in flight
 STEP_DELAY_MS = 15
-EVERY = 2  # recovery checkpoint interval
+EVERY = 3  # recovery checkpoint interval: two steps between checkpoints for a kill to land in
 TWO = f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}]"
 CONFIGS = {
     "bounded": ["trainer.mode=bounded", "trainer.eta=2", "generation.instances=3", "weights.transport=relay",
@@ -298,7 +300,7 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
         result.ledger = report.to_json()
         result.duplicates = len(report.duplicate_samples)
         result.samples_lost = max(0, result.samples_expected - report.consumed_samples)
-        rolled_back = report.rolled_back_groups
+        rolled_back = result.rolled_back_groups = report.rolled_back_groups
     else:
         result.samples_lost = result.samples_expected
     revivals = run_dir / "learner-restarts.jsonl"

@@ -30,7 +30,8 @@ Measured per mode:
   (same random stream per prompt chunk); each async mode's paired difference to sync gets a 95%
   interval and a non-inferiority verdict with margin 25% of sync's gain (which must be >= 5
   standard errors for the test to have power); negative controls (the untrained warm start, and
-  any ``--controls`` modes such as ``bounded_16``) must be flagged;
+  the ``--controls`` modes: by default ``placebo``, sync at lr 1e-9, declared in ``e2e_core`` to be
+  judged *inferior*; ``bounded_16`` on request) must be flagged;
 - **staleness**: per consumed buffer, the distribution of trajectory staleness (groups by
   ``V_buf - V_traj``, StaleFlow Fig. 18) and violations of the mode's bound (sync 0, one_step 1,
   bounded eta); ``max_staleness_violations`` adds them up over Braid's modes and must be 0.
@@ -70,6 +71,9 @@ for _path in (ROOT, ROOT / "bench"):
 
 from e2e_core import (  # noqa: E402  (the pure helpers)
     MODES,
+    NEGATIVE_CONTROL_EXPECTED,
+    PLACEBO,
+    PLACEBO_LR,
     TARGET_FRACTION,
     assemble,
     buffer_staleness,
@@ -318,9 +322,10 @@ def main() -> int:
                         help=f"held-out prompts of the paired final evaluation (full: {FULL['paired_prompts']})")
     parser.add_argument("--paired-samples", type=int, default=None,
                         help=f"sampled completions per prompt in the paired evaluation (full: {FULL['paired_samples']})")
-    parser.add_argument("--controls", default="",
-                        help="comma-separated modes run as negative controls (e.g. bounded_16): judged like the "
-                             "async modes and expected to fail; the untrained warm start is always one")
+    parser.add_argument("--controls", default=PLACEBO,
+                        help=f"comma-separated modes run as negative controls: judged like the async modes and "
+                             f"expected to fail; the untrained warm start is always one. Default {PLACEBO} (sync at "
+                             f"lr {PLACEBO_LR:g}: must be judged {NEGATIVE_CONTROL_EXPECTED}); e.g. add bounded_16")
     parser.add_argument("--warmstart-steps", type=int, default=None,
                         help=f"SFT steps of the warm start (full: {FULL['warmstart_steps']}; quick: the config's own)")
     parser.add_argument("--target", type=float, default=None, help="fixed target accuracy (default: the rule)")

@@ -8,6 +8,15 @@ import math
 BOUNDED_ETAS = (1, 2, 4)
 BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
 MODES = (*BRAID_MODES, "trl")
+# The negative control declared before the run, and the verdict it must get (issue 34): sync with a
+# learning rate of 1e-9. It runs the whole pipeline and takes every optimizer step, but its policy
+# does not move, so its held-out accuracy stays at the warm start's: a placebo the non-inferiority
+# test must judge *inferior* (not merely "not non-inferior") whenever sync's gain has power.
+# (bounded_16, the control until 2026-11-28, came out non-inferior: staleness 16 does not hurt this
+# task, so it could not show that the test fails anything. Run it with --controls bounded_16.)
+PLACEBO = "placebo"
+PLACEBO_LR = 1e-9
+NEGATIVE_CONTROL_EXPECTED = "inferior"
 TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
 
 
@@ -22,6 +31,8 @@ def mode_overrides(mode: str, instances: int) -> list[str]:
         return [f"trainer.mode={mode}", f"generation.instances={instances}"]
     if mode == "trl":
         return ["trainer.mode=sync"]  # TRL is synchronous on-policy; only the shared fields matter to it
+    if mode == PLACEBO:
+        return ["trainer.mode=sync", f"trainer.lr={PLACEBO_LR:g}", f"generation.instances={instances}"]
     parts = mode.split("_")
     if parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit() or parts[2:] not in ([], ["partial"]):
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
@@ -60,7 +71,7 @@ def combine_repeats(first: dict, repeats: list[dict]) -> dict:
 
 def staleness_bound(mode: str) -> int:
     """The largest staleness a trained trajectory may have in ``mode``."""
-    if mode == "sync":
+    if mode in ("sync", PLACEBO):
         return 0
     if mode == "one_step":
         return 1
@@ -196,6 +207,8 @@ def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, 
         **({} if convergence is None else {
             "sync_gain_se": convergence["sync_gain_se"],
             "noninferiority": convergence["noninferiority"],
+            # the declared control's verdict (must be NEGATIVE_CONTROL_EXPECTED), and the old metric beside it
+            "negative_control_verdict": convergence["negative_control"].get(PLACEBO, {}).get("verdict"),
             "negative_control_flagged": convergence["negative_control_flagged"],
             "convergence": {k: v for k, v in convergence.items() if k != "noninferiority"},
         }),

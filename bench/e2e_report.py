@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bench.e2e_core import NEGATIVE_CONTROL_EXPECTED, PLACEBO, PLACEBO_LR
 from bench.report_io import provenance_line
 
 
@@ -150,7 +151,9 @@ def convergence_lines(result: dict) -> list[str]:
     for name, v in rows:
         lines.append(f"| {name} | {v['mean_accuracy']:.4f} | {v['diff']:+.4f} | "
                      f"[{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] | {v['verdict']} |")
-    lines += ["", f"Negative control flagged: **{conv['negative_control_flagged']}** (each control must not pass).", ""]
+    lines += ["", f"Declared negative control ({PLACEBO}: sync at lr {PLACEBO_LR:g}, every step taken, nothing "
+                  f"learned): **{result.get('negative_control_verdict')}** (must be {NEGATIVE_CONTROL_EXPECTED}). "
+                  f"Every control not passing (the earlier check): {conv['negative_control_flagged']}.", ""]
     return lines + previous_regime_lines(result)
 
 

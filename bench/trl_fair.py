@@ -22,8 +22,9 @@ zero-advantage groups while TRL trained every sample; TRL ran once. This benchma
   coefficient, gradient clip, iterations and checkpoint cadence: one resolved config for both,
   and TRL's resolved ``GRPOConfig`` is checked against it after every run (``trl_mismatches``);
 - **same cores**: 2. Braid pins its SGS to CPU 0 and its trainer to CPU 1 (one thread each, as
-  ``bench/e2e.py --pin``); TRL runs one process with 2 torch threads;
-- **repeats, interleaved**: ``--runs`` runs per system in the order Braid, TRL, Braid, TRL, ...;
+  ``bench/e2e.py --pin``); TRL runs one process on the same 2 cores, with 2 torch threads and, in the
+  same rounds, with 1 (``trl_thread_scaling``): Braid is compared with TRL at its faster thread count;
+- **repeats, interleaved**: ``--runs`` runs per system in the order Braid, TRL, TRL 1 thread, Braid, ...;
   run ``r`` of either system samples with seed ``r`` (``generation.seed``, ``trainer.seed``; same
   data order); ratios are per interleaved pair, reported as median and range.
 
@@ -101,9 +102,29 @@ def seed_overrides(r: int) -> list[str]:
     return [f"generation.seed={r}", f"trainer.seed={r}"]
 
 
+# TRL's thread scaling (issue 34): TRL runs with CORES torch threads (the matched peer) and with 1, in the
+# same interleaved rounds, each process on the same CORES cores; the comparison of record takes TRL at
+# whichever thread count gave it the higher median samples/s (the peer at its best settings)
+TRL_SYSTEMS = {"trl": CORES, "trl_1t": 1}  # system -> torch threads
+SYSTEMS = ("braid", *TRL_SYSTEMS)
+
+
 def interleaved(runs: int) -> list[tuple[str, int]]:
-    """The order of record: (braid, 0), (trl, 0), (braid, 1), (trl, 1), ..."""
-    return [(system, r) for r in range(runs) for system in ("braid", "trl")]
+    """The order of record: (braid, 0), (trl, 0), (trl_1t, 0), (braid, 1), ..."""
+    return [(system, r) for r in range(runs) for system in SYSTEMS]
+
+
+def best_trl(per: dict[str, list[dict]]) -> str:
+    """The TRL system (thread count) with the higher median samples/s."""
+    return max(TRL_SYSTEMS, key=lambda s: statistics.median(r["samples_per_s"] for r in per[s]))
+
+
+def thread_scaling(per: dict[str, list[dict]]) -> dict:
+    """TRL's samples/s at each thread count, and CORES threads over 1 per interleaved round."""
+    return {"threads": {str(t): spread([r["samples_per_s"] for r in per[s]]) for s, t in TRL_SYSTEMS.items()},
+            f"{CORES}_vs_1_threads": paired_ratio([r["samples_per_s"] for r in per["trl"]],
+                                                  [r["samples_per_s"] for r in per["trl_1t"]]),
+            "best_threads": TRL_SYSTEMS[best_trl(per)]}
 
 
 def matched_settings(cfg: dict, trl: dict) -> dict:
@@ -285,6 +306,8 @@ def e2e_entry(result: dict) -> dict:
                                                      "tokens_per_s")},
         "time_to_target_s": result["time_to_target_s"],
         "final_accuracy": {s: result["final_accuracy"][s]["mean"] for s in ("braid", "trl")},
+        "trl_threads_compared": result.get("trl_threads_compared"),
+        "trl_thread_scaling": result.get("trl_thread_scaling"),
         "matched": result["matched"],
         "still_differs": result["still_differs"],
         "provenance": result["provenance"],
@@ -352,8 +375,8 @@ def measure(system: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float,
     from eval_checkpoints import evaluate_run
 
     t0 = time.time()
-    if system == "trl":
-        run_trl_fair(run_dir, checkpoint, CORES, micro)
+    if system in TRL_SYSTEMS:
+        run_trl_fair(run_dir, checkpoint, TRL_SYSTEMS[system], micro)
     else:
         run_braid(run_dir, checkpoint)
     run_wall = time.time() - t0
@@ -361,7 +384,7 @@ def measure(system: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float,
     summary = json.loads((run_dir / "summary.json").read_text())
     cfg_json = cfg.model_dump(mode="json")
     extra: dict = {}
-    if system == "trl":
+    if system in TRL_SYSTEMS:
         rows = join_trl_lengths(rows, read_jsonl(run_dir / "trl_logs.jsonl"))
         bad = trl_mismatches(summary["grpo_config"], cfg_json, micro)
         if bad:
@@ -446,13 +469,14 @@ def main() -> int:
     print(f"matched: {samples} samples/step, micro batch {micro}, {iterations} steps, {runs} runs each", flush=True)
 
     work = Path(ns.work) / ("quick" if ns.quick else "full")
-    per: dict[str, list[dict]] = {"braid": [], "trl": []}
+    per: dict[str, list[dict]] = {system: [] for system in SYSTEMS}
     eval_key = {"prompts": n_eval, "seed": EVAL_SEED, "decoding": DECODING, "warm": list(warm)}
     for system, r in interleaved(runs):
         run_dir = work / f"{system}-r{r}"
         cfg = load_config(ns.config, shared + seed_overrides(r))
         settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
-                    "system": system, "trl": trl_args if system == "trl" else None}
+                    "system": system,
+                    "trl": {**trl_args, "threads": TRL_SYSTEMS[system]} if system in TRL_SYSTEMS else None}
         res = run_mode(system, run_dir, cfg, settings, ns.reuse,
                        functools.partial(measure, system, run_dir, cfg, checkpoint, warm, problems, micro))
         if res["status"] != "ok":
@@ -484,7 +508,14 @@ def main() -> int:
         "provenance": provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": shared,
                                                   "runs": runs, "trl": trl_args}, Path(ns.config).resolve(), BRAID_ENGINE),
     }
-    result = summarize(per["braid"], per["trl"], warm, meta)
+    meta["trl_thread_scaling"] = scaling = thread_scaling(per)
+    best = best_trl(per)
+    result = summarize(per["braid"], per[best], warm, meta)
+    result["trl_threads_compared"] = TRL_SYSTEMS[best]
+    if best != "trl":  # the matched peer's own comparison stays beside the one of record
+        result[f"samples_per_s_ratio_vs_trl_{CORES}_threads"] = paired_ratio(
+            [r["samples_per_s"] for r in per["braid"]], [r["samples_per_s"] for r in per["trl"]])
+    print(f"TRL thread scaling: {scaling['threads']}; compared with {TRL_SYSTEMS[best]} thread(s)", flush=True)
     out = results_dir(ns.out, ns.quick)
     print(write_results(out, "trl_fair", result, markdown, plot))
     set_json_key(out / "e2e.json", "trl_fair", e2e_entry(result))

@@ -52,6 +52,19 @@ def final_accuracy_note(result: dict) -> str:
             f"± {se:.3f}: {verdict}.")
 
 
+def _thread_lines(result: dict) -> list[str]:
+    """TRL's thread scaling (runs since 2026-11-28): which thread count the comparison took."""
+    sc = result.get("trl_thread_scaling")
+    if not sc:
+        return []
+    per = ", ".join(f"{t} thread{'s' if t != '1' else ''} {_f(v['median'])} [{_f(v['min'])}–{_f(v['max'])}]"
+                    for t, v in sc["threads"].items())
+    ratio = next(v for k, v in sc.items() if k.endswith("_vs_1_threads"))
+    return [f"TRL's samples/s on the same 2 cores, interleaved: {per}; more threads / 1 thread per round "
+            f"{_rs(ratio)}. The table compares Braid with TRL at {result.get('trl_threads_compared')} thread(s), "
+            "its faster setting.", ""]
+
+
 def markdown(result: dict) -> str:
     from bench.report_io import provenance_line
 
@@ -65,6 +78,7 @@ def markdown(result: dict) -> str:
         "transformers' stock attention). Braid's default vLLM engine is **not** matched here: TRL's vLLM path "
         "does not run on this CPU machine (see below).",
         "",
+        *_thread_lines(result),
         "| | Braid sync (hf engine) | TRL GRPOTrainer (generate) | Braid / TRL per pair: median [range] |",
         "|---|---|---|---|",
         f"| samples/s | {_f(sp['samples_per_s']['braid']['median'])} [{_f(sp['samples_per_s']['braid']['min'])}–"

@@ -22,7 +22,8 @@ streams cross the link too. *Limited*: ``tbf`` at 1 Gbit/s on both veth ends plu
 way (this kernel has no ``sch_netem``, so the delay is a user-space delay line in front of every
 cross-site service and data port: 20 ms RTT). *Unlimited*: the same namespaces and delay lines
 with no rate limit and no delay. Both runs use the same config (``one_step``, every sample
-forced to the same length so both generate the same work); the iteration time is the median of
+forced to the same length so both generate the same work, every group trained: no zero-advantage
+skipping, a KL term, so each step is a real backward pass; ``trained_samples`` says so); the iteration time is the median of
 ``iteration_time_s`` after the first two iterations (connection set-up; the mean is kept too).
 Runs alternate the order; the full run repeats each condition REPS (6) times, ITERATIONS (30)
 iterations each, and takes medians
@@ -66,6 +67,10 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
         # every sample exactly FORCED_LENGTH tokens: a random policy's lengths vary from run to run, and the
         # iteration time with them; fixed, both links generate the same work and only the weight sync differs
         "generation.forced_lengths=true", f"forced_length_ramp.start={FORCED_LENGTH}", "forced_length_ramp.per_iteration=0",
+        # real optimizer steps on every sample (issue 34): the random policy's groups all score 0, and were all
+        # skipped until 2026-11-28 (~5 ms of training an iteration); now every group trains, with a KL term
+        # so the gradient is not zero, and the training site's time is a real backward pass over 32 samples
+        "trainer.skip_zero_advantage_groups=false", "trainer.kl_coef=0.01",
     ])
     path = work / f"xsite-{mode}.json"
     write_config(cfg, path)
@@ -168,6 +173,8 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
             "iteration_times_s": [round(r["iteration_time_s"], 3) for r in rows],
             "gen_time_s": statistics.mean(r["gen_time_s"] for r in rows[WARMUP:]),
             "train_time_s": statistics.mean(r["train_time_s"] for r in rows[WARMUP:]),
+            "trained_samples": sum(r["trained_samples"] for r in rows),
+            "grad_norm_mean": statistics.mean(r["grad_norm"] for r in rows),
             "iterations": len(rows), "tx_bytes": tx, "versions_at_gen_site": committed, "grpc_fallbacks": fallbacks,
             "push_stall_s": statistics.mean(r["push_stall_s"] for r in rows),
         }

@@ -7,12 +7,14 @@ from bench.chaos_run import RunResult, recovery_seconds, staleness_violations
 
 
 def _run(name, faults, recovery=None, completed=True, lost=0, dup=0, violations=0, weights_ok=True, config="bounded",
-         readmitted=None, trajectories_lost=0, revivals=None):
+         readmitted=None, trajectories_lost=0, revivals=None, ledger_ok=True, rolled_back=None):
     readmitted = int("kill:sgs" in faults) if readmitted is None else readmitted
+    rolled_back = int("kill:trainer" in faults) if rolled_back is None else rolled_back
     revivals = [{"replayed_steps": 1}] if revivals is None and "kill:learner" in faults else revivals or []
     return RunResult(name, completed=completed, faults=faults, recovery_s=recovery, samples_lost=lost,
                      duplicates=dup, violations=violations, weights={"ok": weights_ok}, config=config,
-                     instances_readmitted=readmitted, trajectories_lost=trajectories_lost, learner_revivals=revivals)
+                     instances_readmitted=readmitted, trajectories_lost=trajectories_lost, learner_revivals=revivals,
+                     ledger={"ok": ledger_ok}, rolled_back_groups=rolled_back)
 
 
 def test_summary_counts_faults_and_groups_recovery_by_component_and_pair():
@@ -55,6 +57,17 @@ def test_a_lost_trajectory_a_missing_readmission_or_an_unreplayed_learner_kill_f
     for bad in (_run("x", ["kill:learner"], trajectories_lost=8), _run("x", ["kill:sgs"], config="sync", readmitted=0),
                 _run("x", ["kill:learner"], revivals=[{"replayed_steps": 0}])):
         assert not passed(summarize([*base, bad])), bad
+
+
+def test_a_broken_ledger_or_a_trainer_kill_that_rolled_nothing_back_fails_the_suite():
+    base = [_run("a", ["kill:sgs"], 1.0), _run("t", ["kill:trainer"], 2.0)]
+    s = summarize(base)
+    assert s["ledger_ok"] and s["rollback_exercised"] and s["rolled_back_groups"] == {"t": 1} and passed(s)
+    s = summarize([*base, _run("x", ["kill:relay"], ledger_ok=False)])
+    assert not s["ledger_ok"] and s["ledger_failures"] == ["x"] and not passed(s)
+    s = summarize([*base, _run("y", ["kill:relay", "kill:trainer"], rolled_back=0)])  # it landed on a checkpoint
+    assert s["rollback_exercised"] is False and not passed(s)
+    assert summarize([_run("a", ["kill:sgs"])])["rollback_exercised"] is None  # no trainer kill: nothing to judge
 
 
 def test_recovery_is_measured_to_the_first_step_finished_after_the_fault():

@@ -76,3 +76,17 @@ def test_replay_section_is_rendered_from_its_own_entry_and_recorded_lengths_are_
     text = "\n".join(co.replay_lines({"workloads": {"replay": entry}}))
     assert "**0.900x** [0.900–0.900]" in text and "Goal >= 1.15x: **missed** by the median (per round: 0.900x)" in text
     assert "p50 8, p90 33, p99 192" in text and "x 0.09375" in text
+
+
+def test_the_headline_is_the_declared_configuration_and_the_others_carry_their_loss_against_it():
+    def config(n: int, none_tps: list[float]) -> dict:
+        runs = {"none": [_run(t, 10, 0.3) for t in none_tps], "repack": [_run(t * 1.2, 10, 0.4, 2, 0.01) for t in none_tps]}
+        return {**co.summarize(runs), "runs": runs, "settings": {"instances": n}}
+
+    head = co.headline({2: config(2, [100, 110, 90]), 4: config(4, [50, 60, 45])})
+    assert co.RECORD_INSTANCES == 2 and head["settings"]["instances"] == 2
+    assert head["record_configuration"] == {"instances": 2, "measured": True}
+    other = head["other_configurations"]["instances_4"]
+    assert other["none_tokens_per_s_vs_record"]["median"] == pytest.approx(0.5)  # 0.5, 0.545, 0.5
+    only_four = co.headline({4: config(4, [50, 60, 45])})
+    assert only_four["record_configuration"]["measured"] is False and only_four["other_configurations"] == {}

@@ -125,12 +125,23 @@ def test_assemble_has_the_issue_fields_for_every_mode_and_survives_failures():
 def test_assemble_reports_the_noninferiority_test():
     per_mode = {"sync": _ok(50.0), "one_step": _ok(70.0), "bounded_2": _ok(80.0)}
     conv = {"sync_gain_se": 6.0, "negative_control_flagged": True, "margin": 0.01,
-            "noninferiority": {"one_step": {"verdict": "non-inferior"}, "bounded_2": {"verdict": "inconclusive"}}}
+            "noninferiority": {"one_step": {"verdict": "non-inferior"}, "bounded_2": {"verdict": "inconclusive"}},
+            "negative_control": {"untrained": {"verdict": "inferior"}, "placebo": {"verdict": "inconclusive"}}}
     result = core.assemble(list(per_mode), per_mode, 0.45, {}, conv)
+    assert result["negative_control_verdict"] == "inconclusive"  # the declared control's own, not the untrained's
     assert result["targets"]["async_noninferior_to_sync"] == {"one_step": True, "bounded_2": False}
     assert result["sync_gain_se"] == 6.0 and result["negative_control_flagged"] is True
     assert result["noninferiority"]["bounded_2"]["verdict"] == "inconclusive"
     assert result["convergence"]["margin"] == 0.01 and "noninferiority" not in result["convergence"]
+
+
+def test_the_placebo_control_is_sync_at_a_learning_rate_that_moves_nothing():
+    over = core.mode_overrides(core.PLACEBO, 2)
+    assert over == ["trainer.mode=sync", "trainer.lr=1e-09", "generation.instances=2"]
+    assert core.staleness_bound(core.PLACEBO) == 0 and core.NEGATIVE_CONTROL_EXPECTED == "inferior"
+    from services.common.config import RunConfig, apply_overrides
+
+    assert RunConfig.model_validate(apply_overrides({}, over)).trainer.lr == 1e-9
 
 
 def test_assemble_counts_violations_and_misses():

@@ -157,7 +157,19 @@ def test_summarize_pairs_runs_in_order_and_e2e_entry_keeps_the_checked_fields(tm
 
 
 def test_interleaved_order():
-    assert tf.interleaved(2) == [("braid", 0), ("trl", 0), ("braid", 1), ("trl", 1)]
+    assert tf.interleaved(2) == [("braid", 0), ("trl", 0), ("trl_1t", 0), ("braid", 1), ("trl", 1), ("trl_1t", 1)]
+
+
+def test_trl_is_compared_at_its_faster_thread_count():
+    def runs(*sps):
+        return [{"samples_per_s": x} for x in sps]
+
+    per = {"braid": runs(10, 11), "trl": runs(5.0, 5.2), "trl_1t": runs(5.5, 5.4)}
+    assert tf.best_trl(per) == "trl_1t"
+    scaling = tf.thread_scaling(per)
+    assert scaling["best_threads"] == 1 and scaling["threads"]["1"]["median"] == 5.45
+    assert scaling["2_vs_1_threads"]["per_repeat"] == [5.0 / 5.5, 5.2 / 5.4]
+    assert tf.best_trl({**per, "trl": runs(6, 6)}) == "trl"
     assert tf.seed_overrides(2) == ["generation.seed=2", "trainer.seed=2"]
 
 

@@ -50,6 +50,9 @@ def commit_status() -> tuple[str, str]:
         # checkout, so git there names an older commit, dirty): the caller says which commit it is
         return source, os.environ.get("BRAID_SOURCE_STATUS", "unknown")
     status = git("status", "--porcelain")
+    if status is not None:  # results other benchmarks wrote (not yet committed) are not the measured code
+        status = "\n".join(line for line in status.splitlines()
+                            if not line.split(None, 1)[-1].startswith("bench/results/"))
     return git("rev-parse", "HEAD") or "unknown", "unknown" if status is None else status
 
 

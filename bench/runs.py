@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     previous = json.loads((out / "runs.json").read_text()) if (out / "runs.json").is_file() else {}
     runs, seconds = dict(previous.get("runs") or {}), {}
+    # each run is a part: measured now, or carried from the previous file with the provenance it had there
+    earlier = {**previous.get("runs", {}), "parts": previous.get("parts"), "provenance": previous.get("provenance")}
+    result: dict = {}
     for name in names:
         t0 = time.time()
         runs[name] = run_one(name, work, ns.quick)
@@ -148,13 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         r = runs[name]
         print(f"[runs] {name}: {r['warmstart_accuracy']:.3f} -> {r['final_accuracy']:.3f} "
               f"({r['gain_in_stderr']:.1f} s.e.) in {seconds[name]:.0f} s", flush=True)
-    runs = {n: runs[n] for n in RUNS if n in runs}
-    result = {"goal_se": GOAL_SE, "runs": runs, "all_goals_met": all(r["goal_met"] for r in runs.values()),
-              "provenance": prov}
-    # each run is a part: measured now, or carried from the previous file with the provenance it had there
-    earlier = {**previous.get("runs", {}), "parts": previous.get("parts"), "provenance": previous.get("provenance")}
-    result["parts"] = parts_record({n: n for n in RUNS}, seconds, earlier, prov)
-    print(write_results(out, "runs", result, markdown, plot))
+        done = {n: runs[n] for n in RUNS if n in runs}
+        result = {"goal_se": GOAL_SE, "runs": done, "all_goals_met": all(x["goal_met"] for x in done.values()),
+                  "provenance": dict(prov)}
+        result["parts"] = parts_record({n: n for n in RUNS}, seconds, earlier, result["provenance"])
+        text = write_results(out, "runs", result, markdown, plot)  # after every run: a stopped bench keeps what ran
+    print(text)
     return 0 if result["all_goals_met"] else 1
 
 

@@ -62,9 +62,16 @@ class WeightPublisher:
         return snap
 
     def offer(self, version: int, snap) -> None:
-        """Offer a snapshot to every instance (each pusher sends the newest it was offered)."""
+        """Offer a snapshot to every instance (each pusher sends the newest it was offered). A pusher
+        whose instance is gone raises here when failures are fatal; otherwise it is passed over: the
+        workflow finds its ``error``, loses the instance and renews the pusher when it is back (an
+        agentic run offered the next version before its tick had seen the failure, and died of it)."""
         for p in self.pushers:
-            p.offer(version, snap)
+            try:
+                p.offer(version, snap)
+            except RuntimeError:
+                if self.push_errors_fatal:
+                    raise
 
     @property
     def published(self) -> int:

@@ -141,3 +141,17 @@ def test_a_result_measured_on_a_dirty_tree_is_never_written_as_of_record(tmp_pat
     assert of_record_or_scratch(RESULTS, {"provenance": {"dirty": True}}) == SCRATCH
     assert of_record_or_scratch(RESULTS, {"provenance": {"dirty": False}}) == RESULTS
     assert of_record_or_scratch(tmp_path, {"provenance": {"dirty": True}}) == tmp_path
+
+
+def test_results_other_benchmarks_wrote_do_not_make_the_tree_dirty(monkeypatch):
+    monkeypatch.delenv("BRAID_SOURCE_COMMIT", raising=False)
+    outputs = {("rev-parse", "HEAD"): "abc"}
+
+    def fake_git(*args):
+        return outputs.get(args, status)
+
+    monkeypatch.setattr(report_io, "git", fake_git)
+    status = "M bench/results/chaos.json\n M bench/results/chaos.md\n?? bench/results/runs.json"  # git() strips
+    assert report_io.commit_status() == ("abc", "")
+    status = "M bench/results/chaos.json\n M services/rollout/publisher.py"
+    assert report_io.commit_status() == ("abc", " M services/rollout/publisher.py")

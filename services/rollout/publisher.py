@@ -88,8 +88,16 @@ class WeightPublisher:
                 p.raise_if_failed()
 
     def wait(self, version: int, timeout_s: float = 600) -> None:
+        """Block until every instance has ``version`` (or newer); one whose push failed is not waited
+        for when failures are not fatal (a lost instance: the run's end must not die of it)."""
         for p in self.pushers:
-            p.wait(version, timeout_s)
+            if p.error is not None and not self.push_errors_fatal:
+                continue
+            try:
+                p.wait(version, timeout_s)
+            except RuntimeError:
+                if self.push_errors_fatal or p.error is None:  # a timeout, or failures that end the run
+                    raise
 
     def close(self) -> None:
         for p in self.pushers:

@@ -44,6 +44,7 @@ def test_a_lost_instance_is_passed_over_when_the_workflow_survives_lost_instance
         publisher.pushers[0].wait(2, 30)
         assert transport.delivered == {"a": [1, 2]}
         assert publisher.pushers[1].error is not None  # left for the workflow to find and lose the instance
+        publisher.wait(2, 30)  # the end of the run waits for the live instances only
     finally:
         publisher.close()
 
@@ -53,5 +54,7 @@ def test_a_failed_push_ends_the_run_where_failures_are_fatal():
     try:
         with pytest.raises(RuntimeError, match="weight push failed"):
             publisher.offer(2, object())
+        with pytest.raises(RuntimeError, match="weight push failed"):
+            publisher.wait(1, 30)
     finally:
         publisher.close()

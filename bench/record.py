@@ -88,7 +88,7 @@ def measured_paths(script: str) -> list[str]:
 
 def code_ids(paths: list[str], rev: str = "HEAD") -> dict[str, str | None]:
     """The git object id of each path at ``rev`` (None: not there)."""
-    listed = git("ls-tree", "--full-tree", rev, "--", *paths) or "" if paths else ""
+    listed = (git("ls-tree", "--full-tree", rev, "--", *paths) or "") if paths else ""
     ids = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listed.splitlines())}
     return {p: ids.get(p) for p in paths}
 
@@ -169,46 +169,49 @@ def stale_listed(readme: str) -> dict[str, str]:
     return dict(rows)
 
 
-def check(results: Path = RESULTS, readme: Path = README) -> list[str]:
+def judge_all(results: Path = RESULTS) -> dict[str, list[str]]:
+    """Every results file's problems (empty: fresh), by file name."""
+    return {path.name: judge_file(path) for path in sorted(results.glob("*.json"))}
+
+
+def check(results: Path = RESULTS, readme: Path = README, judged: dict[str, list[str]] | None = None) -> list[str]:
     """Every disagreement between the results' freshness and the README's stale table."""
     listed = stale_listed(readme.read_text())
     bad = []
-    for path in sorted(results.glob("*.json")):
-        problems = judge_file(path)
-        if problems and path.name not in listed:
-            bad.append(f"{path.name} is stale but the README does not say so: {'; '.join(problems)}")
-        elif not problems and path.name in listed:
-            bad.append(f"{path.name} is fresh but the README lists it as stale")
+    for name, problems in (judged if judged is not None else judge_all(results)).items():
+        if problems and name not in listed:
+            bad.append(f"{name} is stale but the README does not say so: {'; '.join(problems)}")
+        elif not problems and name in listed:
+            bad.append(f"{name} is fresh but the README lists it as stale")
     bad += [f"the README lists {name}, which is not a results file" for name in listed
             if not (results / name).is_file()]
     return bad
 
 
-def stale_table(results: Path = RESULTS) -> str:
-    rows = [(p.name, judge_file(p)) for p in sorted(results.glob("*.json"))]
+def stale_table(judged: dict[str, list[str]]) -> str:
     lines = ["| results file | why it is stale |", "|---|---|"]
-    lines += [f"| `{name}` | {'; '.join(problems).replace('|', '/')} |" for name, problems in rows if problems]
+    lines += [f"| `{name}` | {'; '.join(problems).replace('|', '/')} |" for name, problems in judged.items() if problems]
     return "\n".join(lines) + "\n"
 
 
-def write_readme(readme: Path = README, results: Path = RESULTS) -> None:
+def write_readme(judged: dict[str, list[str]], readme: Path = README) -> None:
     text = readme.read_text()
     if not _STALE.search(text):
         raise SystemExit(f"{readme} has no <!--stale-begin--> ... <!--stale-end--> section")
-    readme.write_text(_STALE.sub(lambda _: f"<!--stale-begin-->\n{stale_table(results)}<!--stale-end-->", text))
+    readme.write_text(_STALE.sub(lambda _: f"<!--stale-begin-->\n{stale_table(judged)}<!--stale-end-->", text))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args == ["--write"]:
-        write_readme()
-    elif args:
+    if args not in ([], ["--write"]):
         print(__doc__)
         return 2
-    for path in sorted(RESULTS.glob("*.json")):
-        problems = judge_file(path)
-        print(f"{path.name:28s} {'fresh' if not problems else 'STALE: ' + '; '.join(problems)}")
-    bad = check()
+    judged = judge_all()  # each file judged once (git calls per provenance block)
+    if args == ["--write"]:
+        write_readme(judged)
+    for name, problems in judged.items():
+        print(f"{name:28s} {'fresh' if not problems else 'STALE: ' + '; '.join(problems)}")
+    bad = check(judged=judged)
     print("\n".join(bad) if bad else "README's stale table agrees with the results")
     return 1 if bad else 0
 

@@ -5,7 +5,8 @@ records ``code``: the git object id, at the measured commit, of each path on the
 measured path (``measured_paths``: the bench modules it imports, the project's code the runs it
 starts execute, the lock). A result is **fresh** when its tree was clean, its script's recorded
 hash is the script's at its commit, and every path on its measured path still has the recorded
-id at HEAD. Anything else is **stale**, and README.md must say so: its stale table (between
+id at HEAD (a block written before ``code`` existed: the ids of its script's measured path at its
+commit, read from git). Anything else is **stale**, and README.md must say so: its stale table (between
 ``<!--stale-begin-->`` and ``<!--stale-end-->``) lists exactly the results files that are not
 fresh, each with the reasons. ``tests/unit/test_record.py`` holds the README to that, and fails on
 a planted mismatch.
@@ -38,6 +39,9 @@ PURE = {"bench/allocator.py": ("allocator", "deploy/clusters", "deploy/workloads
 PACKAGES = ("bench", "services", "flows", "allocator", "ranker")
 # how results are written and judged, not what they measure
 NOT_MEASURED = ("bench/report_io.py", "bench/record.py", "bench/headlines.py")
+# an earlier regime's verdicts kept beside the new ones (DESIGN.md §5: a changed definition keeps
+# the old metric beside the new): history with its own provenance, not a result of record
+HISTORY = ("previous_regime",)
 _STALE = re.compile(r"<!--stale-begin-->\n(?P<table>.*?)<!--stale-end-->", re.S)
 
 
@@ -108,13 +112,14 @@ def script_of(block: dict) -> str | None:
 
 
 def blocks(doc: object, where: str = "") -> list[tuple[str, dict]]:
-    """Every provenance block in a results document, with its key path (``.`` for the top one)."""
+    """Every provenance block in a results document, with its key path (``.`` for the top one);
+    history kept beside the results (``HISTORY``) is not judged."""
     found = []
     if isinstance(doc, dict):
         if isinstance(doc.get("provenance"), dict):
             found.append((where or ".", doc["provenance"]))
         for key, value in doc.items():
-            if key != "provenance":
+            if key != "provenance" and key not in HISTORY:
                 found += blocks(value, f"{where}/{key}")
     return found
 
@@ -135,6 +140,9 @@ def judge_block(block: dict) -> list[str]:
         elif hashlib.sha256(at_commit).hexdigest()[:16] != block.get("script_sha256"):
             problems.append(f"its script hash is not {script}'s at commit {commit[:8]}")
     code = block.get("code")
+    if (not isinstance(code, dict) or not code) and not problems and script and (ROOT / script).is_file():
+        code = code_ids(measured_paths(script), commit)  # an older block: its measured path at its commit
+        code = code if any(code.values()) else None
     if not isinstance(code, dict) or not code:
         problems.append("records no ids of the code it measured")
     else:

@@ -50,7 +50,7 @@ def test_a_run_measured_on_the_committed_code_is_fresh(tmp_path):
 @pytest.mark.parametrize("plant, problem", [
     ({"script_sha256": "0" * 16}, f"its script hash is not {SCRIPT}'s at commit"),
     ({"dirty": True}, "measured on a dirty tree"),
-    ({"code": None}, "records no ids of the code it measured"),
+    ({"code": None, "commit": "unknown"}, "records no ids of the code it measured"),
     ({"script_sha256": None}, "records no hash of its script"),
     ({"measured_in_this_run": False}, "parts carried"),
 ])
@@ -68,6 +68,31 @@ def test_code_changed_on_the_measured_path_makes_the_result_stale(tmp_path):
     results = _results(tmp_path, a=block)
     [problem] = judge_file(results / "a.json")
     assert problem.startswith("code on its measured path changed since") and problem.endswith(": services")
+
+
+def _block_at(commit: str) -> dict:
+    """A clean run's block at ``commit``, written before blocks recorded ``code``."""
+    script = subprocess.run(["git", "show", f"{commit}:{SCRIPT}"], capture_output=True, cwd=ROOT, check=True).stdout
+    return {"commit": commit, "dirty": False, "script": SCRIPT, "script_sha256": hashlib.sha256(script).hexdigest()[:16],
+            "date": "2026-11-28T00:00:00+00:00", "measured_in_this_run": True}
+
+
+def test_a_block_without_code_ids_is_judged_by_its_measured_path_at_its_commit(tmp_path):
+    assert judge_file(_results(tmp_path, a=_block_at(_head())) / "a.json") == []  # nothing changed since
+    touched = subprocess.run(["git", "log", "-1", "--format=%H", "--", "services"], capture_output=True, text=True,
+                             cwd=ROOT, check=True).stdout.strip()
+    before = tmp_path / "before"
+    before.mkdir()
+    [problem] = judge_file(_results(before, a=_block_at(f"{touched}~1")) / "a.json")
+    assert problem.startswith("code on its measured path changed since") and "services" in problem
+
+
+def test_history_kept_beside_the_results_is_not_judged(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    old = {**_fresh_block(), "dirty": True, "code": None}
+    (results / "a.json").write_text(json.dumps({"provenance": _fresh_block(), "previous_regime": {"provenance": old}}))
+    assert judge_file(results / "a.json") == []
 
 
 def test_a_script_hash_that_no_commit_holds_is_caught_in_a_nested_block(tmp_path):

@@ -1,4 +1,4 @@
-"""bench/trl_fair.py's pure helpers: settings matching, TRL's resolved config check, the steady
+"""bench/trl_fair.py's pure part (bench/trl_fair_core.py): settings matching, TRL's resolved config check, the steady
 rates (one definition for both systems), target and time-to-target, paired ratios, e2e.json update."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ for _p in (ROOT, ROOT / "bench"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import trl_fair as tf  # noqa: E402
+import trl_fair  # noqa: E402
+import trl_fair_core as tf  # noqa: E402
 import trl_fair_report as tfr  # noqa: E402
 from e2e_core import pin_overrides  # noqa: E402
 
@@ -27,7 +28,7 @@ TRL = {"micro_batch": 64, "threads": 2, "generation": "generate", "prompt_tokens
 def _cfg(*extra: str) -> dict:
     blocks = tf.static_batch_blocks(256, 19, 192, 32)
     over = tf.shared_overrides(30, 10, 500, blocks) + pin_overrides(True) + list(extra)
-    return load_config(tf.CONFIG, over).model_dump(mode="json")
+    return load_config(trl_fair.CONFIG, over).model_dump(mode="json")
 
 
 def test_static_batch_blocks_hold_a_whole_step():

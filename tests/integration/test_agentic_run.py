@@ -139,7 +139,7 @@ def test_a_multi_turn_run_with_affinity_scales_out(tmp_path, tiny_checkpoint):
     scale-out event: a slow instance puts generation behind, the controller adds one (it joins pool
     ``a``, scaleout_pool), the runner brings it to the newest weights and places turns on it."""
     cfg, summary, rows, trajs = _run(tmp_path, tiny_checkpoint, [
-        "generation.instances=1", "generation.dispatch.router='off'", "trainer.mode=one_step", "trainer.iterations=6",
+        "generation.instances=1", "generation.dispatch.router='off'", "trainer.mode=one_step", "trainer.iterations=10",
         "generation.pools=[{name: a, instances: [0]}]", "generation.affinity={calculator: a}",
         "generation.step_delay_ms=[40]", "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1",
         "scaleout.cooldown=1", "scaleout.scale_in=false"])

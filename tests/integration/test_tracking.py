@@ -136,8 +136,12 @@ def test_wandb_offline_keeps_the_run_for_a_later_sync(tracked_run, tmp_path):
     assert record["failed"] == {} and record["wandb"]["mode"] == "offline" and record["rows_logged"] == 2
     [offline] = (run_dir / "wandb").glob(f"offline-run-*-{record['wandb']['run_id']}")
     [log] = offline.glob("*.wandb")
+    names = (b"reward_mean", b"final_accuracy", b"staleness_mean", b"group_size")
+    deadline = time.monotonic() + 60  # W&B's service writes the log after finish() returns (seen under load)
+    while not all(n in log.read_bytes() for n in names) and time.monotonic() < deadline:
+        time.sleep(0.5)
     data = log.read_bytes()  # the run's records, which `wandb sync` uploads: every name is there
-    for name in (b"reward_mean", b"final_accuracy", b"staleness_mean", b"group_size"):
+    for name in names:
         assert name in data, name
     assert list((offline / "files" / "media" / "images" / "report").glob("learning_curve_*.png"))
     assert (offline / "files" / "report.md").exists()

@@ -18,6 +18,7 @@ a planted mismatch.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import re
@@ -83,6 +84,7 @@ def import_closure(script: str) -> set[str]:
     return seen
 
 
+@functools.cache  # judged once per script, not once per provenance block (callers never mutate it)
 def measured_paths(script: str) -> list[str]:
     """What ``script``'s results depend on, as repository paths (files and directories)."""
     paths = (set(import_closure(script)) - set(NOT_MEASURED)) | set(ALWAYS)

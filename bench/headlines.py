@@ -11,6 +11,10 @@ spec and reports every marker whose number in the text differs, or whose file or
 whose numbers moved fails the tests until the prose says what the results say.
 
     python bench/headlines.py            # list every marked number and whether it agrees
+    python bench/headlines.py --fix      # rewrite each disagreeing number to the results' value
+
+``--fix`` changes only the marked numbers: the words around them (a range, "met", "missed", a
+comparison) are the writer's to re-read, and it prints every line it changed for that.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MARKER = re.compile(r"<!--@(?P<file>[\w.-]+\.json) (?P<key>[^\s>]+) (?P<fmt>[^\s>]+)-->")
 UNITS = " x*"  # what may stand between the number and its marker
+NUMBER = re.compile(r"[-+]?(?:\d[\d,]*)?\.?\d+%?$")  # a quoted number, at the end of the text before a marker
 DOCS = ("README.md", "docs/*.md")
 
 
@@ -88,6 +93,25 @@ def check(text: str, where: str = "", results: Path = RESULTS) -> list[Headline]
     return out
 
 
+def fix(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
+    """``text`` with every disagreeing marked number replaced by its results' value, and a line per
+    change (``old -> new`` with the marker's key). A marker whose file or key is missing, or with no
+    number before it, is left for the writer."""
+    out, changes, pos = [], [], 0
+    for m in MARKER.finditer(text):
+        before = text[max(0, m.start() - 40) : m.start()]
+        expected, problem = _judge(m["file"], m["key"], m["fmt"], before, results)
+        stripped = text[pos : m.start()].rstrip(UNITS)
+        number = NUMBER.search(stripped)
+        if problem and expected is not None and number:
+            out.append(text[pos : pos + number.start()] + expected + text[pos + len(stripped) : m.end()])
+            changes.append(f"{m['file']} {m['key']}: {number.group()} -> {expected}")
+        else:
+            out.append(text[pos : m.end()])
+        pos = m.end()
+    return "".join(out) + text[pos:], changes
+
+
 def documents(root: Path = ROOT) -> list[Path]:
     return sorted(p for pattern in DOCS for p in root.glob(pattern))
 
@@ -97,6 +121,12 @@ def check_all(root: Path = ROOT) -> list[Headline]:
 
 
 def main() -> int:
+    if "--fix" in sys.argv[1:]:
+        for doc in documents():
+            text, changes = fix(doc.read_text())
+            if changes:
+                doc.write_text(text)
+                print("\n".join(f"fixed {doc.relative_to(ROOT)}: {c}" for c in changes))
     headlines = check_all()
     for h in headlines:
         print(f"{'ok ' if h.ok else 'BAD'} {h.where}: {h.file} {h.key} = {h.expected}" + (f"  ({h.problem})" if h.problem else ""))

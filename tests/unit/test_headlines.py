@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.headlines import check, check_all
+from bench.headlines import check, check_all, fix
 
 
 @pytest.fixture
@@ -47,3 +47,13 @@ def test_every_marked_headline_agrees_with_its_results():
     assert not bad, "headline numbers disagree with bench/results (re-run bench/headlines.py):\n" + "\n".join(bad)
     quoted = {h.file for h in headlines}
     assert {"pipeline.json", "e2e.json", "engine.json"} <= quoted
+
+
+def test_fix_rewrites_only_the_disagreeing_numbers(results):
+    text = ("ratio **1.60<!--@r.json a.b .2f-->x** [11.50<!--@r.json a.b .2f-->], n = 3<!--@r.json n d--> of 7, "
+            "share 30%<!--@r.json a.list.0 .0%-->, gone 2.0<!--@gone.json a.b .2f-->")
+    fixed, changes = fix(text, results)
+    assert fixed == ("ratio **1.50<!--@r.json a.b .2f-->x** [1.50<!--@r.json a.b .2f-->], n = 3<!--@r.json n d--> of 7, "
+                     "share 25%<!--@r.json a.list.0 .0%-->, gone 2.0<!--@gone.json a.b .2f-->")
+    assert changes == ["r.json a.b: 1.60 -> 1.50", "r.json a.b: 11.50 -> 1.50", "r.json a.list.0: 30% -> 25%"]
+    assert [h for h in check(fixed, "t", results) if not h.ok and "gone" not in h.file] == []

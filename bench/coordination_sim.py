@@ -170,7 +170,7 @@ def write(path: Path, doc: dict, predicted: float, error: float, detail: dict, o
     """Set only the simulator's keys (the measured fields stay as they are)."""
     set_json_key(path, "sim_predicted_gen_throughput", predicted)
     set_json_key(path, "sim_vs_measured_error", error)
-    set_json_key(path, "sim_status", status(error, detail, others))
+    set_json_key(path, "sim_status", status(error, detail, others, doc))
     set_json_key(path, "sim", detail)
     oc = json.loads(path.read_text()).get("other_configurations") or {}
     for key, o in others.items():
@@ -183,23 +183,39 @@ def write(path: Path, doc: dict, predicted: float, error: float, detail: dict, o
     path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
 
 
-def status(error: float, detail: dict, others: dict) -> str:
+def _direction(predicted: float, measured: float) -> str:
+    """How a predicted repack/none ratio reads against the measured one, in words."""
+    def sign(r: float) -> str:
+        return "a gain" if r > 1.02 else "a loss" if r < 0.98 else "no change"
+
+    p, m = sign(predicted), sign(measured)
+    return f"predicts {p}, as measured" if p == m else f"predicts {p} where the runs measured {m}"
+
+
+def status(error: float, detail: dict, others: dict, doc: dict) -> str:
+    """The simulator's verdict, every clause from the numbers (the headline's instance count first)."""
     c = detail["calibration"]
     verdict = "within" if error <= 0.15 else "outside"
-    other = "; ".join(
-        f"{o['instances']} instances: predicted {o['predicted']['ratio']:.3f}x vs measured {o['measured']:.3f}x "
-        f"(error {o['error']:.1%}, per seed {min(o['predicted']['ratios']):.2f}-{max(o['predicted']['ratios']):.2f}x)"
-        for o in others.values())
-    none2 = statistics.median(r["none"][0] for o in others.values() for r in o["predicted"]["runs"]) if others else 0.0
+    n_head = doc["settings"]["instances"]
+    head = f"{n_head} instances: {_direction(detail['headline']['ratio'], doc['repack_vs_none_gen_throughput'])}"
+    clauses = []
+    for key, o in others.items():
+        measured_none = statistics.median(r["tokens_per_s"] for r in doc["other_configurations"][key]["runs"]["none"])
+        predicted_none = statistics.median(r["none"][0] for r in o["predicted"]["runs"])
+        clauses.append(
+            f"{o['instances']} instances: predicted {o['predicted']['ratio']:.3f}x vs measured {o['measured']:.3f}x "
+            f"(error {o['error']:.1%}, per seed {min(o['predicted']['ratios']):.2f}-{max(o['predicted']['ratios']):.2f}x; "
+            f"{_direction(o['predicted']['ratio'], o['measured'])}); calibrated at {n_head} instances, it puts their none "
+            f"run at {predicted_none:.0f} tokens/s, {'above' if predicted_none > measured_none else 'below'} the "
+            f"{measured_none:.0f} measured")
     return (f"allocator/repack_sim.py: bounded mode (StalenessManager, instances_to_sync, pick_instance, RepackCoordinator "
             f"as live) on instances sharing one core (processor sharing of vLLM step costs fitted to engine.json), "
             f"migration as Interrupt + re-prefill, coordinator blocked by backward micro-batches (train profile); "
-            f"calibrated only from the none runs (cpu_scale {c['cpu_scale']:.2f} to their median tokens/s, "
-            f"{c['runaway_share']:.3f} of samples run to the cap to match their mean length); prediction error "
-            f"{error:.1%}, {verdict} the 15% target. {other}: the model predicts a gain the measurement does not "
-            f"resolve; it leaves out per-process CPU costs that do not scale with decode steps (calibrated at 4 "
-            f"instances, it puts 2-instance none at {none2:.0f} tokens/s, below what that run measured), "
-            f"gRPC/Interrupt latency beyond a fixed hop, and the coordinator's per-sample work (scoring, streams)")
+            f"calibrated only from the none runs of {n_head} instances (cpu_scale {c['cpu_scale']:.2f} to their median "
+            f"tokens/s, {c['runaway_share']:.3f} of samples run to the cap to match their mean length); prediction "
+            f"error {error:.1%}, {verdict} the 15% target; {head}. {'; '.join(clauses)}. Left out: per-process CPU "
+            f"costs that do not scale with decode steps, gRPC/Interrupt latency beyond a fixed hop, and the "
+            f"coordinator's per-sample work (scoring, streams)")
 
 
 if __name__ == "__main__":

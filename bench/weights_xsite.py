@@ -22,8 +22,10 @@ streams cross the link too. *Limited*: ``tbf`` at 1 Gbit/s on both veth ends plu
 way (this kernel has no ``sch_netem``, so the delay is a user-space delay line in front of every
 cross-site service and data port: 20 ms RTT). *Unlimited*: the same namespaces and delay lines
 with no rate limit and no delay. Both runs use the same config (``one_step``, every sample
-forced to the same length so both generate the same work, every group trained: no zero-advantage
-skipping, a KL term, so each step is a real backward pass; ``trained_samples`` says so); the iteration time is the median of
+forced to the same length so both generate the same work; count-down prompts served as a dataset
+task whose reward, ``DIGITS_FIRST``, a random policy earns about one time in four, so groups differ,
+every group is trained and each step is a real backward pass that moves the weights:
+``trained_samples`` and ``grad_norm_mean`` say so); the iteration time is the median of
 ``iteration_time_s`` after the first two iterations (connection set-up; the mean is kept too).
 Runs alternate the order; the full run repeats each condition REPS (6) times, ITERATIONS (30)
 iterations each, and takes medians
@@ -50,6 +52,8 @@ FORCED_LENGTH = 48  # tokens: generation per iteration (~1.8 s on one CPU) well 
 REPS = 6  # paired runs per condition (full run); the order alternates
 ITERATIONS = 30  # per run (full run): the unlimited runs alone spread by ±15% at 14 iterations
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
+DIGITS_FIRST = r"^[0-9][0-9]"  # the reward's pattern: a random policy's completion matches about 1 time in 4
+ROWS = 512  # training rows (30 iterations x 8 prompts = 240 drawn)
 MODEL = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=6", "model.num_kv_heads=2",
          "model.intermediate_size=1152"]
 
@@ -67,13 +71,28 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
         # every sample exactly FORCED_LENGTH tokens: a random policy's lengths vary from run to run, and the
         # iteration time with them; fixed, both links generate the same work and only the weight sync differs
         "generation.forced_lengths=true", f"forced_length_ramp.start={FORCED_LENGTH}", "forced_length_ramp.per_iteration=0",
-        # real optimizer steps on every sample (issue 34): the random policy's groups all score 0, and were all
-        # skipped until 2026-11-28 (~5 ms of training an iteration); now every group trains, with a KL term
-        # so the gradient is not zero, and the training site's time is a real backward pass over 32 samples
+        # real optimizer steps on every sample (issue 34): the random policy's count-down answers all score 0,
+        # so every group was skipped (~5 ms of training an iteration) and, trained anyway at its KL reference,
+        # its gradient was 0. The prompts are count-down prompts of the smoke task's distribution served as a
+        # dataset task whose reward a random policy earns some of the time (DIGITS_FIRST: the completion starts
+        # with two digits, ~1 in 4 samples): groups differ, advantages are not 0, and every step is a real
+        # backward pass over 32 samples that moves the weights (the KL term keeps pulling once they have moved)
+        "task.kind=dataset", f"task.dataset.train={_rows(work)}", "task.dataset.name=xsite-digits",
+        "reward.terms=[{fn: format, pattern: '" + DIGITS_FIRST + "'}]",
         "trainer.skip_zero_advantage_groups=false", "trainer.kl_coef=0.01",
     ])
     path = work / f"xsite-{mode}.json"
     write_config(cfg, path)
+    return path
+
+
+def _rows(work: Path) -> Path:
+    """The run's training rows: count-down prompts of the smoke task's distribution (the tiny model's alphabet)."""
+    from services.tasks.arith import ProblemSampler
+
+    path = work / "xsite-rows.jsonl"
+    problems = ProblemSampler(0, min_steps=1, max_steps=2, max_value=150).batch(ROWS)
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
     return path
 
 
@@ -247,6 +266,8 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool,
     pairs = [a["iteration_time_s"] / b["iteration_time_s"] - 1 for a, b in matched]
     overhead = statistics.median(pairs)
     fallbacks = sum(r.get("grpc_fallbacks", 0) for v in runs.values() for r in v)
+    grad = statistics.median(r["grad_norm_mean"] for v in runs.values() for r in v)
+    trained = statistics.median(r["trained_samples"] for v in runs.values() for r in v)
     listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in matched)
     where = " behind the SGS router" if router else ""
     if gen_cpus:
@@ -256,10 +277,12 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool,
     return {
         "mode": mode, "router": router, "generation_cpus": sorted(gen_cpus) if gen_cpus else None, "version_bytes": nbytes,
         "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
-        "iteration_overhead": overhead, "copies_per_version": copies, "grpc_fallbacks": fallbacks,
+        "iteration_overhead": overhead, "grad_norm_mean": grad, "trained_samples_per_run": trained,
+        # the declared check (issue 34): every run took real steps, not a zero gradient at the KL reference
+        "real_steps": all(r["grad_norm_mean"] > 0 and r["trained_samples"] > 0 for v in runs.values() for r in v), "copies_per_version": copies, "grpc_fallbacks": fallbacks,
         "summary": (f"{mode}, 2 SGS instances on the generation site{where}, model {nbytes / 1e6:.1f} MB (a random "
-                    f"policy: rewards are 0, so an iteration is generation plus weight sync; every sample {FORCED_LENGTH} "
-                    f"tokens); versions cross on the raw-TCP data channel over mutual TLS ({fallbacks} fallbacks to gRPC "
+                    f"policy rewarded when its completion starts with two digits, every group trained: mean gradient "
+                    f"norm {grad:.3g}, {trained:.0f} samples trained per run; every sample {FORCED_LENGTH} tokens); versions cross on the raw-TCP data channel over mutual TLS ({fallbacks} fallbacks to gRPC "
                     f"streams). Iteration time on the 1 Gbit/s 20 ms-RTT link vs unlimited, pairs run back to back: "
                     f"{listed}; median paired overhead **{overhead:+.1%}** (target within 5%). Link bytes per version / "
                     f"version size = **{copies:.3f}** (one copy crosses the link; the 2 instances fan out locally from "

@@ -279,10 +279,12 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool,
         "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
         "iteration_overhead": overhead, "grad_norm_mean": grad, "trained_samples_per_run": trained,
         # the declared check (issue 34): every run took real steps, not a zero gradient at the KL reference
-        "real_steps": all(r["grad_norm_mean"] > 0 and r["trained_samples"] > 0 for v in runs.values() for r in v), "copies_per_version": copies, "grpc_fallbacks": fallbacks,
+        "real_steps": all(r["grad_norm_mean"] > 0 and r["trained_samples"] > 0 for v in runs.values() for r in v),
+        "copies_per_version": copies, "grpc_fallbacks": fallbacks,
         "summary": (f"{mode}, 2 SGS instances on the generation site{where}, model {nbytes / 1e6:.1f} MB (a random "
                     f"policy rewarded when its completion starts with two digits, every group trained: mean gradient "
-                    f"norm {grad:.3g}, {trained:.0f} samples trained per run; every sample {FORCED_LENGTH} tokens); versions cross on the raw-TCP data channel over mutual TLS ({fallbacks} fallbacks to gRPC "
+                    f"norm {grad:.3g}, {trained:.0f} samples trained per run; every sample {FORCED_LENGTH} tokens); "
+                    f"versions cross on the raw-TCP data channel over mutual TLS ({fallbacks} fallbacks to gRPC "
                     f"streams). Iteration time on the 1 Gbit/s 20 ms-RTT link vs unlimited, pairs run back to back: "
                     f"{listed}; median paired overhead **{overhead:+.1%}** (target within 5%). Link bytes per version / "
                     f"version size = **{copies:.3f}** (one copy crosses the link; the 2 instances fan out locally from "

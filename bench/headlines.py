@@ -82,13 +82,18 @@ def _judge(file: str, key: str, fmt: str, before: str, results: Path) -> tuple[s
     return expected, ""
 
 
+def _judged(text: str, results: Path):
+    """Each marker of ``text`` with the text just before it, its formatted value and its problem."""
+    for m in MARKER.finditer(text):
+        before = text[max(0, m.start() - 40) : m.start()]
+        yield (m, before, *_judge(m["file"], m["key"], m["fmt"], before, results))
+
+
 def check(text: str, where: str = "", results: Path = RESULTS) -> list[Headline]:
     """Every marked number in ``text`` against its results file."""
     out = []
-    for m in MARKER.finditer(text):
+    for m, before, expected, problem in _judged(text, results):
         line = text.count("\n", 0, m.start()) + 1
-        before = text[max(0, m.start() - 40) : m.start()]
-        expected, problem = _judge(m["file"], m["key"], m["fmt"], before, results)
         out.append(Headline(f"{where}:{line}", m["file"], m["key"], m["fmt"], before.rstrip(UNITS)[-12:], expected, problem))
     return out
 
@@ -98,9 +103,7 @@ def fix(text: str, results: Path = RESULTS) -> tuple[str, list[str]]:
     change (``old -> new`` with the marker's key). A marker whose file or key is missing, or with no
     number before it, is left for the writer."""
     out, changes, pos = [], [], 0
-    for m in MARKER.finditer(text):
-        before = text[max(0, m.start() - 40) : m.start()]
-        expected, problem = _judge(m["file"], m["key"], m["fmt"], before, results)
+    for m, _, expected, problem in _judged(text, results):
         stripped = text[pos : m.start()].rstrip(UNITS)
         number = NUMBER.search(stripped)
         if problem and expected is not None and number:

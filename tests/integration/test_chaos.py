@@ -82,13 +82,14 @@ def test_a_restarted_trainer_dials_the_instances_that_run_or_are_about_to_run_ag
 
 def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_checkpoint):
     s = Scenario("pair", "bounded", ("master_relay", "trainer"))
-    # the kill lands between the recovery checkpoints of versions 3 and 6: the restart rolls back what came after 3
+    # the kill lands a step past a recovery checkpoint (every 3 versions) with none due: after 4 or 5 (the
+    # restart rolls back to 3), or after 7 when steps 4-6 finished within one 0.2 s poll (back to 6; CI saw it)
     r = run_scenario(s, tmp_path, str(tiny_checkpoint), ROOT / "deploy/configs/smoke.yaml", iterations=7, timeout_s=300)
     assert r.completed, r.error
     assert r.faults == ["kill:master_relay", "kill:trainer"]
     assert r.restarts == {"relay-0": 1, "trainer": 1}
     assert r.ledger["ok"] and r.ledger["attempts"] == 2, r.ledger
-    assert r.rolled_back_groups > 0 and r.steps_before_fault in (4, 5), (r.rolled_back_groups, r.steps_before_fault)
+    assert r.rolled_back_groups > 0 and r.steps_before_fault in (4, 5, 7), (r.rolled_back_groups, r.steps_before_fault)
     assert r.samples_lost == 0 and r.duplicates == 0 and r.violations == 0
     assert r.weights["ok"] and len(r.weights["relay_digests"]) == 2, r.weights
     assert r.weights["relay_digests"]["relay-0"].startswith("sha256:")

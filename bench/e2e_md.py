@@ -21,20 +21,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.e2e import CARRIED_PARTS  # noqa: E402  (the blocks other scripts set, each with its provenance)
 from bench.e2e_report import markdown  # noqa: E402  (the rendering e2e.py uses)
-
-CARRIED = ("trl_fair", "throughput_interleaved")  # blocks other scripts set, each with its provenance
 
 
 def with_block_parts(result: dict) -> dict:
     """``result`` with each carried block's ``provenance.parts`` line taken from the block's own
     provenance (its script and date); blocks without one, and every other part, as they are."""
     parts = dict(result.get("provenance", {}).get("parts", {}))
-    for key in CARRIED:
-        block = result.get(key) or {}
-        date = block.get("provenance", {}).get("date")
-        if date:
-            parts[key] = f"carried from {block.get('source', key)} (run of {date})"
+    for key, script in CARRIED_PARTS.items():
+        date = (result.get(key) or {}).get("provenance", {}).get("date")
+        if date:  # the line bench/e2e.py's carry_parts writes, dated by the block's own run
+            parts[key] = f"carried from {script} (run of {date})"
     return {**result, "provenance": {**result.get("provenance", {}), "parts": parts}}
 
 

@@ -165,9 +165,30 @@ def judge_file(path: Path) -> list[str]:
     top = doc.get("provenance") if isinstance(doc, dict) else None
     if isinstance(top, dict) and top.get("measured_in_this_run") is False:
         problems.append("not all of it was measured in its latest run (parts carried)")
+    by_where = dict(found)
     for where, block in found:
+        if refers_to_enclosing_run(where, block, by_where):
+            continue  # judged as that run's own block
         problems += [p if where == "." else f"{where}: {p}" for p in judge_block(block)]
     return problems
+
+
+# what ``bench.report_io.run_ref`` keeps of a run: a part's pointer to the run that measured it
+RUN_REF = ("commit", "dirty", "date", "config_hash", "command")
+
+
+def refers_to_enclosing_run(where: str, block: dict, by_where: dict[str, dict]) -> bool:
+    """Whether ``block`` is only a reference (``run_ref``: no script hash) to the run whose full
+    provenance block encloses it (e.g. each regime of a run that measured them all): then that
+    block says everything there is to judge. A reference to any other run is judged as it stands."""
+    if block.get("script_sha256") or not set(block) <= set(RUN_REF):
+        return False
+    parts = where.split("/")
+    for cut in range(len(parts) - 1, 0, -1):
+        parent = by_where.get("/".join(parts[:cut]) or ".")
+        if parent is not None:
+            return parent.get("script_sha256") is not None and all(parent.get(k) == block.get(k) for k in RUN_REF)
+    return False
 
 
 def stale_listed(readme: str) -> dict[str, str]:

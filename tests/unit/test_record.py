@@ -103,6 +103,24 @@ def test_a_script_hash_that_no_commit_holds_is_caught_in_a_nested_block(tmp_path
     assert judge_file(results / "a.json") == [f"/part: its script hash is not {SCRIPT}'s at commit {_head()[:8]}"]
 
 
+def test_a_part_that_points_at_its_enclosing_run_is_judged_by_that_run(tmp_path):
+    """A run that measured every regime writes each one a ``run_ref`` of itself (no script hash):
+    fresh with the run; a pointer to another run (a part carried from it) is judged as it stands."""
+    results = tmp_path / "results"
+    results.mkdir()
+    run = {**_fresh_block(), "config_hash": "c" * 16, "command": "python bench/pipeline.py"}
+    own = report_io.run_ref(run)
+    other = {**own, "date": "2026-11-27T00:00:00+00:00"}
+    doc = {"training": {"provenance": run, "regimes": {"a": {"provenance": own}, "b": {"provenance": other}}}}
+    (results / "a.json").write_text(json.dumps(doc))
+    assert judge_file(results / "a.json") == ["/training/regimes/b: records no hash of its script",
+                                              "/training/regimes/b: records no ids of the code it measured"]
+    dirty = {**run, "dirty": True}
+    doc = {"training": {"provenance": dirty, "regimes": {"a": {"provenance": report_io.run_ref(dirty)}}}}
+    (results / "a.json").write_text(json.dumps(doc))
+    assert judge_file(results / "a.json") == [f"/training: measured on a dirty tree ({_head()[:8]}, 2026-11-28)"]
+
+
 def test_a_fresh_result_listed_as_stale_and_a_listed_file_that_is_gone_fail(tmp_path):
     results = _results(tmp_path, a=_fresh_block())
     assert check(results, _readme(tmp_path, "a.json", "gone.json")) == [

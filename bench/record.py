@@ -40,6 +40,8 @@ PURE = {"bench/allocator.py": ("allocator", "deploy/clusters", "deploy/workloads
 PACKAGES = ("bench", "services", "flows", "allocator", "ranker")
 # how results are written and judged, not what they measure
 NOT_MEASURED = ("bench/report_io.py", "bench/record.py", "bench/headlines.py")
+# what a part's pointer to the run that measured it keeps of that run (``bench.report_io.run_ref``)
+RUN_REF = ("commit", "dirty", "date", "config_hash", "command")
 # an earlier regime's verdicts kept beside the new ones (DESIGN.md §5: a changed definition keeps
 # the old metric beside the new): history with its own provenance, not a result of record
 HISTORY = ("previous_regime",)
@@ -171,10 +173,6 @@ def judge_file(path: Path) -> list[str]:
             continue  # judged as that run's own block
         problems += [p if where == "." else f"{where}: {p}" for p in judge_block(block)]
     return problems
-
-
-# what ``bench.report_io.run_ref`` keeps of a run: a part's pointer to the run that measured it
-RUN_REF = ("commit", "dirty", "date", "config_hash", "command")
 
 
 def refers_to_enclosing_run(where: str, block: dict, by_where: dict[str, dict]) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.record import code_ids, git, measured_paths
+from bench.record import RUN_REF, code_ids, git, measured_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -108,7 +108,7 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
 
 def run_ref(p: dict) -> dict:
     """The run a provenance block describes, in short: what a carried part points back to."""
-    return {k: p.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}
+    return {k: p.get(k) for k in RUN_REF}
 
 
 def parts_record(names: dict[str, str], measured: dict[str, float], previous: dict, prov: dict) -> dict:

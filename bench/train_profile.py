@@ -8,7 +8,8 @@ config's model and trainer settings (``--config``), on batches with real long-ta
 - **countdown**: the count-down task's own batches from real runs of the default config
   (``--data``, default ``bench/results/train_profile.lengths.json``: per iteration its 32 groups
   of 8, prompt and response tokens of every sample, groups in the order they completed;
-  ``--extract RUN_DIR ...`` rebuilds that file from runs' ``router-timeline.jsonl``), 8 groups per
+  ``--record RUNS_DIR`` makes the declared source runs and rebuilds that file from their ledgers
+  and generation logs, ``--extract RUN_DIR ...`` from runs made before), 8 groups per
   backward call as the default config; two of them also with ``micro_batch_groups`` 1.
 - **tiny-workload**: the batch ``braid allocate`` plans for ``deploy/workloads/tiny.yaml`` (its
   drawn lengths, dealt into groups of 8 in completion order).
@@ -38,7 +39,8 @@ picks for it, or ``--profile``):
 written) and reports the planned error with it: what the shipped profile's age costs.
 
     python bench/train_profile.py [--data FILE ...] [--repeats N] [--fresh-profile] [--quick]
-    python bench/train_profile.py --extract RUN_DIR [RUN_DIR ...]    # rewrite the countdown lengths
+    python bench/train_profile.py --record RUNS_DIR                  # make the source runs, rewrite the lengths
+    python bench/train_profile.py --extract RUN_DIR [RUN_DIR ...]    # rewrite the lengths from existing runs
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -73,6 +76,9 @@ MMLU_MODELS = ("Meta-Llama-3_1-8B-Instruct", "Meta-Llama-3_1-70B-Instruct", "mat
                "Qwen1.5-7B-Chat", "Phi-3-mini-4k-instruct", "Yi-6b-Chat", "gemma-7b")
 MMLU_CAP = 2048  # the source's max_new_tokens
 MMLU_QUESTIONS = 16
+# --record: the runs whose batches the countdown lengths file holds (declared before they run): the
+# default config in each mode, from the e2e benchmark's warm start, long enough for lengths to drift
+SOURCE_RUNS = {"modes": ("sync", "one_step"), "iterations": 100, "warmstart_steps": 275}
 
 
 @dataclass(frozen=True)
@@ -94,64 +100,123 @@ class Case:
 
 # ---------------------------------------------------------------- data
 
+def consumed_groups(ledger: Path) -> dict[int, list[dict]]:
+    """Per optimizer step of a run (1..N), the ``consume`` records of ``ledger.jsonl`` that made
+    its final weights, in the order the step trained them (a restart's rolled-back steps dropped)."""
+    from services.run.ledger import read_records
+
+    effective: dict[int, list[dict]] = {}
+    for r in read_records(ledger)[0]:
+        if r.get("event") == "start":
+            for step in [s for s in effective if s > r["version"]]:
+                del effective[step]
+        elif r.get("event") == "consume":
+            effective.setdefault(r["step"], []).append(r)
+    return effective
+
+
+def logged_lengths(genlog: Path) -> tuple[dict[str, list[tuple[float, int]]], dict[str, str]]:
+    """Every finished sample of a run's generation log: prompt id -> (finished at, tokens) by
+    finish, and prompt id -> the prompt text the log decoded."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{genlog}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT prompt_id, prompt, finished_at, response_length FROM generations "
+                          "ORDER BY finished_at").fetchall()
+    finally:
+        db.close()
+    out: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for pid, _, t, n in rows:
+        out[pid].append((t, n))
+    return out, {pid: text for pid, text, _, _ in rows}
+
+
 def extract_run(run_dir: Path) -> list[dict]:
-    """Per iteration of a run: its groups ([prompt tokens, [response tokens...]]) in completion
-    order, from ``router-timeline.jsonl`` (samples by prompt, finish times) and the trainer's
-    seeded prompt sampler (prompt lengths)."""
+    """Per iteration of a run: its groups ([prompt tokens, [response tokens...]]) in the order its
+    optimizer step trained them, from the run's ``ledger.jsonl`` (which prompts each step consumed),
+    its generation log ``genlog.sqlite`` (``generation.genlog``: every sample's length) and the
+    trainer's seeded prompt sampler (prompt lengths, checked against the log's prompt text)."""
     from services.common.config import load_config
     from services.policy.model import Policy, char_tokenizer
     from services.tasks.arith import ProblemSampler, eval_problems
 
     cfg = load_config(run_dir / "config.json")
-    events = [json.loads(line) for line in (run_dir / "router-timeline.jsonl").read_text().splitlines() if line]
-    tags = {e["call"]: e["tag"] for e in events if e["event"] == "dispatch"}
-    by_iter: dict[int, dict[str, list[tuple[float, int, int]]]] = defaultdict(lambda: defaultdict(list))
-    for e in events:
-        tag = tags.get(e["call"], "") if e["event"] == "sample" else ""
-        if tag.startswith("iter-"):
-            pid, idx = e["seq"].split("/")
-            by_iter[int(tag[5:])][pid].append((e["finished_at"], int(idx), e["tokens"]))
+    for need in ("ledger.jsonl", "genlog.sqlite"):
+        if not (run_dir / need).exists():
+            raise SystemExit(f"{run_dir}: no {need} (run with generation.genlog={run_dir / 'genlog.sqlite'})")
+    steps = consumed_groups(run_dir / "ledger.jsonl")
+    lengths, texts = logged_lengths(run_dir / "genlog.sqlite")
     dist = cfg.task.distribution()
     held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist))
     sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)
+    wanted = {r["prompt_id"] for recs in steps.values() for r in recs}
     enc = Policy(model=None, tokenizer=char_tokenizer())  # type: ignore[arg-type]  # the tokenizer only
-    plen = {p.prompt_id: len(enc.encode_prompt(p.prompt))
-            for p in sampler.batch((max(by_iter) + 1) * cfg.trainer.prompts_per_iteration)}
+    problems = {p.prompt_id: p.prompt for p in sampler.batch(1 + max(int(pid.lstrip("p")) for pid in wanted))}
+    wrong = sorted(pid for pid in wanted if problems.get(pid) is None or problems[pid] not in texts.get(pid, ""))
+    if wrong:  # the sampler mirrored here is not the run's prompt stream: its prompt lengths would be wrong
+        raise SystemExit(f"{run_dir}: {len(wrong)} consumed prompts (first {wrong[0]}) are not the seeded sampler's")
+    plen = {pid: len(enc.encode_prompt(problems[pid])) for pid in wanted}
     out = []
-    for k in sorted(by_iter):
-        groups = sorted(by_iter[k].items(), key=lambda kv: max(t for t, _, _ in kv[1]))
-        out.append({"run": run_dir.name, "mode": cfg.trainer.mode, "iteration": k,
-                    "groups": [[plen[pid], [n for _, _, n in sorted(g, key=lambda x: x[1])]] for pid, g in groups]})
+    for step in sorted(steps):
+        groups = []
+        for r in steps[step]:
+            got = [n for _, n in lengths.get(r["prompt_id"], [])][:len(r["samples"])]
+            # the log skips samples with no generated token: a trained sample it lacks had none
+            groups.append([plen[r["prompt_id"]], got + [0] * (len(r["samples"]) - len(got))])
+        out.append({"run": run_dir.name, "mode": cfg.trainer.mode, "iteration": step - 1, "groups": groups})
     return out
 
 
 def _run_ref(run_dir: Path) -> dict:
-    """A source run of a lengths file: its directory, config hash and when its timeline began."""
+    """A source run of a lengths file: its directory, config hash and when its trainer started."""
     import hashlib
 
+    from services.run.ledger import read_records
+
     cfg = json.loads((run_dir / "config.json").read_text())
-    first = next((json.loads(line) for line in (run_dir / "router-timeline.jsonl").read_text().splitlines() if line), {})
-    start = first.get("t", first.get("finished_at"))
+    start = next((r["time"] for r in read_records(run_dir / "ledger.jsonl")[0] if r.get("event") == "start"), None)
     return {"run_dir": str(run_dir), "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16],
             "first_event_unix_s": start}
 
 
-def write_lengths(run_dirs: list[Path], per_run: int, path: Path) -> dict:
-    """The countdown lengths file: ``per_run`` iterations spread over each run."""
+def record_runs(runs_dir: Path) -> list[Path]:
+    """The declared source runs (``SOURCE_RUNS``), made here through the CLI from this checkout,
+    each with its generation log: the default config as shipped plus only those overrides."""
+    out = []
+    for mode in SOURCE_RUNS["modes"]:
+        run_dir = runs_dir / mode
+        sets = [f"runs_dir={runs_dir}", f"run_id={mode}", f"trainer.mode={mode}",
+                f"trainer.iterations={SOURCE_RUNS['iterations']}", f"warmstart.steps={SOURCE_RUNS['warmstart_steps']}",
+                f"generation.genlog={run_dir / 'genlog.sqlite'}"]
+        cmd = [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG), *[x for s in sets for x in ("--set", s)]]
+        print(f"source run {mode}: {SOURCE_RUNS['iterations']} iterations into {run_dir}", flush=True)
+        proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if proc.returncode != 0:
+            raise SystemExit(f"source run {mode} failed (exit {proc.returncode}); see {run_dir}")
+        out.append(run_dir)
+    return out
+
+
+def write_lengths(run_dirs: list[Path], per_run: int, path: Path, recorded_here: bool = False) -> dict:
+    """The countdown lengths file: ``per_run`` iterations spread over each run (``recorded_here``:
+    the runs were made by this invocation, ``record_runs``)."""
     iterations = []
     for run_dir in run_dirs:
         its = extract_run(run_dir)
         picks = sorted({round(i * (len(its) - 1) / max(1, per_run - 1)) for i in range(per_run)})
         iterations += [its[i] for i in picks]
-    prov = provenance(Path(__file__), {"runs": [str(r) for r in run_dirs], "per_run": per_run})
-    # the lengths were generated by the source runs, not by this extraction: the block says when and
-    # where the extraction ran, ``source_runs`` which runs it read (their config hash and start)
-    prov["measured_in_this_run"] = False
+    prov = provenance(Path(__file__), {"runs": [str(r) for r in run_dirs], "per_run": per_run,
+                                       **({"source_runs": SOURCE_RUNS} if recorded_here else {})})
+    # runs made elsewhere generated these lengths, not this extraction: then the block says only when
+    # and where the extraction ran, ``source_runs`` which runs it read (their config hash and start)
+    prov["measured_in_this_run"] = recorded_here
     prov["source_runs"] = [_run_ref(r) for r in run_dirs]
+    how = "--record" if recorded_here else "--extract"
     data = {"format": LENGTHS_FORMAT,
             "source": "count-down task batches of real runs of the default config (braid-tiny, 32 prompts x 8 samples, "
-                      "max_new_tokens 192): groups in completion order, prompt and response tokens per sample; "
-                      f"written by `bench/train_profile.py --extract` from {', '.join(str(r) for r in run_dirs)}",
+                      "max_new_tokens 192): groups in the order each step trained them, prompt and response tokens "
+                      f"per sample; written by `bench/train_profile.py {how}` from {', '.join(str(r) for r in run_dirs)}",
             "provenance": prov, "iterations": iterations}
     path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     return data
@@ -464,12 +529,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help=f"first wait up to S seconds for the 1-min load average to fall below {QUIET_LOAD}")
     ap.add_argument("--quick", action="store_true", help="fewer cases; writes to a scratch directory")
+    ap.add_argument("--record", metavar="RUNS_DIR", help="make the declared source runs (SOURCE_RUNS) under RUNS_DIR "
+                    "and write the countdown lengths file from them")
     ap.add_argument("--extract", nargs="+", metavar="RUN_DIR", help="write the countdown lengths file from these runs")
     ap.add_argument("--per-run", type=int, default=3, help="--extract: iterations per run")
     ap.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     ns = ap.parse_args(argv)
-    if ns.extract:
-        data = write_lengths([Path(r) for r in ns.extract], ns.per_run, LENGTHS)
+    if ns.record or ns.extract:
+        runs = record_runs(Path(ns.record).resolve()) if ns.record else [Path(r) for r in ns.extract]
+        data = write_lengths(runs, ns.per_run, LENGTHS, recorded_here=bool(ns.record))
         print(f"{LENGTHS}: {len(data['iterations'])} iterations")
         return 0
     if ns.repeats < 1:

@@ -9,6 +9,7 @@ import pytest
 
 from bench import train_profile as bt
 from services.generation.scheduling.models import get_model
+from services.policy.model import Policy, char_tokenizer
 
 
 def test_the_shipped_countdown_lengths_are_the_default_configs_batches():
@@ -65,3 +66,48 @@ def test_model_error_is_the_median_over_cases_and_its_spread_over_rounds():
     s = bt.summarise(rows, 3, "planned_s")
     assert s["median_abs_rel_error"] == pytest.approx(0.1) and s["mean_rel_error"] == pytest.approx(-1 / 30)
     assert s["per_round"]["n"] == 3 and s["per_round"]["min"] == pytest.approx(0.0)
+
+
+def _recorded_run(tmp_path, texts=None):
+    """A run directory as a default run with ``generation.genlog`` leaves it: config, ledger, log."""
+    import yaml
+
+    from ranker.genlog import GenerationLog, GenRecord
+    from services.common.config import load_config
+    from services.tasks.arith import ProblemSampler, eval_problems
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(yaml.safe_load((bt.CONFIG).read_text())))
+    cfg = load_config(run / "config.json")
+    dist = cfg.task.distribution()
+    held = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist))
+    problems = ProblemSampler(cfg.task.seed, exclude=held, **dist).batch(4)
+    texts = texts or {p.prompt_id: f"<|user|>{p.prompt}" for p in problems}
+    with GenerationLog(run / "genlog.sqlite") as log:  # p3's second sample generated no token: not logged
+        log.append([GenRecord(p.prompt_id, texts[p.prompt_id], 10 * k + i + 1, 0, 0, float(100 * k - i))
+                    for k, p in enumerate(problems) for i in range(2) if (k, i) != (3, 1)])
+    consume = [{"event": "consume", "attempt": a, "step": s, "prompt_id": pid, "samples": [0, 1]}
+               for a, s, pid in ((0, 1, "p1"), (0, 1, "p0"), (0, 2, "p2"), (1, 2, "p3"), (1, 2, "p2"))]
+    ledger = [{"event": "start", "attempt": 0, "version": 0, "time": 5.0}, *consume[:3],
+              {"event": "start", "attempt": 1, "version": 1, "time": 9.0}, *consume[3:]]  # step 2 redone
+    (run / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+    return run, problems
+
+
+def test_extract_reads_each_steps_groups_from_the_ledger_and_their_lengths_from_the_log(tmp_path):
+    run, problems = _recorded_run(tmp_path)
+    its = bt.extract_run(run)
+    assert [(it["iteration"], it["mode"]) for it in its] == [(0, "one_step"), (1, "one_step")]
+    (p1, l1), (p0, l0) = its[0]["groups"]  # the step's order, not the prompts' ids
+    assert (l1, l0) == ([12, 11], [2, 1])  # within a group, by finish time
+    assert [g[1] for g in its[1]["groups"]] == [[31, 0], [22, 21]]  # the rolled-back attempt's step 2 is gone
+    enc = Policy(model=None, tokenizer=char_tokenizer())
+    assert (p0, p1) == tuple(len(enc.encode_prompt(p.prompt)) for p in problems[:2])
+    assert bt._run_ref(run)["first_event_unix_s"] == 5.0
+
+
+def test_extract_refuses_a_run_whose_prompts_are_not_the_seeded_samplers(tmp_path):
+    run, _ = _recorded_run(tmp_path, texts={f"p{k}": "another prompt" for k in range(4)})
+    with pytest.raises(SystemExit, match="not the seeded sampler's"):
+        bt.extract_run(run)

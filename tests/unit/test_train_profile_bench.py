@@ -78,7 +78,7 @@ def _recorded_run(tmp_path, texts=None):
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps(yaml.safe_load((bt.CONFIG).read_text())))
+    (run / "config.json").write_text(json.dumps(yaml.safe_load(bt.CONFIG.read_text())))
     cfg = load_config(run / "config.json")
     dist = cfg.task.distribution()
     held = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist))

@@ -90,7 +90,9 @@ def _name(common: str):
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "braid"), x509.NameAttribute(NameOID.COMMON_NAME, common)])
+    return x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "braid"), x509.NameAttribute(NameOID.COMMON_NAME, common)
+    ])
 
 
 def _write_key(key, path: Path) -> None:

@@ -32,16 +32,24 @@ class RewardScalingConfig(StrictModel):
         description="Scale in when the busy fraction over the window is at most this, nothing waited, and one "
         "fewer worker would stay below high_utilisation.",
     )
-    window_s: float = Field(10.0, gt=0.0, le=3600.0, description="Seconds of load observed at the current size before a decision.")
-    cooldown_s: float = Field(10.0, ge=0.0, le=3600.0, description="Seconds after a change (a worker joined or left) whose load is not counted.")
+    window_s: float = Field(
+        10.0, gt=0.0, le=3600.0, description="Seconds of load observed at the current size before a decision."
+    )
+    cooldown_s: float = Field(
+        10.0, ge=0.0, le=3600.0,
+        description="Seconds after a change (a worker joined or left) whose load is not counted.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> RewardScalingConfig:
         if self.min_workers > self.max_workers:
-            raise ValueError(f"scaling.min_workers ({self.min_workers}) must be <= scaling.max_workers ({self.max_workers})")
+            raise ValueError(
+                f"scaling.min_workers ({self.min_workers}) must be <= scaling.max_workers ({self.max_workers})"
+            )
         if self.low_utilisation >= self.high_utilisation:
             raise ValueError(
-                f"scaling.low_utilisation ({self.low_utilisation}) must be < scaling.high_utilisation ({self.high_utilisation})"
+                f"scaling.low_utilisation ({self.low_utilisation}) must be < scaling.high_utilisation "
+                f"({self.high_utilisation})"
             )
         return self
 
@@ -66,7 +74,8 @@ class RewardTermConfig(StrictModel):
         "gsm8k (after '#### '), boxed (inside \\boxed{}), auto (boxed, else gsm8k, else last).",
     )
     pattern: str | None = Field(
-        None, max_length=4096, description="format: a regular expression the completion must contain (re.search, DOTALL)."
+        None, max_length=4096,
+        description="format: a regular expression the completion must contain (re.search, DOTALL).",
     )
 
     @model_validator(mode="after")
@@ -79,7 +88,9 @@ class RewardTermConfig(StrictModel):
         if custom:
             module, _, attr = self.fn.partition(":")
             if not (module and attr and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()):
-                raise ValueError(f"fn {self.fn!r} is not 'module:function' (a dotted module path, then a function name)")
+                raise ValueError(
+                    f"fn {self.fn!r} is not 'module:function' (a dotted module path, then a function name)"
+                )
         if (self.fn == "format") != (self.pattern is not None):
             raise ValueError("pattern belongs to fn 'format' (and 'format' needs one)" if self.pattern is not None
                              else "fn 'format' needs a pattern")
@@ -104,14 +115,30 @@ class RewardConfig(StrictModel):
         "(replay, exact) or model (a learned classifier).",
     )
     model_path: str | None = Field(
-        None, description="Local directory of the classifier `braid reward train` wrote (kind 'model'; never downloaded)."
+        None,
+        description="Local directory of the classifier `braid reward train` wrote (kind 'model'; never downloaded).",
     )
     workers: int = Field(1, ge=1, le=256, description="Reward worker processes started with the run.")
-    threads: int = Field(8, ge=1, le=1024, description="Requests one worker scores at once (each holds a thread for its latency and scoring).")
-    timeout_s: float = Field(30.0, gt=0.0, le=3600.0, description="A score slower than this on the worker (queueing included) is DEADLINE_EXCEEDED (s).")
-    retries: int = Field(3, ge=0, le=100, description="Client retries of a failed score (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), each on another worker.")
-    retry_backoff_s: float = Field(0.05, ge=0.0, le=60.0, description="Wait before the first retry, doubled each time (s).")
-    max_queue: int = Field(256, ge=0, le=10_000, description="Requests one worker holds waiting for a thread; beyond, Score is RESOURCE_EXHAUSTED.")
+    threads: int = Field(
+        8, ge=1, le=1024,
+        description="Requests one worker scores at once (each holds a thread for its latency and scoring).",
+    )
+    timeout_s: float = Field(
+        30.0, gt=0.0, le=3600.0,
+        description="A score slower than this on the worker (queueing included) is DEADLINE_EXCEEDED (s).",
+    )
+    retries: int = Field(
+        3, ge=0, le=100,
+        description="Client retries of a failed score (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED), each on "
+        "another worker.",
+    )
+    retry_backoff_s: float = Field(
+        0.05, ge=0.0, le=60.0, description="Wait before the first retry, doubled each time (s)."
+    )
+    max_queue: int = Field(
+        256, ge=0, le=10_000,
+        description="Requests one worker holds waiting for a thread; beyond, Score is RESOURCE_EXHAUSTED.",
+    )
     terms: list[RewardTermConfig] = Field(
         default_factory=_default_terms, min_length=1, max_length=16,
         description="Dataset tasks (task.kind 'dataset'): the reward is the sum of weight x term. A sample is "
@@ -129,7 +156,9 @@ class RewardConfig(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> RewardConfig:
         if self.kind == "model" and not self.model_path:
-            raise ValueError("reward.kind 'model' needs reward.model_path (a directory written by `braid reward train`)")
+            raise ValueError(
+                "reward.kind 'model' needs reward.model_path (a directory written by `braid reward train`)"
+            )
         sc = self.scaling
         if sc.enabled and not sc.min_workers <= self.workers <= sc.max_workers:
             raise ValueError(

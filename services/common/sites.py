@@ -31,11 +31,13 @@ class SiteConfig(StrictModel):
     sgs_port: int = Field(0, ge=0, le=65535, description="SGS port on this site (0 = any free port).")
     router_port: int = Field(
         0, ge=0, le=65535,
-        description="SGS router port on this site (0 = any free port); the router fronts the site's instances when the run routes.",
+        description="SGS router port on this site (0 = any free port); the router fronts the site's instances when "
+        "the run routes.",
     )
     relay_port: int = Field(0, ge=0, le=65535, description="Weight relay port on this site (0 = any free port).")
     relay_tls_port: int = Field(
-        0, ge=0, le=65535, description="Weight relay port for other sites (mutual TLS when tls.enabled; 0 = any free port)."
+        0, ge=0, le=65535,
+        description="Weight relay port for other sites (mutual TLS when tls.enabled; 0 = any free port).",
     )
 
 

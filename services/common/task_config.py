@@ -58,10 +58,13 @@ class DatasetConfig(StrictModel):
         description="Held-out evaluation rows (same format); eval.prompts of them are drawn by eval.seed. None = "
         "eval.prompts rows of train drawn by eval.seed and excluded from training.",
     )
-    prompt_field: str = Field("prompt", min_length=1, max_length=256, description="Field of a row holding the prompt text.")
+    prompt_field: str = Field(
+        "prompt", min_length=1, max_length=256, description="Field of a row holding the prompt text."
+    )
     answer_field: str = Field(
         "answer", min_length=1, max_length=256,
-        description="Field of a row holding the reference answer (text or a number; the reward terms compare against it).",
+        description="Field of a row holding the reference answer (text or a number; the reward terms compare "
+        "against it).",
     )
     system_prompt: str | None = Field(
         None, max_length=MAX_DATASET_TEXT_CHARS,

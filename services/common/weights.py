@@ -186,13 +186,17 @@ class Manifest:
                 raise WeightError("argument", f"tensor name {t.name!r} is empty or repeated")
             seen.add(t.name)
             if any(d < 0 for d in t.shape) or TensorSpec(t.dtype, t.shape).nbytes != t.nbytes:
-                raise WeightError("argument", f"tensor {t.name!r}: {t.nbytes} bytes do not match {t.dtype} {list(t.shape)}")
+                raise WeightError(
+                    "argument", f"tensor {t.name!r}: {t.nbytes} bytes do not match {t.dtype} {list(t.shape)}"
+                )
             if t.offset != pos:
                 raise WeightError("argument", f"tensor {t.name!r} at blob offset {t.offset}, expected {pos}")
             pos += t.nbytes
         chunks = sum(max(1, -(-t.nbytes // self.chunk_bytes)) for t in self.tensors)
         if chunks > MAX_CHUNKS:
-            raise WeightError("resource", f"{chunks} chunks of {self.chunk_bytes} bytes: more than {MAX_CHUNKS} per version")
+            raise WeightError(
+                "resource", f"{chunks} chunks of {self.chunk_bytes} bytes: more than {MAX_CHUNKS} per version"
+            )
 
 
 def manifest_of(state: dict[str, torch.Tensor] | dict[str, TensorSpec], chunk_bytes: int) -> Manifest:
@@ -334,10 +338,14 @@ class WeightAssembler:
                 f"expected dtype {spec.dtype} shape {list(spec.shape)}",
             )
         if chunk.tensor_bytes != spec.nbytes:
-            raise WeightError("argument", f"parameter {chunk.name!r}: tensor_bytes {chunk.tensor_bytes} != {spec.nbytes}")
+            raise WeightError(
+                "argument", f"parameter {chunk.name!r}: tensor_bytes {chunk.tensor_bytes} != {spec.nbytes}"
+            )
         buf = self._buffers.setdefault(chunk.name, bytearray())
         if chunk.offset != len(buf):
-            raise WeightError("argument", f"parameter {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}")
+            raise WeightError(
+                "argument", f"parameter {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}"
+            )
         if chunk.index != len(self._digests):
             raise WeightError(
                 "argument", f"chunk index {chunk.index}, expected {len(self._digests)} (out of order or duplicated)"
@@ -346,7 +354,8 @@ class WeightAssembler:
             raise WeightError("argument", f"parameter {chunk.name!r}: more than {spec.nbytes} bytes")
         if not check_chunk_digest(chunk.data, chunk.chunk_digest):
             raise WeightError(
-                "integrity", f"chunk {chunk.index} ({chunk.name!r} at {chunk.offset}): digest mismatch, data corrupted in transit"
+                "integrity",
+                f"chunk {chunk.index} ({chunk.name!r} at {chunk.offset}): digest mismatch, data corrupted in transit",
             )
         buf.extend(chunk.data)
         self._digests.append(chunk.chunk_digest)
@@ -354,7 +363,9 @@ class WeightAssembler:
         if chunk.last:
             self._done = True
             if chunk.digest != version_digest(self._digests):
-                raise WeightError("integrity", f"version digest mismatch for version {chunk.version}: data corrupted in transit")
+                raise WeightError(
+                    "integrity", f"version digest mismatch for version {chunk.version}: data corrupted in transit"
+                )
 
     def _check_version(self, version: int) -> None:
         if self._version is None:

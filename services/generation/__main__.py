@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--instance", type=int, default=0, help="instance index (selects generation.step_delay_ms)")
     parser.add_argument("--relay", default="", help="this instance's local weight relay host:port (PullWeights)")
     parser.add_argument(
-        "--cpus", default=None, type=_cpu_list, help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)"
+        "--cpus", default=None, type=_cpu_list,
+        help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)",
     )
     add_tls_args(parser)
     return parser
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.relay:
         from services.weights.client import RelayClient
 
-        relay = RelayClient(ns.relay, max_message_mb=run_cfg.weights.max_message_mb, data_path=run_cfg.weights.data_path)
+        relay = RelayClient(ns.relay, max_message_mb=run_cfg.weights.max_message_mb,
+                            data_path=run_cfg.weights.data_path)
     servicer = GenerationServicer(
         core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions, relay=relay,
         relay_streams=run_cfg.weights.streams, pull_wait_s=run_cfg.weights.pull_wait_s,
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         servicer.start_auto_pull(run_cfg.weights.sgs_auto_pull_s)
     publish_port(ns.port_file, port)
     logging.info("serving on %s:%d (engine %s%s%s)", ns.host, port, engine.name,
-                 f", LoRA adapter rank {run_cfg.trainer.lora.rank}" if run_cfg.trainer.lora else "", ", mutual TLS" if tls else "")
+                 f", LoRA adapter rank {run_cfg.trainer.lora.rank}" if run_cfg.trainer.lora else "",
+                 ", mutual TLS" if tls else "")
 
     def failed() -> int | None:
         if not core.alive():

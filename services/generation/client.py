@@ -116,7 +116,9 @@ class GenerationClient:
         reply = self._stub.RemoveInstance(pb.InstanceRequest(address=address, wait_s=wait_s), timeout=wait_s + 60)
         return list(reply.instances), int(reply.drained)
 
-    def update_weights(self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20) -> pb.UpdateAck:
+    def update_weights(
+        self, state: dict[str, torch.Tensor], version: int, *, chunk_bytes: int = 1 << 20
+    ) -> pb.UpdateAck:
         chunks = (convert.chunk_to_pb(c) for c in iter_chunks(state, version, chunk_bytes))
         return self._stub.UpdateWeights(chunks, timeout=600)
 

@@ -49,9 +49,11 @@ class Sampling:
 
     def problem(self, vocab_size: int) -> str | None:
         """Why these parameters cannot be served, or None."""
-        if not (0.0 <= self.temperature <= MAX_TEMPERATURE and 0.0 <= self.top_p <= 1.0 and 0 <= self.top_k <= vocab_size):
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE and 0.0 <= self.top_p <= 1.0
+                and 0 <= self.top_k <= vocab_size):
             return (f"sampling out of range: temperature {self.temperature} (0 = default, up to {MAX_TEMPERATURE:g}), "
-                    f"top_p {self.top_p} (0 = off, up to 1), top_k {self.top_k} (0 = off, up to the vocabulary {vocab_size})")
+                    f"top_p {self.top_p} (0 = off, up to 1), top_k {self.top_k} (0 = off, up to the vocabulary "
+                    f"{vocab_size})")
         return None
 
     def temperature_or(self, default: float) -> float:
@@ -132,8 +134,8 @@ def check_fits(request_id: str, prompt_tokens: int, max_new_tokens: int, capacit
     need = prompt_tokens + max_new_tokens
     if need > capacity_tokens:
         raise ValueError(
-            f"request {request_id} needs {need} KV-cache tokens (prompt {prompt_tokens} + {max_new_tokens} new) but the "
-            f"cache holds {capacity_tokens} (generation.num_blocks x page_size): it could never run"
+            f"request {request_id} needs {need} KV-cache tokens (prompt {prompt_tokens} + {max_new_tokens} new) "
+            f"but the cache holds {capacity_tokens} (generation.num_blocks x page_size): it could never run"
         )
 
 

@@ -184,7 +184,9 @@ class RouterCore:
                 log.exception("length estimator failed; serving %d prompts without estimates", len(missing))
             else:
                 if len(predicted) != len(missing):
-                    raise RuntimeError(f"length estimator returned {len(predicted)} estimates for {len(missing)} prompts")
+                    raise RuntimeError(
+                        f"length estimator returned {len(predicted)} estimates for {len(missing)} prompts"
+                    )
                 for i, value in zip(missing, predicted, strict=True):
                     est[i] = float(value) if value is not None and value > 0 else None
                 source = "estimator" if len(missing) == len(prompts) else "mixed"
@@ -289,8 +291,8 @@ class RouterCore:
             handle = self.clients[i].start(wire, wire_params)
             call.handles.append(handle)
             threading.Thread(
-                target=self._read, args=(call, i, handle, {s.wire_id: s for s in share}), name=f"route-{call.call_id}-{i}",
-                daemon=True,
+                target=self._read, args=(call, i, handle, {s.wire_id: s for s in share}),
+                name=f"route-{call.call_id}-{i}", daemon=True,
             ).start()
         return call
 
@@ -299,7 +301,8 @@ class RouterCore:
             for sample in handle:
                 seq = pending.pop(sample.prompt_id)
                 self._finished(i, seq)
-                out = replace(sample, prompt_id=seq.prompt.prompt_id, group_id=seq.prompt.group, sample_index=seq.sample_index)
+                out = replace(sample, prompt_id=seq.prompt.prompt_id, group_id=seq.prompt.group,
+                              sample_index=seq.sample_index)
                 self._observe(seq, out)
                 self._log_event({
                     "event": "sample", "call": call.call_id, "instance": i, "seq": seq.wire_id,
@@ -326,7 +329,9 @@ class RouterCore:
                 self._drained.notify_all()
 
     # ------------------------------------------------------------------ membership
-    def add_instance(self, client: GenerationClient, bring_up: Callable[[GenerationClient, Callable[[], None]], int]) -> int:
+    def add_instance(
+        self, client: GenerationClient, bring_up: Callable[[GenerationClient, Callable[[], None]], int]
+    ) -> int:
         """Route to ``client`` from now on. ``bring_up(client, join)`` gives it the current weights and
         calls ``join()`` (which opens its slot) while no newer version can be fanned out; returns the
         version it reported. Raises ``MembershipError`` for an address already routed to or joining."""
@@ -367,21 +372,24 @@ class RouterCore:
                 raise MembershipError(grpc.StatusCode.NOT_FOUND, f"no routed instance at {address} (instances: "
                                       f"{[self.clients[i].address for i in open_slots]})")
             if len(open_slots) == 1:
-                raise MembershipError(grpc.StatusCode.FAILED_PRECONDITION, f"{address} is the last instance; add another first")
+                raise MembershipError(grpc.StatusCode.FAILED_PRECONDITION,
+                                      f"{address} is the last instance; add another first")
             slot = match[0]
             if (pool := last_of_routed_pool(slot, self.cfg, open_slots)) is not None:
                 raise MembershipError(grpc.StatusCode.FAILED_PRECONDITION,
-                                      f"{address} is the last instance of pool {pool!r}, which generation.affinity routes "
-                                      f"tasks {routed_tasks(pool, self.cfg)} to; add another first")
+                                      f"{address} is the last instance of pool {pool!r}, which generation.affinity "
+                                      f"routes tasks {routed_tasks(pool, self.cfg)} to; add another first")
             self._active[slot] = False
             held = self._outstanding[slot]
             t_removed = time.time()  # under the lock, like a dispatch's "t"
-        self._log_event({"event": "remove_instance", "t": t_removed, "slot": slot, "address": address, "in_flight": held})
+        self._log_event({"event": "remove_instance", "t": t_removed, "slot": slot, "address": address,
+                         "in_flight": held})
         with self._lock:
             if not self._drained.wait_for(lambda: self._outstanding[slot] == 0, timeout=timeout_s):
                 raise MembershipError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                      f"{address} still holds {self._outstanding[slot]} sequences after {timeout_s:.0f}s; "
-                                      "it receives no new work and its in-flight work still completes")
+                                      f"{address} still holds {self._outstanding[slot]} sequences after "
+                                      f"{timeout_s:.0f}s; it receives no new work and its in-flight work still "
+                                      "completes")
         return held
 
     def _observe(self, seq: _Seq, sample: SampleRecord) -> None:

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         estimator_name=(lambda: watcher.name) if watcher else None,
     )
     servicer = RouterServicer(
-        core, cfg, vocab_size=int(model_config["vocab_size"]), max_positions=int(model_config["max_position_embeddings"]),
+        core, cfg, vocab_size=int(model_config["vocab_size"]),
+        max_positions=int(model_config["max_position_embeddings"]),
         keep_weights=run_cfg.scaleout.enabled, drain_timeout_s=run_cfg.scaleout.drain_timeout_s,
     )
     server, port = create_server(

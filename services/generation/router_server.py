@@ -14,7 +14,8 @@ relay (relay transport).
 scale-out, docs/scaleout.md): INVALID_ARGUMENT for a malformed address or wait, ALREADY_EXISTS
 for an instance already routed to, UNAVAILABLE when the new instance does not answer,
 NOT_FOUND for an unknown one, FAILED_PRECONDITION for removing the last instance (or the last
-of a pool that ``generation.affinity`` routes tasks to), DEADLINE_EXCEEDED when a removed instance's in-flight work outlasts the wait.
+of a pool that ``generation.affinity`` routes tasks to), DEADLINE_EXCEEDED when a removed
+instance's in-flight work outlasts the wait.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ log = logging.getLogger("braid.router")
 
 class RouterServicer(pb_grpc.GenerationServicer):
     def __init__(
-        self, core: RouterCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int, keep_weights: bool = False,
-        drain_timeout_s: float = 600.0,
+        self, core: RouterCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int,
+        keep_weights: bool = False, drain_timeout_s: float = 600.0,
     ) -> None:
         self.core = core
         self.cfg = cfg
@@ -121,7 +122,8 @@ class RouterServicer(pb_grpc.GenerationServicer):
         except (MembershipError, FanoutError) as err:
             client.close()
             context.abort(err.code, f"cannot add {request.address}: {err}")
-        log.info("instance %s added at weight version %d; %d instances", request.address, version, len(self.core.slots()))
+        log.info("instance %s added at weight version %d; %d instances", request.address, version,
+                 len(self.core.slots()))
         return pb.InstanceReply(instances=self.core.addresses(), weight_version=version)
 
     def RemoveInstance(self, request: pb.InstanceRequest, context: grpc.ServicerContext) -> pb.InstanceReply:
@@ -143,5 +145,6 @@ def _checked(request: pb.InstanceRequest, context: grpc.ServicerContext, *, defa
     except ValueError as err:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
     if not math.isfinite(request.wait_s) or not 0 <= request.wait_s <= MAX_WAIT_S:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"wait_s must be in [0, {MAX_WAIT_S:.0f}], got {request.wait_s}")
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"wait_s must be in [0, {MAX_WAIT_S:.0f}], got {request.wait_s}")
     return request.wait_s or default_wait_s

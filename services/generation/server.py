@@ -5,8 +5,9 @@ malformed input, FAILED_PRECONDITION for a stale weight version, DATA_LOSS for a
 mismatch, RESOURCE_EXHAUSTED for oversized messages), converts protobuf to dataclasses, and
 streams each finished sample back as soon as the core delivers it. A weight version (pushed, or
 pulled from a relay) must be exactly the engine's ``param_specs``: full weights, or with
-``trainer.lora`` the adapter's tensors only; the other kind is refused saying which this one takes. Serves plaintext, or mutual
-TLS only with ``create_server(..., tls=...)`` (``--tls-dir/--tls-site``: another site's callers).
+``trainer.lora`` the adapter's tensors only; the other kind is refused saying which this one takes.
+Serves plaintext, or mutual TLS only with ``create_server(..., tls=...)`` (``--tls-dir/--tls-site``:
+another site's callers).
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def validate_request(
     if not prompts:
         raise RequestError("request has no prompts")
     if not 1 <= params.samples_per_prompt <= MAX_SAMPLES_PER_PROMPT:
-        raise RequestError(f"samples_per_prompt must be in [1, {MAX_SAMPLES_PER_PROMPT}], got {params.samples_per_prompt}")
+        raise RequestError(
+            f"samples_per_prompt must be in [1, {MAX_SAMPLES_PER_PROMPT}], got {params.samples_per_prompt}"
+        )
     total = len(prompts) * params.samples_per_prompt
     if total > cfg.max_sequences_per_request:
         raise RequestError(f"request asks for {total} sequences; the limit is {cfg.max_sequences_per_request}")
@@ -110,9 +113,13 @@ def validate_request(
         if not p.token_ids:
             raise RequestError(f"prompt {p.prompt_id!r} has no tokens")
         if len(p.token_ids) > cfg.max_prompt_tokens:
-            raise RequestError(f"prompt {p.prompt_id!r} has {len(p.token_ids)} tokens; the limit is {cfg.max_prompt_tokens}")
+            raise RequestError(
+                f"prompt {p.prompt_id!r} has {len(p.token_ids)} tokens; the limit is {cfg.max_prompt_tokens}"
+            )
         if not math.isfinite(p.estimated_length) or p.estimated_length < 0:
-            raise RequestError(f"prompt {p.prompt_id!r}: estimated_length must be finite and >= 0, got {p.estimated_length}")
+            raise RequestError(
+                f"prompt {p.prompt_id!r}: estimated_length must be finite and >= 0, got {p.estimated_length}"
+            )
         if p.forced_length:
             if not cfg.forced_lengths:
                 raise RequestError(
@@ -121,12 +128,14 @@ def validate_request(
                 )
             if p.forced_length > cfg.max_new_tokens:
                 raise RequestError(
-                    f"prompt {p.prompt_id!r}: forced_length {p.forced_length} exceeds the service limit {cfg.max_new_tokens}"
+                    f"prompt {p.prompt_id!r}: forced_length {p.forced_length} exceeds the service limit "
+                    f"{cfg.max_new_tokens}"
                 )
         new = p.forced_length or max_new
         if len(p.token_ids) + new > max_positions:
             raise RequestError(
-                f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {new} new exceed the model's {max_positions} positions"
+                f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {new} new exceed the model's {max_positions} "
+                "positions"
             )
         if kv_capacity and len(p.token_ids) + new > kv_capacity:
             raise RequestError(
@@ -205,7 +214,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     def PullWeights(self, request: pb.PullWeightsRequest, context: grpc.ServicerContext) -> pb.UpdateAck:
         """Pull a version from the local relay (shared memory on the same host) and stage it."""
         if self.relay is None:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this SGS instance has no weight relay (start it with --relay)")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this SGS instance has no weight relay (start it with --relay)")
         if (why := pull_problem(request)) is not None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
         from services.weights.client import RelayError
@@ -232,12 +242,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 self.core.stage_weights(pulled.version, pulled.state)
             except ValueError as err:  # lost a race with a newer UpdateWeights
                 raise WeightError("precondition", str(err)) from None
-        log.info("pulled and staged weight version %d from relay %s (%s%s)", pulled.version, self.relay.address, pulled.path,
-                 ", into a pre-faulted buffer" if pulled.prefaulted else "")
+        log.info("pulled and staged weight version %d from relay %s (%s%s)", pulled.version, self.relay.address,
+                 pulled.path, ", into a pre-faulted buffer" if pulled.prefaulted else "")
         if pulled.path == "tcp":  # over the network: fault in the next version's buffer now, off the next pull's path
             threading.Thread(target=self._reserve_next, args=(pulled.manifest.total_bytes,), name="sgs-reserve",
                              daemon=True).start()
-        return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes, tensors=len(pulled.state))
+        return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes,
+                            tensors=len(pulled.state))
 
     def _reserve_next(self, nbytes: int) -> None:
         with self._pull_lock:  # never while a pull receives; a pull waiting here gets the buffer
@@ -259,7 +270,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             pulled = self.relay.pull(-1, streams=self.relay_streams, wait_s=0.0, specs=specs)
             if pulled.version < version:
                 raise err from None
-            log.info("version %d is no longer held by relay %s: took its newest, %d", version, self.relay.address, pulled.version)
+            log.info("version %d is no longer held by relay %s: took its newest, %d", version, self.relay.address,
+                     pulled.version)
             return pulled
 
     def start_auto_pull(self, period_s: float) -> None:

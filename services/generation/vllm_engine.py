@@ -113,8 +113,9 @@ class VLLMEngine(Engine):
         self.vocab_size = info.vocab_size
         self.max_positions = min(info.max_positions, (cfg.num_blocks - 1) * cfg.page_size)
         if self.max_positions < info.max_positions:
-            log.warning("serving %d of the model's %d positions: the KV budget (generation.num_blocks=%d x page_size=%d) "
-                        "holds no more", self.max_positions, info.max_positions, cfg.num_blocks, cfg.page_size)
+            log.warning("serving %d of the model's %d positions: the KV budget (generation.num_blocks=%d x "
+                        "page_size=%d) holds no more", self.max_positions, info.max_positions, cfg.num_blocks,
+                        cfg.page_size)
         self._eos = list(info.eos_ids)
         self._cfg, self._step_delay_s = cfg, step_delay_s
         per_token = 2 * info.num_layers * info.num_kv_heads * info.head_dim * self._dtype.itemsize
@@ -222,7 +223,9 @@ class VLLMEngine(Engine):
         run.tokens.extend(int(t) for t in comp.token_ids)
         run.logprobs.extend(float(lp[t].logprob) for t, lp in zip(comp.token_ids, comp.logprobs or [], strict=False))
         if len(run.logprobs) != len(run.tokens):
-            raise RuntimeError(f"vLLM returned {len(run.tokens)} tokens but {len(run.logprobs)} log-probs for {out.request_id}")
+            raise RuntimeError(
+                f"vLLM returned {len(run.tokens)} tokens but {len(run.logprobs)} log-probs for {out.request_id}"
+            )
         if not out.finished:
             return None
         del self._running[out.request_id]

@@ -98,7 +98,9 @@ NEEDS_ESTIMATES: set[str] = set()  # policies that use estimates (fall back to r
 NEEDS_COST: set[str] = set()  # policies that need ``ctx.spec``
 
 
-def register_dispatch(name: str, *, estimates: bool = False, cost: bool = False) -> Callable[[DispatchPolicy], DispatchPolicy]:
+def register_dispatch(
+    name: str, *, estimates: bool = False, cost: bool = False
+) -> Callable[[DispatchPolicy], DispatchPolicy]:
     def deco(fn: DispatchPolicy) -> DispatchPolicy:
         if name in _POLICIES:
             raise ValueError(f"dispatch policy {name!r} registered twice")

@@ -168,7 +168,9 @@ class _Instance:
 def _check(jobs: Sequence[Job]) -> None:
     for j in jobs:
         if j.length < 1 or j.prompt_tokens < 0:
-            raise ValueError(f"job {j.seq_id!r}: length must be >= 1 and prompt_tokens >= 0 (got {j.length}, {j.prompt_tokens})")
+            raise ValueError(
+                f"job {j.seq_id!r}: length must be >= 1 and prompt_tokens >= 0 (got {j.length}, {j.prompt_tokens})"
+            )
 
 
 def run_instance(

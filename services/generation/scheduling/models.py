@@ -60,9 +60,15 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "qwen2.5-7b": ModelSpec("qwen2.5-7b", layers=28, q_heads=28, kv_heads=4, hidden=3584, intermediate=18944, vocab=152064),
-    "qwen2.5-32b": ModelSpec("qwen2.5-32b", layers=64, q_heads=40, kv_heads=8, hidden=5120, intermediate=27648, vocab=152064),
-    "qwen2.5-72b": ModelSpec("qwen2.5-72b", layers=80, q_heads=64, kv_heads=8, hidden=8192, intermediate=29568, vocab=152064),
+    "qwen2.5-7b": ModelSpec(
+        "qwen2.5-7b", layers=28, q_heads=28, kv_heads=4, hidden=3584, intermediate=18944, vocab=152064
+    ),
+    "qwen2.5-32b": ModelSpec(
+        "qwen2.5-32b", layers=64, q_heads=40, kv_heads=8, hidden=5120, intermediate=27648, vocab=152064
+    ),
+    "qwen2.5-72b": ModelSpec(
+        "qwen2.5-72b", layers=80, q_heads=64, kv_heads=8, hidden=8192, intermediate=29568, vocab=152064
+    ),
     "braid-tiny": ModelSpec(
         "braid-tiny", layers=4, q_heads=4, kv_heads=2, hidden=128, intermediate=384, vocab=19, tied_embeddings=True,
         dtype_bytes=4,

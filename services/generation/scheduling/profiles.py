@@ -68,7 +68,9 @@ class StepCostFields(StrictModel):
     k4: float = Field(ge=0, description="Seconds: constant per step.")
     k5: float = Field(0.0, ge=0, description="Seconds per (running sequence x cached token): dense-mask attention.")
     prefill_per_token: float = Field(0.0, ge=0, description="Seconds per prompt token prefilled.")
-    per_sequence: float = Field(0.0, ge=0, description="Seconds per admitted sequence (set-up and completion overhead).")
+    per_sequence: float = Field(
+        0.0, ge=0, description="Seconds per admitted sequence (set-up and completion overhead)."
+    )
 
 
 class PTLPoint(StrictModel):
@@ -90,7 +92,9 @@ class Profile(StrictModel):
     watermark: float = Field(0.0, ge=0.0, lt=1.0, description="KV fraction kept free when admitting.")
     step_cost: StepCostFields
     ptl: list[PTLPoint] = Field(min_length=1, description="PTL(batch size) table (measured, or the model evaluated).")
-    fit_rel_rmse: float | None = Field(None, ge=0, description="Relative RMS error of the step-cost fit on the PTL table.")
+    fit_rel_rmse: float | None = Field(
+        None, ge=0, description="Relative RMS error of the step-cost fit on the PTL table."
+    )
     created: str = Field(description="ISO date.")
     notes: str = Field("", description="Free text: how it was made.")
 
@@ -183,7 +187,9 @@ def derive_profile(hardware: str, model_name: str, tp: int | None = None) -> Pro
     tp = tp or _choose_tp(hw, model)
     capacity = _kv_capacity(hw, model, tp)
     if capacity < 1:
-        raise ValueError(f"{model.name} weights ({model.weight_bytes() / 1e9:.1f} GB) leave no KV cache on {tp} x {hw.name}")
+        raise ValueError(
+            f"{model.name} weights ({model.weight_bytes() / 1e9:.1f} GB) leave no KV cache on {tp} x {hw.name}"
+        )
     bw = tp * hw.hbm_tb_s * 1e12 * BW_EFFICIENCY
     k3 = model.decode_flops_per_token() / (tp * hw.bf16_tflops * 1e12 * FLOPS_EFFICIENCY)
     cost = StepCostFields(
@@ -200,13 +206,15 @@ def derive_profile(hardware: str, model_name: str, tp: int | None = None) -> Pro
         for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256)
     ]
     return Profile(
-        hardware=hw.name, source="derived", engine="roofline", model=ProfileModel(name=model.name, fingerprint=model.fingerprint()),
+        hardware=hw.name, source="derived", engine="roofline",
+        model=ProfileModel(name=model.name, fingerprint=model.fingerprint()),
         tensor_parallel=tp, kv_bytes_per_token=model.kv_bytes_per_token(), kv_capacity_tokens=capacity,
         max_batch=GPU_MAX_BATCH, watermark=GPU_WATERMARK, step_cost=cost, ptl=table, created=date.today().isoformat(),
         notes=(
             f"DERIVED from the {hw.name} spec sheet ({hw.source}: {hw.bf16_tflops} BF16 TFLOPS, {hw.hbm_tb_s} TB/s, "
-            f"{hw.hbm_gb} GB), not measured on a GPU. Efficiencies: bandwidth {BW_EFFICIENCY}, FLOPs {FLOPS_EFFICIENCY}; "
-            f"step overhead {STEP_OVERHEAD_S * 1e3:.1f} ms; PTL table evaluated at {context:.0f} cached tokens per sequence."
+            f"{hw.hbm_gb} GB), not measured on a GPU. Efficiencies: bandwidth {BW_EFFICIENCY}, "
+            f"FLOPs {FLOPS_EFFICIENCY}; step overhead {STEP_OVERHEAD_S * 1e3:.1f} ms; PTL table evaluated at "
+            f"{context:.0f} cached tokens per sequence."
         ),
     )
 

@@ -18,21 +18,27 @@ def _parser() -> argparse.ArgumentParser:
                    port_file_help="write 'port[ tls_port]' here once serving")
     parser.add_argument("--id", default="", help="relay id in logs (default host:port)")
     parser.add_argument("--keep", type=int, default=2, help="versions kept (K)")
-    parser.add_argument("--no-shm", action="store_true", help="keep versions in private memory (no same-host fast path)")
+    parser.add_argument("--no-shm", action="store_true",
+                        help="keep versions in private memory (no same-host fast path)")
     parser.add_argument("--max-message-mb", type=int, default=256)
     parser.add_argument("--tls-host", help="serve other sites here (mutual TLS); needs --tls-dir and --site")
     parser.add_argument("--tls-port", type=int, default=0)
-    parser.add_argument("--tls-dir", help="directory made by `braid certs` (with --site: this relay's certificate, also as a client)")
+    parser.add_argument("--tls-dir",
+                        help="directory made by `braid certs` (with --site: this relay's certificate, also as a "
+                             "client)")
     parser.add_argument("--site", default="", help="this relay's site (selects <tls-dir>/<site>.pem)")
     parser.add_argument("--upstream", default="", help="catch up from this relay at start")
     parser.add_argument("--data-path", choices=("tcp", "grpc"), default="tcp",
                         help="how this relay forwards versions to its peers (tcp: the raw-TCP data channel)")
-    parser.add_argument("--data-port", type=int, default=0, help="raw-TCP data channel port on --host (0 = pick a free one)")
-    parser.add_argument("--tls-data-port", type=int, default=0, help="mutual-TLS data channel port on --tls-host (0 = free)")
+    parser.add_argument("--data-port", type=int, default=0,
+                        help="raw-TCP data channel port on --host (0 = pick a free one)")
+    parser.add_argument("--tls-data-port", type=int, default=0,
+                        help="mutual-TLS data channel port on --tls-host (0 = free)")
     parser.add_argument("--advertise-data-port", type=int, default=0,
                         help="name this port in grants instead of --data-port (a NAT, port forward or proxy in front)")
     parser.add_argument("--advertise-tls-data-port", type=int, default=0,
-                        help="name this port in grants instead of --tls-data-port (a NAT, port forward or proxy in front)")
+                        help="name this port in grants instead of --tls-data-port (a NAT, port forward or proxy in "
+                             "front)")
     parser.add_argument("--no-data-channel", action="store_true",
                         help="serve no raw-TCP data channel (clients fall back to gRPC streams)")
     return parser

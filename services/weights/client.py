@@ -147,7 +147,8 @@ class RelayClient:
         if use_shm and wb.blob.path is not None and from_chunk == 0 and self._same_host():
             digests, vdigest = lazy.all(), lazy.version()
             msg = pb.PushMessage(
-                manifest=manifest_to_pb(m, version, chunk_digests=digests, shm_path=str(wb.blob.path), host_id=self._host),
+                manifest=manifest_to_pb(m, version, chunk_digests=digests, shm_path=str(wb.blob.path),
+                                        host_id=self._host),
                 parts=1, version_digest=vdigest, sender=sender,
             )
             try:
@@ -178,7 +179,9 @@ class RelayClient:
 
         def run(part: int) -> None:
             try:
-                acks[part] = self._call_push(self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender))
+                acks[part] = self._call_push(
+                    self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender)
+                )
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 acks[part] = exc
 
@@ -193,7 +196,9 @@ class RelayClient:
                 raise ack
         return any(a.committed for a in acks) or self.versions().versions.get(version, _NONE).complete
 
-    def _push_messages(self, wb, version, digests, vdigest, part, parts, from_chunk, sender) -> Iterator[pb.PushMessage]:
+    def _push_messages(
+        self, wb, version, digests, vdigest, part, parts, from_chunk, sender
+    ) -> Iterator[pb.PushMessage]:
         yield pb.PushMessage(manifest=manifest_to_pb(wb.manifest, version), part=part, parts=parts, sender=sender)
         for ref in wb.manifest.plan[from_chunk:]:
             if ref.index % parts == part:
@@ -222,7 +227,8 @@ class RelayClient:
                 direction="push", version=version, manifest=manifest_to_pb(manifest, version), sender=sender))
             sock, reused = self._dial(grant, dc.PUSH)
             try:
-                answer = datapath.send_version(sock, frames(grant.from_chunk))  # closes the socket unless it ended cleanly
+                # closes the socket unless it ended cleanly
+                answer = datapath.send_version(sock, frames(grant.from_chunk))
             except RelayError as err:
                 if not (reused and err.code == grpc.StatusCode.UNAVAILABLE):
                     raise
@@ -328,7 +334,8 @@ class RelayClient:
         digests = list(head.chunk_digests)
         if len(digests) != len(m.plan) or version_digest(digests) != head.version_digest:
             raise WeightError("integrity", f"version {head.version}: chunk digests do not match the version digest")
-        bad = [r.index for r in m.plan if not check_chunk_digest(view[r.blob_offset : r.blob_offset + r.length], digests[r.index])]
+        bad = [r.index for r in m.plan
+               if not check_chunk_digest(view[r.blob_offset : r.blob_offset + r.length], digests[r.index])]
         if not bad:
             return Pulled(head.version, m, mm, state_from_blob(m, view), head.version_digest, "shm")
         copy = bytearray(view)  # a corrupted shared page: patch a private copy from the stream
@@ -370,17 +377,23 @@ class RelayClient:
                     if got[index]:
                         break
                 else:
-                    raise WeightError("integrity", f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries")
+                    raise WeightError(
+                        "integrity",
+                        f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries",
+                    )
             refetched += len(bad)
         return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "tcp", refetched, prefaulted)
 
     def _receive_range(self, version, m, view, vdigest, start, stop, got, bad, grant=None) -> None:
         if grant is None:
-            grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, from_chunk=start, to_chunk=stop))
+            grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, from_chunk=start,
+                                                          to_chunk=stop))
         digests = list(grant.manifest.chunk_digests)
         if grant.version != version or len(digests) != len(m.plan) or grant.manifest.version_digest != vdigest \
                 or version_digest(digests) != vdigest:
-            raise WeightError("integrity", f"version {version}: the grant's chunk digests do not match the version digest")
+            raise WeightError(
+                "integrity", f"version {version}: the grant's chunk digests do not match the version digest"
+            )
         sock, _ = self._dial(grant, dc.PULL)  # a kept one found closed breaks the pull: it resumes on a fresh one
         datapath.receive_version(sock, m, view, digests, vdigest, start, stop, got, bad)  # closes it unless complete
         self.kept.give(self._data_port(grant), sock)
@@ -443,7 +456,9 @@ class RelayClient:
                 if not still and digests[index]:
                     break
             else:
-                raise WeightError("integrity", f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries")
+                raise WeightError(
+                    "integrity", f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries"
+                )
 
 
 _NONE = VersionState(-1, False, 0, 0, 0, "", 0.0)
@@ -453,4 +468,6 @@ def _check_specs(version: int, m: Manifest, specs: dict | None) -> None:
     m.validate()
     if specs is not None and m.specs() != specs:
         diff = sorted(set(m.specs().items()) ^ set(specs.items()))[:3]
-        raise WeightError("argument", f"version {version} is a different model's parameters (first differences: {diff})")
+        raise WeightError(
+            "argument", f"version {version} is a different model's parameters (first differences: {diff})"
+        )

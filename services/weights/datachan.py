@@ -61,7 +61,8 @@ PREAMBLE_TIMEOUT_S = 10.0
 IO_TIMEOUT_S = 120.0  # no byte for this long: the peer is gone
 KEEPALIVE_S = 60.0  # a connection whose transfer ended cleanly waits this long for the client's next one
 MAX_STATUS_BYTES = 1 << 16
-DRAIN_BYTES = 256 << 20  # after refusing a push, read at most this much of what is in flight (so the sender sees the status)
+# after refusing a push, read at most this much of what is in flight (so the sender sees the status)
+DRAIN_BYTES = 256 << 20
 
 
 class Truncated(ConnectionError):
@@ -96,7 +97,8 @@ class TokenBook:
     def issue(self, version: int, direction: int, *, secure: bool = False, payload: object = None) -> Grant:
         with self._lock:
             self._expire()
-            grant = Grant(secrets.token_bytes(TOKEN_BYTES), version, direction, self.clock() + self.ttl_s, secure, payload)
+            grant = Grant(secrets.token_bytes(TOKEN_BYTES), version, direction, self.clock() + self.ttl_s, secure,
+                          payload)
             self._open[grant.token] = grant
             return grant
 
@@ -252,7 +254,8 @@ class DataServer:
     link has earned is kept (a fresh connection over a long fat link starts slow)."""
 
     def __init__(self, book: TokenBook, handler: Handler, host: str, *, tls: TlsFiles | None = None,
-                 tls_host: str | None = None, port: int = 0, tls_port: int = 0, keepalive_s: float = KEEPALIVE_S) -> None:
+                 tls_host: str | None = None, port: int = 0, tls_port: int = 0,
+                 keepalive_s: float = KEEPALIVE_S) -> None:
         self.book = book
         self.keepalive_s = keepalive_s
         self.handler = handler

@@ -52,7 +52,8 @@ def private_buffer(size: int, populate: bool = False) -> mmap.mmap:
     """A receive buffer: private anonymous memory (cheaper page faults than the shared kind);
     ``populate``: fault every page in now. ``BRAID_HUGEPAGES=1`` asks for transparent huge pages
     (slower here: the kernel compacts memory to find them)."""
-    buf = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (mmap.MAP_POPULATE if populate else 0))
+    buf = mmap.mmap(-1, max(size, 1),
+                    flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (mmap.MAP_POPULATE if populate else 0))
     if os.environ.get("BRAID_HUGEPAGES") and hasattr(mmap, "MADV_HUGEPAGE"):
         buf.madvise(mmap.MADV_HUGEPAGE)
     return buf

@@ -52,9 +52,10 @@ def code_value(code: grpc.StatusCode) -> int:
 
 class RelayDataPlane:
     def __init__(
-        self, store: VersionStore, host: str, *, on_begin: Callable[[Incoming], None], on_commit: Callable[[Incoming], bool],
-        corrupt: set[int], truncate: list[int] | None = None, tls: TlsFiles | None = None, tls_host: str | None = None,
-        ttl_s: float = 30.0, port: int = 0, tls_port: int = 0, advertise: tuple[int, int] = (0, 0),
+        self, store: VersionStore, host: str, *, on_begin: Callable[[Incoming], None],
+        on_commit: Callable[[Incoming], bool], corrupt: set[int], truncate: list[int] | None = None,
+        tls: TlsFiles | None = None, tls_host: str | None = None, ttl_s: float = 30.0, port: int = 0,
+        tls_port: int = 0, advertise: tuple[int, int] = (0, 0),
     ) -> None:
         self.store = store
         self.on_begin = on_begin
@@ -62,7 +63,8 @@ class RelayDataPlane:
         self.corrupt = corrupt
         self.truncate = truncate if truncate is not None else []  # test hook: cut the next pull after N chunks
         self.book = dc.TokenBook(ttl_s)
-        self.server = dc.DataServer(self.book, self.serve, host, tls=tls, tls_host=tls_host, port=port, tls_port=tls_port)
+        self.server = dc.DataServer(self.book, self.serve, host, tls=tls, tls_host=tls_host, port=port,
+                                    tls_port=tls_port)
         # the ports named in grants: the bound ones unless a NAT, port forward or proxy sits in front
         self.ports = (advertise[0] or self.server.port, advertise[1] or self.server.tls_port)
 

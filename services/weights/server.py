@@ -130,7 +130,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         path = Path(m.shm_path)
         if self.store.shm_dir is None or m.host_id != self.host:
             raise WeightError("precondition", "this relay cannot adopt shared memory from that host; stream the chunks")
-        if (path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm")) or not path.name.startswith(SHM_PREFIX):
+        if ((path.parent != Path("/dev/shm") and path.parent.parent != Path("/dev/shm"))
+                or not path.name.startswith(SHM_PREFIX)):
             raise WeightError("argument", f"shm_path {str(path)!r} is not a braid blob in /dev/shm")
         if not path.is_file():
             raise WeightError("argument", f"shm_path {str(path)!r} is not a file")
@@ -229,7 +230,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             ]
             latest = max(self.store.committed, default=-1)
         flat = [r for b in self.branches for r in b[:1]]
-        return pb.VersionsReply(relay_id=self.relay_id, versions=infos, latest=latest, downstream=flat, host_id=self.host)
+        return pb.VersionsReply(relay_id=self.relay_id, versions=infos, latest=latest, downstream=flat,
+                                host_id=self.host)
 
     def Heartbeat(self, request, context) -> pb.VersionsReply:
         return self.Versions(None, context)
@@ -260,7 +262,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             if client is None:
                 secure = address.startswith("tls://")
                 if secure and self.tls is None:
-                    raise RelayError(grpc.StatusCode.FAILED_PRECONDITION, f"{address} needs TLS; this relay has no certificate")
+                    raise RelayError(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"{address} needs TLS; this relay has no certificate")
                 client = RelayClient(address.removeprefix("tls://"), tls=self.tls if secure else None,
                                      max_message_mb=self.max_message_mb, timeout_s=self.hop_timeout_s,
                                      data_path=self.data_path)

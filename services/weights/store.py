@@ -77,7 +77,9 @@ def host_id() -> str:
 class Blob:
     """A writable flat buffer of ``size`` bytes: a shared-memory file or anonymous memory."""
 
-    def __init__(self, size: int, shm_dir: Path | None = None, *, path: Path | None = None, populate: bool = False) -> None:
+    def __init__(
+        self, size: int, shm_dir: Path | None = None, *, path: Path | None = None, populate: bool = False
+    ) -> None:
         """``populate``: allocate and map every page now (a writer then copies at memory speed
         instead of taking a page fault per 4 KiB: the trainer's spare snapshot buffer)."""
         self.size = size
@@ -189,8 +191,8 @@ class VersionStore:
         """Start (or join, for another parallel stream or a resumed one) an arriving version."""
         manifest.validate()
         if manifest.total_bytes > self.max_version_bytes:
-            raise WeightError("resource", f"version {version} has {manifest.total_bytes} bytes; this relay holds at most "
-                                          f"{self.max_version_bytes} per version (its memory)")
+            raise WeightError("resource", f"version {version} has {manifest.total_bytes} bytes; this relay holds "
+                                          f"at most {self.max_version_bytes} per version (its memory)")
         with self.cond:
             if self.fingerprint is not None and manifest.fingerprint() != self.fingerprint:
                 raise WeightError(
@@ -225,7 +227,9 @@ class VersionStore:
         if chunk.version != inc.version:
             raise WeightError("argument", f"chunk of version {chunk.version} in a push of version {inc.version}")
         if not 0 <= i < len(plan):
-            raise WeightError("argument", f"chunk index {i} out of range (version {inc.version} has {len(plan)} chunks)")
+            raise WeightError(
+                "argument", f"chunk index {i} out of range (version {inc.version} has {len(plan)} chunks)"
+            )
         if i <= last_index:
             raise WeightError("argument", f"chunk {i} after chunk {last_index}: chunks out of order or duplicated")
         if parts > 1 and i % parts != part:
@@ -259,7 +263,9 @@ class VersionStore:
         Readers never see the range: it counts only once its digest checked out."""
         plan = inc.manifest.plan
         if not 0 <= index < len(plan):
-            raise WeightError("argument", f"chunk index {index} out of range (version {inc.version} has {len(plan)} chunks)")
+            raise WeightError(
+                "argument", f"chunk index {index} out of range (version {inc.version} has {len(plan)} chunks)"
+            )
         if index <= last_index:
             raise WeightError("argument", f"chunk {index} after chunk {last_index}: chunks out of order or duplicated")
         ref = plan[index]
@@ -295,7 +301,9 @@ class VersionStore:
             raise WeightError("argument", f"{len(digests)} chunk digests for {len(plan)} chunks")
         for ref, d in zip(plan, digests, strict=True):
             if not check_chunk_digest(inc.blob.view[ref.blob_offset : ref.blob_offset + ref.length], d):
-                raise WeightError("integrity", f"chunk {ref.index} ({ref.name!r} at {ref.tensor_offset}): digest mismatch")
+                raise WeightError(
+                    "integrity", f"chunk {ref.index} ({ref.name!r} at {ref.tensor_offset}): digest mismatch"
+                )
         with self.cond:
             inc.digests = list(digests)
             inc.received = inc.prefix = len(plan)
@@ -304,7 +312,9 @@ class VersionStore:
     def set_digest(self, inc: Incoming, digest: str) -> None:
         with self.cond:
             if inc.digest is not None and inc.digest != digest:
-                raise WeightError("integrity", f"version {inc.version}: parallel streams disagree on the version digest")
+                raise WeightError(
+                    "integrity", f"version {inc.version}: parallel streams disagree on the version digest"
+                )
             inc.digest = digest
             self.cond.notify_all()
 
@@ -434,7 +444,9 @@ class VersionStore:
                 if gone or remaining <= 0:
                     what = "no version" if version < 0 else f"version {version}"
                     why = "evicted or never pushed" if gone else "not here"
-                    raise WeightError("not_found", f"{what} is not held ({why}); versions held: {sorted(self.committed)}")
+                    raise WeightError(
+                        "not_found", f"{what} is not held ({why}); versions held: {sorted(self.committed)}"
+                    )
                 self.cond.wait(min(remaining, 0.5))
             stored = self.committed[want]
             stored.pins += 1

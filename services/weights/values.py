@@ -63,7 +63,8 @@ def snapshot_blob(state, chunk_bytes: int, shm_dir: Path | None, spare: Blob | N
     ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
     state = WeightStream.of(state)
     manifest = manifest_of(state.specs, chunk_bytes)
-    fits = spare is not None and spare.size == manifest.total_bytes and (spare.path is not None) == (shm_dir is not None)
+    fits = (spare is not None and spare.size == manifest.total_bytes
+            and (spare.path is not None) == (shm_dir is not None))
     blob = spare if fits else Blob(manifest.total_bytes, shm_dir)
     flatten_into(state, manifest, blob.view)
     return WeightBlob(manifest, blob)

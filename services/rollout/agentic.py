@@ -225,8 +225,9 @@ class AgenticRunner(GroupLifecycle):
         try:
             score = await self.rollout.scorer.score(result)
         except ScoreFailed as err:
-            self.events.put(("dropped", m.tid, Dropped(result.trajectory_id, result.env_kind, result.seed, result.num_turns,
-                                                       f"reward: {err}", err.code, result.generated_tokens)))
+            self.events.put(("dropped", m.tid, Dropped(result.trajectory_id, result.env_kind, result.seed,
+                                                       result.num_turns, f"reward: {err}", err.code,
+                                                       result.generated_tokens)))
             return
         self.events.put(("done", m.tid, result, score))
 
@@ -318,7 +319,8 @@ class AgenticRunner(GroupLifecycle):
             self.log.write(result.buffer_version + 1, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
-        lost = {} if self.router is None else {"instances_lost": self.router.losses, "instance_turns": list(self.router.placed),
+        lost = {} if self.router is None else {"instances_lost": self.router.losses,
+                                               "instance_turns": list(self.router.placed),
                                                "turns_rerun": getattr(self.rollout.generator, "lost_turns", 0)}
         return consumed_metrics(kept) | {"interaction": self.a.interaction, **lost}
 

@@ -38,8 +38,10 @@ def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str],
     envs = EnvPool.connect(env_addresses, executor)
     envs.wait_ready()
     direct = not cfg.uses_router  # the instances themselves, not one router in front of them
-    eligible = (lambda task, n: eligible_instances(task, cfg.generation, range(n))) if direct and cfg.generation.affinity else None
-    generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic", eligible=eligible)
+    eligible = ((lambda task, n: eligible_instances(task, cfg.generation, range(n)))
+                if direct and cfg.generation.affinity else None)
+    generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic",
+                             eligible=eligible)
     if a.agent is not None:  # episodes played by the user's agent through the OpenAI-compatible gateway
         from services.gateway.setup import agent_rollout
 

@@ -68,5 +68,6 @@ def restore(state: dict, version: int, batch: Callable[[int], list[TaskItem]], p
             finished[key] = (problem, v_traj, state["experience"][key])
     counts = Counter(state["counts"])
     counts["regenerated_after_restart"] += len(again)
-    return Restored(mgr, finished, PromptPool.from_batches(batch, prompts_per_iteration, queued=again + state["queued"]),
+    return Restored(mgr, finished,
+                    PromptPool.from_batches(batch, prompts_per_iteration, queued=again + state["queued"]),
                     counts, state.get("failures", {}))

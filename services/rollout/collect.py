@@ -19,7 +19,9 @@ from services.rollout.routing import InstanceRouter
 _END = object()
 
 
-def collect(clients: list[GenerationClient], prompts: list[PromptSpec], params: GenerateParams) -> Iterator[SampleRecord]:
+def collect(
+    clients: list[GenerationClient], prompts: list[PromptSpec], params: GenerateParams
+) -> Iterator[SampleRecord]:
     router = InstanceRouter(len(clients), capacity=1 << 30, versions=lambda: [0] * len(clients))
     shares: dict[int, list[PromptSpec]] = {}
     for spec in prompts:

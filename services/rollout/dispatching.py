@@ -145,7 +145,8 @@ class GroupDispatcher:
         targets: dict[str, int] = {}
         added = [0] * len(views)
         for (version, allowed), ks in classes.items():
-            candidates = [v for v in views if v.alive and v.version == version and (allowed is None or v.index in allowed)]
+            candidates = [v for v in views
+                          if v.alive and v.version == version and (allowed is None or v.index in allowed)]
             placed = self.place([groups[k] for k in ks], candidates) if len(candidates) > 1 else {}
             for k in ks:
                 g = groups[k]

@@ -125,5 +125,7 @@ def _columns(data: list) -> tuple[tuple, tuple[float, ...] | None]:
         raise ValueError('expected every entry to be a {"length", "estimate"} object (or every one a length)')
     estimates = [r["estimate"] for r in data]
     if any(isinstance(x, bool) or not isinstance(x, int | float) for x in estimates):
-        raise ValueError(f"estimates must be numbers, got {[x for x in estimates if not isinstance(x, int | float)][:5]}")
+        raise ValueError(
+            f"estimates must be numbers, got {[x for x in estimates if not isinstance(x, int | float)][:5]}"
+        )
     return tuple(r["length"] for r in data), tuple(float(x) for x in estimates)

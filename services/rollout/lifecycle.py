@@ -80,8 +80,8 @@ class GroupLifecycle:
         self.eta = eta_of(tc)
         self.version = rt.version
         self.mgr = StalenessManager(self.eta, tc.prompts_per_iteration * tc.group_size, tc.group_size,
-                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound, start_version=rt.version,
-                                    end_version=tc.iterations)
+                                    redundancy=tc.redundancy_groups, async_bound=tc.async_bound,
+                                    start_version=rt.version, end_version=tc.iterations)
         self.experience: ExperienceBuffer[Group] = ExperienceBuffer()
         self.counts: Counter[str] = Counter()
         self.failures_of: dict[str, int] = {}  # occupied group -> its samples whose reward failed (trained as 0)
@@ -215,8 +215,8 @@ class GroupLifecycle:
             self._drop(a.key, a.reason)
         staleness = [[self.staleness_of(result, s) for s in g.samples] for g in groups]
         failures = sum(self.failures_of.pop(key, 0) for key in keys)  # among the samples this step trains
-        extra = {"eta": self.eta, "buffer_version": result.buffer_version, **staleness_metrics(result.entries, self.eta),
-                 **self.step_metrics(result, keys, groups)}
+        extra = {"eta": self.eta, "buffer_version": result.buffer_version,
+                 **staleness_metrics(result.entries, self.eta), **self.step_metrics(result, keys, groups)}
         extra |= dict(sorted(self.counts.items()))
         # the state a checkpoint of the step's version holds, copied now: this thread goes on changing it
         due = self.rt.recovery_due(result.buffer_version + 1)

@@ -172,7 +172,8 @@ class Orchestrator(GroupLifecycle):
         self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
         self.fleet = Fleet(trainer, self.router, self.counts, on_join=self._slot_added)
         replay = trainer.cfg.forced_length_replay
-        self.replay = ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates) if replay.file else None
+        self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
+                       if replay.file else None)
         self.estimates = GroupEstimates(self.dispatcher, self.replay) if self.dispatcher is not None else None
         lpt = self.estimates is not None and trainer.cfg.generation.admission == "lpt"
         batches = self.estimates.launch_order(trainer.sampler.batch) if lpt else trainer.sampler.batch
@@ -245,7 +246,8 @@ class Orchestrator(GroupLifecycle):
         dst = self.repack.destination(p.key)
         if dst is not None and views[dst].alive and views[dst].version >= p.version:
             return views[dst]
-        return self.router.pick(p.version, self.mgr.can_reserve, eligible=self._eligible(self.groups[p.group].problem.task))
+        return self.router.pick(p.version, self.mgr.can_reserve,
+                                eligible=self._eligible(self.groups[p.group].problem.task))
 
     def _slot_added(self, i: int) -> None:
         """A joining instance's slot (``fleet.Fleet``): the per-instance lists grow with it."""
@@ -296,12 +298,16 @@ class Orchestrator(GroupLifecycle):
             return {}, {}
         problems = [p for p, _ in batch]
         estimates = self.estimates.take(problems)
-        groups = [NewGroup(p.prompt_id, len(s.token_ids), e, g) for p, s, e in zip(problems, specs, estimates, strict=True)]
-        targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch], [self._eligible(p.task) for p in problems],
+        groups = [NewGroup(p.prompt_id, len(s.token_ids), e, g)
+                  for p, s, e in zip(problems, specs, estimates, strict=True)]
+        targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch],
+                                             [self._eligible(p.task) for p in problems],
                                              self.router.views(), self.capacity)
         return targets, {p.prompt_id: e for p, e in zip(problems, estimates, strict=True) if e is not None}
 
-    def _launch_group(self, problem: TaskItem, spec: PromptSpec, index: int, v_traj: int, estimate: float | None) -> None:
+    def _launch_group(
+        self, problem: TaskItem, spec: PromptSpec, index: int, v_traj: int, estimate: float | None
+    ) -> None:
         key = problem.prompt_id
         self.launched[index] += 1
         forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
@@ -309,7 +315,8 @@ class Orchestrator(GroupLifecycle):
         self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
         forward = estimate if estimate is not None and self.rt.cfg.generation.dispatch.forward_estimates else 0.0
-        spec = replace(spec, forced_length=forced, estimated_length=forward)  # the instance admits it LPT by the estimate
+        # the instance admits it LPT by the estimate
+        spec = replace(spec, forced_length=forced, estimated_length=forward)
         call = _Call(index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))
@@ -365,7 +372,8 @@ class Orchestrator(GroupLifecycle):
         call.open -= 1
         self.router.returned(call.instance)
         if self.dispatcher is not None:
-            self.dispatcher.finished(call.instance, state.estimate, 0 if s.finish_reason == "interrupted" else len(s.token_ids))
+            self.dispatcher.finished(call.instance, state.estimate,
+                                     0 if s.finish_reason == "interrupted" else len(s.token_ids))
         pkey = call.keys[0] if len(call.keys) == 1 else f"{call.group}/{s.sample_index}"
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)

@@ -116,7 +116,8 @@ class PartialResponsePool:
         p = self.get(key)
         first = p.first_version if p.first_version >= 0 else version
         updated = replace(
-            p, token_ids=p.token_ids + token_ids, logprobs=p.logprobs + logprobs, segments=p.segments + 1, first_version=first
+            p, token_ids=p.token_ids + token_ids, logprobs=p.logprobs + logprobs, segments=p.segments + 1,
+            first_version=first,
         )
         self._items[key] = updated
         return updated

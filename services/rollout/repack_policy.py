@@ -65,7 +65,9 @@ class RepackSettings:
         if not 0.0 < self.c_max <= 1.0:
             raise ValueError(f"c_max must be in (0, 1], got {self.c_max}")
         if self.batch_bound < 2:
-            raise ValueError(f"batch_bound must be >= 2 (a destination holds its own and a source's), got {self.batch_bound}")
+            raise ValueError(
+                f"batch_bound must be >= 2 (a destination holds its own and a source's), got {self.batch_bound}"
+            )
         if self.interval_s < 0:
             raise ValueError(f"interval_s must be >= 0, got {self.interval_s}")
 

@@ -12,8 +12,9 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
   ``services.generation.scheduling.pools.eligible_instances``).
 - ``instances_to_sync``: *lazy* synchronisation. An instance takes the newest weights only
   when it is idle, or — with partial rollout only — as soon as it can no longer start
-  trajectories at its version (the bound forbids it). Each sync costs a drain (or, with partial rollout, an interrupt and re-prefill), so
-  syncing only when needed keeps instances busy; the bound keeps the data fresh enough.
+  trajectories at its version (the bound forbids it). Each sync costs a drain (or, with partial
+  rollout, an interrupt and re-prefill), so syncing only when needed keeps instances busy; the
+  bound keeps the data fresh enough.
   Without partial rollout (``pull_on_completion``) an instance takes new weights only when
   idle, as Laminar's rollouts pull on completion: a staged version pauses admission, so staging
   it while the instance still runs a tail makes the instance look ready at the new version and
@@ -121,7 +122,8 @@ class InstanceRouter:
         return pick_instance(v_traj, self.views(), can_reserve, need, eligible, prefer, slack)
 
     def acquire(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1,
-                eligible: Collection[int] | None = None, prefer: int | None = None, slack: int = 0) -> InstanceView | None:
+                eligible: Collection[int] | None = None, prefer: int | None = None,
+                slack: int = 0) -> InstanceView | None:
         """``pick`` and count ``need`` samples on its choice, atomically (concurrent pickers)."""
         with self._lock:
             inst = self.pick(v_traj, can_reserve, need, eligible, prefer, slack)

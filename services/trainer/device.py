@@ -35,7 +35,9 @@ def resolve_device(spec: str, local_rank: int | None = None) -> torch.device:
     count = torch.cuda.device_count()
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index >= count:
-        raise DeviceError(f"trainer.device is {spec!r} but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+        raise DeviceError(
+            f"trainer.device is {spec!r} but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})"
+        )
     return torch.device("cuda", index)
 
 

@@ -99,7 +99,9 @@ class Learner:
         if self.critic is not None:
             self.critic = self.critic.to(device=self.device, dtype=torch.float32).train()
             if tc.activation_checkpointing:
-                self.critic.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                self.critic.backbone.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=self.algo.critic_lr)
         self._normaliser = 0.0
         self.stats = StepStats()
@@ -233,7 +235,8 @@ class Learner:
             return state
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        module, opt = get_state_dict(self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        module, opt = get_state_dict(self.model, self.opt,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {"module": module, "opt": opt} if self.parallel.leader else None
 
     def _module_state(self) -> dict[str, torch.Tensor]:
@@ -279,11 +282,11 @@ class Learner:
         set_optimizer_state_dict(self.model, self.opt, state["opt"] if state else {}, options=options)
 
     def weights(self) -> WeightStream:
-        """The policy's weights by Hugging Face name (with LoRA the adapter's, peft's names), tensor by tensor (``backends``): one
-        process on the torch backend hands out the live tensors (the weight transport copies them
-        out); data parallel, each is all-gathered as it is drawn, a collective every rank makes in
-        the same order, so no rank holds more than one full tensor at a time besides what the
-        consumer keeps."""
+        """The policy's weights by Hugging Face name (with LoRA the adapter's, peft's names), tensor by
+        tensor (``backends``): one process on the torch backend hands out the live tensors (the weight
+        transport copies them out); data parallel, each is all-gathered as it is drawn, a collective
+        every rank makes in the same order, so no rank holds more than one full tensor at a time
+        besides what the consumer keeps."""
         return self.backend.weights()
 
 

@@ -17,9 +17,12 @@ EVICT_EVERY_S = 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="braid env-worker", description="environment worker (gRPC Environment service)")
-    parser.add_argument("--config", default=None, help="run config (YAML or the resolved config.json); default: built-in defaults")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. agentic.latency.kind=fixed")
+    parser = argparse.ArgumentParser(prog="braid env-worker",
+                                     description="environment worker (gRPC Environment service)")
+    parser.add_argument("--config", default=None,
+                        help="run config (YAML or the resolved config.json); default: built-in defaults")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. agentic.latency.kind=fixed")
     add_serve_args(parser)
     parser.add_argument("--id", default="", help="worker id in logs and Health (default host:port)")
     ns = parser.parse_args(argv)

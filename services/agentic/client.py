@@ -69,7 +69,8 @@ class EnvClient:
 
     def reset(self, kind: str, seed: int, trajectory_id: str = "") -> tuple[str, str]:
         """Open a session; return (session id, first observation)."""
-        reply = _call(self._stub.Reset, pb.ResetRequest(kind=kind, seed=seed, trajectory_id=trajectory_id), self.timeout_s)
+        reply = _call(self._stub.Reset, pb.ResetRequest(kind=kind, seed=seed, trajectory_id=trajectory_id),
+                      self.timeout_s)
         return reply.session_id, reply.observation
 
     def step(self, session_id: str, turn: int, action: str, *, timeout_s: float | None = None) -> StepOutcome:

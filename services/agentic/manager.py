@@ -104,7 +104,9 @@ class EnvManager:
         """Open the environment session and tokenize its first observation."""
         self.started_at = self.clock()
         try:
-            self.session_id, text = await self._retry("reset", lambda: self.env.reset(self.kind, self.seed, self.trajectory_id))
+            self.session_id, text = await self._retry(
+                "reset", lambda: self.env.reset(self.kind, self.seed, self.trajectory_id)
+            )
         except Drop as drop:
             return self._drop(drop)
         self.prompt_text = text
@@ -116,8 +118,9 @@ class EnvManager:
         assert self.builder is not None and not self.finished and self._pending is None
         t0 = self.clock()
         context = self.builder.context()
-        sample = await self.generator.generate(f"{self.trajectory_id}/t{len(self.turns)}", context, self.limits.max_new_tokens,
-                                               min_version=self.min_version, task=self.kind)
+        sample = await self.generator.generate(f"{self.trajectory_id}/t{len(self.turns)}", context,
+                                               self.limits.max_new_tokens, min_version=self.min_version,
+                                               task=self.kind)
         if sample.prompt_token_ids != context:
             raise RuntimeError(f"{self.trajectory_id}: the SGS answered for another context than the one sent")
         if sample.finish_reason not in ("stop", "length"):
@@ -161,9 +164,9 @@ class EnvManager:
         if self.dropped is not None:
             return self.dropped
         assert self.builder is not None and self.status is not None
-        return self.builder.build(trajectory_id=self.trajectory_id, env_kind=self.kind, seed=self.seed, turns=self.turns,
-                                  status=self.status, started_at=self.started_at, finished_at=self.finished_at,
-                                  prompt_text=self.prompt_text)
+        return self.builder.build(trajectory_id=self.trajectory_id, env_kind=self.kind, seed=self.seed,
+                                  turns=self.turns, status=self.status, started_at=self.started_at,
+                                  finished_at=self.finished_at, prompt_text=self.prompt_text)
 
     @property
     def generated_tokens(self) -> int:
@@ -186,7 +189,8 @@ class EnvManager:
         delay = self.limits.retry_backoff_s
         for attempt in range(self.limits.step_retries + 1):
             try:
-                return await asyncio.wait_for(call(), self.limits.step_timeout_s + TIMEOUT_GRACE_S)  # type: ignore[arg-type]
+                return await asyncio.wait_for(call(),  # type: ignore[arg-type]
+                                              self.limits.step_timeout_s + TIMEOUT_GRACE_S)
             except TimeoutError:
                 code, reason = "TIMEOUT", f"{what} got no reply within {self.limits.step_timeout_s + TIMEOUT_GRACE_S}s"
             except EnvError as err:

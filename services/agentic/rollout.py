@@ -204,7 +204,9 @@ class Rollout:
         for attempt in range(attempts):
             made = {i: self.manager(f"{tag}-{i}.{attempt}", e, version) for i, e in todo}
             result = self.loop.run(run_trajectory_level([m for m, _ in made.values()], concurrency, clock=time.time))
-            by_id: dict[str, Trajectory | Dropped] = {t.trajectory_id: t for t in [*result.trajectories, *result.dropped]}
+            by_id: dict[str, Trajectory | Dropped] = {
+                t.trajectory_id: t for t in [*result.trajectories, *result.dropped]
+            }
             last = result.dropped
             for i, (m, worker) in made.items():
                 r = by_id[m.trajectory_id]

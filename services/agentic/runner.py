@@ -83,7 +83,8 @@ def make_managers(specs: Sequence[tuple[str, int]], kind: str, backends: Sequenc
     """One manager per (trajectory id, seed); trajectories go to the backends (workers) round robin."""
     if not backends:
         raise ValueError("no environment backends")
-    return [EnvManager(tid, kind, seed, env=backends[i % len(backends)], generator=generator, codec=codec, limits=limits)
+    return [EnvManager(tid, kind, seed, env=backends[i % len(backends)], generator=generator, codec=codec,
+                       limits=limits)
             for i, (tid, seed) in enumerate(specs)]
 
 
@@ -154,7 +155,8 @@ class SgsGenerator:
                  on_sample: Callable[[SampleRecord], None] | None = None,
                  eligible: Callable[[str, int], list[int]] | None = None) -> None:
         # the caller's list itself: instances that join at run time (scale-out) are appended to it
-        self.clients = clients if isinstance(clients, list) else list(clients) if isinstance(clients, tuple) else [clients]
+        self.clients = (clients if isinstance(clients, list)
+                        else list(clients) if isinstance(clients, tuple) else [clients])
         if not self.clients:
             raise ValueError("SgsGenerator needs at least one SGS client")
         self.executor = executor

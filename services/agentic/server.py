@@ -59,6 +59,7 @@ class EnvironmentServicer(pb_grpc.EnvironmentServicer):
 
 def create_server(servicer: EnvironmentServicer, address: str, *, threads: int) -> tuple[grpc.Server, int]:
     """A server bound to ``address`` (port 0 picks a free port); returns (server, port)."""
-    server = new_server(workers=threads + CONTROL_THREADS, thread_name_prefix="env-rpc", max_message_bytes=MAX_MESSAGE_BYTES)
+    server = new_server(workers=threads + CONTROL_THREADS, thread_name_prefix="env-rpc",
+                        max_message_bytes=MAX_MESSAGE_BYTES)
     pb_grpc.add_EnvironmentServicer_to_server(servicer, server)
     return server, bind(server, address)

@@ -72,15 +72,18 @@ class SessionTable:
     def reset(self, kind: str, seed: int, trajectory_id: str) -> tuple[str, str]:
         """Open a session; return (session id, first observation)."""
         if kind not in ENVIRONMENTS:
-            raise EnvRequestError("INVALID_ARGUMENT", f"unknown environment kind {kind[:64]!r}; served: {ENVIRONMENTS.names()}")
+            raise EnvRequestError("INVALID_ARGUMENT",
+                                  f"unknown environment kind {kind[:64]!r}; served: {ENVIRONMENTS.names()}")
         if len(trajectory_id) > MAX_ID_CHARS:
             raise EnvRequestError("INVALID_ARGUMENT", f"trajectory_id is longer than {MAX_ID_CHARS} characters")
         env = ENVIRONMENTS[kind].from_config(self.cfg)
         observation = env.reset(seed)
-        session = Session(uuid.uuid4().hex, kind, trajectory_id, env, LatencySampler(self.cfg.latency, seed), self._clock())
+        session = Session(uuid.uuid4().hex, kind, trajectory_id, env, LatencySampler(self.cfg.latency, seed),
+                          self._clock())
         with self._mutex:
             if len(self._sessions) >= self.cfg.max_sessions:
-                raise EnvRequestError("RESOURCE_EXHAUSTED", f"this worker holds its limit of {self.cfg.max_sessions} sessions")
+                raise EnvRequestError("RESOURCE_EXHAUSTED",
+                                      f"this worker holds its limit of {self.cfg.max_sessions} sessions")
             self._sessions[session.session_id] = session
         return session.session_id, observation.text
 
@@ -89,12 +92,14 @@ class SessionTable:
         with self._mutex:
             session = self._sessions.pop(session_id, None)
         if session is None:
-            raise EnvRequestError("NOT_FOUND", f"no session {session_id[:64]!r} (closed, expired, or never opened here)")
+            raise EnvRequestError("NOT_FOUND",
+                                  f"no session {session_id[:64]!r} (closed, expired, or never opened here)")
         return session.turns
 
     def step(self, session_id: str, turn: int, action: str) -> StepOutcome:
         if len(action) > MAX_ACTION_CHARS:
-            raise EnvRequestError("INVALID_ARGUMENT", f"action of {len(action)} characters; the limit is {MAX_ACTION_CHARS}")
+            raise EnvRequestError("INVALID_ARGUMENT",
+                                  f"action of {len(action)} characters; the limit is {MAX_ACTION_CHARS}")
         session = self._get(session_id)
         if not session.lock.acquire(blocking=False):
             raise EnvRequestError("ABORTED", f"a step of session {session_id} is in flight; retry after it")
@@ -110,7 +115,8 @@ class SessionTable:
         with self._mutex:
             session = self._sessions.get(session_id)
         if session is None:
-            raise EnvRequestError("NOT_FOUND", f"no session {session_id[:64]!r} (closed, expired, or never opened here)")
+            raise EnvRequestError("NOT_FOUND",
+                                  f"no session {session_id[:64]!r} (closed, expired, or never opened here)")
         return session
 
     @staticmethod
@@ -121,9 +127,11 @@ class SessionTable:
         if session.failed:
             raise EnvRequestError("FAILED_PRECONDITION", f"session {session.session_id} failed: {session.failed}")
         if session.done:
-            raise EnvRequestError("FAILED_PRECONDITION", f"session {session.session_id}: the episode is over after {session.turns} turns")
+            raise EnvRequestError("FAILED_PRECONDITION",
+                                  f"session {session.session_id}: the episode is over after {session.turns} turns")
         if turn != session.turns:
-            raise EnvRequestError("FAILED_PRECONDITION", f"session {session.session_id} is at turn {session.turns}, not {turn}")
+            raise EnvRequestError("FAILED_PRECONDITION",
+                                  f"session {session.session_id} is at turn {session.turns}, not {turn}")
         return None
 
     def _apply(self, session: Session, action: str) -> StepOutcome:
@@ -132,7 +140,8 @@ class SessionTable:
         delay = session.latency.sample()
         self._sleep(min(delay, timeout))
         if delay >= timeout:
-            return self._fail(session, "DEADLINE_EXCEEDED", f"step took longer than {timeout}s (injected latency {delay:.3f}s)")
+            return self._fail(session, "DEADLINE_EXCEEDED",
+                              f"step took longer than {timeout}s (injected latency {delay:.3f}s)")
         parsed = ENVIRONMENTS[session.kind].parse_action(action)
         future = self._pool.submit(session.env.step, parsed)
         try:

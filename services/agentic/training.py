@@ -56,7 +56,8 @@ def demonstration(env: Environment, seed: int, policy, max_turns: int) -> Demons
         mask += [1] * len(action)
         out = env.step(env.parse_action(text))
         reward += out.reward
-        obs = [int(i) for i in policy.tokenizer.encode(out.observation.text, add_special_tokens=False)] if out.observation.text else []
+        obs = ([int(i) for i in policy.tokenizer.encode(out.observation.text, add_special_tokens=False)]
+               if out.observation.text else [])
         ids += obs
         mask += [0] * len(obs)
         if out.done:

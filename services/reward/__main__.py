@@ -21,8 +21,10 @@ STOP_GRACE_S = 2.0
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid reward-worker", description="reward worker (gRPC Reward service)")
-    parser.add_argument("--config", default=None, help="run config (YAML or the resolved config.json); default: built-in defaults")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. reward.threads=4")
+    parser.add_argument("--config", default=None,
+                        help="run config (YAML or the resolved config.json); default: built-in defaults")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. reward.threads=4")
     add_serve_args(parser)
     parser.add_argument("--worker-id", default="", help="worker id in logs, Health and replies (default host:port)")
     ns = parser.parse_args(argv)
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rc = cfg.reward
     worker = RewardWorker(rc, fn)
-    server, port = create_server(RewardServicer(worker), f"{ns.host}:{ns.port}", threads=rc.threads, max_queue=rc.max_queue)
+    server, port = create_server(RewardServicer(worker), f"{ns.host}:{ns.port}", threads=rc.threads,
+                                 max_queue=rc.max_queue)
     worker.worker_id = ns.worker_id or f"{ns.host}:{port}"
     server.start()
     publish_port(ns.port_file, port)

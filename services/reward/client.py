@@ -165,7 +165,8 @@ class RewardPool:
             member = self._acquire(tried)
             if member is None:
                 error = RewardError("UNAVAILABLE", "no reward workers in the pool"
-                                    + (f" (membership {self.membership}, version {self.version})" if self.membership else ""))
+                                    + (f" (membership {self.membership}, version {self.version})"
+                                       if self.membership else ""))
                 continue
             tried.add(member.client.address)
             try:

@@ -113,7 +113,9 @@ class ClassifierReward:
         except (OSError, ValueError, KeyError) as err:  # mapped: the worker refuses to start with this message
             raise RewardUnavailable(f"cannot load the reward model in {path}: {type(err).__name__}: {err}") from err
         if model.config.num_labels != 2:
-            raise RewardUnavailable(f"{path}: a reward classifier has 2 labels (wrong, correct), not {model.config.num_labels}")
+            raise RewardUnavailable(
+                f"{path}: a reward classifier has 2 labels (wrong, correct), not {model.config.num_labels}"
+            )
         return cls(model, tokenizer, meta["tasks"], int(meta["max_tokens"]))
 
     def score(self, request: RewardRequest) -> Scored:
@@ -139,7 +141,9 @@ def batch(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
-def probabilities(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Sequence[Sequence[int]]) -> list[float]:
+def probabilities(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, rows: Sequence[Sequence[int]]
+) -> list[float]:
     ids, mask = batch(rows, int(tokenizer.pad_token_id))
     with torch.inference_mode():
         logits = model(input_ids=ids, attention_mask=mask).logits

@@ -86,7 +86,8 @@ def check_request(request: RewardRequest, extra_tasks: Sequence[str] = ()) -> No
         raise InvalidRequest(f"request_id of {len(request.request_id)} characters; the limit is {MAX_ID_CHARS}")
     if len(request.actions) > MAX_TURNS or len(request.observations) > MAX_TURNS:
         raise InvalidRequest(
-            f"{len(request.actions)} actions and {len(request.observations)} observations; the limit is {MAX_TURNS} turns"
+            f"{len(request.actions)} actions and {len(request.observations)} observations; the limit is "
+            f"{MAX_TURNS} turns"
         )
     if len(request.row_json) > MAX_ROW_JSON_CHARS:
         raise InvalidRequest(f"row_json of {len(request.row_json)} characters; the limit is {MAX_ROW_JSON_CHARS}")

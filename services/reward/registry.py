@@ -43,7 +43,9 @@ def _model(cfg: RunConfig) -> RewardFunction:
 def check_model_dir(path: str | None) -> Path:
     """``path`` as a directory `braid reward train` wrote; ``RewardUnavailable`` naming what is missing."""
     if not path:
-        raise RewardUnavailable("reward.kind 'model' needs reward.model_path (a directory written by `braid reward train`)")
+        raise RewardUnavailable(
+            "reward.kind 'model' needs reward.model_path (a directory written by `braid reward train`)"
+        )
     missing = [name for name in ("config.json", "tokenizer.json", MODEL_META) if not (Path(path) / name).is_file()]
     if missing:
         raise RewardUnavailable(f"reward.model_path {path!r} is not a reward model written by `braid reward train` "

@@ -69,12 +69,14 @@ class RuleReward:
             result = env.step(kind.parse_action(action))
             if result.observation.text != observation:
                 raise InvalidRequest(f"turn {turn}: the observation {observation[:_SHOWN]!r} differs from the "
-                                     f"environment's {result.observation.text[:_SHOWN]!r} after action {action[:_SHOWN]!r}")
+                                     f"environment's {result.observation.text[:_SHOWN]!r} after action "
+                                     f"{action[:_SHOWN]!r}")
             total += result.reward
             done = result.done
             invalid += result.info.get("event") == "invalid"
             last = dict(result.info)
-        return Scored(total, {**last, "turns": str(len(actions)), "done": str(done).lower(), "invalid_turns": str(invalid)})
+        return Scored(total, {**last, "turns": str(len(actions)), "done": str(done).lower(),
+                              "invalid_turns": str(invalid)})
 
 
 def score_arith(request: RewardRequest) -> Scored:

@@ -72,7 +72,9 @@ class ScalingLimits:
         if not 1 <= self.min_workers <= self.max_workers:
             raise ValueError(f"need 1 <= min_workers <= max_workers, got {self.min_workers}, {self.max_workers}")
         if not 0 <= self.low_utilisation < self.high_utilisation:
-            raise ValueError(f"need 0 <= low_utilisation < high_utilisation, got {self.low_utilisation}, {self.high_utilisation}")
+            raise ValueError(
+                f"need 0 <= low_utilisation < high_utilisation, got {self.low_utilisation}, {self.high_utilisation}"
+            )
         if self.window_s <= 0 or self.cooldown_s < 0:
             raise ValueError(f"need window_s > 0 and cooldown_s >= 0, got {self.window_s}, {self.cooldown_s}")
 
@@ -90,7 +92,9 @@ class PoolDecision:
     reason: str
 
 
-def window(history: Sequence[LoadSample], current: int, last_change_s: float | None, limits: ScalingLimits) -> list[LoadSample]:
+def window(
+    history: Sequence[LoadSample], current: int, last_change_s: float | None, limits: ScalingLimits
+) -> list[LoadSample]:
     """The newest samples that measure the current size and cover ``window_s`` (fewer when not
     enough exist): at ``current`` workers, starting after the last change plus ``cooldown_s``."""
     settled = -float("inf") if last_change_s is None else last_change_s + limits.cooldown_s

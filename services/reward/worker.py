@@ -94,7 +94,9 @@ class RewardWorker:
             except RewardRequestError:
                 raise
             except Exception as err:  # a bug of the reward function: this request only, reported to its caller
-                raise RewardRequestError("INTERNAL", f"reward kind {self.fn.kind!r} failed: {type(err).__name__}: {err}") from err
+                raise RewardRequestError(
+                    "INTERNAL", f"reward kind {self.fn.kind!r} failed: {type(err).__name__}: {err}"
+                ) from err
         finally:
             with self._mutex:
                 self._in_flight -= 1
@@ -108,7 +110,8 @@ class RewardWorker:
             if self._stopping.is_set():
                 raise RewardRequestError("UNAVAILABLE", f"worker {self.worker_id} is stopping")
             if self._in_flight >= limit:
-                raise RewardRequestError("RESOURCE_EXHAUSTED", f"worker {self.worker_id} holds {self._in_flight} requests "
+                raise RewardRequestError("RESOURCE_EXHAUSTED",
+                                         f"worker {self.worker_id} holds {self._in_flight} requests "
                                          f"({self.cfg.threads} scoring, reward.max_queue {self.cfg.max_queue} queued)")
             self._in_flight += 1
 
@@ -125,7 +128,8 @@ class RewardWorker:
                 raise RewardRequestError("UNAVAILABLE", f"worker {self.worker_id} is stopping")
             if delay >= budget:
                 raise RewardRequestError("DEADLINE_EXCEEDED", f"scoring took longer than reward.timeout_s "
-                                         f"({self.cfg.timeout_s}s) on worker {self.worker_id} (injected latency {delay:.3f}s)")
+                                         f"({self.cfg.timeout_s}s) on worker {self.worker_id} (injected latency "
+                                         f"{delay:.3f}s)")
             return self.fn.score(request)
         finally:
             with self._mutex:

@@ -54,7 +54,9 @@ def site_hardware(site: SiteSpec, where: str) -> tuple[Hardware, float]:
         hw = HARDWARE[site.gpu]
         cost = site.cost_per_gpu if site.cost_per_gpu is not None else hw.cost
         if cost is None:
-            raise AllocationInputError(f"{where}.cost_per_gpu: {site.gpu} has no cost in StreamRL Table 1; set cost_per_gpu")
+            raise AllocationInputError(
+                f"{where}.cost_per_gpu: {site.gpu} has no cost in StreamRL Table 1; set cost_per_gpu"
+            )
         return hw, cost
     missing = [f for f in ("tflops", "memory_gb", "cost_per_gpu") if getattr(site, f) is None]
     if missing:
@@ -63,7 +65,8 @@ def site_hardware(site: SiteSpec, where: str) -> tuple[Hardware, float]:
             f"(a custom kind needs {', '.join(missing)})")
     assert site.tflops is not None and site.memory_gb is not None and site.cost_per_gpu is not None
     intra = site.inter_node_gbps / 8.0
-    hw = Hardware(site.gpu, site.tflops, site.memory_gb, site.memory_tb_s or 0.1, intra, site.cost_per_gpu, "cluster file")
+    hw = Hardware(site.gpu, site.tflops, site.memory_gb, site.memory_tb_s or 0.1, intra, site.cost_per_gpu,
+                  "cluster file")
     return hw, site.cost_per_gpu
 
 
@@ -178,7 +181,9 @@ def build_cost_model(cluster: ClusterSpec, source: str, model: ModelSpec, wl: Wo
     from services.generation.scheduling.dispatch import policy_names
 
     if wl.dispatch not in policy_names():
-        raise AllocationInputError(f"workload {wl.name!r}: dispatch: unknown policy {wl.dispatch!r}; known: {policy_names()}")
+        raise AllocationInputError(
+            f"workload {wl.name!r}: dispatch: unknown policy {wl.dispatch!r}; known: {policy_names()}"
+        )
     idx = {s.name: i for i, s in enumerate(cluster.sites)}
     gsite, tsite = cluster.site("generation"), cluster.site("training")
     gwhere, twhere = f"{source}: sites[{idx[gsite.name]}]", f"{source}: sites[{idx[tsite.name]}]"
@@ -219,8 +224,9 @@ def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | P
     except ValueError as err:
         raise AllocationInputError(f"{cluster_path}: {model.name}: {err}") from None
     elapsed = time.perf_counter() - t0
-    out = {**plan.__dict__, "planning_time_s": elapsed, "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name, "cluster": cluster.name,
-           "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm,
+    out = {**plan.__dict__, "planning_time_s": elapsed,
+           "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name,
+           "cluster": cluster.name, "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm,
            "train_source": train_source(resolve_train_profile(cluster.site("training"), model, wl.algorithm, "")[1]),
            "train_pad_factor": cm.train_wl.padded_tokens / cm.train_wl.tokens}
     best = cm.train_search(plan.train_gpus).best
@@ -248,12 +254,15 @@ def format_table(plan: dict) -> str:
         "",
         f"iteration time     {plan['iteration_s']:.1f} s  (max of the two stages: one-step asynchronous pipeline)",
         f"samples/s          {plan['samples_per_s']:.2f}",
-        f"samples/s per cost {plan['samples_per_s_per_cost']:.4f}  (cost {plan['cost']:.1f}: H20 = 1.00, H800 = 2.85 per GPU)",
+        f"samples/s per cost {plan['samples_per_s_per_cost']:.4f}  "
+        f"(cost {plan['cost']:.1f}: H20 = 1.00, H800 = 2.85 per GPU)",
         f"training time from {plan['train_source']}",
-        f"trainer memory     {plan['train_memory_gb_per_gpu']:.1f} of {plan['train_memory_available_gb']:.1f} GB per GPU",
+        f"trainer memory     {plan['train_memory_gb_per_gpu']:.1f} of {plan['train_memory_available_gb']:.1f} "
+        "GB per GPU",
         f"surplus GPUs       generation site {plan['surplus_gen_gpus']}, training site {plan['surplus_train_gpus']}",
         f"planning time      {plan['planning_time_s']:.3f} s ({plan['gen_evals']} generation simulations)",
     ]
     if "cross_site_weight_transfer_s" in plan:
-        lines.append(f"weights over link  {plan['cross_site_weight_transfer_s']:.1f} s per version (overlapped with training)")
+        lines.append(f"weights over link  {plan['cross_site_weight_transfer_s']:.1f} s per version "
+                     "(overlapped with training)")
     return "\n".join(lines)

@@ -79,12 +79,14 @@ class SiteSpec(StrictModel):
     gpus_per_node: CoreCount = Field(8, ge=1, le=64, description="GPUs per node (tensor parallelism stays inside a "
                                      "node); 'auto' = this machine's CPU cores, as count.")
     inter_node_gbps: float = Field(200.0, gt=0, le=1e5, description="Inter-node network bandwidth per GPU, Gbit/s.")
-    cost_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Relative cost per GPU (default: the kind's StreamRL Table 1 cost).")
+    cost_per_gpu: float | None = Field(None, gt=0, le=1e6, description="Relative cost per GPU (default: the kind's "
+                                       "StreamRL Table 1 cost).")
     roles: list[Literal["generation", "training"]] = Field(min_length=1, description="Stages this site may run.")
     tflops: float | None = Field(None, gt=0, le=1e6, description="Custom kind: dense BF16 (or fp32 for a CPU) TFLOPS.")
     memory_gb: float | None = Field(None, gt=0, le=1e5, description="Custom kind: memory per GPU (device), GB.")
     memory_tb_s: float | None = Field(None, gt=0, le=1e3, description="Custom kind: memory bandwidth, TB/s.")
-    profile: str | None = Field(None, description="PTL profile JSON of this kind x model (default: shipped, else derived).")
+    profile: str | None = Field(None, description="PTL profile JSON of this kind x model (default: shipped, else "
+                                "derived).")
     train_profile: str | None = Field(
         None, description="Training step-time profile JSON of this kind x model (`braid profile-train`), or "
         "'roofline'; training site only; default: the shipped profile of this kind, model, algorithm and "
@@ -106,7 +108,8 @@ class ClusterSpec(StrictModel):
 
     name: str = Field(min_length=1, description="Cluster name.")
     description: str = Field("", description="Free text.")
-    sites: list[SiteSpec] = Field(min_length=1, max_length=2, description="One site (both stages) or two (one per stage).")
+    sites: list[SiteSpec] = Field(min_length=1, max_length=2,
+                                  description="One site (both stages) or two (one per stage).")
     links: list[LinkSpec] = Field(default_factory=list, description="Inter-site links.")
 
     @model_validator(mode="after")
@@ -116,10 +119,14 @@ class ClusterSpec(StrictModel):
         if len(self.sites) == 2:
             roles = sorted(r for s in self.sites for r in s.roles)
             if roles != ["generation", "training"]:
-                raise ValueError(f"two sites need one generation and one training role, got {[s.roles for s in self.sites]}")
+                raise ValueError(
+                    f"two sites need one generation and one training role, got {[s.roles for s in self.sites]}"
+                )
         for site in self.sites:
             if site.train_profile is not None and "training" not in site.roles:
-                raise ValueError(f"site {site.name!r}: train_profile is set but the site has no training role ({site.roles})")
+                raise ValueError(
+                    f"site {site.name!r}: train_profile is set but the site has no training role ({site.roles})"
+                )
         names = {s.name for s in self.sites}
         for link in self.links:
             if not set(link.sites) <= names:
@@ -158,7 +165,8 @@ class WorkloadSpec(StrictModel):
     batch_size: int = Field(ge=1, le=1_000_000, description="Samples generated and trained on per iteration.")
     prompt_tokens: LengthSpec = Field(description="Prompt lengths, tokens.")
     response_tokens: LengthSpec = Field(description="Response (output) lengths, tokens.")
-    algorithm: Literal["grpo", "ppo"] = Field("grpo", description="grpo: policy + reference; ppo: actor, critic, reference.")
+    algorithm: Literal["grpo", "ppo"] = Field("grpo",
+                                              description="grpo: policy + reference; ppo: actor, critic, reference.")
     dispatch: str = Field("lpt", description="SGS dispatch policy simulated (services.generation.scheduling).")
     admission: Literal["fcfs", "lpt"] = Field("lpt", description="Admission order inside each instance.")
     seed: int = Field(0, ge=0, description="Seed of the length draws.")

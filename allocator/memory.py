@@ -72,7 +72,8 @@ class MemoryEstimate:
     def describe(self) -> str:
         return (f"needs {self.needed / 1e9:.1f} GB per GPU (states {self.model_states / 1e9:.1f}, optimizer "
                 f"{self.optimizer / 1e9:.1f}, reference {self.reference / 1e9:.1f}, activations "
-                f"{self.activations / 1e9:.1f}, logits {self.logits / 1e9:.1f}), {self.available / 1e9:.1f} GB available")
+                f"{self.activations / 1e9:.1f}, logits {self.logits / 1e9:.1f}), {self.available / 1e9:.1f} GB "
+                "available")
 
 
 def training_memory(

@@ -60,7 +60,9 @@ class GenPool:
 
     def __post_init__(self) -> None:
         if self.unit % min(self.specs):
-            raise ValueError(f"generation allocation step {self.unit} is not a multiple of the smallest instance {min(self.specs)}")
+            raise ValueError(
+                f"generation allocation step {self.unit} is not a multiple of the smallest instance {min(self.specs)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ class CostModel:
                 t = generation_time(
                     self.gen_wl.prompt_tokens, self.gen_wl.output_tokens, spec, x // tp,
                     policy=self.gen_wl.policy, admission=self.gen_wl.admission,
-                    estimates=[float(v) for v in self.gen_wl.output_tokens],  # the workload's lengths are known (oracle)
+                    # the workload's lengths are known (oracle)
+                    estimates=[float(v) for v in self.gen_wl.output_tokens],
                 )
                 best = min(best, (t, tp))
             self._gen[x] = best
@@ -174,7 +177,8 @@ def make_plan(cm: CostModel, x: int, y: int, *, mode: str, objective: Objective,
     sps = cm.batch_size / it
     surplus = (budget[0] - x - y, 0) if mode == "single-site" else (budget[0] - x, budget[1] - y)
     return Plan(
-        gen_gpus=x, train_gpus=y, gen_parallel=f"DP{x // cm.gen_choice(x)[1]}xTP{cm.gen_choice(x)[1]}", train_parallel=cm.train_parallel(y),
+        gen_gpus=x, train_gpus=y, gen_parallel=f"DP{x // cm.gen_choice(x)[1]}xTP{cm.gen_choice(x)[1]}",
+        train_parallel=cm.train_parallel(y),
         t_gen_s=tg, t_train_s=tt, iteration_s=it, samples_per_s=sps, samples_per_s_per_cost=sps / cm.cost(x, y),
         cost=cm.cost(x, y), gen_kind=cm.gen.kind, train_kind=cm.train.kind, surplus_gen_gpus=surplus[0],
         surplus_train_gpus=surplus[1], mode=mode, objective=objective, gen_evals=cm.gen_evals,  # type: ignore[arg-type]
@@ -220,7 +224,9 @@ def _time_single(cm: CostModel, n: int) -> tuple[int, int]:
     xs = [x for x in _units(cm.gen.unit, n) if (n - x) // cm.train.unit * cm.train.unit in prefix
           and cm.t_train(prefix[(n - x) // cm.train.unit * cm.train.unit]) < math.inf]
     if not xs:
-        raise ValueError(f"{n} GPUs leave no room for one generation instance ({cm.gen.unit} GPUs) and a fitting trainer")
+        raise ValueError(
+            f"{n} GPUs leave no room for one generation instance ({cm.gen.unit} GPUs) and a fitting trainer"
+        )
 
     def y_of(x: int) -> int:
         return prefix[(n - x) // cm.train.unit * cm.train.unit]
@@ -282,7 +288,9 @@ def _best_cost(cm: CostModel, pairs: list[tuple[int, int]], max_iteration_s: flo
     return max(ok, key=lambda p: (cm.batch_size / it(p) / cm.cost(*p), -cm.cost(*p)))
 
 
-def plan_single_site(cm: CostModel, n: int, objective: Objective = "time", max_iteration_s: float | None = None) -> Plan:
+def plan_single_site(
+    cm: CostModel, n: int, objective: Objective = "time", max_iteration_s: float | None = None
+) -> Plan:
     """Algorithm 1, single datacenter: x + y <= n GPUs of one kind."""
     if n < 1:
         raise ValueError(f"GPU budget must be >= 1, got {n}")
@@ -298,12 +306,16 @@ def plan_single_site(cm: CostModel, n: int, objective: Objective = "time", max_i
     return make_plan(cm, x, y, mode="single-site", objective=objective, budget=(n, 0))
 
 
-def plan_two_sites(cm: CostModel, m: int, n: int, objective: Objective = "time", max_iteration_s: float | None = None) -> Plan:
+def plan_two_sites(
+    cm: CostModel, m: int, n: int, objective: Objective = "time", max_iteration_s: float | None = None
+) -> Plan:
     """Algorithm 1, cross datacenter: x <= m generation GPUs, y <= n training GPUs."""
     if m < 1 or n < 1:
         raise ValueError(f"GPU budgets must be >= 1, got m={m}, n={n}")
     if m < cm.gen.unit:
-        raise ValueError(f"{m} generation GPUs cannot hold one generation instance ({cm.gen.unit} GPUs: weights + KV cache)")
+        raise ValueError(
+            f"{m} generation GPUs cannot hold one generation instance ({cm.gen.unit} GPUs: weights + KV cache)"
+        )
     _feasible_train(cm, n, cm.train.kind)
     if objective == "time":
         x, y = _time_two(cm, m, n)

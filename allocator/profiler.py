@@ -127,7 +127,8 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
             k1=coef["k1b"] / kvb, k2=coef["k2"], k3=coef["k3"], k4=coef["k4"], k5=coef["k5"],
             prefill_per_token=coef["prefill_per_token"], per_sequence=coef["per_sequence"],
         ),
-        ptl=[PTLPoint(batch_size=m.batch_size, context_tokens=m.prompt_tokens + m.length / 2, seconds_per_token=m.seconds / m.length) for m in ms],
+        ptl=[PTLPoint(batch_size=m.batch_size, context_tokens=m.prompt_tokens + m.length / 2,
+                      seconds_per_token=m.seconds / m.length) for m in ms],
         fit_rel_rmse=err, created=date.today().isoformat(),
         notes=(
             f"MEASURED by `braid profile` on this host's CPU ({gen.threads} torch thread(s)), engine {gen.engine}, "

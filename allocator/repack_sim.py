@@ -345,7 +345,8 @@ class _Sim:
         result = self.mgr.consume(select=lambda occ, n: sorted(occ, key=lambda e: e.key not in self.trained)[:n])
         keys = [e.key for e in result.entries]
         untrained = [k for k in keys if k not in self.trained]
-        self.busy_until = self.t + (self.train(self._seq_lengths(untrained)) if untrained else 0.0) + self.cfg.optimizer_s
+        self.busy_until = (self.t + (self.train(self._seq_lengths(untrained)) if untrained else 0.0)
+                           + self.cfg.optimizer_s)
         self.out.violations += sum(1 for e in result.entries if e.version + self.cfg.eta < e.buffer_version)
         self.out.iteration_tokens.append(sum(s.length for k in keys for s in self.open[k] if s is not None))
         self.out.iteration_samples.append(sum(len(self.open[k]) for k in keys))
@@ -430,7 +431,8 @@ def repack_ratio(cfg: SimConfig, seeds: Sequence[int], cost: StepCost, train: Tr
         none = simulate(_variant(cfg, False), groups, cost, train)
         rep = simulate(_variant(cfg, True), groups, cost, train)
         rows.append({"seed": seed, "none": none.steady(), "repack": rep.steady(),
-                     "migrations": rep.migrations, "overhead_mean": statistics.mean(rep.overheads) if rep.overheads else None,
+                     "migrations": rep.migrations,
+                     "overhead_mean": statistics.mean(rep.overheads) if rep.overheads else None,
                      "kv": (statistics.mean(none.kv_means), statistics.mean(rep.kv_means)),
                      "violations": none.violations + rep.violations})
     ratios = [r["repack"][0] / r["none"][0] for r in rows]

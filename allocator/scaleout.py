@@ -77,7 +77,9 @@ class ScaleoutLimits:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_instances <= self.max_instances:
-            raise ValueError(f"need 1 <= min_instances <= max_instances, got {self.min_instances}, {self.max_instances}")
+            raise ValueError(
+                f"need 1 <= min_instances <= max_instances, got {self.min_instances}, {self.max_instances}"
+            )
         if self.window < 1 or self.cooldown < 0 or self.scale_in_margin < 0:
             raise ValueError(f"need window >= 1, cooldown >= 0, scale_in_margin >= 0, got {self}")
 
@@ -107,7 +109,9 @@ def added_by_one_fewer(t_gen_s: float, n: int) -> float:
     return t_gen_s / (n - 1)
 
 
-def eligible(history: Sequence[IterationTiming], current: int, last_change: int | None, cooldown: int) -> list[IterationTiming]:
+def eligible(
+    history: Sequence[IterationTiming], current: int, last_change: int | None, cooldown: int
+) -> list[IterationTiming]:
     """Iterations that measure the current configuration: at ``current`` instances and more than
     ``cooldown`` iterations after the last change (``last_change`` = its iteration, or None)."""
     after = -1 if last_change is None else last_change + cooldown
@@ -122,21 +126,25 @@ def decide(
         raise ValueError(f"current instance count must be >= 1, got {current}")
     usable = eligible(history, current, last_change, limits.cooldown)[-limits.window :]
     if len(usable) < limits.window:
-        why = "cooldown" if last_change is not None and history and history[-1].iteration <= last_change + limits.cooldown else "warming up"
-        return ScaleDecision("hold", current, None, None, f"{why}: {len(usable)}/{limits.window} iterations at {current} instances")
+        why = ("cooldown" if last_change is not None and history
+               and history[-1].iteration <= last_change + limits.cooldown else "warming up")
+        return ScaleDecision("hold", current, None, None,
+                             f"{why}: {len(usable)}/{limits.window} iterations at {current} instances")
     t_gen = sum(t.t_gen_s for t in usable) / len(usable)
     t_train = sum(t.t_train_s for t in usable) / len(usable)
     delta = t_gen - t_train
     gain = saved_by_one_more(t_gen, current)
     if delta >= gain:
         if current >= limits.max_instances:
-            return ScaleDecision("hold", current, delta, gain, f"delta {delta:.3f}s >= delta' {gain:.3f}s but at max_instances {current}")
+            return ScaleDecision("hold", current, delta, gain,
+                                 f"delta {delta:.3f}s >= delta' {gain:.3f}s but at max_instances {current}")
         return ScaleDecision("out", current + 1, delta, gain, f"delta {delta:.3f}s >= delta' {gain:.3f}s")
     if limits.scale_in and current > limits.min_instances:
         cost = added_by_one_fewer(t_gen, current)
         if -delta >= (1 + limits.scale_in_margin) * cost:
             return ScaleDecision(
                 "in", current - 1, delta, cost,
-                f"T_train - T_gen {-delta:.3f}s >= (1 + {limits.scale_in_margin}) x {cost:.3f}s added by one fewer unit",
+                f"T_train - T_gen {-delta:.3f}s >= (1 + {limits.scale_in_margin}) x {cost:.3f}s added by one "
+                "fewer unit",
             )
     return ScaleDecision("hold", current, delta, gain, f"delta {delta:.3f}s < delta' {gain:.3f}s")

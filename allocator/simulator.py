@@ -100,7 +100,8 @@ def simulate(
     seqs = [SeqRequest(s.seq_id, s.prompt_tokens, est[s.seq_id], group=s.group) for s in samples]
     ctx = DispatchContext(
         instances=tuple(InstanceLoad(i) for i in range(n_instances)), spec=spec, lengths=lengths,
-        alpha=alpha, admission=admission, errors=errors, scenarios=scenarios, seed=seed, unit=unit,  # type: ignore[arg-type]
+        alpha=alpha, admission=admission, errors=errors, scenarios=scenarios, seed=seed,
+        unit=unit,  # type: ignore[arg-type]
     )
     plan = dispatch(policy, seqs, ctx)
     per_inst: list[list[Job]] = [[] for _ in range(n_instances)]

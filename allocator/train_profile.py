@@ -59,13 +59,16 @@ class TrainPoint(StrictModel):
 
     samples: int = Field(ge=1, le=10_000_000, description="Sequences trained in the step.")
     prompt_tokens: int = Field(ge=1, le=10_000_000, description="Prompt tokens per sequence.")
-    response_tokens: int = Field(ge=1, le=10_000_000, description="Median response tokens per sequence (the grid value).")
+    response_tokens: int = Field(ge=1, le=10_000_000,
+                                 description="Median response tokens per sequence (the grid value).")
     tokens: int = Field(ge=1, description="Prompt + response tokens of the whole step.")
     attn_sq: float = Field(ge=0, description="Sum over sequences of (prompt + response)^2.")
     padded_tokens: int = Field(0, ge=0, description="Tokens the learner computed: sum over its micro-batches of "
                                "size x longest (0: not recorded, = tokens).")
-    padded_attn_sq: float = Field(0.0, ge=0, description="Sum over the micro-batches of size x longest^2 (0: = attn_sq).")
-    micro_batches: int = Field(0, ge=0, description="Micro-batches (forward/backward passes) of the step (0: not recorded).")
+    padded_attn_sq: float = Field(0.0, ge=0, description="Sum over the micro-batches of size x longest^2 "
+                                  "(0: = attn_sq).")
+    micro_batches: int = Field(0, ge=0, description="Micro-batches (forward/backward passes) of the step "
+                               "(0: not recorded).")
     sigma: float = Field(0.0, ge=0, le=5, description="Log-space spread of the response lengths (0: all equal).")
     seconds: float = Field(gt=0, description="Measured seconds of the step (begin + backward + step; median).")
 
@@ -105,13 +108,15 @@ class TrainProfile(StrictModel):
     reference_model: bool = Field(description="Whether the steps ran a reference-model forward (trainer.kl_coef > 0).")
     backend: Literal["torch", "megatron"] = Field("torch", description="trainer.backend the steps ran on.")
     device: str = Field(min_length=1, description="torch device the steps ran on ('cpu', 'cuda:0 (NVIDIA H100 ...)').")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="trainer.dtype: compute precision of the passes.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32",
+                                                  description="trainer.dtype: compute precision of the passes.")
     ranks: int = Field(1, ge=1, le=1024, description="Data-parallel trainer ranks of the measured steps.")
     activation_checkpointing: bool = Field(False, description="trainer.activation_checkpointing of the measured steps.")
     threads: int = Field(ge=1, le=1024, description="torch intra-op threads.")
     group_size: int = Field(8, ge=1, le=100_000, description="trainer.group_size of the measured steps (the "
                             "allocator's expected padding deals a workload's lengths into such groups).")
-    micro_batch_groups: int = Field(8, ge=1, le=100_000, description="trainer.micro_batch_groups: groups per backward call.")
+    micro_batch_groups: int = Field(8, ge=1, le=100_000,
+                                    description="trainer.micro_batch_groups: groups per backward call.")
     micro_batch_tokens: int = Field(MICRO_BATCH_TOKENS, ge=16, le=4_194_304,
                                     description="trainer.micro_batch_tokens: padded tokens per forward/backward pass.")
     response_sigma: float = Field(0.0, ge=0, le=5, description="Log-space spread of the grid's spread points (each "

@@ -176,10 +176,13 @@ def mmlu_prompt(category: str, question: str, options: Sequence[str]) -> str:
     """The zero-shot tail of MMLU-Pro's CoT prompt for one question (see the module docstring)."""
     opts = [o for o in options if o != "N/A"]
     lines = "".join(f"{_LETTERS[i]}. {o}\n" for i, o in enumerate(opts))
-    return f"{MMLU_HEADER.format(category=category)}\nQuestion:\n{question}\nOptions:\n{lines}Answer: Let's think step by step."
+    return (f"{MMLU_HEADER.format(category=category)}\nQuestion:\n{question}\nOptions:\n{lines}"
+            "Answer: Let's think step by step.")
 
 
-def split_indices(n: int, fractions: tuple[float, float, float] = (0.7, 0.2, 0.1), seed: int = 0) -> tuple[list[int], ...]:
+def split_indices(
+    n: int, fractions: tuple[float, float, float] = (0.7, 0.2, 0.1), seed: int = 0
+) -> tuple[list[int], ...]:
     """Shuffle ``range(n)`` with ``seed`` and cut it by ``fractions`` (train, val, test)."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
@@ -188,7 +191,9 @@ def split_indices(n: int, fractions: tuple[float, float, float] = (0.7, 0.2, 0.1
     return order[:a], order[a:b], order[b:]
 
 
-def convert_mmlu(src: str | Path, out_dir: str | Path, model: str = MMLU_DEFAULT_MODEL, seed: int = 0) -> dict[str, int]:
+def convert_mmlu(
+    src: str | Path, out_dir: str | Path, model: str = MMLU_DEFAULT_MODEL, seed: int = 0
+) -> dict[str, int]:
     """MMLU-Pro lengths file -> ``out_dir/{train,val,test}.jsonl`` (lengths in characters).
 
     Questions the target model lacks, or answered with an empty response, are dropped.

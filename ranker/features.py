@@ -38,15 +38,23 @@ _ENUM = re.compile(r"^\s*(?:\(?[A-Za-z]\)|[A-Za-z][.:]|\(?\d{1,2}[.)]|[-*•])\s
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 
 CALC_WORDS = frozenset(
-    ["calculate", "compute", "determine", "find", "evaluate", "estimate", "solve", "how", "many", "much", "value", "total", "sum", "product", "rate", "speed", "velocity", "average", "probability", "percent", "ratio", "volume", "area", "energy", "force", "mass", "pressure", "temperature", "concentration", "frequency", "current", "voltage", "resistance", "interest", "cost", "price", "equation", "integral", "derivative", "maximum", "minimum"]
+    ["calculate", "compute", "determine", "find", "evaluate", "estimate", "solve", "how", "many", "much", "value",
+     "total", "sum", "product", "rate", "speed", "velocity", "average", "probability", "percent", "ratio", "volume",
+     "area", "energy", "force", "mass", "pressure", "temperature", "concentration", "frequency", "current", "voltage",
+     "resistance", "interest", "cost", "price", "equation", "integral", "derivative", "maximum", "minimum"]
 )
 EXPLAIN_WORDS = frozenset(
-    ["explain", "why", "describe", "discuss", "compare", "contrast", "analyze", "argue", "justify", "evaluate", "which", "best", "most", "least", "except", "not", "true", "false", "statement", "following", "correct", "incorrect", "reason", "because"]
+    ["explain", "why", "describe", "discuss", "compare", "contrast", "analyze", "argue", "justify", "evaluate", "which",
+     "best", "most", "least", "except", "not", "true", "false", "statement", "following", "correct", "incorrect",
+     "reason", "because"]
 )
 UNIT_WORDS = frozenset(
-    ["m", "cm", "mm", "km", "kg", "g", "mg", "s", "ms", "min", "h", "hr", "hz", "khz", "mhz", "j", "kj", "kw", "w", "mw", "v", "mv", "a", "ma", "n", "kn", "pa", "kpa", "atm", "mol", "k", "l", "ml", "ft", "in", "lb", "lbm", "lbf", "psi", "btu", "rpm", "ev", "kev", "mev", "nm", "cal", "kcal", "ohm", "ohms", "db", "°c", "°f"]
+    ["m", "cm", "mm", "km", "kg", "g", "mg", "s", "ms", "min", "h", "hr", "hz", "khz", "mhz", "j", "kj", "kw", "w",
+     "mw", "v", "mv", "a", "ma", "n", "kn", "pa", "kpa", "atm", "mol", "k", "l", "ml", "ft", "in", "lb", "lbm", "lbf",
+     "psi", "btu", "rpm", "ev", "kev", "mev", "nm", "cal", "kcal", "ohm", "ohms", "db", "°c", "°f"]
 )
-CODE_WORDS = frozenset(["def", "return", "print", "function", "class", "import", "int", "float", "array", "loop", "while", "for", "if", "else"])
+CODE_WORDS = frozenset(["def", "return", "print", "function", "class", "import", "int", "float", "array", "loop",
+                        "while", "for", "if", "else"])
 
 FEATURE_NAMES: tuple[str, ...] = (
     "chars", "log_chars", "words", "lines", "mean_word_len", "max_line_len",

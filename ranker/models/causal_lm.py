@@ -176,7 +176,8 @@ class CausalLMRanker(Ranker):
         tuned = [p for name, p in top.named_parameters() if not name.startswith("embed_tokens")]
         groups = [{"params": list(head.parameters()), "lr": self.params["head_lr"]},
                   {"params": tuned, "lr": self.params["lr"]}]
-        self.final_loss = tune(cache, target, self._top, groups, [top, head], self.params["epochs"], self.params["seed"])
+        self.final_loss = tune(cache, target, self._top, groups, [top, head], self.params["epochs"],
+                               self.params["seed"])
 
     def _score(self, prompts: list[str]) -> np.ndarray:
         import torch

@@ -69,8 +69,9 @@ class LightGBMRanker(Ranker):
         out = {
             "objective": p["objective"], "learning_rate": p["learning_rate"], "num_leaves": p["num_leaves"],
             # small data sets (a short generation log) still need leaves that can split
-            "min_data_in_leaf": min(p["min_data_in_leaf"], max(3, n // 20)), "feature_fraction": 0.7, "bagging_fraction": 0.8,
-            "bagging_freq": 1, "lambda_l2": 1.0, "verbose": -1, "seed": p["seed"], "deterministic": True,
+            "min_data_in_leaf": min(p["min_data_in_leaf"], max(3, n // 20)), "feature_fraction": 0.7,
+            "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0, "verbose": -1, "seed": p["seed"],
+            "deterministic": True,
             "num_threads": p["threads"],
         }
         if p["objective"] == "lambdarank":
@@ -105,7 +106,8 @@ class LightGBMRanker(Ranker):
                 oof[fold == f] = np.asarray(x_text[fold == f] @ coef).ravel() + icpt
         self.ridge_coef, self.ridge_intercept = self._ridge(x_text, log_lengths)
         dims = min(self.params["svd_dims"], x_text.shape[1] - 1, n - 1)
-        self.svd = TruncatedSVD(dims, random_state=self.params["seed"]).fit(x_text).components_ if dims >= 2 else np.zeros((0, 0))
+        self.svd = (TruncatedSVD(dims, random_state=self.params["seed"]).fit(x_text).components_ if dims >= 2
+                    else np.zeros((0, 0)))
         x = self._design(prompts, stacked=oof)
 
         rounds = min(self.params["max_rounds"], 200)  # no holdout to stop on: a short, safe forest

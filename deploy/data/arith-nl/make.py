@@ -4,8 +4,8 @@ Natural-language arithmetic a 135M instruct model solves sometimes: two-digit ad
 in ten at temperature 0.6 for SmolLM2-135M-Instruct), one-digit addition and multiplication
 tables (about two in five) and small subtractions (about one in five), each family asked in four
 phrasings. Rows: ``{"question": ..., "answer": <int>, "family": ...}``. The test file's 1000
-questions are distinct and never occur in the train file (which repeats some small-family ones). Deterministic: ``python deploy/data/arith-nl/make.py`` rewrites both
-files byte for byte.
+questions are distinct and never occur in the train file (which repeats some small-family ones).
+Deterministic: ``python deploy/data/arith-nl/make.py`` rewrites both files byte for byte.
 """
 
 from __future__ import annotations

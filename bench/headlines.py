@@ -1,13 +1,13 @@
 """Headline numbers in the prose, checked against the results files they come from.
 
-A number quoted in README.md or docs/*.md from a benchmark carries an invisible marker right
-after it (before any unit):
+A number quoted in README.md, bench/README.md or docs/*.md from a benchmark carries an invisible
+marker right after it (before any unit):
 
     one_step **1.88<!--@pipeline.json speedup_one_step_vs_sequential.median .2f-->x** sequential
 
 ``check(text)`` formats the value at that key path of ``bench/results/<file>`` with the format
 spec and reports every marker whose number in the text differs, or whose file or key is gone.
-``tests/unit/test_headlines.py`` runs it over the README and the docs, so a re-run benchmark
+``tests/unit/test_headlines.py`` runs it over those documents, so a re-run benchmark
 whose numbers moved fails the tests until the prose says what the results say.
 
     python bench/headlines.py            # list every marked number and whether it agrees
@@ -30,7 +30,7 @@ RESULTS = ROOT / "bench" / "results"
 MARKER = re.compile(r"<!--@(?P<file>[\w.-]+\.json) (?P<key>[^\s>]+) (?P<fmt>[^\s>]+)-->")
 UNITS = " x*"  # what may stand between the number and its marker
 NUMBER = re.compile(r"[-+]?(?:\d[\d,]*)?\.?\d+%?$")  # a quoted number, at the end of the text before a marker
-DOCS = ("README.md", "docs/*.md")
+DOCS = ("README.md", "bench/README.md", "docs/*.md")  # every document that quotes results
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,8 @@ def check(text: str, where: str = "", results: Path = RESULTS) -> list[Headline]
     out = []
     for m, before, expected, problem in _judged(text, results):
         line = text.count("\n", 0, m.start()) + 1
-        out.append(Headline(f"{where}:{line}", m["file"], m["key"], m["fmt"], before.rstrip(UNITS)[-12:], expected, problem))
+        quoted = before.rstrip(UNITS)[-12:]
+        out.append(Headline(f"{where}:{line}", m["file"], m["key"], m["fmt"], quoted, expected, problem))
     return out
 
 
@@ -120,7 +121,8 @@ def documents(root: Path = ROOT) -> list[Path]:
 
 
 def check_all(root: Path = ROOT) -> list[Headline]:
-    return [h for doc in documents(root) for h in check(doc.read_text(), str(doc.relative_to(root)), root / "bench" / "results")]
+    results = root / "bench" / "results"
+    return [h for doc in documents(root) for h in check(doc.read_text(), str(doc.relative_to(root)), results)]
 
 
 def main() -> int:
@@ -132,7 +134,8 @@ def main() -> int:
                 print("\n".join(f"fixed {doc.relative_to(ROOT)}: {c}" for c in changes))
     headlines = check_all()
     for h in headlines:
-        print(f"{'ok ' if h.ok else 'BAD'} {h.where}: {h.file} {h.key} = {h.expected}" + (f"  ({h.problem})" if h.problem else ""))
+        problem = f"  ({h.problem})" if h.problem else ""
+        print(f"{'ok ' if h.ok else 'BAD'} {h.where}: {h.file} {h.key} = {h.expected}{problem}")
     bad = sum(not h.ok for h in headlines)
     print(f"{len(headlines)} marked numbers, {bad} disagree")
     return 1 if bad else 0

@@ -6,13 +6,13 @@ measured path (``measured_paths``: the bench modules it imports, the project's c
 starts execute, the lock). A result is **fresh** when its tree was clean, its script's recorded
 hash is the script's at its commit, and every path on its measured path still has the recorded
 id at HEAD (a block written before ``code`` existed: the ids of its script's measured path at its
-commit, read from git). Anything else is **stale**, and README.md must say so: its stale table (between
-``<!--stale-begin-->`` and ``<!--stale-end-->``) lists exactly the results files that are not
-fresh, each with the reasons. ``tests/unit/test_record.py`` holds the README to that, and fails on
-a planted mismatch.
+commit, read from git). Anything else is **stale**, and bench/README.md (the benchmarks' page, linked
+from the README) must say so: its stale table (between ``<!--stale-begin-->`` and ``<!--stale-end-->``)
+lists exactly the results files that are not fresh, each with the reasons. ``tests/unit/test_record.py``
+holds that page to it, and fails on a planted mismatch.
 
     python bench/record.py            # every results file: fresh, or why not
-    python bench/record.py --write    # rewrite the README's stale table from the results
+    python bench/record.py --write    # rewrite bench/README.md's stale table from the results
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-README = ROOT / "README.md"
+README = ROOT / "bench" / "README.md"  # the page with the stale table
 # what any benchmark's outcome depends on besides its own imports: the locked packages
 ALWAYS = ("requirements.lock", "pyproject.toml")
 # benchmarks that start Braid's services or flows as processes run code they never import: all of it
@@ -190,7 +190,7 @@ def refers_to_enclosing_run(where: str, block: dict, by_where: dict[str, dict]) 
 
 
 def stale_listed(readme: str) -> dict[str, str]:
-    """The README's stale table: results file -> the reasons it gives."""
+    """A page's stale table: results file -> the reasons it gives."""
     m = _STALE.search(readme)
     if m is None:
         return {}
@@ -204,22 +204,24 @@ def judge_all(results: Path = RESULTS) -> dict[str, list[str]]:
 
 
 def check(results: Path = RESULTS, readme: Path = README, judged: dict[str, list[str]] | None = None) -> list[str]:
-    """Every disagreement between the results' freshness and the README's stale table."""
+    """Every disagreement between the results' freshness and the stale table of ``readme``."""
     listed = stale_listed(readme.read_text())
+    page = str(readme.relative_to(ROOT)) if readme.is_relative_to(ROOT) else readme.name
     bad = []
     for name, problems in (judged if judged is not None else judge_all(results)).items():
         if problems and name not in listed:
-            bad.append(f"{name} is stale but the README does not say so: {'; '.join(problems)}")
+            bad.append(f"{name} is stale but {page} does not say so: {'; '.join(problems)}")
         elif not problems and name in listed:
-            bad.append(f"{name} is fresh but the README lists it as stale")
-    bad += [f"the README lists {name}, which is not a results file" for name in listed
+            bad.append(f"{name} is fresh but {page} lists it as stale")
+    bad += [f"{page} lists {name}, which is not a results file" for name in listed
             if not (results / name).is_file()]
     return bad
 
 
 def stale_table(judged: dict[str, list[str]]) -> str:
     lines = ["| results file | why it is stale |", "|---|---|"]
-    lines += [f"| `{name}` | {'; '.join(problems).replace('|', '/')} |" for name, problems in judged.items() if problems]
+    lines += [f"| `{name}` | {'; '.join(problems).replace('|', '/')} |"
+              for name, problems in judged.items() if problems]
     return "\n".join(lines) + "\n"
 
 
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, problems in judged.items():
         print(f"{name:28s} {'fresh' if not problems else 'STALE: ' + '; '.join(problems)}")
     bad = check(judged=judged)
-    print("\n".join(bad) if bad else "README's stale table agrees with the results")
+    print("\n".join(bad) if bad else f"{README.relative_to(ROOT)}'s stale table agrees with the results")
     return 1 if bad else 0
 
 

@@ -9,21 +9,33 @@ import subprocess
 import pytest
 
 import bench.report_io as report_io
-from bench.record import ROOT, check, code_ids, judge_file, measured_paths, stale_listed
+from bench.record import (
+    README,
+    ROOT,
+    check,
+    code_ids,
+    judge_all,
+    judge_file,
+    measured_paths,
+    stale_listed,
+    write_readme,
+)
 from bench.report_io import RESULTS, SCRATCH, RecordParser, of_record_or_scratch
 
 SCRIPT = "bench/pipeline.py"
 
 
 def _head() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True)
+    return done.stdout.strip()
 
 
 def _fresh_block() -> dict:
     """A provenance block as a clean run at HEAD writes it."""
     script = subprocess.run(["git", "show", f"HEAD:{SCRIPT}"], capture_output=True, cwd=ROOT, check=True).stdout
-    return {"commit": _head(), "dirty": False, "script": SCRIPT, "script_sha256": hashlib.sha256(script).hexdigest()[:16],
-            "code": code_ids(measured_paths(SCRIPT)), "date": "2026-11-28T00:00:00+00:00", "measured_in_this_run": True}
+    return {"commit": _head(), "dirty": False, "script": SCRIPT,
+            "script_sha256": hashlib.sha256(script).hexdigest()[:16], "code": code_ids(measured_paths(SCRIPT)),
+            "date": "2026-11-28T00:00:00+00:00", "measured_in_this_run": True}
 
 
 def _results(tmp_path, **blocks: dict):
@@ -37,7 +49,8 @@ def _results(tmp_path, **blocks: dict):
 def _readme(tmp_path, *stale: str):
     rows = "".join(f"| `{n}` | why |\n" for n in stale)
     path = tmp_path / "README.md"
-    path.write_text(f"text\n<!--stale-begin-->\n| results file | why it is stale |\n|---|---|\n{rows}<!--stale-end-->\n")
+    table = f"| results file | why it is stale |\n|---|---|\n{rows}"
+    path.write_text(f"text\n<!--stale-begin-->\n{table}<!--stale-end-->\n")
     return path
 
 
@@ -58,7 +71,7 @@ def test_a_planted_mismatch_makes_the_result_stale(tmp_path, plant, problem):
     results = _results(tmp_path, a={**_fresh_block(), **plant})
     assert any(problem in p for p in judge_file(results / "a.json")), judge_file(results / "a.json")
     [bad] = check(results, _readme(tmp_path))
-    assert bad.startswith("a.json is stale but the README does not say so") and problem in bad
+    assert bad.startswith("a.json is stale but README.md does not say so") and problem in bad
     assert check(results, _readme(tmp_path, "a.json")) == []  # listed as stale: the README says the truth
 
 
@@ -73,7 +86,8 @@ def test_code_changed_on_the_measured_path_makes_the_result_stale(tmp_path):
 def _block_at(commit: str) -> dict:
     """A clean run's block at ``commit``, written before blocks recorded ``code``."""
     script = subprocess.run(["git", "show", f"{commit}:{SCRIPT}"], capture_output=True, cwd=ROOT, check=True).stdout
-    return {"commit": commit, "dirty": False, "script": SCRIPT, "script_sha256": hashlib.sha256(script).hexdigest()[:16],
+    return {"commit": commit, "dirty": False, "script": SCRIPT,
+            "script_sha256": hashlib.sha256(script).hexdigest()[:16],
             "date": "2026-11-28T00:00:00+00:00", "measured_in_this_run": True}
 
 
@@ -124,12 +138,25 @@ def test_a_part_that_points_at_its_enclosing_run_is_judged_by_that_run(tmp_path)
 def test_a_fresh_result_listed_as_stale_and_a_listed_file_that_is_gone_fail(tmp_path):
     results = _results(tmp_path, a=_fresh_block())
     assert check(results, _readme(tmp_path, "a.json", "gone.json")) == [
-        "a.json is fresh but the README lists it as stale", "the README lists gone.json, which is not a results file"]
+        "a.json is fresh but README.md lists it as stale", "README.md lists gone.json, which is not a results file"]
 
 
-def test_the_readme_says_which_results_of_record_are_stale():
+def test_write_rewrites_the_stale_table_to_what_the_results_say(tmp_path):
+    results = _results(tmp_path, a=_fresh_block(), b={**_fresh_block(), "dirty": True})
+    page = _readme(tmp_path, "a.json")  # says the fresh one is stale and misses the stale one
+    assert len(check(results, page)) == 2
+    write_readme(judge_all(results), page)
+    assert check(results, page) == []
+    assert list(stale_listed(page.read_text())) == ["b.json"] and page.read_text().startswith("text\n")
+
+
+def test_the_benchmarks_page_says_which_results_of_record_are_stale():
+    assert README == ROOT / "bench" / "README.md"
     assert check() == [], "run python bench/record.py --write"
-    assert set(stale_listed((ROOT / "README.md").read_text())) <= {p.name for p in RESULTS.glob("*.json")}
+    assert set(stale_listed(README.read_text())) <= {p.name for p in RESULTS.glob("*.json")}
+    front = (ROOT / "README.md").read_text()
+    assert "bench/README.md" in front, "the README links the page with the stale table"
+    assert "<!--stale-begin-->" not in front, "one stale table, in bench/README.md"
 
 
 def test_the_measured_path_of_a_benchmark_that_starts_the_stack_is_all_of_the_code():

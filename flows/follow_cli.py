@@ -161,4 +161,5 @@ def _main(ns: argparse.Namespace) -> int:
         print("braid follow: no Prefect server configured: export PREFECT_API_URL (`make server` prints it)",
               file=sys.stderr)
         return USAGE
-    return asyncio.run(follow(ns.flow_run_id, ns.deployment, ns.interval, ns.timeout, echo=lambda s: print(s, flush=True)))
+    return asyncio.run(follow(ns.flow_run_id, ns.deployment, ns.interval, ns.timeout,
+                              echo=lambda s: print(s, flush=True)))

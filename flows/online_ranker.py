@@ -106,7 +106,8 @@ def swaps(retrains: list[dict], rows: list[dict]) -> list[tuple[int, float | Non
             out.append(None)
             continue
         t_end, published_at = row.get("t_end"), r.get("published_at")
-        out.append((row["iteration"], None if t_end is None or published_at is None else round(t_end - published_at, 2)))
+        out.append((row["iteration"],
+                    None if t_end is None or published_at is None else round(t_end - published_at, 2)))
     return out
 
 

@@ -27,28 +27,35 @@ class PlanParams(StrictModel):
 
     cluster_file: str = Field("deploy/clusters/local-cpu.yaml", description="Cluster file: sites, GPU kinds, counts, "
                               "interconnect, costs (deploy/clusters/; default: this machine's cores).")
-    model: str = Field("braid-tiny", description="Model: qwen2.5-7b, qwen2.5-32b, qwen2.5-72b or braid-tiny (default: the "
-                       "local tiny model, whose plan sets a run's SGS instances).")
-    workload_file: str = Field("deploy/workloads/tiny.yaml", description="Workload file: batch size and prompt/response "
-                               "lengths (deploy/workloads/).")
-    objective: Literal["time", "cost"] = Field("time", description="time: least iteration time; cost: most samples/s per cost.")
-    max_iteration_s: float | None = Field(None, gt=0, le=1e7, description="Cost objective: only plans at least this fast.")
+    model: str = Field("braid-tiny", description="Model: qwen2.5-7b, qwen2.5-32b, qwen2.5-72b or braid-tiny "
+                       "(default: the local tiny model, whose plan sets a run's SGS instances).")
+    workload_file: str = Field("deploy/workloads/tiny.yaml", description="Workload file: batch size and "
+                               "prompt/response lengths (deploy/workloads/).")
+    objective: Literal["time", "cost"] = Field("time", description="time: least iteration time; cost: most "
+                                               "samples/s per cost.")
+    max_iteration_s: float | None = Field(None, gt=0, le=1e7,
+                                          description="Cost objective: only plans at least this fast.")
     out: str | None = Field(None, description="Also write the plan JSON to this path.")
 
 
 @task(name="plan")
-def plan_step(cluster_file: str, model: str, workload_file: str, objective: str, max_iteration_s: float | None) -> dict[str, Any]:
+def plan_step(
+    cluster_file: str, model: str, workload_file: str, objective: str, max_iteration_s: float | None
+) -> dict[str, Any]:
     from allocator.allocate import plan_files
 
-    return plan_files(cluster_file, model, workload_file, objective=objective, max_iteration_s=max_iteration_s)  # type: ignore[arg-type]
+    return plan_files(cluster_file, model, workload_file, objective=objective,  # type: ignore[arg-type]
+                      max_iteration_s=max_iteration_s)
 
 
 def stage_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [
-        {"stage": "generation (SGS)", "gpus": plan["gen_gpus"], "kind": plan["gen_kind"], "parallel": plan["gen_parallel"],
-         "predicted_s": round(plan["t_gen_s"], 2), "surplus_gpus": plan["surplus_gen_gpus"]},
-        {"stage": "training", "gpus": plan["train_gpus"], "kind": plan["train_kind"], "parallel": plan["train_parallel"],
-         "predicted_s": round(plan["t_train_s"], 2), "surplus_gpus": plan["surplus_train_gpus"]},
+        {"stage": "generation (SGS)", "gpus": plan["gen_gpus"], "kind": plan["gen_kind"],
+         "parallel": plan["gen_parallel"], "predicted_s": round(plan["t_gen_s"], 2),
+         "surplus_gpus": plan["surplus_gen_gpus"]},
+        {"stage": "training", "gpus": plan["train_gpus"], "kind": plan["train_kind"],
+         "parallel": plan["train_parallel"], "predicted_s": round(plan["t_train_s"], 2),
+         "surplus_gpus": plan["surplus_train_gpus"]},
     ]
 
 

@@ -30,15 +30,20 @@ def check_registries(cfg: RunConfig) -> RunConfig:
     if cfg.generation.engine not in ENGINES:
         raise ConfigError(f"generation.engine {cfg.generation.engine!r} is not one of {sorted(ENGINES)}")
     if cfg.generation.dispatch.policy not in policy_names():
-        raise ConfigError(f"generation.dispatch.policy {cfg.generation.dispatch.policy!r} is not one of {policy_names()}")
+        raise ConfigError(
+            f"generation.dispatch.policy {cfg.generation.dispatch.policy!r} is not one of {policy_names()}"
+        )
     for i, pool in enumerate(cfg.generation.pools):
         if pool.hardware not in known_hardware():
-            raise ConfigError(f"generation.pools.{i}.hardware: unknown hardware {pool.hardware!r}; known: {known_hardware()}")
+            raise ConfigError(
+                f"generation.pools.{i}.hardware: unknown hardware {pool.hardware!r}; known: {known_hardware()}"
+            )
     from ranker.base import kinds as ranker_kinds
 
     if cfg.generation.retrain.every and cfg.generation.retrain.kind not in ranker_kinds():
         raise ConfigError(f"generation.retrain.kind {cfg.generation.retrain.kind!r} is not one of {ranker_kinds()}")
-    for field, registry, key in (("agentic.env", ENVIRONMENTS, cfg.agentic.env), ("reward.kind", REWARD_KINDS, cfg.reward.kind)):
+    for field, registry, key in (("agentic.env", ENVIRONMENTS, cfg.agentic.env),
+                                 ("reward.kind", REWARD_KINDS, cfg.reward.kind)):
         if key not in registry:
             raise ConfigError(f"{field}: unknown {registry.what} {key!r}; registered: {registry.names()}")
     return cfg

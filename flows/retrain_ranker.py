@@ -48,11 +48,14 @@ class RetrainParams(StrictModel):
     n_recent: int = Field(20_000, ge=20, le=10_000_000, description="Train on the N most recent finished samples.")
     kind: KindName = Field("lightgbm", description="Model kind to train.")
     holdout_fraction: float = Field(0.1, gt=0.0, le=0.5,
-                                    description="Newest fraction of the samples held out to compare old and new ranker.")
+                                    description="Newest fraction of the samples held out to compare old and new "
+                                    "ranker.")
     min_samples: int = Field(50, ge=10, le=10_000_000, description="Fewest log samples needed to retrain.")
-    require_improvement: bool = Field(False, description="Publish only if the new ranker's recall@20% >= the current one's.")
+    require_improvement: bool = Field(False, description="Publish only if the new ranker's recall@20% >= the current "
+                                      "one's.")
     model_params: dict[str, Any] = Field(default_factory=dict, description="Keyword parameters of the model kind.")
-    work_dir: str | None = Field(None, description="Where to write the data splits and the new ranker (default: a temp dir).")
+    work_dir: str | None = Field(None, description="Where to write the data splits and the new ranker (default: a "
+                                 "temp dir).")
 
 
 @task(name="read-log")

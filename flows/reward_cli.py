@@ -40,8 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     top = sub.add_parser("reward", help="reward service: train the model reward (workers: python -m services.reward)")
     cmds = top.add_subparsers(dest="reward_command", required=True)
     p = cmds.add_parser("train", help="train the model reward on calculator transcripts generated offline")
-    p.add_argument("--config", default="deploy/configs/default.yaml", help="run config (its agentic.calculator section)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override, e.g. agentic.calculator.max_steps=3")
+    p.add_argument("--config", default="deploy/configs/default.yaml",
+                   help="run config (its agentic.calculator section)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="config override, e.g. agentic.calculator.max_steps=3")
     p.add_argument("--out", required=True, help="directory to write the classifier to (reward.model_path)")
     p.add_argument("--steps", type=_positive, default=1500, help="optimizer steps")
     p.add_argument("--examples", type=_positive, default=3000, help="training transcripts (held out: a third as many)")

@@ -153,7 +153,8 @@ class RewardPoolController:
         if previous is None or now <= previous[0]:
             return None
         before = previous[1]
-        deltas = [h.busy_s - before[a] for a, h in healths.items() if a in before and h.busy_s >= before[a]]  # restarted: left out
+        deltas = [h.busy_s - before[a] for a, h in healths.items()
+                  if a in before and h.busy_s >= before[a]]  # restarted: left out
         return LoadSample(now, now - previous[0], len(members), len(deltas), self.cfg.reward.threads, sum(deltas),
                           sum(h.queued for h in healths.values()))
 
@@ -198,7 +199,9 @@ class RewardPoolController:
         deadline = time.monotonic() + self.cfg.reward.timeout_s + STOP_TIMEOUT_S
         while (h := self._health(address)) is not None and h.in_flight > 0:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{svc.name} ({address}) still had {h.in_flight} requests in flight after leaving the pool")
+                raise TimeoutError(
+                    f"{svc.name} ({address}) still had {h.in_flight} requests in flight after leaving the pool"
+                )
             time.sleep(0.05)
         drained = self._clock() - t0
         self._stop(svc)
@@ -206,7 +209,8 @@ class RewardPoolController:
         if client is not None:
             client.close()
         self._log({"event": "scale_in", "address": address, "name": svc.name, "workers": len(self.addresses),
-                   "served": h.served if h is not None else None, "drain_s": drained, "stop_s": self._clock() - t0 - drained})
+                   "served": h.served if h is not None else None, "drain_s": drained,
+                   "stop_s": self._clock() - t0 - drained})
         log.info("reward pool scale-in: %s (%s) left (%d workers)", svc.name, address, len(self.addresses))
 
     # ------------------------------------------------------------------ processes

@@ -170,10 +170,12 @@ class ScaleoutController:
             self._log({"event": "decision", "iteration": timing.iteration, "t_gen_s": timing.t_gen_s,
                        "t_train_s": timing.t_train_s, "delta_s": timing.delta_s, "instances": timing.instances,
                        "window_delta_s": decision.delta_s, "delta_prime_s": decision.delta_prime_s,
-                       "action": "hold" if busy else decision.action, "reason": "a change is in progress" if busy else decision.reason})
+                       "action": "hold" if busy else decision.action,
+                       "reason": "a change is in progress" if busy else decision.reason})
             if decision.action != "hold" and not busy:
                 self.last_change = timing.iteration
-                # the thread runs in a copy of this context: a Prefect flow run's context makes a unit's flow run its subflow
+                # the thread runs in a copy of this context: a Prefect flow run's context makes a unit's flow run
+                # its subflow
                 self._busy = threading.Thread(
                     target=contextvars.copy_context().run, args=(self._act, decision.action, timing.iteration),
                     name="scaleout", daemon=True,

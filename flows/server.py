@@ -204,7 +204,9 @@ def _wait_workers(opts: ServerOptions, pools: list[str], workers: list[dict]) ->
     while pending and time.monotonic() < deadline:
         for w in workers:
             if not pid_alive(w["pid"]):
-                raise ServerError(f"worker for pool {w['pool']!r} exited; last lines of {w['log']}:\n{_tail(Path(w['log']))}")
+                raise ServerError(
+                    f"worker for pool {w['pool']!r} exited; last lines of {w['log']}:\n{_tail(Path(w['log']))}"
+                )
         status, body = api_request(opts.api_url, "GET", f"/work_pools/{pending[0]}", auth=auth)
         if status == 200 and isinstance(body, dict) and body.get("status") == "READY":
             pending.pop(0)
@@ -265,7 +267,8 @@ def start(opts: ServerOptions) -> dict:
     }
     server_log = state_dir / "server.log"
     server_env = {**env, "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false"}
-    pid = _spawn(_prefect("server", "start", "--host", opts.host, "--port", str(opts.port)), server_env, server_log, opts.root)
+    pid = _spawn(_prefect("server", "start", "--host", opts.host, "--port", str(opts.port)), server_env, server_log,
+                 opts.root)
     state["server"] = {"pid": pid, "log": str(server_log)}
     _write_state(state_dir, state)
     try:
@@ -354,7 +357,8 @@ def describe(state: dict) -> str:
     ]
     if state.get("auth"):
         lines.append("Auth:        export PREFECT_API_AUTH_STRING=\"$PREFECT_SERVER_API_AUTH_STRING\"")
-    lines += [f"worker:      pool {w['pool']} (site {w['site']}, pid {w['pid']}, log {w['log']})" for w in state["workers"]]
+    lines += [f"worker:      pool {w['pool']} (site {w['site']}, pid {w['pid']}, log {w['log']})"
+              for w in state["workers"]]
     lines += [f"deployment:  {name}" + ("  (Run it from the UI)" if name == "rl_training/rl-training" else "")
               for name in state.get("deployments", [])]
     lines += [

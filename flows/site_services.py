@@ -121,7 +121,8 @@ def generation_site(
             _serve_site(sup, rd, s, sites, config, checkpoint, cfg_path)
         endpoints = [r["address"] for r in rows if r["role"] != "instance"]  # what the trainer or the router dials
         create_flow_run_input(ENDPOINTS_KEY, endpoints)
-        create_table_artifact(rows, key="sgs-endpoints", description=f"SGS of site {s.name}" + (f", unit {unit}" if unit else ""))
+        create_table_artifact(rows, key="sgs-endpoints",
+                              description=f"SGS of site {s.name}" + (f", unit {unit}" if unit else ""))
         logger.info("site %s serves SGS at %s", s.name, ", ".join(endpoints))
         while not stop.requested():
             sup.check()

@@ -140,8 +140,8 @@ class WandbTracker:
     def start(self, run_name: str, params: dict) -> None:
         config = json.loads((self.run_dir / "config.json").read_text())  # W&B shows nested configs itself
         self.run = self.wandb.init(
-            dir=str(self.run_dir), project=self.project, name=run_name, config=config, mode=self.mode, reinit="create_new",
-            settings=self.wandb.Settings(silent=True, console="off"),
+            dir=str(self.run_dir), project=self.project, name=run_name, config=config, mode=self.mode,
+            reinit="create_new", settings=self.wandb.Settings(silent=True, console="off"),
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

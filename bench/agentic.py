@@ -152,7 +152,8 @@ def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int,
         detail[cv] = {"step_time": flagged_ratio([x["step_time_s"] for x in b], [x["step_time_s"] for x in t]),
                       "trajectories_per_s": flagged_ratio([x["trajectories_per_s"] for x in t],
                                                           [x["trajectories_per_s"] for x in b]),
-                      "traj_step_time_s": [x["step_time_s"] for x in t], "batch_step_time_s": [x["step_time_s"] for x in b]}
+                      "traj_step_time_s": [x["step_time_s"] for x in t],
+                      "batch_step_time_s": [x["step_time_s"] for x in b]}
     out = {"traj_vs_batch": {cv: detail[cv]["step_time"]["median"] for cv in cvs}, "traj_vs_batch_detail": detail}
     gains = [out["traj_vs_batch"][cv] for cv in cvs]
     out["gain_grows_with_variance"] = all(a < b for a, b in itertools.pairwise(gains))
@@ -166,7 +167,8 @@ def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int,
         out["redundant_detail"] = {
             "redundant_trajectories_per_group": redundant, "redundant_groups_per_step": redundant_groups,
             "step_time": ratio,
-            "trajectories_per_s": flagged_ratio([x["trajectories_per_s"] for x in red], [x["trajectories_per_s"] for x in none]),
+            "trajectories_per_s": flagged_ratio([x["trajectories_per_s"] for x in red],
+                                                [x["trajectories_per_s"] for x in none]),
             "aborted_fraction": statistics.median(x["aborted"] / max(1, x["launched"]) for x in red),
             "aborted_tokens_per_run": statistics.median(x["aborted_tokens"] for x in red),
         }
@@ -179,16 +181,18 @@ def markdown(res: dict) -> str:
     lines = [
         "# Agentic rollouts: trajectory- vs batch-level environment interaction, redundant rollouts", "",
         f"Real agentic training runs (`deploy/configs/agentic.yaml`: {s['env']} task, {s['engine']} engine), mode "
-        f"`bounded` with eta = {s.get('eta', 1)}, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, per-turn environment latency "
-        f"N({s['mu']} s, sigma) truncated at 0, {s['workers']} environment workers; {s['rounds']} interleaved rounds of "
-        f"{s['iterations']} steps, the first {s['warmup']} not counted. Ratio of record: median of the per-round ratios "
-        f"of the time per step [range].", "",
-        "| sigma/mu | batch step (s) | trajectory step (s) | trajectory / batch speed-up | trajectories/s ratio | spread >= effect |",
+        f"`bounded` with eta = {s.get('eta', 1)}, {s['groups']} GRPO groups x {s['group_size']} trajectories per step, "
+        f"per-turn environment latency N({s['mu']} s, sigma) truncated at 0, {s['workers']} environment workers; "
+        f"{s['rounds']} interleaved rounds of {s['iterations']} steps, the first {s['warmup']} not counted. Ratio of "
+        f"record: median of the per-round ratios of the time per step [range].", "",
+        "| sigma/mu | batch step (s) | trajectory step (s) | trajectory / batch speed-up | trajectories/s ratio "
+        "| spread >= effect |",
         "|---|---|---|---|---|---|",
     ]
     for cv, d in res["traj_vs_batch_detail"].items():
         st, tp = d["step_time"], d["trajectories_per_s"]
-        lines.append(f"| {cv} | {statistics.median(d['batch_step_time_s']):.2f} | {statistics.median(d['traj_step_time_s']):.2f} "
+        lines.append(f"| {cv} | {statistics.median(d['batch_step_time_s']):.2f} "
+                     f"| {statistics.median(d['traj_step_time_s']):.2f} "
                      f"| **{st['median']:.2f}x** [{st['min']:.2f}-{st['max']:.2f}] | {tp['median']:.2f}x | "
                      f"{'yes' if st['spread_as_large_as_effect'] else 'no'} |")
     if "goal" in res:
@@ -196,12 +200,13 @@ def markdown(res: dict) -> str:
                       f"**{'met' if res['goal_met'] else 'missed'}** (grows: {res['gain_grows_with_variance']})."]
     if "redundant_detail" in res:
         d = res["redundant_detail"]
-        lines += ["", f"Redundant environment rollouts at sigma/mu = 1.0 ({d['redundant_groups_per_step']} extra groups per "
-                      f"step, {d['redundant_trajectories_per_group']} extra trajectories per group; the first to finish "
-                      f"are trained, the rest aborted): step-time speed-up **{d['step_time']['median']:.2f}x** "
-                      f"[{d['step_time']['min']:.2f}-{d['step_time']['max']:.2f}], trajectories/s "
-                      f"{d['trajectories_per_s']['median']:.2f}x; {d['aborted_fraction']:.0%} of the launched trajectories "
-                      f"were aborted ({d['aborted_tokens_per_run']:.0f} generated tokens thrown away per run)."]
+        lines += ["", f"Redundant environment rollouts at sigma/mu = 1.0 ({d['redundant_groups_per_step']} extra "
+                      f"groups per step, {d['redundant_trajectories_per_group']} extra trajectories per group; the "
+                      f"first to finish are trained, the rest aborted): step-time speed-up "
+                      f"**{d['step_time']['median']:.2f}x** [{d['step_time']['min']:.2f}-{d['step_time']['max']:.2f}], "
+                      f"trajectories/s {d['trajectories_per_s']['median']:.2f}x; {d['aborted_fraction']:.0%} of the "
+                      f"launched trajectories were aborted ({d['aborted_tokens_per_run']:.0f} generated tokens thrown "
+                      f"away per run)."]
     lines += ["", f"Staleness violations: {res['violations']}.", "", provenance_line(res["provenance"]), ""]
     return "\n".join(lines)
 
@@ -216,7 +221,8 @@ def plot(res: dict, path: Path) -> None:
     cvs = list(detail)
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     x = range(len(cvs))
-    for label, key, color in (("batch level", "batch_step_time_s", "tab:red"), ("trajectory level", "traj_step_time_s", "tab:blue")):
+    for label, key, color in (("batch level", "batch_step_time_s", "tab:red"),
+                              ("trajectory level", "traj_step_time_s", "tab:blue")):
         med = [statistics.median(detail[cv][key]) for cv in cvs]
         lo = [m - min(detail[cv][key]) for m, cv in zip(med, cvs, strict=True)]
         hi = [max(detail[cv][key]) - m for m, cv in zip(med, cvs, strict=True)]
@@ -252,8 +258,10 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--mu", type=float, default=0.5, help="mean environment latency per turn (s)")
     parser.add_argument("--min-steps", type=int, default=3, help="fewest calculator subtractions (more turns)")
-    parser.add_argument("--redundant", type=int, default=2, help="extra trajectories per group in the redundant variant")
-    parser.add_argument("--redundant-groups", type=int, default=2, help="extra groups per step in the redundant variant")
+    parser.add_argument("--redundant", type=int, default=2,
+                        help="extra trajectories per group in the redundant variant")
+    parser.add_argument("--redundant-groups", type=int, default=2,
+                        help="extra groups per step in the redundant variant")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--eval-prompts", type=int, default=8)
     parser.add_argument("--eta", type=int, default=1, help="staleness bound of both variants (bounded mode)")
@@ -264,7 +272,8 @@ def main() -> int:
     ns = parser.parse_args()
     cvs = tuple(c.strip() for c in ns.cvs.split(",") if c.strip())
     if ns.quick:
-        ns.rounds, ns.iterations, ns.warmup, ns.groups = QUICK["rounds"], QUICK["iterations"], QUICK["warmup"], QUICK["groups"]
+        ns.rounds, ns.iterations, ns.warmup, ns.groups = (QUICK["rounds"], QUICK["iterations"], QUICK["warmup"],
+                                                          QUICK["groups"])
         cvs = QUICK["cvs"]
     if ns.rounds < 1 or ns.iterations <= ns.warmup:
         parser.error("--rounds must be >= 1 and --iterations > --warmup")
@@ -281,7 +290,8 @@ def main() -> int:
     for r in range(ns.rounds):
         for name in round_order(names, r):
             done = sum(len(v) for v in runs.values())
-            print(f"[{done + 1}/{len(names) * ns.rounds}] round {r}: {name} ({time.time() - t0:.0f}s elapsed)", flush=True)
+            print(f"[{done + 1}/{len(names) * ns.rounds}] round {r}: {name} ({time.time() - t0:.0f}s elapsed)",
+                  flush=True)
             runs[name].append(run_one(name, plan[name], r, ns, checkpoint, work))
             print(f"    step {runs[name][-1]['step_time_s']:.2f} s", flush=True)
     res = summarize(runs, cvs, ns.redundant, ns.redundant_groups)

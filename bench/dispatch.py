@@ -41,7 +41,8 @@ PROMPT_UNIT = ("random", "round_robin", "lpt", "streamrl")  # also dispatched by
 TARGET_REGIME = "h20/long-multi"
 TRAINING_KEYS = ("training", "ranker_vs_best_length_blind", "oracle_vs_best_length_blind")  # dispatch_train.py's
 CPU_SIM_MAX_BATCH = 32  # the real-engine configuration below (max_inflight)
-CPU_SIM_KV_TOKENS = 4_000_000  # room for 20K-token outputs (the shipped CPU profile's cache is a 16K-token test setting)
+# room for 20K-token outputs (the shipped CPU profile's cache is a 16K-token test setting)
+CPU_SIM_KV_TOKENS = 4_000_000
 HOW_TO_ESTIMATE = (
     "bench/dispatch.py needs the ranker's estimates: --estimates FILE, JSONL rows "
     '{"prompt", "response_length", "estimated_length"} as written by '
@@ -138,7 +139,8 @@ def regime_point(rows, prof: str, lengths: str, rounds: str, unit: str, n: int, 
                 if oracle and name.endswith("+fcfs") and name in REGIME_BLIND:
                     continue  # uses no estimate
                 ms = simulate(samples, spec, n, policy=policy, admission=inside, oracle=oracle, seed=seed, unit=unit,
-                              lengths=None if oracle else dist, errors=None if oracle else errors, scenarios=2).makespan_s
+                              lengths=None if oracle else dist, errors=None if oracle else errors,
+                              scenarios=2).makespan_s
                 runs.setdefault(name + ("/oracle" if oracle else ""), []).append(ms)
     blind_r = [min(runs[b][k] for b in REGIME_BLIND) for k in range(seeds)]
     blind_o = [min(runs.get(b + "/oracle", runs[b])[k] for b in REGIME_BLIND) for k in range(seeds)]
@@ -184,8 +186,9 @@ def regime_search(rows, *, cpt: float, quick: bool) -> tuple[list[dict], dict]:
         t0 = time.time()
         points.append(regime_point(rows, prof, lengths, rounds, unit, n, cpt=cpt, seeds=REGIME_SEEDS))
         p = points[-1]
-        print(f"regime {prof}/{lengths}-{rounds}/{unit}/N={n}: {p['policy']} oracle {p['oracle_vs_best_blind']['median']:.3f}x "
-              f"ranker {p['ranker_vs_best_blind']['median']:.3f}x vs best blind ({time.time() - t0:.1f}s)", flush=True)
+        print(f"regime {prof}/{lengths}-{rounds}/{unit}/N={n}: {p['policy']} oracle "
+              f"{p['oracle_vs_best_blind']['median']:.3f}x ranker {p['ranker_vs_best_blind']['median']:.3f}x vs best "
+              f"blind ({time.time() - t0:.1f}s)", flush=True)
     return points, pick_regime(points)
 
 
@@ -201,12 +204,15 @@ def estimate_sensitivity(rows, chosen: dict, *, cpt: float) -> list[dict]:
 
     out = []
     for sigma in SENSITIVITY_SIGMAS:
-        p = regime_point(rows, chosen["profile"], chosen["lengths"], chosen["rounds"], chosen["unit"], chosen["instances"],
-                         cpt=cpt, seeds=chosen["seeds"], noise=sigma, aware=(chosen["policy"],))
-        w = with_synthetic_estimates(build_workload(rows, chosen["lengths"], chosen["rounds"], chars_per_token=cpt, seed=0),
+        p = regime_point(rows, chosen["profile"], chosen["lengths"], chosen["rounds"], chosen["unit"],
+                         chosen["instances"], cpt=cpt, seeds=chosen["seeds"], noise=sigma, aware=(chosen["policy"],))
+        w = with_synthetic_estimates(build_workload(rows, chosen["lengths"], chosen["rounds"], chars_per_token=cpt,
+                                                    seed=0),
                                      sigma, 0)
-        out.append({"sigma": sigma, "spearman": float(spearmanr([a for _, a in w.history], [e for e, _ in w.history]).statistic),
-                    "ranker_vs_round_robin": p["ranker_vs_round_robin"], "ranker_vs_best_blind": p["ranker_vs_best_blind"]})
+        out.append({"sigma": sigma,
+                    "spearman": float(spearmanr([a for _, a in w.history], [e for e, _ in w.history]).statistic),
+                    "ranker_vs_round_robin": p["ranker_vs_round_robin"],
+                    "ranker_vs_best_blind": p["ranker_vs_best_blind"]})
         print(f"sensitivity sigma={sigma}: spearman {out[-1]['spearman']:.2f}, vs round-robin "
               f"{p['ranker_vs_round_robin']['median']:.3f}x", flush=True)
     return out
@@ -242,7 +248,8 @@ def main() -> int:
 
     parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--estimates", help="JSONL: prompt, response_length, estimated_length (braid ranker annotate)")
-    parser.add_argument("--length-unit", choices=("chars", "tokens"), default="chars", help="unit of the file's lengths")
+    parser.add_argument("--length-unit", choices=("chars", "tokens"), default="chars",
+                        help="unit of the file's lengths")
     parser.add_argument("--chars-per-token", type=float, default=4.0)
     parser.add_argument("--quick", action="store_true", help="fewer seeds and a shorter real-engine run (< 5 min)")
     parser.add_argument("--skip-real", action="store_true", help="simulation only")
@@ -281,21 +288,24 @@ def main() -> int:
         "makespan_s": makespan,
         **targets(makespan),
         "regime": {k: chosen[k] for k in ("profile", "lengths", "rounds", "unit", "instances", "policy", "seeds")}
-        | {"selection": "grid point where the best length-aware policy with true lengths beats every length-blind policy "
-                        "(round_robin, least_loaded; FCFS or LPT admission inside) by the most, median over seeds, "
-                        "among points where it wins on every seed; the ranker's numbers are for the same policy"},
+        | {"selection": "grid point where the best length-aware policy with true lengths beats every length-blind "
+                        "policy (round_robin, least_loaded; FCFS or LPT admission inside) by the most, median over "
+                        "seeds, among points where it wins on every seed; the ranker's numbers are for the same "
+                        "policy"},
         "ranker_vs_round_robin": chosen["ranker_vs_round_robin"],
         "oracle_vs_round_robin": chosen["oracle_vs_round_robin"],
         "ranker_vs_best_blind": chosen["ranker_vs_best_blind"],
         "oracle_vs_best_blind": chosen["oracle_vs_best_blind"],
-        "ranker_kept_of_oracle_gain": (chosen["ranker_vs_best_blind"]["median"] - 1) / (chosen["oracle_vs_best_blind"]["median"] - 1)
+        "ranker_kept_of_oracle_gain": (chosen["ranker_vs_best_blind"]["median"] - 1)
+        / (chosen["oracle_vs_best_blind"]["median"] - 1)
         if chosen["oracle_vs_best_blind"]["median"] != 1 else None,
         "regime_search": points,
         "estimate_sensitivity": estimate_sensitivity(rows, chosen, cpt=cpt),
         "ranker_quality": ranker_quality(rows),
         "estimates_file": str(ns.estimates),
         "estimates_label": ns.label,
-        "lengths_unit": "tokens" + (f" (file lengths in characters / {ns.chars_per_token:g})" if ns.length_unit == "chars" else ""),
+        "lengths_unit": "tokens" + (f" (file lengths in characters / {ns.chars_per_token:g})"
+                                    if ns.length_unit == "chars" else ""),
         "makespan_unit": "seconds (simulated unless under 'real')",
         "instances": N_INSTANCES,
         "quick": ns.quick,

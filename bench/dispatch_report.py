@@ -27,11 +27,11 @@ def _regime_lines(r: dict) -> list[str]:
     lines = [
         "## Where length-aware dispatch should matter (regime search)",
         "",
-        f"Grid: profile x lengths x rounds x dispatch unit x instances, {g['seeds']} workload seeds each (which prompts "
-        "form the batch); every ratio is the median over seeds with its range [min-max]. Length-blind = round_robin "
-        "and least_loaded, FCFS or LPT admission inside (LPT inside uses the ranker's estimates in ranker runs, true "
-        "lengths in oracle runs); length-aware = lpt and streamrl dispatch, FCFS or LPT inside. Per point, the "
-        "length-aware policy is the one whose **true-length** run gains the most; the ranker column is that same "
+        f"Grid: profile x lengths x rounds x dispatch unit x instances, {g['seeds']} workload seeds each (which "
+        "prompts form the batch); every ratio is the median over seeds with its range [min-max]. Length-blind = "
+        "round_robin and least_loaded, FCFS or LPT admission inside (LPT inside uses the ranker's estimates in ranker "
+        "runs, true lengths in oracle runs); length-aware = lpt and streamrl dispatch, FCFS or LPT inside. Per point, "
+        "the length-aware policy is the one whose **true-length** run gains the most; the ranker column is that same "
         "policy fed the ranker's estimates.",
         "",
         f"**Regime of record** ({g['selection']}): `{g['profile']}`, {g['lengths']} lengths, {g['rounds']} round(s), "
@@ -41,15 +41,15 @@ def _regime_lines(r: dict) -> list[str]:
         f"{_rs(r['ranker_vs_best_blind'])} vs the best length-blind policy"
         + (f"; the ranker keeps {kept:.0%} of the oracle's gain." if kept is not None else "."),
         "",
-        "| profile | lengths | rounds | unit | N | policy (best with true lengths) | oracle vs best blind | ranker vs best blind "
-        "| ranker vs round-robin | best ranker policy vs best blind |",
+        "| profile | lengths | rounds | unit | N | policy (best with true lengths) | oracle vs best blind "
+        "| ranker vs best blind | ranker vs round-robin | best ranker policy vs best blind |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in pts:
         lines.append(
-            f"| {p['profile']} | {p['lengths']} | {p['rounds']} | {p['unit']} | {p['instances']} | {p['policy']} | "
-            f"{_rs(p['oracle_vs_best_blind'])} | {_rs(p['ranker_vs_best_blind'])} | {_rs(p['ranker_vs_round_robin'])} | "
-            f"`{p['best_ranker_policy']}` {_rs(p['best_ranker_vs_best_blind'])} |"
+            f"| {p['profile']} | {p['lengths']} | {p['rounds']} | {p['unit']} | {p['instances']} | {p['policy']} "
+            f"| {_rs(p['oracle_vs_best_blind'])} | {_rs(p['ranker_vs_best_blind'])} "
+            f"| {_rs(p['ranker_vs_round_robin'])} | `{p['best_ranker_policy']}` {_rs(p['best_ranker_vs_best_blind'])} |"
         )
     if r.get("estimate_sensitivity"):
         lines += [
@@ -59,7 +59,8 @@ def _regime_lines(r: dict) -> list[str]:
             "",
             "| sigma | Spearman (history rows) | vs round-robin | vs best length-blind |",
             "|---|---|---|---|",
-            *(f"| {x['sigma']:g} | {x['spearman']:.2f} | {_rs(x['ranker_vs_round_robin'])} | {_rs(x['ranker_vs_best_blind'])} |"
+            *(f"| {x['sigma']:g} | {x['spearman']:.2f} | {_rs(x['ranker_vs_round_robin'])} "
+              f"| {_rs(x['ranker_vs_best_blind'])} |"
               for x in r["estimate_sensitivity"]),
         ]
     return [*lines, ""]
@@ -73,10 +74,10 @@ def markdown(r: dict) -> str:
         *([provenance_line(r["provenance"]), ""] if "provenance" in r else []),
         f"{r['instances']} instances, discrete-event simulation calling the SGS's own policy code; lengths in "
         f"{r['lengths_unit']}; makespan in seconds (speedup vs random dispatch with FCFS admission in brackets). "
-        f"Ranker estimates: {r['estimates_label']} (`{r['estimates_file']}`; recall@20 {q['recall_at_20']:.2f}, @10 {q['recall_at_10']:.2f}, "
-        f"@5 {q['recall_at_5']:.2f}, Spearman {q['spearman']:.2f}, n={q['n']}). `cpu` = measured CPU profile "
-        "(tiny model, this host); `h20` = H20 x Qwen2.5-7B, **derived** from the spec sheet (not measured on a GPU). "
-        f"Host: {r['host']}{'; --quick' if r['quick'] else ''}.",
+        f"Ranker estimates: {r['estimates_label']} (`{r['estimates_file']}`; recall@20 {q['recall_at_20']:.2f}, @10 "
+        f"{q['recall_at_10']:.2f}, @5 {q['recall_at_5']:.2f}, Spearman {q['spearman']:.2f}, n={q['n']}). `cpu` = "
+        "measured CPU profile (tiny model, this host); `h20` = H20 x Qwen2.5-7B, **derived** from the spec sheet (not "
+        f"measured on a GPU). Host: {r['host']}{'; --quick' if r['quick'] else ''}.",
         "",
         f"**Long multi-round, H20**: best ranker-driven `{r['best_ranker_policy']}` "
         f"{r['best_ranker_makespan_s']:.1f} s: **{r['speedup_vs_random']:.3f}x** vs random, "
@@ -86,7 +87,8 @@ def markdown(r: dict) -> str:
         + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in r["targets"].items()) + ".",
         "",
         *(_regime_lines(r) if "regime" in r else []),
-        f"## Fixed regimes, {r['instances']} instances, workload seed {r.get('provenance', {}).get('config', {}).get('seed', 0)}",
+        f"## Fixed regimes, {r['instances']} instances, workload seed "
+        f"{r.get('provenance', {}).get('config', {}).get('seed', 0)}",
         "",
     ]
     for regime, m in r["makespan_s"].items():
@@ -94,7 +96,8 @@ def markdown(r: dict) -> str:
         lines += [
             f"### {regime}",
             "",
-            "| dispatch (per sample unless by prompt) | ranker, FCFS inside | ranker, LPT inside | oracle, FCFS inside | oracle, LPT inside |",
+            "| dispatch (per sample unless by prompt) | ranker, FCFS inside | ranker, LPT inside | oracle, FCFS inside "
+            "| oracle, LPT inside |",
             "|---|---|---|---|---|",
         ]
         for p in POLICIES + tuple(f"{q}@prompt" for q in ("random", "round_robin", "lpt", "streamrl")):
@@ -102,7 +105,8 @@ def markdown(r: dict) -> str:
                 continue
             cells = [
                 _cell(m, f"{p}+fcfs", rnd), _cell(m, f"{p}+lpt", rnd),
-                _cell(m, f"{p}+fcfs/oracle", rnd) if f"{p}+fcfs/oracle" in m or "@" in p else "= ranker (no estimates used)",
+                (_cell(m, f"{p}+fcfs/oracle", rnd) if f"{p}+fcfs/oracle" in m or "@" in p
+                 else "= ranker (no estimates used)"),
                 _cell(m, f"{p}+lpt/oracle", rnd),
             ]
             label = p.replace("@prompt", " (by prompt)")
@@ -112,30 +116,34 @@ def markdown(r: dict) -> str:
         real = r["real"]
         lines += [
             f"## Real engines ({real['instances']} instance processes + router, tiny model, forced lengths, "
-            f"{real['samples']} samples, lengths capped at {real['length_cap_tokens']} tokens, max_inflight {real['max_inflight']})",
+            f"{real['samples']} samples, lengths capped at {real['length_cap_tokens']} tokens, max_inflight "
+            f"{real['max_inflight']})",
             "",
             f"Simulator error (the router's actual assignment replayed on the step cost profiled in situ): mean "
             f"**{real['sim_error']:.3f}**, max {real['sim_error_max']:.3f}; with the shipped `braid profile` file "
             f"{real['sim_error_shipped_profile']:.3f}"
-            + (f"; **calibrated** (the in-situ profile scaled on a separate run: {real['calibration']['samples']} samples "
-               f"of rows outside the batch through `{real['calibration']['router']}`, scale x{real['calibration']['scale']:.2f}) "
-               f"**{real['sim_error_calibrated']:.3f}** (max {real['sim_error_calibrated_max']:.3f})" if "calibration" in real else "")
+            + (f"; **calibrated** (the in-situ profile scaled on a separate run: {real['calibration']['samples']} "
+               f"samples of rows outside the batch through `{real['calibration']['router']}`, scale "
+               f"x{real['calibration']['scale']:.2f}) **{real['sim_error_calibrated']:.3f}** (max "
+               f"{real['sim_error_calibrated_max']:.3f})" if "calibration" in real else "")
             + (f"; the shipped profile scaled on the same run (x{real['shipped_calibration']['scale']:.2f}) "
                f"{real['sim_error_shipped_calibrated']:.3f}" if "shipped_calibration" in real else "")
             + f". Noise floor: repeats of one configuration differed by "
             f"{real['measurement_spread']:.3f} on average (fastest of {real['repeats']} kept).",
             "",
-            "| configuration | measured s | simulated s (in situ) | error | simulated s (shipped) | simulated s (calibrated) "
-            "| simulated s (shipped, scaled) | speedup vs random (measured) | (simulated) |",
+            "| configuration | measured s | simulated s (in situ) | error | simulated s (shipped) "
+            "| simulated s (calibrated) | simulated s (shipped, scaled) | speedup vs random (measured) | (simulated) |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for k, run in real["runs"].items():
             err = abs(run["simulated_s"] - run["measured_s"]) / run["measured_s"]
             calibrated = f"{run['simulated_calibrated_s']:.2f}" if "simulated_calibrated_s" in run else "—"
-            shipped_cal = f"{run['simulated_shipped_calibrated_s']:.2f}" if "simulated_shipped_calibrated_s" in run else "—"
+            shipped_cal = (f"{run['simulated_shipped_calibrated_s']:.2f}" if "simulated_shipped_calibrated_s" in run
+                           else "—")
             lines.append(
-                f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} | {run['simulated_shipped_s']:.2f} | "
-                f"{calibrated} | {shipped_cal} | {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
+                f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} "
+                f"| {run['simulated_shipped_s']:.2f} | {calibrated} | {shipped_cal} "
+                f"| {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -148,8 +156,9 @@ def plot(r: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     regimes = list(r["makespan_s"])
-    configs = [("round_robin+fcfs", "round-robin"), ("lpt+lpt", "global LPT (ranker)"), ("streamrl+lpt", "StreamRL refined (ranker)"),
-               ("streamrl_naive+lpt", "StreamRL as written (ranker)"), ("streamrl+lpt/oracle", "StreamRL refined (oracle)")]
+    configs = [("round_robin+fcfs", "round-robin"), ("lpt+lpt", "global LPT (ranker)"),
+               ("streamrl+lpt", "StreamRL refined (ranker)"), ("streamrl_naive+lpt", "StreamRL as written (ranker)"),
+               ("streamrl+lpt/oracle", "StreamRL refined (oracle)")]
     fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(configs)
     for j, (key, label) in enumerate(configs):

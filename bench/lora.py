@@ -27,8 +27,9 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   slower a step than the Xeon of real_model.json) so that the whole measurement fits one session;
   the run's own start and end evaluation on ``RUN_EVAL_PROMPTS`` prompts (the paired one judges).
 
-A run of record starts from a clean checkout (refused otherwise; ``--allow-dirty`` writes into /tmp/braid-bench-scratch).
-Writes ``bench/results/lora.{json,md,png}`` (``--quick``: short versions of every part, to /tmp).
+A run of record starts from a clean checkout (refused otherwise; ``--allow-dirty`` writes into
+/tmp/braid-bench-scratch). Writes ``bench/results/lora.{json,md,png}`` (``--quick``: short versions
+of every part, to /tmp).
 
     python bench/lora.py [--quick] [--allow-dirty] [--parts sizes,serve,train,heldout]
 """
@@ -121,7 +122,8 @@ def _batches(cfg, policy, steps: int, seed: int = 0) -> list[list]:
             recs = []
             for i in range(tc.group_size):
                 n = rng.randint(*RESPONSE_LENGTHS)
-                recs.append(SampleRecord(row.prompt_id, row.prompt_id, i, prompt, tuple(rng.randrange(4, vocab) for _ in range(n)),
+                recs.append(SampleRecord(row.prompt_id, row.prompt_id, i, prompt,
+                                         tuple(rng.randrange(4, vocab) for _ in range(n)),
                                          tuple([-2.5] * n), 0, "stop", 0.0, 0.0, 0.0))
             groups.append(Group(recs, [float(i % 2) for i in range(tc.group_size)]))
         out.append(groups)
@@ -207,7 +209,8 @@ def push_to_serve(cfg, rounds: int, work: Path) -> dict:
         for kind in times:
             path = work / f"config-{kind}.json"
             write_config(cfg if kind == "lora" else _without_lora(cfg), path)
-            (address,) = start_instances(sup, work, str(model), 1, cfg.generation.threads, config=path, first=len(clients))
+            (address,) = start_instances(sup, work, str(model), 1, cfg.generation.threads, config=path,
+                                         first=len(clients))
             clients[kind] = GenerationClient(address, max_message_mb=cfg.generation.max_message_mb)
             clients[kind].wait_ready(timeout_s=300)
         for r in range(rounds):
@@ -233,7 +236,8 @@ def heldout(runs_dir: Path, quick: bool) -> dict:
     from services.common.config import load_config, write_config
     from services.common.lora import merge
 
-    extra = [*LORA_SETS, *(real_model.QUICK if quick else [f"trainer.iterations={ITERATIONS}", f"eval.prompts={RUN_EVAL_PROMPTS}"])]
+    extra = [*LORA_SETS, *(real_model.QUICK if quick
+                           else [f"trainer.iterations={ITERATIONS}", f"eval.prompts={RUN_EVAL_PROMPTS}"])]
     iterations = load_config(CONFIG, extra).trainer.iterations
     run_dir = runs_dir / time.strftime("%Y%m%d-%H%M%S")
     summary = real_model.train(run_dir, iterations, extra)
@@ -246,15 +250,18 @@ def heldout(runs_dir: Path, quick: bool) -> dict:
     eval_config = run_dir / "eval-config.json"
     write_config(_without_lora(cfg), eval_config)
     measured = real_model.measure(run_dir, iterations, 1 if quick else real_model.SAMPLES,
-                                  QUICK_QUESTIONS if quick else HELDOUT_QUESTIONS, after=merged, config_path=eval_config)
+                                  QUICK_QUESTIONS if quick else HELDOUT_QUESTIONS, after=merged,
+                                  config_path=eval_config)
     paired = measured["paired"]
     return {
         "heldout_before": paired["heldout_before"], "heldout_after": paired["heldout_after"], "gain": paired["gain"],
         "gain_stderr": paired["gain_stderr"], "gain_se": paired["gain_se"], "goal_gain_se": GOAL_GAIN_SE,
         "goal_met": paired["gain_se"] >= GOAL_GAIN_SE, "heldout_questions": paired["questions"],
-        "iterations": iterations, "rl_seconds": summary["rl_seconds"], "samples_per_second": summary["samples_per_second"],
+        "iterations": iterations, "rl_seconds": summary["rl_seconds"],
+        "samples_per_second": summary["samples_per_second"],
         "run_eval": {k: summary[k] for k in ("warmstart_accuracy", "final_accuracy", "accuracy_stderr")},
-        "curve": [{"iteration": r["iteration"], "reward_mean": r["reward_mean"], "iteration_time_s": r["iteration_time_s"]}
+        "curve": [{"iteration": r["iteration"], "reward_mean": r["reward_mean"],
+                   "iteration_time_s": r["iteration_time_s"]}
                   for r in rows],
         "lengths": {k: {x: measured["models"][k][x] for x in ("length_p50", "length_p90", "length_p99")}
                     for k in ("before", "after")},
@@ -267,8 +274,8 @@ def markdown(r: dict) -> str:
     lines = ["# LoRA RL on SmolLM2-135M-Instruct (bench/lora.py)", "",
              f"Adapter: rank {LORA['rank']}, alpha {LORA['alpha']:g}, every projection; learning rate {LORA_LR:g}.", ""]
     if "adapter_bytes" in r:
-        lines += [f"One version on the wire: adapter **{r['adapter_bytes'] / 1e6:.1f} MB** ({r['adapter_tensors']} tensors) "
-                  f"vs full model {r['full_bytes'] / 1e6:.1f} MB ({r['full_tensors']} tensors): "
+        lines += [f"One version on the wire: adapter **{r['adapter_bytes'] / 1e6:.1f} MB** ({r['adapter_tensors']} "
+                  f"tensors) vs full model {r['full_bytes'] / 1e6:.1f} MB ({r['full_tensors']} tensors): "
                   f"{r['full_bytes'] / r['adapter_bytes']:.0f}x smaller.", ""]
     if "push_to_serve_s" in r:
         p = r["push_to_serve_s"]
@@ -277,12 +284,14 @@ def markdown(r: dict) -> str:
     if "train_tokens_per_s" in r:
         t, q = r["train_tokens_per_s"], r["train_tokens_per_s_lora_vs_full"]
         lines += [f"Training: full {t['full']['median']:.1f} tokens/s, LoRA {t['lora']['median']:.1f} tokens/s; "
-                  f"LoRA / full **{q['median']:.2f}x** [{q['min']:.2f}-{q['max']:.2f}] ({q['n']} interleaved rounds).", ""]
+                  f"LoRA / full **{q['median']:.2f}x** [{q['min']:.2f}-{q['max']:.2f}] ({q['n']} interleaved "
+                  "rounds).", ""]
     if "heldout_before" in r:
-        lines += [f"Held-out ({r['heldout_questions']} questions): {r['heldout_before']:.3f} -> {r['heldout_after']:.3f}, "
-                  f"paired gain {r['gain']:+.3f} ± {r['gain_stderr']:.3f} = **{r['gain_se']:.1f} standard errors** "
-                  f"(goal >= {r['goal_gain_se']:.0f}: **{'met' if r['goal_met'] else 'missed'}**), "
-                  f"{r['iterations']} iterations in {r['rl_seconds'] / 60:.1f} min of RL.", ""]
+        lines += [f"Held-out ({r['heldout_questions']} questions): {r['heldout_before']:.3f} -> "
+                  f"{r['heldout_after']:.3f}, paired gain {r['gain']:+.3f} ± {r['gain_stderr']:.3f} = "
+                  f"**{r['gain_se']:.1f} standard errors** (goal >= {r['goal_gain_se']:.0f}: "
+                  f"**{'met' if r['goal_met'] else 'missed'}**), {r['iterations']} iterations in "
+                  f"{r['rl_seconds'] / 60:.1f} min of RL.", ""]
     lines += [provenance_line(r["provenance"]), ""]
     return "\n".join(lines)
 
@@ -312,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short versions of every part, into a scratch directory")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-lora"), help="where the run directories go")
-    parser.add_argument("--out", default=None, help="results directory (default bench/results, or /tmp/... with --quick)")
+    parser.add_argument("--out", default=None,
+                        help="results directory (default bench/results, or /tmp/... with --quick)")
     ns = parser.parse_args(argv)
     parts = [p for p in ns.parts.split(",") if p]
     if bad := [p for p in parts if p not in PARTS]:

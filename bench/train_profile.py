@@ -176,7 +176,8 @@ def _run_ref(run_dir: Path) -> dict:
 
     cfg = json.loads((run_dir / "config.json").read_text())
     start = next((r["time"] for r in read_records(run_dir / "ledger.jsonl")[0] if r.get("event") == "start"), None)
-    return {"run_dir": str(run_dir), "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16],
+    return {"run_dir": str(run_dir),
+            "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16],
             "first_event_unix_s": start}
 
 
@@ -189,7 +190,8 @@ def record_runs(runs_dir: Path) -> list[Path]:
         sets = [f"runs_dir={runs_dir}", f"run_id={mode}", f"trainer.mode={mode}",
                 f"trainer.iterations={SOURCE_RUNS['iterations']}", f"warmstart.steps={SOURCE_RUNS['warmstart_steps']}",
                 f"generation.genlog={run_dir / 'genlog.sqlite'}"]
-        cmd = [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG), *[x for s in sets for x in ("--set", s)]]
+        cmd = [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
+               *[x for s in sets for x in ("--set", s)]]
         print(f"source run {mode}: {SOURCE_RUNS['iterations']} iterations into {run_dir}", flush=True)
         proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if proc.returncode != 0:
@@ -215,8 +217,8 @@ def write_lengths(run_dirs: list[Path], per_run: int, path: Path, recorded_here:
     how = "--record" if recorded_here else "--extract"
     data = {"format": LENGTHS_FORMAT,
             "source": "count-down task batches of real runs of the default config (braid-tiny, 32 prompts x 8 samples, "
-                      "max_new_tokens 192): groups in the order each step trained them, prompt and response tokens "
-                      f"per sample; written by `bench/train_profile.py {how}` from {', '.join(str(r) for r in run_dirs)}",
+                      "max_new_tokens 192): groups in the order each step trained them, prompt and response tokens per "
+                      f"sample; written by `bench/train_profile.py {how}` from {', '.join(str(r) for r in run_dirs)}",
             "provenance": prov, "iterations": iterations}
     path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     return data
@@ -349,7 +351,8 @@ def fresh_profile(learner, cfg, spec, quick: bool):
                              repeats=tp.QUICK_REPEATS if quick else tp.REPEATS, cap=cfg.generation.max_new_tokens,
                              sync=lambda: None)
     return make_train_profile(spec, points, hardware="cpu-local", algorithm=tc.algorithm.name,
-                              reference_model=tc.kl_coef > 0, device="cpu", threads=tc.threads, response_sigma=max(sigmas),
+                              reference_model=tc.kl_coef > 0, device="cpu", threads=tc.threads,
+                              response_sigma=max(sigmas),
                               group_size=tc.group_size, micro_batch_groups=tc.micro_batch_groups,
                               notes="MEASURED by bench/train_profile.py --fresh-profile")
 
@@ -392,7 +395,9 @@ def run(ns: argparse.Namespace) -> dict:
     spec = spec_from_hf_config("braid-tiny", policy.model.config.to_dict(), dtype_bytes=4)
     model = get_model("braid-tiny")
     if spec.fingerprint() != model.fingerprint():
-        raise ValueError(f"{ns.config}: the bench's model must be braid-tiny (the local cluster's), got {spec.fingerprint()}")
+        raise ValueError(
+            f"{ns.config}: the bench's model must be braid-tiny (the local cluster's), got {spec.fingerprint()}"
+        )
     site, prof, prof_path = allocator_site(ns.profile, model)
     learner = build_learner(cfg, policy)
     vocab = policy.model.config.vocab_size
@@ -411,7 +416,8 @@ def run(ns: argparse.Namespace) -> dict:
                     time_step(learner, b, c.micro_batch_groups, lambda: None)
             runs[i].append(time_step(learner, b, c.micro_batch_groups, lambda: None))
         round_loads.append(os.getloadavg()[0])
-        print(f"  round {r} (load {round_loads[-1]:.2f}): " + ", ".join(f"{t[-1]:.2f}" for t in runs) + " s", flush=True)
+        print(f"  round {r} (load {round_loads[-1]:.2f}): " + ", ".join(f"{t[-1]:.2f}" for t in runs) + " s",
+              flush=True)
     fresh = fresh_profile(learner, cfg, spec, ns.quick) if ns.fresh_profile else None
     rows = []
     for c, ts in zip(cases, runs, strict=True):
@@ -440,8 +446,9 @@ def run(ns: argparse.Namespace) -> dict:
                    "unpadded": summarise(rows, ns.repeats, "unpadded_s"),
                    **({"planned_fresh_profile": summarise(rows, ns.repeats, "planned_fresh_profile_s")}
                       if fresh is not None else {})},
-        "profile": {"path": str(Path(prof_path).resolve().relative_to(ROOT)) if Path(prof_path).resolve().is_relative_to(ROOT)
-                    else str(prof_path), "created": prof.created, "backend": prof.backend, "device": prof.device,
+        "profile": {"path": (str(Path(prof_path).resolve().relative_to(ROOT))
+                             if Path(prof_path).resolve().is_relative_to(ROOT) else str(prof_path)),
+                    "created": prof.created, "backend": prof.backend, "device": prof.device,
                     "dtype": prof.dtype, "threads": prof.threads, "fixed_s": prof.fixed_s,
                     "effective_gflops": prof.effective_flops / 1e9, "fit_median_rel_error": prof.fit_median_rel_error,
                     "fit_max_rel_error": prof.fit_max_rel_error},
@@ -478,7 +485,8 @@ def markdown(result: dict) -> str:
         f"{result['model_error_spread']['max']:.1%}.", "",
         f"Profile `{prof['path']}` ({prof['created']}, {prof['backend']} on {prof['device']}, {prof['dtype']}, "
         f"{prof['threads']} thread): fixed {prof['fixed_s'] * 1e3:.1f} ms/step, {prof['effective_gflops']:.1f} "
-        f"effective GFLOP/s, fit error median {prof['fit_median_rel_error']:.1%} / max {prof['fit_max_rel_error']:.1%}.", "",
+        f"effective GFLOP/s, fit error median {prof['fit_median_rel_error']:.1%} / max "
+        f"{prof['fit_max_rel_error']:.1%}.", "",
         "| prediction | median abs. error over cases |", "|---|---|",
         f"| planned (lengths only: braid allocate) | {e('planned')} |",
         f"| exact (the batch's backward calls) | {e('exact')} |",
@@ -504,11 +512,12 @@ def markdown(result: dict) -> str:
     la = result["loadavg"]
     lines += [
         "", f"Learner: {t['algorithm']}, backend {t['backend']} on {t['device']}, {t['dtype']}, {t['threads']} torch "
-        f"thread, groups of {t['group_size']}; every group trained (alternating rewards). Cases interleaved, one warm-up "
-        f"step of each source per round. Load average (1 min) {la['start'][0]:.2f} at the start, after each round "
-        f"{', '.join(f'{x:.2f}' for x in la['after_each_round'])}, {la['end'][0]:.2f} at the end (this 2-core host is "
-        f"shared with other jobs" + (f"; waited {la['waited_for_quiet_s']:.0f} s for a load below {QUIET_LOAD} first"
-                                     if la.get("waited_for_quiet_s", 0) >= 1 else "")
+        f"thread, groups of {t['group_size']}; every group trained (alternating rewards). Cases interleaved, one "
+        f"warm-up step of each source per round. Load average (1 min) {la['start'][0]:.2f} at the start, after each "
+        f"round {', '.join(f'{x:.2f}' for x in la['after_each_round'])}, {la['end'][0]:.2f} at the end (this 2-core "
+        f"host is shared with other jobs"
+        + (f"; waited {la['waited_for_quiet_s']:.0f} s for a load below {QUIET_LOAD} first"
+           if la.get("waited_for_quiet_s", 0) >= 1 else "")
         + f"). Bench wall time {result['wall_s']:.0f} s.", "",
         f"Command: `{result['provenance']['command'].replace(str(ROOT) + '/', '')}`.", "",
         provenance_line(result["provenance"]),
@@ -520,11 +529,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = RecordParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(CONFIG), help="run config whose model and trainer settings are measured")
     ap.add_argument("--profile", help="training profile JSON (default: the one braid allocate picks for local-cpu)")
-    ap.add_argument("--data", action="append", help=f"lengths: a {LENGTHS_FORMAT} file (default {LENGTHS.relative_to(ROOT)}) "
-                    "or mmlu_pro_cot_lengths.jsonl.gz; repeatable")
+    ap.add_argument("--data", action="append", help=f"lengths: a {LENGTHS_FORMAT} file (default "
+                    f"{LENGTHS.relative_to(ROOT)}) or mmlu_pro_cot_lengths.jsonl.gz; repeatable")
     ap.add_argument("--repeats", type=int, default=3, help="measured rounds (>= 1)")
     ap.add_argument("--settle", type=int, default=1, help="untimed steps of the first batch of a source before its "
-                    "batches are timed, each round (the batches of one source follow each other as a run's iterations do)")
+                    "batches are timed, each round (the batches of one source follow each other as a run's "
+                    "iterations do)")
     ap.add_argument("--fresh-profile", action="store_true", help="also measure a profile here and report with it")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help=f"first wait up to S seconds for the 1-min load average to fall below {QUIET_LOAD}")

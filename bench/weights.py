@@ -91,7 +91,8 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
     from bench.weights_lib import Child, cpu_busy_s
     from services.weights.client import snapshot_blob
 
-    wb = snapshot_blob(state, chunk, SHM)  # the bytes in one buffer, as raw sendall's (the trainer's default: shared memory)
+    # the bytes in one buffer, as raw sendall's (the trainer's default: shared memory)
+    wb = snapshot_blob(state, chunk, SHM)
     puller = Child("pull", address, str(version), str(streams), "1" if shm else "0", client.data_path,
                    str(wb.manifest.total_bytes))
     c0, t0 = cpu_busy_s(), time.perf_counter()
@@ -102,8 +103,8 @@ def relay_push_pull(client, address: str, state, version: int, *, shm: bool, str
     puller.go()
     pulled = puller.result()
     cpu = push_cpu + pulled["cpu_s"]  # the puller brackets its own timed part (its start and exit are not counted)
-    return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"], "path": pulled["path"],
-            "cpu_s": cpu}
+    return {"push_s": push_s, "pull_s": pulled["seconds"], "total_s": push_s + pulled["seconds"],
+            "path": pulled["path"], "cpu_s": cpu}
 
 
 PATHS = ("network", "grpc_stream", "same_host")  # the data channel, the old gRPC streams, shared memory
@@ -114,7 +115,8 @@ def bench_throughput(sizes: list[int], reps: int, streams: int, chunk: int, work
     for mb in sizes:
         rows[str(mb)] = r = _throughput_one(mb, reps, streams, chunk, work, grpc_stream=mb <= grpc_up_to)
         print(f"(a) {mb} MB: raw {r['raw_gbps']:.2f} GB/s; " + "; ".join(
-            f"{p} ratio {r[p]['ratio']:.2f} (push {r[p]['push_s']:.3f}s pull {r[p]['pull_s']:.3f}s)" for p in PATHS if p in r),
+            f"{p} ratio {r[p]['ratio']:.2f} (push {r[p]['push_s']:.3f}s pull {r[p]['pull_s']:.3f}s)"
+            for p in PATHS if p in r),
             flush=True)
     return rows
 
@@ -142,7 +144,8 @@ def _throughput_one(mb: int, reps: int, streams: int, chunk: int, work: Path, gr
             raw.append(raw_tcp(nbytes))
             for p in paths:
                 version += 1
-                time.sleep(1.0)  # between versions, as between training steps: the relay prepares its next receive buffer
+                # between versions, as between training steps: the relay prepares its next receive buffer
+                time.sleep(1.0)
                 runs[p].append(relay_push_pull(clients[p], address, state, version, shm=p == "same_host",
                                                streams=streams, chunk=chunk))
         raw_s, raw_cpu = statistics.median(r[0] for r in raw), statistics.median(r[1] for r in raw)
@@ -202,7 +205,8 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
                         transport.raise_if_failed()
                         time.sleep(0.002)
                     fulls.append(time.perf_counter() - t0)
-                stall, full = statistics.median(stalls[1:]), statistics.median(fulls[1:])  # the first has no spare buffer
+                # the first has no spare buffer
+                stall, full = statistics.median(stalls[1:]), statistics.median(fulls[1:])
                 row[path] = {"stall_s": stall, "full_transfer_s": full, "fraction": stall / full,
                              "first_stall_s": stalls[0], "spare_prepare_s": statistics.median(prep[1:])}
             finally:
@@ -210,8 +214,9 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
                 watcher.close()
                 stop([proc])
         rows[str(mb)] = row
-        print(f"(c) {mb} MB: stall {row['network']['stall_s']:.3f}s; network transfer {row['network']['full_transfer_s']:.2f}s "
-              f"({row['network']['fraction']:.1%}); same-host {row['same_host']['full_transfer_s']:.3f}s "
+        print(f"(c) {mb} MB: stall {row['network']['stall_s']:.3f}s; network transfer "
+              f"{row['network']['full_transfer_s']:.2f}s ({row['network']['fraction']:.1%}); same-host "
+              f"{row['same_host']['full_transfer_s']:.3f}s "
               f"({row['same_host']['fraction']:.1%})", flush=True)
         del model
     return rows
@@ -225,12 +230,13 @@ def write_report(result: dict, out: Path) -> None:
     lines = ["# Weight plane benchmark", "", f"Machine: {result['machine']}. {result['note']}", ""]
     tp = result.get("throughput", {})
     if tp:
-        lines += ["## (a) Push then Pull vs raw TCP sendall (loopback), ratio of throughputs (>= 0.5 is the target)", "",
+        lines += ["## (a) Push then Pull vs raw TCP sendall (loopback), ratio of throughputs (>= 0.5 is the target)",
+                  "",
                   parts_line(parts, "a"), "",
                   "Network path = the relay's raw-TCP data channel (`throughput_ratio_vs_raw`); the old gRPC-stream "
                   "path and the same-host shared-memory path measured side by side in the same run.", "",
-                  "| size MB | raw s | raw GB/s | network (data channel) push s | pull s | **ratio** | gRPC streams push s | pull s "
-                  "| ratio | same host (shm) push s | pull s | ratio |",
+                  "| size MB | raw s | raw GB/s | network (data channel) push s | pull s | **ratio** "
+                  "| gRPC streams push s | pull s | ratio | same host (shm) push s | pull s | ratio |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def cells(row, bold=False):
@@ -255,18 +261,19 @@ def write_report(result: dict, out: Path) -> None:
         lines += ["", f"T(8)/T(1) = **{result['broadcast_ratio_8_vs_1']:.2f}** (target <= 1.5).", ""]
         if "repair" in bc:
             r = bc["repair"]
-            lines += [f"Relay killed mid-broadcast (p = {r['p']}, {r['received_at_kill']} when killed): the controller cut "
-                      f"it out and re-planned **{r['detect_s']:.2f} s** after the kill; the chain was re-linked by "
-                      f"{r['relinked_by']}; survivors complete and byte-exact: {r['survivors_ok']} "
+            lines += [f"Relay killed mid-broadcast (p = {r['p']}, {r['received_at_kill']} when killed): the "
+                      f"controller cut it out and re-planned **{r['detect_s']:.2f} s** after the kill; the chain "
+                      f"was re-linked by {r['relinked_by']}; survivors complete and byte-exact: {r['survivors_ok']} "
                       f"({r['complete_after_kill_s']:.2f} s after the kill).", ""]
     st = result.get("stall", {})
     if st:
         lines += ["## (c) Trainer stall per push (snapshot + hand-over) vs the push's full transfer time", "",
                   parts_line(parts, "c"), "",
                   "The snapshot copies into a buffer the push thread allocated and faulted in after the previous push "
-                  "(ready after `spare s`; a training step is longer); the first push of a run has none (`first stall s`).", "",
-                  "| model MB | stall s | network transfer s | **stall fraction** | same-host transfer s | stall fraction | "
-                  "spare s | first stall s |", "|---|---|---|---|---|---|---|---|"]
+                  "(ready after `spare s`; a training step is longer); the first push of a run has none "
+                  "(`first stall s`).", "",
+                  "| model MB | stall s | network transfer s | **stall fraction** | same-host transfer s "
+                  "| stall fraction | spare s | first stall s |", "|---|---|---|---|---|---|---|---|"]
         for mb, r in st.items():
             n, h = r["network"], r["same_host"]
             lines.append(f"| {mb} | {n['stall_s']:.3f} | {n['full_transfer_s']:.2f} | **{n['fraction']:.1%}** | "
@@ -282,7 +289,8 @@ def write_report(result: dict, out: Path) -> None:
 
         lines += shaped_markdown(result["shaped_link"])
     lines += ["## Result fields", "", "```json",
-              json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s", "broadcast_ratio_8_vs_1",
+              json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s",
+                                                     "broadcast_ratio_8_vs_1",
                                                      "trainer_stall_fraction", "cross_site_iteration_overhead",
                                                      "cross_site_copies_per_version")}, indent=2), "```", ""]
     if "provenance" in result:
@@ -322,8 +330,8 @@ def _plot(result: dict, out: Path) -> None:
         sizes = list(tp)
         for k, (path, label) in enumerate((("network", "network (data channel)"), ("grpc_stream", "gRPC streams"),
                                            ("same_host", "same host (shm)"))):
-            axes[0].bar([i + (k - 1) * 0.27 for i in range(len(sizes))], [tp[s].get(path, {}).get("ratio", 0) for s in sizes],
-                        0.27, label=label)
+            axes[0].bar([i + (k - 1) * 0.27 for i in range(len(sizes))],
+                        [tp[s].get(path, {}).get("ratio", 0) for s in sizes], 0.27, label=label)
         axes[0].axhline(0.5, color="k", ls="--", lw=1, label="target 0.5")
         axes[0].set_xticks(range(len(sizes)), [f"{s} MB" for s in sizes])
         axes[0].set_ylabel("throughput / raw TCP")
@@ -344,8 +352,9 @@ def _plot(result: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = RecordParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one repetition, smaller models in (b)-(d): under 5 minutes; "
-                        "writes to a scratch directory")
+    parser.add_argument("--quick", action="store_true",
+                        help="one repetition, smaller models in (b)-(d): under 5 minutes; writes to a scratch "
+                             "directory")
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
     parser.add_argument("--no-netns", action="store_true", help="skip (b) and (d) (they need root and ip/tc)")
     parser.add_argument("--parts", default="abcd", help="which parts to run (default abcd)")
@@ -385,10 +394,12 @@ def main(argv: list[str] | None = None) -> int:
             result["throughput"] = rows
             result["throughput_ratio_vs_raw"] = {mb: r["network"]["ratio"] for mb, r in rows.items()}
             result["throughput_ratio_vs_raw_network"] = result["throughput_ratio_vs_raw"]  # the same (older name)
-            result["grpc_stream_ratio_vs_raw"] = {mb: r["grpc_stream"]["ratio"] for mb, r in rows.items() if "grpc_stream" in r}
+            result["grpc_stream_ratio_vs_raw"] = {mb: r["grpc_stream"]["ratio"] for mb, r in rows.items()
+                                                  if "grpc_stream" in r}
             result["same_host_shm_ratio_vs_raw"] = {mb: r["same_host"]["ratio"] for mb, r in rows.items()}
-            result["throughput_ratio_path"] = ("network: Push then Pull over loopback TCP through the relay's data channel; "
-                                               "gRPC streams in grpc_stream_ratio_vs_raw, shared memory in same_host_shm_ratio_vs_raw")
+            result["throughput_ratio_path"] = ("network: Push then Pull over loopback TCP through the relay's data "
+                                               "channel; gRPC streams in grpc_stream_ratio_vs_raw, shared memory in "
+                                               "same_host_shm_ratio_vs_raw")
             part_done("a")
         if "b" in ns.parts and not ns.no_netns:
             bc = bench_broadcast(work, model_mb=50 if ns.quick else 200, hop_rate=ns.hop_rate, chunk=256 << 10)
@@ -397,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             result["broadcast_ratio_8_vs_1"] = bc["times"]["8"] / bc["times"]["1"]
             part_done("b")
         if "c" in ns.parts:
-            rows = bench_stall([10, 100] if ns.quick else [10, 100, 500], ns.streams, chunk, work, versions=3 if ns.quick else 5)
+            rows = bench_stall([10, 100] if ns.quick else [10, 100, 500], ns.streams, chunk, work,
+                               versions=3 if ns.quick else 5)
             result["stall"] = rows
             result["trainer_stall_fraction"] = max(r["network"]["fraction"] for r in rows.values())
             part_done("c")
@@ -425,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                       "compare numbers within a part, not across parts.")
     result["seconds"] = time.time() - t_start
     write_report(result, out)
-    print(json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_ratio_8_vs_1", "trainer_stall_fraction",
-                                                 "cross_site_iteration_overhead", "cross_site_copies_per_version")}, indent=1))
+    print(json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_ratio_8_vs_1",
+                                                 "trainer_stall_fraction", "cross_site_iteration_overhead",
+                                                 "cross_site_copies_per_version")}, indent=1))
     return 0
 
 

@@ -48,7 +48,8 @@ from pathlib import Path
 
 TRAIN_IP, GEN_IP = "10.98.0.1", "10.98.0.2"
 GEN_TLS_DATA_PORT = 47100  # fixed (a fresh namespace), so its delay line can start first and be advertised
-FORCED_LENGTH = 48  # tokens: generation per iteration (~1.8 s on one CPU) well above the wire time of a version (0.33 s)
+# tokens: generation per iteration (~1.8 s on one CPU) well above the wire time of a version (0.33 s)
+FORCED_LENGTH = 48
 REPS = 6  # paired runs per condition (full run); the order alternates
 ITERATIONS = 30  # per run (full run): the unlimited runs alone spread by ±15% at 14 iterations
 WARMUP = 2  # iterations left out of the mean: connections (TLS, HTTP/2) are set up through the delay line
@@ -64,13 +65,15 @@ def _config(work: Path, quick: bool, mode: str) -> Path:
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "deploy/configs/smoke.yaml", [
         *MODEL,
-        f"trainer.mode={mode}", f"trainer.iterations={8 if quick else ITERATIONS}", "trainer.prompts_per_iteration=8",
-        "trainer.group_size=4", "trainer.micro_batch_groups=4", "generation.max_new_tokens=48", "generation.instances=2",
+        f"trainer.mode={mode}", f"trainer.iterations={8 if quick else ITERATIONS}",
+        "trainer.prompts_per_iteration=8", "trainer.group_size=4", "trainer.micro_batch_groups=4",
+        "generation.max_new_tokens=48", "generation.instances=2",
         "eval.prompts=4", "weights.transport=relay", "weights.chunk_bytes=1048576", "weights.streams=1",
         "trainer.cpus=[]", "generation.cpus=[]",
         # every sample exactly FORCED_LENGTH tokens: a random policy's lengths vary from run to run, and the
         # iteration time with them; fixed, both links generate the same work and only the weight sync differs
-        "generation.forced_lengths=true", f"forced_length_ramp.start={FORCED_LENGTH}", "forced_length_ramp.per_iteration=0",
+        "generation.forced_lengths=true", f"forced_length_ramp.start={FORCED_LENGTH}",
+        "forced_length_ramp.per_iteration=0",
         # real optimizer steps on every sample (issue 34): the random policy's count-down answers all score 0,
         # so every group was skipped (~5 ms of training an iteration) and, trained anyway at its KL reference,
         # its gradient was 0. The prompts are count-down prompts of the smoke task's distribution served as a
@@ -134,30 +137,35 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
     procs: list[subprocess.Popen] = []
     proxies: list = []
     try:
-        proxies += [Child("proxy", GEN_IP, f"{GEN_IP}:{GEN_TLS_DATA_PORT}", str(delay_s), ns=ns_gen)]  # the data channel's
-        g = _spawn(ns_gen, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "g.port"), "--tls-host", GEN_IP,
-                            "--tls-dir", str(tls_dir), "--site", "gen-site", "--id", "gen",
-                            "--tls-data-port", str(GEN_TLS_DATA_PORT), "--advertise-tls-data-port", str(proxies[0].info[0])],
+        # the data channel's
+        proxies += [Child("proxy", GEN_IP, f"{GEN_IP}:{GEN_TLS_DATA_PORT}", str(delay_s), ns=ns_gen)]
+        g = _spawn(ns_gen, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "g.port"),
+                            "--tls-host", GEN_IP, "--tls-dir", str(tls_dir), "--site", "gen-site", "--id", "gen",
+                            "--tls-data-port", str(GEN_TLS_DATA_PORT),
+                            "--advertise-tls-data-port", str(proxies[0].info[0])],
                    run_dir / "relay-gen.log")
         procs.append(g)
         g_port, g_tls = _port(run_dir / "g.port", g)
-        m = _spawn(ns_train, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "m.port"), "--tls-dir",
-                              str(tls_dir), "--site", "train-site", "--id", "master"], run_dir / "relay-master.log")
+        m = _spawn(ns_train, ["-m", "services.weights", "--port", "0", "--port-file", str(run_dir / "m.port"),
+                              "--tls-dir", str(tls_dir), "--site", "train-site", "--id", "master"],
+                   run_dir / "relay-master.log")
         procs.append(m)
         (m_port,) = _port(run_dir / "m.port", m)
         g_proxy = Child("proxy", GEN_IP, f"{GEN_IP}:{g_tls}", str(delay_s), ns=ns_gen)
         proxies.append(g_proxy)
         local = []  # the instances' own addresses on the generation site
         for i in range(2):
-            s = _spawn(ns_gen, ["-m", "services.generation", "--config", str(config), "--model", str(checkpoint), "--host", GEN_IP,
-                                "--port", "0", "--port-file", str(run_dir / f"s{i}.port"), "--instance", str(i),
+            s = _spawn(ns_gen, ["-m", "services.generation", "--config", str(config), "--model", str(checkpoint),
+                                "--host", GEN_IP, "--port", "0", "--port-file", str(run_dir / f"s{i}.port"),
+                                "--instance", str(i),
                                 "--relay", f"127.0.0.1:{g_port}"], run_dir / f"sgs-{i}.log", gen_cpus)
             procs.append(s)
             (s_port,) = _port(run_dir / f"s{i}.port", s)
             local.append(f"{GEN_IP}:{s_port}")
         if router:  # the run's default front (flows.processes.router_enabled): the trainer reaches the router only
-            r = _spawn(ns_gen, ["-m", "services.generation.router_main", "--config", str(config), "--model", str(checkpoint),
-                                "--instances", ",".join(local), "--host", GEN_IP, "--port", "0", "--port-file",
+            r = _spawn(ns_gen, ["-m", "services.generation.router_main", "--config", str(config),
+                                "--model", str(checkpoint), "--instances", ",".join(local), "--host", GEN_IP,
+                                "--port", "0", "--port-file",
                                 str(run_dir / "router.port"), "--timeline", str(run_dir / "router-timeline.jsonl")],
                        run_dir / "router.log")
             procs.append(r)
@@ -168,8 +176,9 @@ def _run(work: Path, tag: str, net, ns_train: str, ns_gen: str, config: Path, ch
             proxies.append(proxy)
             sgs_addrs.append(f"{GEN_IP}:{proxy.info[0]}")
         relays = f"127.0.0.1:{m_port}@train-site,127.0.0.1:{g_port}@gen-site@tls://{GEN_IP}:{g_proxy.info[0]}"
+        # the run's rewards, beside the trainer
         w = _spawn(ns_train, ["-m", "services.reward", "--config", str(config), "--port", "0", "--port-file",
-                              str(run_dir / "reward.port")], run_dir / "reward-0.log")  # the run's rewards, beside the trainer
+                              str(run_dir / "reward.port")], run_dir / "reward-0.log")
         procs.append(w)
         from services.reward.client import write_membership
 
@@ -248,8 +257,8 @@ def bench_cross_site(work: Path, *, quick: bool, mode: str = "one_step", pin: bo
                 res = _run(work, f"{kind}-{rep}", net, ns_train, ns_gen, config, checkpoint, work / "certs",
                            0.010 if kind == "limited" else 0.0, router, gen_cpus)
                 runs[kind].append(res)
-                print(f"(d) {kind}: iteration {res['iteration_time_s']:.2f}s, {res['tx_bytes'] / 1e6:.1f} MB crossed for "
-                      f"{res['versions_at_gen_site']} versions of {nbytes / 1e6:.1f} MB", flush=True)
+                print(f"(d) {kind}: iteration {res['iteration_time_s']:.2f}s, {res['tx_bytes'] / 1e6:.1f} MB crossed "
+                      f"for {res['versions_at_gen_site']} versions of {nbytes / 1e6:.1f} MB", flush=True)
     finally:
         os.sched_setaffinity(0, own)
         net.cleanup()
@@ -271,11 +280,13 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool,
     listed = "; ".join(f"{a['iteration_time_s']:.2f} s vs {b['iteration_time_s']:.2f} s" for a, b in matched)
     where = " behind the SGS router" if router else ""
     if gen_cpus:
-        where += f" on CPU {sorted(gen_cpus)} (the site's accelerator; relays, delay lines and trainer on the other CPUs)"
+        where += (f" on CPU {sorted(gen_cpus)} (the site's accelerator; relays, delay lines and trainer on the other "
+                  "CPUs)")
     else:
         where += " sharing every CPU with the relays, delay lines and trainer"
     return {
-        "mode": mode, "router": router, "generation_cpus": sorted(gen_cpus) if gen_cpus else None, "version_bytes": nbytes,
+        "mode": mode, "router": router, "generation_cpus": sorted(gen_cpus) if gen_cpus else None,
+        "version_bytes": nbytes,
         "runs": runs, "iteration_time_s": it, "paired_overheads": pairs,
         "iteration_overhead": overhead, "grad_norm_mean": grad, "trained_samples_per_run": trained,
         # the declared check (issue 34): every run took real steps, not a zero gradient at the KL reference
@@ -286,7 +297,7 @@ def summarize(runs: dict[str, list[dict]], mode: str, nbytes: int, router: bool,
                     f"norm {grad:.3g}, {trained:.0f} samples trained per run; every sample {FORCED_LENGTH} tokens); "
                     f"versions cross on the raw-TCP data channel over mutual TLS ({fallbacks} fallbacks to gRPC "
                     f"streams). Iteration time on the 1 Gbit/s 20 ms-RTT link vs unlimited, pairs run back to back: "
-                    f"{listed}; median paired overhead **{overhead:+.1%}** (target within 5%). Link bytes per version / "
-                    f"version size = **{copies:.3f}** (one copy crosses the link; the 2 instances fan out locally from "
-                    "their relay)."),
+                    f"{listed}; median paired overhead **{overhead:+.1%}** (target within 5%). Link bytes per version "
+                    f"/ version size = **{copies:.3f}** (one copy crosses the link; the 2 instances fan out locally "
+                    "from their relay)."),
     }

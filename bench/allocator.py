@@ -91,7 +91,8 @@ def gaps(quick: bool) -> list[dict]:
         ("qwen2.5-7b", r, n) for r in ("5k", "20k") for n in (24, 48)] + [("qwen2.5-32b", "20k", 48)]
     rows = []
     for model, regime, n in fine:
-        rows.append(_gap_single(cost_model(single_site(n, "instance"), model, regime), n, f"{model} {regime} single {n} per-instance"))
+        rows.append(_gap_single(cost_model(single_site(n, "instance"), model, regime), n,
+                                f"{model} {regime} single {n} per-instance"))
     for model in models:
         for regime in regimes:
             for n in budgets:
@@ -133,21 +134,27 @@ def write_markdown(result: dict, path: Path) -> None:
         "| metric | value | target (StreamRL) |", "|---|---|---|",
     ]
     for label, v in result["planned_vs_even_speedup"].items():
-        lines.append(f"| planned vs even split, {label} @20K, 128 H800 (iteration-time ratio) | {v:.3f}x | 1.25x (Fig. 10) |")
+        lines.append(f"| planned vs even split, {label} @20K, 128 H800 (iteration-time ratio) | {v:.3f}x "
+                     f"| 1.25x (Fig. 10) |")
     lines += [
-        f"| cross-site 32 H20 + H800 vs all-H800, 7B @20K (samples/s per cost) | {result['cross_site_cost_efficiency_ratio']:.3f}x | 1.23-1.31x (Fig. 12) |",
-        f"| max gap to brute force over {len(d['gap_grid'])} grid points | {result['max_gap_to_bruteforce'] * 100:.2f}% | <= 5% |",
+        f"| cross-site 32 H20 + H800 vs all-H800, 7B @20K (samples/s per cost) "
+        f"| {result['cross_site_cost_efficiency_ratio']:.3f}x | 1.23-1.31x (Fig. 12) |",
+        f"| max gap to brute force over {len(d['gap_grid'])} grid points "
+        f"| {result['max_gap_to_bruteforce'] * 100:.2f}% | <= 5% |",
         f"| planning time, 1024 GPUs (7B @20K) | {result['planning_time_1024_s']:.3f} s | < 1 s |",
         "", "## Plans (128 H800, 20K)", "",
-        "| model | split | gen GPUs (config) | train GPUs (config) | T_gen s | T_train s | iteration s |", "|---|---|---|---|---|---|---|",
+        "| model | split | gen GPUs (config) | train GPUs (config) | T_gen s | T_train s | iteration s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, v in d["planned_vs_even"].items():
         for kind in ("even", "planned"):
             p = v[kind]
-            lines.append(f"| {label} | {kind} | {p['gen_gpus']} ({p['gen_parallel']}) | {p['train_gpus']} ({p['train_parallel']}) "
-                         f"| {p['t_gen_s']:.1f} | {p['t_train_s']:.1f} | {p['iteration_s']:.1f} |")
+            lines.append(f"| {label} | {kind} | {p['gen_gpus']} ({p['gen_parallel']}) "
+                         f"| {p['train_gpus']} ({p['train_parallel']}) | {p['t_gen_s']:.1f} | {p['t_train_s']:.1f} "
+                         f"| {p['iteration_s']:.1f} |")
     lines += ["", "## Cross-site vs all-H800 (Qwen2.5-7B, same speed or faster, cheapest)", "",
-              "| regime | cross: H20 + H800 GPUs | all-H800: gen + train GPUs | cross cost | all-H800 cost | ratio |", "|---|---|---|---|---|---|"]
+              "| regime | cross: H20 + H800 GPUs | all-H800: gen + train GPUs | cross cost | all-H800 cost | ratio |",
+              "|---|---|---|---|---|---|"]
     for regime, v in d["cross_site"].items():
         c, b = v["cross"], v["all_h800"]
         lines.append(f"| {regime} | {c['gen_gpus']} + {c['train_gpus']} | {b['gen_gpus']} + {b['train_gpus']} "
@@ -172,7 +179,8 @@ def plot(result: dict, path: Path) -> None:
         ax.bar([i + off + 0.09 for i in x], train, 0.18, color=f"C{2 * k + 1}", label=f"{kind}: training")
         for i, m in enumerate(labels):
             p = d[m][kind]
-            ax.text(i + off, max(p["t_gen_s"], p["t_train_s"]) * 1.02, f"{p['gen_gpus']}/{p['train_gpus']}", ha="center", fontsize=8)
+            ax.text(i + off, max(p["t_gen_s"], p["t_train_s"]) * 1.02, f"{p['gen_gpus']}/{p['train_gpus']}",
+                    ha="center", fontsize=8)
     ax.set_xticks(list(x), labels)
     ax.set_ylabel("stage time per iteration, s (simulated)")
     ax.set_title("Even split vs planned (128 H800, 20K; labels: gen/train GPUs)")
@@ -201,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_gap_to_bruteforce": max(r["gap"] for r in grid if "gap" in r),
         "planning_time_1024_s": t1024,
         "source": ("SIMULATED: generation from the SGS policy simulation over roofline-DERIVED H800/H20 PTL profiles, "
-                   "training from the roofline training model (MFU 0.40); no GPU measured. Timings on a shared, noisy 2-core host."),
+                   "training from the roofline training model (MFU 0.40); no GPU measured. Timings on a shared, noisy "
+                   "2-core host."),
         "details": {"quick": ns.quick, "planned_vs_even": pve, "cross_site": cross, "gap_grid": grid,
                     "plan_1024": plan1024, "bench_seconds": time.perf_counter() - t0},
     }

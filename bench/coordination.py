@@ -168,12 +168,14 @@ def markdown(result: dict) -> str:
         "",
         "| | none | repack |",
         "|---|---|---|",
-        f"| mean KV-cache use (snapshots), median [range] | {kv['none']['median']:.3f} [{kv['none']['min']:.3f}–"
-        f"{kv['none']['max']:.3f}] | {kv['repack']['median']:.3f} [{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}] |",
+        f"| mean KV-cache use (snapshots), median [range] "
+        f"| {kv['none']['median']:.3f} [{kv['none']['min']:.3f}–{kv['none']['max']:.3f}] "
+        f"| {kv['repack']['median']:.3f} [{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}] |",
         f"| trajectories migrated per run | 0 | {', '.join(str(m) for m in result['migrations_per_run'])} |",
         "",
         "Repack overhead (Interrupt sent -> trajectory resumed on the destination): "
-        + (f"mean {oh['mean'] * 1000:.0f} ms, max {oh['max'] * 1000:.0f} ms." if oh["mean"] is not None else "no migration."),
+        + (f"mean {oh['mean'] * 1000:.0f} ms, max {oh['max'] * 1000:.0f} ms." if oh["mean"] is not None
+           else "no migration."),
         "",
         f"Staleness bound violations: **{result['staleness_violations']}**.",
         "",
@@ -204,8 +206,9 @@ def other_lines(result: dict) -> list[str]:
         cells = [f"{r[k]['median']:.3f}x [{r[k]['min']:.3f}–{r[k]['max']:.3f}]"
                  + (" *spread as large as the effect*" if r[k]["spread_as_large_as_effect"] else "")
                  for k in ("tokens_per_s", "samples_per_s")]
-        lines.append(f"| {c['settings']['instances']} | {cells[0]} | {cells[1]} | {kv['none']:.3f} → {kv['repack']:.3f} | "
-                     f"{', '.join(str(m) for m in c['migrations_per_run'])} | "
+        lines.append(f"| {c['settings']['instances']} | {cells[0]} | {cells[1]} "
+                     f"| {kv['none']:.3f} → {kv['repack']:.3f} "
+                     f"| {', '.join(str(m) for m in c['migrations_per_run'])} | "
                      + (f"{oh * 1000:.0f} ms |" if oh is not None else "– |")
                      + (f" {v['median']:.2f}x [{v['min']:.2f}–{v['max']:.2f}] |"
                         if (v := c.get("none_tokens_per_s_vs_record")) else " – |"))
@@ -219,7 +222,8 @@ def replay_lines(result: dict) -> list[str]:
     rp = (result.get("workloads") or {}).get("replay")
     if not rp:
         return []
-    w, r, kv, oh, p = rp["workload"], rp["ratios"], rp["kv_utilisation_spread"], rp["repack_overhead_s"], rp["provenance"]
+    w, r, kv, oh, p = (rp["workload"], rp["ratios"], rp["kv_utilisation_spread"], rp["repack_overhead_s"],
+                       rp["provenance"])
     d = w["lengths"]
     cells = [f"**{r[k]['median']:.3f}x** [{r[k]['min']:.3f}–{r[k]['max']:.3f}]"
              + (" *spread as large as the effect*" if r[k]["spread_as_large_as_effect"] else "")
@@ -242,10 +246,11 @@ def replay_lines(result: dict) -> list[str]:
         "",
         f"Goal >= {rp['goal']:.2f}x: **{'met' if rp['goal_met'] else 'missed'}** by the median (per round: "
         f"{', '.join(f'{x:.3f}x' for x in r['tokens_per_s']['per_repeat'])}). Mean KV-cache use none "
-        f"{kv['none']['median']:.3f} [{kv['none']['min']:.3f}–{kv['none']['max']:.3f}] → repack {kv['repack']['median']:.3f} "
-        f"[{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}]; migrated per run "
+        f"{kv['none']['median']:.3f} [{kv['none']['min']:.3f}–{kv['none']['max']:.3f}] → repack "
+        f"{kv['repack']['median']:.3f} [{kv['repack']['min']:.3f}–{kv['repack']['max']:.3f}]; migrated per run "
         f"{', '.join(str(m) for m in rp['migrations_per_run'])}; overhead "
-        + (f"mean {oh['mean'] * 1000:.0f} ms, max {oh['max'] * 1000:.0f} ms" if oh["mean"] is not None else "none (no migration)")
+        + (f"mean {oh['mean'] * 1000:.0f} ms, max {oh['max'] * 1000:.0f} ms" if oh["mean"] is not None
+           else "none (no migration)")
         + f"; staleness bound violations **{rp['staleness_violations']}**.",
         "",
         "Run order: " + " · ".join(rp["order"]),
@@ -298,7 +303,8 @@ def measure_config(ns, instances: int, base: list[str], checkpoint: str, per_rou
         return None
     for variant in runs:
         for run in runs[variant]:
-            rows = [json.loads(x) for x in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            rows = [json.loads(x) for x in (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+                    if x.strip()]
             run.update(run_metrics(rows))
     return {
         **summarize(runs),
@@ -333,13 +339,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--instances", default="2,4", help="comma-separated instance counts, each measured")
-    parser.add_argument("--interval", type=float, default=0.5, help="trainer.repack.interval_s (snapshots, both variants)")
+    parser.add_argument("--interval", type=float, default=0.5,
+                        help="trainer.repack.interval_s (snapshots, both variants)")
     parser.add_argument("--quick", action="store_true", help="1 round of 6 steps, written to /tmp/braid-bench-quick")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-coordination"))
     parser.add_argument("--out", default=None)
     parser.add_argument("--workload", choices=("arith", "replay"), default="arith",
-                        help="arith: the task's lengths (headline fields); replay: recorded real lengths (workloads.replay)")
+                        help="arith: the task's lengths (headline fields); replay: recorded real lengths "
+                             "(workloads.replay)")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"),
                         help=f"directory holding {REPLAY_FILE} (--workload replay)")
     parser.add_argument("--replay-model", default=REPLAY_MODEL, help="whose recorded response lengths are replayed")

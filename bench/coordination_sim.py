@@ -67,7 +67,8 @@ def vllm_step_cost(engine: dict) -> StepCost:
             return run_instance(jobs, replace(spec, cost=replace(cost0, k3=k3, k4=k4)), "fcfs").makespan_s
 
         c = span(0.0, 0.0)
-        rows.append((span(1e-3, 0.0) - c, span(0.0, 1e-3) - c, engine["engines"]["vllm"][size]["time_to_last_sample_s"]["median"] - c))
+        rows.append((span(1e-3, 0.0) - c, span(0.0, 1e-3) - c,
+                     engine["engines"]["vllm"][size]["time_to_last_sample_s"]["median"] - c))
     (a1, b1, y1), (a2, b2, y2) = [(a / 1e-3, b / 1e-3, y) for a, b, y in rows]
     det = a1 * b2 - a2 * b1
     k3, k4 = (y1 * b2 - y2 * b1) / det, (a1 * y2 - a2 * y1) / det
@@ -129,8 +130,10 @@ def main() -> int:
     workload = partial(_workload, runaway=runaway, max_new=max_new, task=cfgd["task"])
     cost = vllm_step_cost(engine)
     rp = cfgd["trainer"]["repack"]
-    base = SimConfig(instances=s["instances"], repack=False, iterations=s["iterations"], eta=int(s["mode"].split("_")[1]),
-                     prompts_per_iteration=cfgd["trainer"]["prompts_per_iteration"], group_size=cfgd["trainer"]["group_size"],
+    base = SimConfig(instances=s["instances"], repack=False, iterations=s["iterations"],
+                     eta=int(s["mode"].split("_")[1]),
+                     prompts_per_iteration=cfgd["trainer"]["prompts_per_iteration"],
+                     group_size=cfgd["trainer"]["group_size"],
                      max_inflight_groups=cfgd["trainer"]["max_inflight_groups"],
                      micro_batch_groups=cfgd["trainer"]["micro_batch_groups"], max_new_tokens=max_new,
                      engine_max_seqs=cfgd["generation"]["max_inflight"], kv_blocks=cfgd["generation"]["num_blocks"],
@@ -157,7 +160,8 @@ def main() -> int:
               "measured_overhead_s": doc["repack_overhead_s"]["mean"], "measured_migrations": doc["migrations_per_run"]}
     write(path, doc, head["ratio"], error, detail, others)
     print(json.dumps({"predicted": head["ratio"], "measured": measured, "error": error,
-                      **{k: (v["predicted"]["ratio"], v["measured"], v["error"]) for k, v in others.items()}}, indent=1))
+                      **{k: (v["predicted"]["ratio"], v["measured"], v["error"]) for k, v in others.items()}},
+                     indent=1))
     return 0
 
 
@@ -204,18 +208,19 @@ def status(error: float, detail: dict, others: dict, doc: dict) -> str:
         predicted_none = statistics.median(r["none"][0] for r in o["predicted"]["runs"])
         clauses.append(
             f"{o['instances']} instances: predicted {o['predicted']['ratio']:.3f}x vs measured {o['measured']:.3f}x "
-            f"(error {o['error']:.1%}, per seed {min(o['predicted']['ratios']):.2f}-{max(o['predicted']['ratios']):.2f}x; "
-            f"{_direction(o['predicted']['ratio'], o['measured'])}); calibrated at {n_head} instances, it puts their none "
-            f"run at {predicted_none:.0f} tokens/s, {'above' if predicted_none > measured_none else 'below'} the "
+            f"(error {o['error']:.1%}, per seed "
+            f"{min(o['predicted']['ratios']):.2f}-{max(o['predicted']['ratios']):.2f}x; "
+            f"{_direction(o['predicted']['ratio'], o['measured'])}); calibrated at {n_head} instances, it puts their "
+            f"none run at {predicted_none:.0f} tokens/s, {'above' if predicted_none > measured_none else 'below'} the "
             f"{measured_none:.0f} measured")
-    return (f"allocator/repack_sim.py: bounded mode (StalenessManager, instances_to_sync, pick_instance, RepackCoordinator "
-            f"as live) on instances sharing one core (processor sharing of vLLM step costs fitted to engine.json), "
-            f"migration as Interrupt + re-prefill, coordinator blocked by backward micro-batches (train profile); "
-            f"calibrated only from the none runs of {n_head} instances (cpu_scale {c['cpu_scale']:.2f} to their median "
-            f"tokens/s, {c['runaway_share']:.3f} of samples run to the cap to match their mean length); prediction "
-            f"error {error:.1%}, {verdict} the 15% target; {head}. {'; '.join(clauses)}. Left out: per-process CPU "
-            f"costs that do not scale with decode steps, gRPC/Interrupt latency beyond a fixed hop, and the "
-            f"coordinator's per-sample work (scoring, streams)")
+    return (f"allocator/repack_sim.py: bounded mode (StalenessManager, instances_to_sync, pick_instance, "
+            f"RepackCoordinator as live) on instances sharing one core (processor sharing of vLLM step costs fitted to "
+            f"engine.json), migration as Interrupt + re-prefill, coordinator blocked by backward micro-batches (train "
+            f"profile); calibrated only from the none runs of {n_head} instances (cpu_scale {c['cpu_scale']:.2f} to "
+            f"their median tokens/s, {c['runaway_share']:.3f} of samples run to the cap to match their mean length); "
+            f"prediction error {error:.1%}, {verdict} the 15% target; {head}. {'; '.join(clauses)}. Left out: "
+            f"per-process CPU costs that do not scale with decode steps, gRPC/Interrupt latency beyond a fixed hop, "
+            f"and the coordinator's per-sample work (scoring, streams)")
 
 
 if __name__ == "__main__":

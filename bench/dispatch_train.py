@@ -131,7 +131,8 @@ def replay_rows(path: Path, cap: int) -> list[dict]:
 def gen_span(run_dir: Path) -> float | None:
     """Mean generation span per steady iteration (first sample start to last finish), seconds."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()][1:]
-    spans = [r["gen_last_finish"] - r["gen_first_start"] for r in rows if "gen_first_start" in r and "gen_last_finish" in r]
+    spans = [r["gen_last_finish"] - r["gen_first_start"] for r in rows
+             if "gen_first_start" in r and "gen_last_finish" in r]
     return statistics.fmean(spans) if spans else None
 
 
@@ -145,8 +146,10 @@ def summarize(runs: dict[str, list[dict]], key: str = "tokens_per_s") -> dict:
     out: dict = {"metric": key, "best_length_blind": blind,
                  "variants": {n: {"tokens_per_s": spread([r["tokens_per_s"] for r in rs]),
                                   "samples_per_s": spread([r["samples_per_s"] for r in rs]),
-                                  "gen_span_s": spread([r["gen_span_s"] for r in rs if r.get("gen_span_s") is not None] or [0.0]),
-                                  "vs_best_length_blind": flagged_ratio([r[key] for r in rs], [r[key] for r in runs[blind]])}
+                                  "gen_span_s": spread([r["gen_span_s"] for r in rs if r.get("gen_span_s") is not None]
+                                                       or [0.0]),
+                                  "vs_best_length_blind": flagged_ratio([r[key] for r in rs],
+                                                                        [r[key] for r in runs[blind]])}
                               for n, rs in runs.items()}}
     for label, group in (("ranker", RANKER), ("oracle", ORACLE)):
         names = [n for n in group if n in runs]
@@ -207,19 +210,21 @@ def markdown(res: dict) -> str:
              f"Regime of record: **{res['regime_of_record']}** ({res['rule']}).", ""]
     for mode, reg in res["regimes"].items():
         ref = reg.get("provenance") or {}
-        lines += regime_lines(mode, reg["summary"], f"commit `{str(ref.get('commit', '?'))[:12]}`, {ref.get('date', '?')}")
+        lines += regime_lines(mode, reg["summary"],
+                              f"commit `{str(ref.get('commit', '?'))[:12]}`, {ref.get('date', '?')}")
     lines += [provenance_line(res["provenance"]), ""]
     return "\n".join(lines)
 
 
 def regime_lines(mode: str, s: dict, where: str = "") -> list[str]:
     lines = [f"## {mode}" + (f" ({where})" if where else ""), "",
-             "| variant | trained tokens/s (median [min-max]) | samples/s | gen span s/iteration | vs best length-blind |",
+             "| variant | trained tokens/s (median [min-max]) | samples/s | gen span s/iteration "
+             "| vs best length-blind |",
              "|---|---|---|---|---|"]
     for n, v in s["variants"].items():
         t, r = v["tokens_per_s"], v["vs_best_length_blind"]
-        lines.append(f"| {n} | {t['median']:.0f} [{t['min']:.0f}-{t['max']:.0f}] | {v['samples_per_s']['median']:.1f} | "
-                     f"{v['gen_span_s']['median']:.2f} | {r['median']:.3f}x [{r['min']:.3f}-{r['max']:.3f}]"
+        lines.append(f"| {n} | {t['median']:.0f} [{t['min']:.0f}-{t['max']:.0f}] | {v['samples_per_s']['median']:.1f} "
+                     f"| {v['gen_span_s']['median']:.2f} | {r['median']:.3f}x [{r['min']:.3f}-{r['max']:.3f}]"
                      f"{' (spread >= effect)' if r['spread_as_large_as_effect'] else ''} |")
     rk, orc = s.get("ranker_vs_best_length_blind"), s.get("oracle_vs_best_length_blind")
     lines += ["", f"Best length-blind: `{s['best_length_blind']}`."]
@@ -227,17 +232,20 @@ def regime_lines(mode: str, s: dict, where: str = "") -> list[str]:
         lines.append(f"**ranker_vs_best_length_blind** (`{s['best_ranker']}`): {rk['median']:.3f}x "
                      f"[{rk['min']:.3f}-{rk['max']:.3f}] — goal {GOAL}x **{'met' if s['goal_met'] else 'missed'}**.")
     if orc is not None:
-        lines.append(f"oracle_vs_best_length_blind (`{s['best_oracle']}`): {orc['median']:.3f}x [{orc['min']:.3f}-{orc['max']:.3f}].")
+        lines.append(f"oracle_vs_best_length_blind (`{s['best_oracle']}`): {orc['median']:.3f}x "
+                     f"[{orc['min']:.3f}-{orc['max']:.3f}].")
     return [*lines, ""]
 
 
 def main() -> int:
     ap = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
-    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (>= 3 for a ratio of record; {ROUNDS})")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help=f"interleaved rounds (>= 3 for a ratio of record; {ROUNDS})")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
     ap.add_argument("--regimes", default=",".join(RUN_OF_RECORD),
-                    help=f"comma-separated trainer modes among {', '.join(REGIMES)} (default: {', '.join(RUN_OF_RECORD)})")
+                    help=f"comma-separated trainer modes among {', '.join(REGIMES)} "
+                         f"(default: {', '.join(RUN_OF_RECORD)})")
     ap.add_argument("--quick", action="store_true", help="4 iterations of 8 prompts (a smoke run; scratch output)")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench-dispatch-train"))
@@ -282,10 +290,12 @@ def main() -> int:
         reg["provenance"] = run_ref(prov)
     regimes = {**earlier_regimes(out / "dispatch.json", regimes), **regimes}
     record = regime_of_record(regimes)
-    note = (f"tiny model, vLLM, 2 instances (max_inflight 64 each){' pinned to CPU 0, trainer on CPU 1' if ns.pin else ''}, "
+    note = ("tiny model, vLLM, 2 instances (max_inflight 64 each)"
+            f"{' pinned to CPU 0, trainer on CPU 1' if ns.pin else ''}, "
             f"{'4' if ns.quick else '12'} iterations of {'8' if ns.quick else '32'} prompts x 8 samples, "
             f"replayed lengths p50 {lengths['p50']:.0f} / p99 {lengths['p99']:.0f} / cap {cap} tokens; "
-            "forced_length_replay.seed = round (every variant of a round replays the same lengths on the same prompts)")
+            "forced_length_replay.seed = round (every variant of a round replays the same lengths on the same "
+            "prompts)")
     result = {
         "provenance": prov, "regimes": regimes, "regime_of_record": record,
         "rule": "the regime where the best oracle variant beats the best length-blind variant by the most (median)",

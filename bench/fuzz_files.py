@@ -43,7 +43,8 @@ SCALAR = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 5), st.integers(-(2**70), 2**70),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.sampled_from(["", "0x10", "1e999", "~"]),
 )
-VALUE = st.recursive(SCALAR, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
+VALUE = st.recursive(SCALAR,
+                     lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
                      max_leaves=6)
 POS = st.integers(0, 10**6)  # a position, taken modulo the document's length
 
@@ -115,7 +116,8 @@ def document(seeds: list, dump) -> st.SearchStrategy[bytes]:
 
     return st.one_of(
         st.builds(mutated, st.sampled_from(seeds), st.lists(DOC_OP, min_size=1, max_size=3), st.just([])),
-        st.builds(mutated, st.sampled_from(seeds), st.lists(DOC_OP, max_size=2), st.lists(BYTE_OP, min_size=1, max_size=2)),
+        st.builds(mutated, st.sampled_from(seeds), st.lists(DOC_OP, max_size=2),
+                  st.lists(BYTE_OP, min_size=1, max_size=2)),
         st.builds(lambda v: _safe_dump(dump, v), VALUE),
         st.text(max_size=200).map(str.encode),
         st.binary(max_size=200),
@@ -194,7 +196,8 @@ class RunConfig(Kind):
     name, suffix = "run config (braid config/run --config)", ".yaml"
 
     def strategy(self):
-        seeds = [yaml.safe_load((ROOT / "deploy/configs" / f).read_text()) for f in ("default.yaml", "smoke.yaml", "bounded.yaml")]
+        seeds = [yaml.safe_load((ROOT / "deploy/configs" / f).read_text())
+                 for f in ("default.yaml", "smoke.yaml", "bounded.yaml")]
         return document(seeds, yaml_dump)
 
     def read(self, path):
@@ -226,7 +229,8 @@ class Overrides(Kind):
         keys = [".".join(map(str, p)) for p in _paths(load_config(None).model_dump(mode="json"))]
         value = st.one_of(st.text(max_size=20), VALUE.map(lambda v: json.dumps(v, allow_nan=True)),
                           st.sampled_from(["[", "{a: 1", "!!python/object:os.system", "*x", "a: b: c", "'"]))
-        item = st.one_of(st.builds(lambda k, v: f"{k}={v}", st.one_of(st.sampled_from(keys), st.text(max_size=10)), value),
+        item = st.one_of(st.builds(lambda k, v: f"{k}={v}", st.one_of(st.sampled_from(keys), st.text(max_size=10)),
+                                   value),
                          st.text(max_size=30))
         return st.lists(item, min_size=1, max_size=3).map(lambda xs: json.dumps(xs).encode())
 
@@ -316,7 +320,8 @@ class RankerData(Kind):
         return document([_rows(FIXTURE)], jsonl_dump)
 
     def read(self, path):
-        return cli(["ranker", "train", "--data", str(path), "--out", str(self.work / "trained"), "--kind", "prompt_length"])
+        return cli(["ranker", "train", "--data", str(path), "--out", str(self.work / "trained"),
+                    "--kind", "prompt_length"])
 
 
 class Prompts(Kind):
@@ -336,7 +341,8 @@ class Mmlu(Kind):
     def strategy(self):
         row = {"question_id": 1, "category": "math", "question": "1+1?", "options": ["1", "2"],
                "resp_chars": {"Meta-Llama-3_1-8B-Instruct": 120, "other": 7}}
-        return st.one_of(document([[row, {**row, "question_id": 2}]], jsonl_dump).map(gzip.compress), st.binary(max_size=100))
+        return st.one_of(document([[row, {**row, "question_id": 2}]], jsonl_dump).map(gzip.compress),
+                         st.binary(max_size=100))
 
     def read(self, path):
         return cli(["ranker", "convert-mmlu", "--src", str(path), "--out", str(self.work / "mmlu")])
@@ -348,7 +354,8 @@ class GenLog(Kind):
     def strategy(self):
         cols = ("prompt_id", "prompt", "response_length", "finished_at", "weight_version", "instance")
         sql = st.tuples(st.sampled_from(cols), st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1),
-                                                         st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8)))
+                                                         st.floats(allow_nan=False), st.text(max_size=8),
+                                                         st.binary(max_size=8)))
         return st.one_of(
             st.lists(sql, max_size=3).map(lambda ups: ("rows", ups)),
             st.lists(BYTE_OP, min_size=1, max_size=3).map(lambda ops: ("bytes", ops)),

@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # first, before bench/ (whose ranker.py would shadow the ranker package), even on PYTHONPATH
+# first, before bench/ (whose ranker.py would shadow the ranker package), even on PYTHONPATH
+sys.path.insert(0, str(ROOT))
 
 from bench.report_io import RecordParser, provenance, provenance_line, results_dir, write_results  # noqa: E402
 
@@ -78,8 +79,8 @@ def measure(run_dir: Path, iterations: int, samples: int, limit: int | None, *, 
     answers, parts = {}, {}
     for name, path in models.items():  # the same questions, the same settings, one model after the other
         t0 = time.time()
-        answers[name] = ev.generate_heldout(cfg, config_path, path, run_dir / f"eval-{name}", samples, f"heldout-{name}",
-                                            limit)
+        answers[name] = ev.generate_heldout(cfg, config_path, path, run_dir / f"eval-{name}", samples,
+                                            f"heldout-{name}", limit)
         ev.write_answers(run_dir / f"heldout-{name}.jsonl", answers[name])
         parts[name] = {"seconds": round(time.time() - t0, 1), **ev.length_stats(answers[name]),
                        "by_family": ev.by_family(answers[name]),
@@ -115,10 +116,12 @@ def summarize(summary: dict, measured: dict, rows: list[dict], iterations: int) 
         "ranker_recall_at_20": measured["ranker"]["lightgbm"]["recall_at_20"],
         "ranker_baseline_recall_at_20": measured["ranker"]["prompt_length"]["recall_at_20"],
         "before": before, "after": after, "ranker": measured["ranker"],
-        "run_eval": {k: summary[k] for k in ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts")},
+        "run_eval": {k: summary[k]
+                     for k in ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts")},
         "samples_per_second": summary["samples_per_second"], "reward_failures": summary.get("reward_failures", 0),
-        "curve": [{"iteration": r["iteration"], "reward_mean": r["reward_mean"], "response_len_mean": r["response_len_mean"],
-                   "clip_fraction": r["clip_fraction"], "iteration_time_s": r["iteration_time_s"]} for r in rows],
+        "curve": [{"iteration": r["iteration"], "reward_mean": r["reward_mean"],
+                   "response_len_mean": r["response_len_mean"], "clip_fraction": r["clip_fraction"],
+                   "iteration_time_s": r["iteration_time_s"]} for r in rows],
     }
 
 
@@ -135,7 +138,8 @@ def markdown(r: dict) -> str:
         f"| accuracy | {r['heldout_before']:.3f} | {r['heldout_after']:.3f} |",
         *[f"| accuracy, {f} | {b['by_family'][f]['accuracy']:.3f} | {a['by_family'][f]['accuracy']:.3f} |"
           for f in b["by_family"]],
-        f"| output length p50 / p90 / p99 (tokens) | {b['length_p50']:.0f} / {b['length_p90']:.0f} / {b['length_p99']:.0f} "
+        f"| output length p50 / p90 / p99 (tokens) "
+        f"| {b['length_p50']:.0f} / {b['length_p90']:.0f} / {b['length_p99']:.0f} "
         f"| {a['length_p50']:.0f} / {a['length_p90']:.0f} / {a['length_p99']:.0f} |",
         f"| trainer vs vLLM log-prob, mean / p99 / max abs diff | {b['logprob_abs_diff_mean']:.2e} / "
         f"{b['logprob_abs_diff_p99']:.2e} / {b['logprob_abs_diff_max']:.2e} | {a['logprob_abs_diff_mean']:.2e} / "
@@ -176,7 +180,8 @@ def plot(r: dict, path: Path) -> None:
     axes[1].legend()
     for shift, key in ((-0.2, "before"), (0.2, "after")):
         m = r[key]
-        axes[2].bar([i + shift for i in range(3)], [m["length_p50"], m["length_p90"], m["length_p99"]], width=0.4, label=key)
+        axes[2].bar([i + shift for i in range(3)], [m["length_p50"], m["length_p90"], m["length_p99"]], width=0.4,
+                    label=key)
     axes[2].set_xticks(range(3), ["p50", "p90", "p99"])
     axes[2].set(title="held-out output length (tokens)")
     axes[2].legend()
@@ -188,8 +193,10 @@ def plot(r: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 2-iteration run into /tmp/braid-bench-quick")
-    parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-real-model"), help="where the run directory goes")
-    parser.add_argument("--out", default=None, help="results directory (default bench/results, or /tmp/... with --quick)")
+    parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-real-model"),
+                        help="where the run directory goes")
+    parser.add_argument("--out", default=None,
+                        help="results directory (default bench/results, or /tmp/... with --quick)")
     ns = parser.parse_args(argv)
     from services.common.config import load_config
 

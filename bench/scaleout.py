@@ -50,7 +50,8 @@ BASE = [
 # generation is memory-bound like an H20 site's (fewer sequences fit as outputs grow) and falls behind
 # the trainer. The regime before it (512 blocks = 16K tokens) never fell behind with vLLM: no event.
 REGIME = "kv-bound: generation.num_blocks=32 (1,024 KV tokens per instance)"
-PREVIOUS_KEYS = ("regime", "scaleout_events", "delta_before_s", "delta_after_s", "rl_wall_speedup", "speedup_after_join")
+PREVIOUS_KEYS = ("regime", "scaleout_events", "delta_before_s", "delta_after_s", "rl_wall_speedup",
+                 "speedup_after_join")
 QUICK = ["trainer.iterations=14", "forced_length_ramp.start=16", "forced_length_ramp.per_iteration=10"]
 FULL = ["trainer.iterations=20", "forced_length_ramp.start=16", "forced_length_ramp.per_iteration=7"]
 
@@ -81,7 +82,8 @@ def per_iteration(run_dir: Path) -> list[dict]:
     prev: float | None = None
     for r in _jsonl(run_dir / "metrics.jsonl"):
         d = decisions.get(r["iteration"], {})
-        t_gen = generation_time(r["gen_first_start"], r["gen_last_finish"], prev) if "gen_first_start" in r else r["gen_time_s"]
+        t_gen = (generation_time(r["gen_first_start"], r["gen_last_finish"], prev) if "gen_first_start" in r
+                 else r["gen_time_s"])
         prev = r.get("gen_last_finish")
         rows.append({
             "iteration": r["iteration"], "forced_length": r["response_len_max"], "t_gen_s": t_gen,
@@ -135,7 +137,8 @@ def summarize(scaled: Path, baseline: Path, window: int, cooldown: int, meta: di
             "delta_before_s": _mean(before),
             "delta_after_s": _mean([by_it[k]["delta_s"] for k in after_its]),
             "after_iterations": after_its,
-            "baseline_delta_before_s": _mean([base_by_it[k]["delta_s"] for k in range(first - window + 1, first + 1) if k in base_by_it]),
+            "baseline_delta_before_s": _mean([base_by_it[k]["delta_s"] for k in range(first - window + 1, first + 1)
+                                              if k in base_by_it]),
             "baseline_delta_after_s": _mean([base_by_it[k]["delta_s"] for k in after_its if k in base_by_it]),
         })
         before_its = [k for k in range(first - window + 1, first + 1) if k in by_it]
@@ -186,8 +189,8 @@ def markdown(r: dict) -> str:
         *([provenance_line(r["provenance"]), ""] if "provenance" in r else []),
         f"{r['mode']} run, forced output length {r['ramp']}, {r.get('regime', 'generation.num_blocks=512')}; "
         f"host: {r['host']} (shared, noisy: compare columns).",
-        *([f"Previous regime ({r['previous_regime']['regime']}, {r['previous_regime']['commit'][:12]}): scale-out events "
-           f"{r['previous_regime']['scaleout_events']}."] if r.get("previous_regime") else []),
+        *([f"Previous regime ({r['previous_regime']['regime']}, {r['previous_regime']['commit'][:12]}): scale-out "
+           f"events {r['previous_regime']['scaleout_events']}."] if r.get("previous_regime") else []),
         "",
         f"Scale-out events after iterations {r['scaleout_events']}"
         + (f"; the instance took {r['instance_start_s']:.1f}s to start and joined after iteration "
@@ -195,8 +198,10 @@ def markdown(r: dict) -> str:
         "",
         "| | with scale-out | baseline (same ramp, controller off) |",
         "|---|---|---|",
-        f"| delta before (s, iterations up to the event) | {f(r['delta_before_s'])} | {f(r.get('baseline_delta_before_s'))} |",
-        f"| delta after (s, iterations {r.get('after_iterations')}) | {f(r['delta_after_s'])} | {f(r.get('baseline_delta_after_s'))} |",
+        f"| delta before (s, iterations up to the event) | {f(r['delta_before_s'])} "
+        f"| {f(r.get('baseline_delta_before_s'))} |",
+        f"| delta after (s, iterations {r.get('after_iterations')}) | {f(r['delta_after_s'])} "
+        f"| {f(r.get('baseline_delta_after_s'))} |",
     ]
     if "iteration_time_after_s" in r:
         it = r["iteration_time_after_s"]
@@ -204,17 +209,20 @@ def markdown(r: dict) -> str:
                      f"(**{r['speedup_after_join']:.2f}x** with scale-out) |")
     if r.get("throughput_after_vs_before") is not None:
         tp = r["tokens_per_s"]
-        lines.append(f"| generated tokens/s before -> after | {f(tp['scaleout']['before'])} -> {f(tp['scaleout']['after'])} "
-                     f"(**{r['throughput_after_vs_before']:.2f}x**) | {f(tp['baseline']['before'])} -> "
-                     f"{f(tp['baseline']['after'])} ({f(r['baseline_throughput_after_vs_before'])}x) |")
-    lines.append(f"| RL wall time (s, all iterations) | {f(r['rl_wall_s']['scaleout'])} | {f(r['rl_wall_s']['baseline'])} |")
+        lines.append(f"| generated tokens/s before -> after | {f(tp['scaleout']['before'])} -> "
+                     f"{f(tp['scaleout']['after'])} (**{r['throughput_after_vs_before']:.2f}x**) "
+                     f"| {f(tp['baseline']['before'])} -> {f(tp['baseline']['after'])} "
+                     f"({f(r['baseline_throughput_after_vs_before'])}x) |")
+    lines.append(f"| RL wall time (s, all iterations) | {f(r['rl_wall_s']['scaleout'])} "
+                 f"| {f(r['rl_wall_s']['baseline'])} |")
     lines += ["", "| iteration | length | T_gen | T_train | delta | delta' | instances | action | baseline delta |",
               "|---|---|---|---|---|---|---|---|---|"]
     base = {b["iteration"]: b for b in r["baseline_iterations"]}
     for x in r["iterations"]:
         b = base.get(x["iteration"], {})
-        lines.append(f"| {x['iteration']} | {x['forced_length']} | {f(x['t_gen_s'])} | {f(x['t_train_s'])} | {f(x['delta_s'])} | "
-                     f"{f(x['delta_prime_s'])} | {x['instances']} | {x['action']} | {f(b.get('delta_s'))} |")
+        lines.append(f"| {x['iteration']} | {x['forced_length']} | {f(x['t_gen_s'])} | {f(x['t_train_s'])} "
+                     f"| {f(x['delta_s'])} | {f(x['delta_prime_s'])} | {x['instances']} | {x['action']} "
+                     f"| {f(b.get('delta_s'))} |")
     lines += ["", "Definitions: " + "; ".join(f"`{k}`: {v}" for k, v in r["definitions"].items()) + "."]
     return "\n".join(lines) + "\n"
 

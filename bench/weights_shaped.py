@@ -94,7 +94,8 @@ def driver(ns: argparse.Namespace) -> int:
     state = _payload(ns.payload, Path(ns.checkpoint))
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     tls = site_files(ns.certs, SITES["train"])
-    transport = RelayTransport(WeightsConfig(), relays=[ns.master, ns.site_relay], training_site=SITES["train"], tls=tls)
+    transport = RelayTransport(WeightsConfig(), relays=[ns.master, ns.site_relay], training_site=SITES["train"],
+                               tls=tls)
     site = RelayClient(ns.site_relay.split("@tls://")[1], tls=tls)
     rows = []
     try:
@@ -133,8 +134,9 @@ def _spawn_relay(link, role: str, work: Path, certs: Path, tag: str) -> tuple[su
 
 
 def _drive(link, payload: str, checkpoint: Path, master: str, site_relay: str, certs: Path, reps: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "driver", "--payload", payload, "--checkpoint", str(checkpoint),
-           "--master", master, "--site-relay", site_relay, "--certs", str(certs), "--reps", str(reps)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "driver", "--payload", payload,
+           "--checkpoint", str(checkpoint), "--master", master, "--site-relay", site_relay, "--certs", str(certs),
+           "--reps", str(reps)]
     tx0 = link.tx_bytes("train")
     done = link.run("train", cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     if done.returncode != 0:
@@ -172,7 +174,8 @@ def _run_payload(link, payload: str, checkpoint: Path, work: Path, reps: int) ->
         procs.append(g_proc)
         gen = link.address("gen")
         master = f"{link.address('train')}:{m_port}@{SITES['train']}"
-        out = _drive(link, payload, checkpoint, master, f"{gen}:{g_port}@{SITES['gen']}@tls://{gen}:{g_tls}", certs, reps)
+        out = _drive(link, payload, checkpoint, master, f"{gen}:{g_port}@{SITES['gen']}@tls://{gen}:{g_tls}", certs,
+                     reps)
     finally:
         for p in procs:
             p.terminate()
@@ -192,8 +195,9 @@ def bench_shaped(rate: str, reps: int, payloads: list[str], work: Path) -> dict:
     with shaped_link(rate) as link:
         sites = work / "sites.yaml"
         sites.write_text("sites:\n" + "".join(
-            f"  - {{name: {SITES[r]}, roles: [{'training' if r == 'train' else 'generation'}], host: {link.address(r)}, "
-            f"work_pool: {r}}}\n" for r in SITES) + f"tls: {{enabled: true, dir: {work / 'certs'}}}\n")
+            f"  - {{name: {SITES[r]}, roles: [{'training' if r == 'train' else 'generation'}], "
+            f"host: {link.address(r)}, work_pool: {r}}}\n" for r in SITES)
+            + f"tls: {{enabled: true, dir: {work / 'certs'}}}\n")
         make_certs(sites)  # certificates for the link's addresses
         for payload in payloads:
             rows[payload] = r = _run_payload(link, payload, checkpoint, work, reps)
@@ -206,16 +210,19 @@ def bench_shaped(rate: str, reps: int, payloads: list[str], work: Path) -> dict:
 
 def markdown(entry: dict) -> list[str]:
     """The ``shaped_link`` section of weights.md."""
-    lines = [f"## Weight versions across a tbf-shaped link between two namespaces ({entry['rate_bps'] / 1e6:.0f} Mbit/s)", "",
+    lines = [f"## Weight versions across a tbf-shaped link between two namespaces "
+             f"({entry['rate_bps'] / 1e6:.0f} Mbit/s)", "",
              entry.get("summary", ""), "",
              "| payload | MB per version | transfer s (median [min-max], n) | limit s | **limit / measured** | "
              "link bytes per version |", "|---|---|---|---|---|---|"]
     for name, r in entry["payloads"].items():
         t = r["transfer_s"]
-        lines.append(f"| {name} | {r['bytes_per_version'] / 1e6:.1f} | {t['median']:.3f} [{t['min']:.3f}-{t['max']:.3f}], "
-                     f"{t['n']} | {r['limit_s']:.3f} | **{r['limit_vs_measured']:.3f}** | {r['link_bytes_per_version']:.3f} |")
+        lines.append(f"| {name} | {r['bytes_per_version'] / 1e6:.1f} "
+                     f"| {t['median']:.3f} [{t['min']:.3f}-{t['max']:.3f}], {t['n']} | {r['limit_s']:.3f} "
+                     f"| **{r['limit_vs_measured']:.3f}** | {r['link_bytes_per_version']:.3f} |")
     if entry.get("provenance"):
-        lines += ["", provenance_line(entry["provenance"]) + (" Quick run (indicative only)." if entry.get("quick") else "")]
+        lines += ["", provenance_line(entry["provenance"])
+                  + (" Quick run (indicative only)." if entry.get("quick") else "")]
     return [*lines, ""]
 
 

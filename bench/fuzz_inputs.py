@@ -9,8 +9,8 @@ names, dtypes, shapes, offsets, digests, indices, manifests); and raw random byt
 variant). Versions and addresses are drawn symbolically (relative to the newest version held,
 ``SELF``/``SGS``/``RELAY``/``ROUTER``) and resolved against the running ``Stack`` at send time, so
 an example means the same thing whatever ran before it; so are environment sessions (a fresh one of
-a kind, or one an expert's turn in) and reward transcripts (an expert's episode with one edit). ``data_call`` writes a drawn push to the
-relay's raw-TCP data channel.
+a kind, or one an expert's turn in) and reward transcripts (an expert's episode with one edit).
+``data_call`` writes a drawn push to the relay's raw-TCP data channel.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ ADDRESS = st.one_of(
                     st.integers(-5, 70000)),
     st.sampled_from(["SELF", "SGS", "RELAY", "ROUTER"]),  # resolved to the stack's own addresses at send time
 )
-DTYPES = st.one_of(st.sampled_from(["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]), TEXT)
+DTYPES = st.one_of(st.sampled_from(["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]),
+                   TEXT)
 SHAPE = st.lists(st.one_of(st.integers(-2, 300), I64), max_size=4)
 VERSION = st.one_of(
     st.tuples(st.just("rel"), st.integers(-3, 3)),  # relative to the newest version held (resolved at send time)
@@ -52,7 +53,8 @@ def prompt(vocab: int):
     token = st.one_of(st.integers(0, vocab - 1), st.integers(-(2**31), 2**31 - 1))
     return st.builds(
         pb.Prompt, prompt_id=st.one_of(st.sampled_from(["p", "q"]), TEXT), group_id=TEXT,
-        token_ids=st.one_of(st.lists(token, max_size=10), st.lists(st.integers(0, vocab - 1), min_size=60, max_size=80)),
+        token_ids=st.one_of(st.lists(token, max_size=10),
+                            st.lists(st.integers(0, vocab - 1), min_size=60, max_size=80)),
         estimated_length=F64, forced_length=st.one_of(st.integers(0, 9), U32),
     )
 
@@ -60,7 +62,8 @@ def prompt(vocab: int):
 def generate_request(vocab: int):
     """Wild requests, or requests valid in every field but maybe one (so generation runs too)."""
     valid_prompt = st.builds(
-        lambda i, ids, est, forced: pb.Prompt(prompt_id=f"v{i}", token_ids=ids, estimated_length=est, forced_length=forced),
+        lambda i, ids, est, forced: pb.Prompt(prompt_id=f"v{i}", token_ids=ids, estimated_length=est,
+                                              forced_length=forced),
         st.integers(0, 3), st.lists(st.integers(0, vocab - 1), min_size=1, max_size=8),
         st.floats(0.0, 100.0), st.one_of(st.just(0), st.integers(1, 8)),
     )
@@ -133,7 +136,8 @@ TENSOR_FIELDS = {
 }
 MANIFEST_FIELDS = {
     "version": I64, "chunk_bytes": st.one_of(st.integers(0, 8192), U64),
-    "version_digest": TEXT, "shm_path": st.one_of(TEXT, st.sampled_from(["/dev/shm", "/dev/shm/braid-x", "SHMDIR", "SHMBLOB"])),
+    "version_digest": TEXT,
+    "shm_path": st.one_of(TEXT, st.sampled_from(["/dev/shm", "/dev/shm/braid-x", "SHMDIR", "SHMBLOB"])),
     "host_id": st.one_of(TEXT, st.just("HOST")),
 }
 manifest_mutation = st.one_of(
@@ -305,7 +309,8 @@ ACTION = st.one_of(TEXT, st.text(min_size=4090, max_size=4200),  # around the 40
                    st.sampled_from(["247-9", "#193", "=", "#", "-", "1+", "99999999999999999999-1", "#-0", "left",
                                     "#1e309", "9" * 400 + "-1", ">", "->", ">>>>", ">" * 70, "-" * 64, "> -"]))
 KIND = st.one_of(st.sampled_from(["calculator", "walk", "arith"]), TEXT)
-reset_request = st.builds(pb.ResetRequest, kind=KIND, seed=I64, trajectory_id=st.one_of(TEXT, st.text(min_size=257, max_size=260)))
+reset_request = st.builds(pb.ResetRequest, kind=KIND, seed=I64,
+                          trajectory_id=st.one_of(TEXT, st.text(min_size=257, max_size=260)))
 
 
 def _mostly(good, wild):

@@ -82,7 +82,8 @@ class Stack:
         write_config(cfg, config)
         self.sup = Supervisor(self.workdir)
         relay, _ = start_relay(self.sup, self.workdir, "relay", keep=2, shm=True, max_message_mb=MESSAGE_MB)
-        [sgs] = start_instances(self.sup, self.workdir, str(self.checkpoint), 1, threads=1, config=config, relays=[relay])
+        [sgs] = start_instances(self.sup, self.workdir, str(self.checkpoint), 1, threads=1, config=config,
+                                relays=[relay])
         router = start_router(self.sup, self.workdir, str(self.checkpoint), [sgs], config=config)
         env = start_env_worker(self.sup, self.workdir, "env-0", config=config)
         [reward] = RewardPoolController(self.sup, self.workdir, cfg, config=config).start()
@@ -126,7 +127,8 @@ class Stack:
         from services.common.weights import manifest_of
         from services.weights.convert import manifest_to_pb
 
-        return pb.TransferRequest(direction="push", manifest=manifest_to_pb(manifest_of(self.good, CHUNK_BYTES), version),
+        return pb.TransferRequest(direction="push",
+                                  manifest=manifest_to_pb(manifest_of(self.good, CHUNK_BYTES), version),
                                   sender="fuzz")
 
     def health(self, service: str):
@@ -251,7 +253,8 @@ class Stack:
         the transcript, the rewards and the score (what the fuzzing must not change)."""
         opened = self._reset(kind)
         seed, actions = self.expert(kind)
-        replies = [self._step(pb.StepRequest(session_id=opened.session_id, turn=t, action=a)) for t, a in enumerate(actions)]
+        replies = [self._step(pb.StepRequest(session_id=opened.session_id, turn=t, action=a))
+                   for t, a in enumerate(actions)]
         code, details, _ = self.call("env", "Close", pb.CloseRequest(session_id=opened.session_id))
         assert code == OK, f"env: a good Close answered {code}: {details}"
         episode = {"kind": kind, "seed": seed, "prompt": opened.observation, "actions": actions,
@@ -261,13 +264,16 @@ class Stack:
         if code != OK:
             raise AssertionError(f"reward: a good Score of {kind} answered {code}: {details}")
         episode["score"] = pb.ScoreReply.FromString(raw).reward
-        assert episode["done"][-1] and episode["score"] == 1.0, f"the expert's {kind} episode did not succeed: {episode}"
+        assert episode["done"][-1] and episode["score"] == 1.0, (
+            f"the expert's {kind} episode did not succeed: {episode}"
+        )
         return episode
 
     @staticmethod
     def transcript(episode: dict) -> pb.ScoreRequest:
-        return pb.ScoreRequest(request_id="expert", task=episode["kind"], seed=episode["seed"], prompt=episode["prompt"],
-                               actions=episode["actions"], observations=episode["observations"])
+        return pb.ScoreRequest(request_id="expert", task=episode["kind"], seed=episode["seed"],
+                               prompt=episode["prompt"], actions=episode["actions"],
+                               observations=episode["observations"])
 
     # ------------------------------------------------------------ nothing lost
     def check_nothing_lost(self) -> dict:
@@ -303,5 +309,7 @@ class Stack:
             assert got == self.greedy[service], f"{service}: greedy tokens changed: {got} != {self.greedy[service]}"
         for kind in ENV_KINDS:
             episode = self.play_expert_episode(kind)
-            assert episode == self.episodes[kind], f"the expert's {kind} episode changed: {episode} != {self.episodes[kind]}"
+            assert episode == self.episodes[kind], (
+                f"the expert's {kind} episode changed: {episode} != {self.episodes[kind]}"
+            )
         return {"relay_versions_checked": len(held), "greedy_unchanged": True, "episode_unchanged": True}

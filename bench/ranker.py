@@ -73,7 +73,8 @@ def run_kind(kind: str, train, val, test, quick: bool) -> tuple[object, dict]:
     pv, pt = model.predict(val.prompts), model.predict(test.prompts)
     pred_s = time.perf_counter() - t0
     row = {"val": evaluate(pv, val.lengths), "test": evaluate(pt, test.lengths), "train_s": round(train_s, 1),
-           "train_cpu_s": round(train_cpu_s, 1), "predict_s": round(pred_s, 1), "params": model.params, "_val_pred": pv, "_test_pred": pt}
+           "train_cpu_s": round(train_cpu_s, 1), "predict_s": round(pred_s, 1), "params": model.params,
+           "_val_pred": pv, "_test_pred": pt}
     print(f"{kind:>14}: train {train_s:6.1f}s  val r@20 {row['val']['recall_at_20']:.3f}  "
           f"test r@20 {row['test']['recall_at_20']:.3f}", flush=True)
     return model, row
@@ -112,14 +113,16 @@ def write_markdown(path: Path, result: dict) -> None:
         "Best kind chosen on the validation split; test metrics below. Wall times from a shared, noisy 2-core "
         "machine; CPU seconds (all threads) are less sensitive to the noise (quiet 2-core wall time ~ CPU s / 1.6)."),
         "",
-        "| kind | role | test recall@20% | recall@10% | recall@5% | Spearman | val recall@20% | train s | train CPU s | predict s |",
+        "| kind | role | test recall@20% | recall@10% | recall@5% | Spearman | val recall@20% | train s | train CPU s "
+        "| predict s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, row in result["kinds"].items():
         role = "baseline" if kind in BASELINES else ("**best**" if kind == result["best_kind"] else "model")
         t = row["test"]
-        lines.append(f"| {kind} | {role} | {t['recall_at_20']:.3f} | {t['recall_at_10']:.3f} | {t['recall_at_5']:.3f} | "
-                     f"{t['spearman']:.3f} | {row['val']['recall_at_20']:.3f} | {row['train_s']} | {row['train_cpu_s']} | {row['predict_s']} |")
+        lines.append(f"| {kind} | {role} | {t['recall_at_20']:.3f} | {t['recall_at_10']:.3f} | {t['recall_at_5']:.3f} "
+                     f"| {t['spearman']:.3f} | {row['val']['recall_at_20']:.3f} | {row['train_s']} "
+                     f"| {row['train_cpu_s']} | {row['predict_s']} |")
     ref = result["reference_other_models"]
     lines.append(f"| other models' mean log length | reference (not deployable) | {ref['recall_at_20']:.3f} | "
                  f"{ref['recall_at_10']:.3f} | {ref['recall_at_5']:.3f} | {ref['spearman']:.3f} | - | - | - | - |")
@@ -189,14 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     best_dir = work / "best_ranker"
     models[best].save(best_dir)
     test_file = work / "test_selected.jsonl"
-    test_file.write_text("".join(json.dumps({"id": e.id, "prompt": e.prompt, "response_length": e.response_length}) + "\n"
-                                 for e in test.examples))
+    test_file.write_text("".join(json.dumps({"id": e.id, "prompt": e.prompt, "response_length": e.response_length})
+                                 + "\n" for e in test.examples))
     annotate(load_ranker(best_dir), test_file, out / "ranker_test_estimates.jsonl")
 
     kinds = {k: {key: v for key, v in r.items() if not key.startswith("_")} for k, r in rows.items()}
     bt = kinds[best]["test"]
     result = {
-        "provenance": provenance(Path(__file__), {"data": str(src), "model": ns.model, "seed": ns.seed, "quick": ns.quick}),
+        "provenance": provenance(Path(__file__), {"data": str(src), "model": ns.model, "seed": ns.seed,
+                                                  "quick": ns.quick}),
         "best_kind": best, **{m: bt[m] for m in METRICS},
         "baselines": {k: {m: kinds[k]["test"][m] for m in METRICS} for k in BASELINES},
         "kinds": kinds,

@@ -66,7 +66,8 @@ def batch(cfg, policy, seed: int) -> list:
         recs = []
         for i in range(tc.group_size):
             n = min(RESPONSE_CAP, max(1, base + rng.randint(-2, 2)))
-            recs.append(SampleRecord(p.prompt_id, p.prompt_id, i, prompt, tuple(rng.randrange(4, vocab) for _ in range(n)),
+            recs.append(SampleRecord(p.prompt_id, p.prompt_id, i, prompt,
+                                     tuple(rng.randrange(4, vocab) for _ in range(n)),
                                      tuple([-2.5] * n), 0, "stop", 0.0, 0.0, 0.0))
         groups.append(Group(recs, [float(i % 2) for i in range(tc.group_size)]))
     return groups
@@ -145,7 +146,8 @@ def worker(rank: int, world: int, port: int, size: str, steps: int, out: str) ->
     if ctx is not None and not ctx.leader:
         follow(learner, ctx)
         peak = measured_push(learner, leader=False)  # after the leader's stop both ranks call it directly
-        Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps({"push_peak_bytes": peak, "model_bytes": model_bytes}))
+        Path(out).with_suffix(f".rank{rank}.json").write_text(json.dumps({"push_peak_bytes": peak,
+                                                                          "model_bytes": model_bytes}))
         shutdown()  # exits
     lead = learner if ctx is None else Leader(learner, ctx)
     groups = [batch(cfg, policy, seed) for seed in range(steps + 1)]
@@ -211,14 +213,16 @@ def markdown(result: dict) -> str:
              f"Learner alone on the default task's batches ({result['samples_per_step']} samples per step, "
              f"{result['steps']} timed steps after one warm-up), one torch thread per process, rank r pinned to CPU r; "
              f"{result['repeats']} interleaved rounds, median [min–max].", "",
-             "| model | float32 size | dp1 tokens/s | dp2 tokens/s | **dp2 / dp1** (per round) | push peak rank 0 | push peak rank 1 |",
+             "| model | float32 size | dp1 tokens/s | dp2 tokens/s | **dp2 / dp1** (per round) | push peak rank 0 "
+             "| push peak rank 1 |",
              "|---|---|---|---|---|---|---|"]
     for size, r in result["sizes"].items():
         def f(s: dict, spec: str = ".0f") -> str:
             return f"{s['median']:{spec}} [{s['min']:{spec}}–{s['max']:{spec}}]"
         pk = r["push_peak_fraction"]
-        lines.append(f"| {size} | {r['model_bytes'] / 2**20:.1f} MiB | {f(r['dp1_tokens_per_s'])} | {f(r['dp2_tokens_per_s'])} | "
-                     f"**{f(r['dp2_vs_dp1'], '.2f')}x** | {f(pk['rank0'], '.2f')} | {f(pk['rank1'], '.2f')} |")
+        lines.append(f"| {size} | {r['model_bytes'] / 2**20:.1f} MiB | {f(r['dp1_tokens_per_s'])} "
+                     f"| {f(r['dp2_tokens_per_s'])} | **{f(r['dp2_vs_dp1'], '.2f')}x** | {f(pk['rank0'], '.2f')} "
+                     f"| {f(pk['rank1'], '.2f')} |")
     lines += ["", "*push peak*: what a weight push through the relay transport adds on a rank, as a fraction of the "
               "model's float32 size: the peak heap in use above its level before the push (glibc `mallinfo2`, sampled "
               "while each gathered tensor is alive) plus the snapshot blob in `/dev/shm` that rank 0 draws "
@@ -255,7 +259,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4, help="timed steps per run (after one warm-up step)")
     ap.add_argument("--sizes", default="default,small", help=f"comma-separated of {sorted(SIZES)}")
-    ap.add_argument("--quick", action="store_true", help="1 round, 2 steps, default size; writes to /tmp/braid-bench-quick")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 round, 2 steps, default size; writes to /tmp/braid-bench-quick")
     ap.add_argument("--out", default=None)
     ns = ap.parse_args()
     sizes = ["default"] if ns.quick else [s.strip() for s in ns.sizes.split(",") if s.strip()]
@@ -282,7 +287,8 @@ def main() -> int:
     }
     head = result["sizes"]["default" if "default" in sizes else sizes[0]]
     result["dp2_vs_dp1_train_tokens_per_s"] = head["dp2_vs_dp1"]["median"]
-    result["push_peak_mem_fraction"] = max(v["median"] for v in result["sizes"][sizes[-1]]["push_peak_fraction"].values())
+    result["push_peak_mem_fraction"] = max(v["median"]
+                                           for v in result["sizes"][sizes[-1]]["push_peak_fraction"].values())
     out = str(results_dir(ns.out, ns.quick))
     print(write_results(out, "train", result, markdown, plot))
     return 0

@@ -91,9 +91,9 @@ def markdown(result: dict) -> str:
         f"{_f(sp['tokens_per_s']['trl']['max'], '.0f')}] | {_rs(sp['tokens_per_s_ratio'])} |",
         f"| completion tokens per sample | {_f(sp['response_len_mean']['braid']['median'])} | "
         f"{_f(sp['response_len_mean']['trl']['median'])} | |",
-        f"| time to target (s), median | {_f(tt['braid_median'])} ({tt['reached']['braid']}/{result['runs']} reached) | "
-        f"{_f(tt['trl_median'])} ({tt['reached']['trl']}/{result['runs']} reached) | TRL / Braid time: "
-        f"{_rs(tt['trl_over_braid'])} |",
+        f"| time to target (s), median | {_f(tt['braid_median'])} ({tt['reached']['braid']}/{result['runs']} reached) "
+        f"| {_f(tt['trl_median'])} ({tt['reached']['trl']}/{result['runs']} reached) "
+        f"| TRL / Braid time: {_rs(tt['trl_over_braid'])} |",
         f"| final accuracy, mean | {_f(result['final_accuracy']['braid']['mean'], '.3f')} | "
         f"{_f(result['final_accuracy']['trl']['mean'], '.3f')} | |",
         "",
@@ -110,14 +110,16 @@ def markdown(result: dict) -> str:
         "",
         "## Per run (interleaved order)",
         "",
-        "| pair | Braid samples/s | TRL samples/s | ratio | Braid tokens/s | TRL tokens/s | ratio | Braid final | TRL final | Braid trained/generated |",
+        "| pair | Braid samples/s | TRL samples/s | ratio | Braid tokens/s | TRL tokens/s | ratio | Braid final "
+        "| TRL final | Braid trained/generated |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, (rb, rt) in enumerate(zip(b, t, strict=True)):
         lines.append(
-            f"| {i} | {rb['samples_per_s']:.1f} | {rt['samples_per_s']:.1f} | {rb['samples_per_s'] / rt['samples_per_s']:.2f} | "
-            f"{rb['tokens_per_s']:.0f} | {rt['tokens_per_s']:.0f} | {rb['tokens_per_s'] / rt['tokens_per_s']:.2f} | "
-            f"{rb['final_accuracy']:.3f} | {rt['final_accuracy']:.3f} | {_f(rb.get('trained_fraction'), '.3f')} |"
+            f"| {i} | {rb['samples_per_s']:.1f} | {rt['samples_per_s']:.1f} "
+            f"| {rb['samples_per_s'] / rt['samples_per_s']:.2f} | {rb['tokens_per_s']:.0f} | {rt['tokens_per_s']:.0f} "
+            f"| {rb['tokens_per_s'] / rt['tokens_per_s']:.2f} | {rb['final_accuracy']:.3f} "
+            f"| {rt['final_accuracy']:.3f} | {_f(rb.get('trained_fraction'), '.3f')} |"
         )
     lines += ["", "## Matched settings", ""]
     for k, v in m.items():
@@ -146,8 +148,8 @@ def plot(result: dict, path: Path) -> None:
     for system, color in (("braid", "tab:blue"), ("trl", "tab:orange")):
         for i, r in enumerate(result["per_run"][system]):
             xs, ys = [p[0] for p in r["curve"]], [p[1] for p in r["curve"]]
-            ax1.plot(xs, ys, "o-", color=color, alpha=0.7, label=f"{'Braid sync (hf)' if system == 'braid' else 'TRL (generate)'}"
-                     if i == 0 else None)
+            ax1.plot(xs, ys, "o-", color=color, alpha=0.7,
+                     label=f"{'Braid sync (hf)' if system == 'braid' else 'TRL (generate)'}" if i == 0 else None)
     target = result["time_to_target_s"]["target"]
     if target is not None:
         ax1.axhline(target, color="gray", ls="--", lw=1, label="target")
@@ -157,8 +159,10 @@ def plot(result: dict, path: Path) -> None:
     ax1.legend()
     pairs = range(result["runs"])
     w = 0.38
-    ax2.bar([p - w / 2 for p in pairs], [r["samples_per_s"] for r in result["per_run"]["braid"]], w, label="Braid sync (hf)")
-    ax2.bar([p + w / 2 for p in pairs], [r["samples_per_s"] for r in result["per_run"]["trl"]], w, label="TRL (generate)")
+    ax2.bar([p - w / 2 for p in pairs], [r["samples_per_s"] for r in result["per_run"]["braid"]], w,
+            label="Braid sync (hf)")
+    ax2.bar([p + w / 2 for p in pairs], [r["samples_per_s"] for r in result["per_run"]["trl"]], w,
+            label="TRL (generate)")
     ax2.set_xticks(list(pairs), [f"pair {p}" for p in pairs])
     ax2.set_ylabel("samples/s (steady)")
     ax2.set_title(f"Braid/TRL samples/s: {_rs(result['spread']['samples_per_s_ratio'])}".replace("**", ""))

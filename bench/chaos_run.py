@@ -41,7 +41,8 @@ COMPONENTS = {
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    config: str  # a key of CONFIGS: "bounded" (3 instances, 2 relays, repack), "routed" (one_step behind the router), a mode
+    # a key of CONFIGS: "bounded" (3 instances, 2 relays, repack), "routed" (one_step behind the router), a mode
+    config: str
     kill: tuple[str, ...] = ()
     fault: str = ""  # "delay", "partition" or "reset" on the trainer's link to SGS instance 0
     kill_after: int = 2  # steps taken before the faults
@@ -137,7 +138,8 @@ class Injector:
 
             self.proxy.set(Faults())
             self.heal_at = None
-        if self.fault_at is not None or not (self.s.kill or self.s.fault in ("partition", "reset")) or not self._ready():
+        if (self.fault_at is not None or not (self.s.kill or self.s.fault in ("partition", "reset"))
+                or not self._ready()):
             return
         procs = {c: _processes(self.run_dir, c) for c in self.s.kill}
         missing = [c for c, ps in procs.items() if not ps]
@@ -187,7 +189,8 @@ def weights_check(sup, run_dir: Path, fronted: dict[str, str]) -> dict:
 
     live = {s.name for s in sup.services if s.proc.poll() is None}
     rows = _rows(run_dir)
-    # by the address the trainer dials (the orchestrator reports instances_alive): instances it lost for good are left out
+    # by the address the trainer dials (the orchestrator reports instances_alive): instances it lost for good are
+    # left out
     alive = rows[-1].get("instances_alive") if rows else None
     routed = (run_dir / "router.port").exists()
     relays = {}
@@ -240,8 +243,9 @@ CONFIGS = {
     "sequential": ["trainer.mode=sequential", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
     "sync": ["trainer.mode=sync", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
     "one_step": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
-    "agentic": ["trainer.mode=one_step", "generation.instances=2", TWO, "agentic.enabled=true", "agentic.concurrency=16",
-                "agentic.max_turns=4", "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.05",
+    "agentic": ["trainer.mode=one_step", "generation.instances=2", TWO, "agentic.enabled=true",
+                "agentic.concurrency=16", "agentic.max_turns=4", "agentic.latency.kind=fixed",
+                "agentic.latency.mean_s=0.05",
                 "trainer.prompts_per_iteration=2", "trainer.group_size=4", "trainer.micro_batch_groups=1"],
 }
 
@@ -261,7 +265,8 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
         "trainer.recovery.max_restarts=3", "eval.prompts=8", "weights.digest=sha256", *CONFIGS[s.config]])
     write_config(cfg, run_dir / "config.json")
     (run_dir / "metrics.jsonl").write_text("")
-    result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size, config=s.config)
+    result = RunResult(s.name, samples_expected=iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size,
+                       config=s.config)
     inject = Injector(s, run_dir, None, timeout_s)
     fronted: dict[str, str] = {}  # SGS address -> the proxy's
 
@@ -287,7 +292,8 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
         if inject.proxy is not None:
             inject.proxy.stop()
     result.wall_s = time.time() - t0
-    result.faults = inject.done + (["net:delay"] if s.fault == "delay" and inject.proxy is not None else [])  # on the link all along
+    # on the link all along
+    result.faults = inject.done + (["net:delay"] if s.fault == "delay" and inject.proxy is not None else [])
     result.fault_at = inject.fault_at
     result.steps_before_fault = inject.steps_before
     rows = _rows(run_dir)

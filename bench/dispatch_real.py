@@ -18,12 +18,12 @@ the dispatch's randomness. The error with the shipped ``braid profile`` file is 
 (``sim_error_shipped``), and with the shipped profile **calibrated** on a separate short run
 (``sim_error_shipped_calibrated``), and the **calibrated** profile (``sim_error_calibrated``): the
 in-situ profile's shape scaled to a separate mixed-length call. Each round also sends as many
-samples as the batch, drawn from rows outside the batch, through the round-robin router; the fastest of those
-calls' per-instance makespans fit one scale factor (``allocator.simulator.calibrate_spec``) on the in-situ profile (uniform
-batches miss what mixed-length continuous batching on the serving path costs) and, for
-comparison, on the shipped profile (measured on the retired ``cb`` engine, whose cost *shape* is
-wrong for vLLM: no scale fixes a shape). Both are judged on the timed benchmark calls they never
-saw.
+samples as the batch, drawn from rows outside the batch, through the round-robin router; the
+fastest of those calls' per-instance makespans fit one scale factor
+(``allocator.simulator.calibrate_spec``) on the in-situ profile (uniform batches miss what
+mixed-length continuous batching on the serving path costs) and, for comparison, on the shipped
+profile (measured on the retired ``cb`` engine, whose cost *shape* is wrong for vLLM: no scale
+fixes a shape). Both are judged on the timed benchmark calls they never saw.
 
 Lengths: the batch's token lengths scaled so the longest is ``REAL_CAP`` tokens (the tiny model
 has 512 positions); prompts are ``clamp(chars / 40, 4, 40)`` tokens of filler.
@@ -170,7 +170,8 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
     ]
     cfg0 = load_config(None, base)
     profile = load_profile(shipped_profile("cpu-local-braid-tiny"))
-    shipped = profile.instance_spec(max_batch=MAX_INFLIGHT, kv_capacity_tokens=cfg0.generation.num_blocks * cfg0.generation.page_size)
+    shipped = profile.instance_spec(max_batch=MAX_INFLIGHT,
+                                    kv_capacity_tokens=cfg0.generation.num_blocks * cfg0.generation.page_size)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="braid-dispatch-") as tmp:
         work = Path(tmp)
@@ -198,7 +199,8 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
                                            "shipped_calibrated": shipped_cal})
             for name, r in results.items():
                 print(f"real {name}: measured {r['measured_s']:.2f}s, simulated {r['simulated_s']:.2f}s "
-                      f"(shipped profile {r['simulated_shipped_s']:.2f}s, calibrated {r['simulated_calibrated_s']:.2f}s)",
+                      f"(shipped profile {r['simulated_shipped_s']:.2f}s, calibrated "
+                      f"{r['simulated_calibrated_s']:.2f}s)",
                       flush=True)
         finally:
             sup.stop_all()
@@ -213,8 +215,8 @@ def run_real(rows, cpt: float, *, quick: bool, seed: int) -> dict:
         "runs": results,
         "speedup_vs_random_measured": {k: rnd["measured_s"] / r["measured_s"] for k, r in results.items()},
         "speedup_vs_random_simulated": {k: rnd["simulated_s"] / r["simulated_s"] for k, r in results.items()},
-        "measurement_spread": statistics.fmean((max(r["measured_all_s"]) - min(r["measured_all_s"])) / min(r["measured_all_s"])
-                                               for r in results.values()),
+        "measurement_spread": statistics.fmean((max(r["measured_all_s"]) - min(r["measured_all_s"]))
+                                               / min(r["measured_all_s"]) for r in results.values()),
         "sim_error": statistics.fmean(err("simulated_s")),
         "sim_error_max": max(err("simulated_s")),
         "sim_error_shipped_profile": statistics.fmean(err("simulated_shipped_s")),
@@ -321,8 +323,10 @@ def _summarize(routers: dict, specs: dict) -> dict[str, dict]:
         calibrated, _ = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["calibrated"])
         shipped_cal, _ = _simulate_from_timeline(timeline, calls[best], prompts, forward, specs["shipped_calibrated"])
         out[name] = {
-            "measured_s": times[best], "measured_all_s": times, "simulated_s": simulated, "simulated_shipped_s": shipped,
-            "simulated_calibrated_s": calibrated, "simulated_shipped_calibrated_s": shipped_cal,
-            "measured_per_instance_s": _measured_per_instance(timeline, calls[best]), "simulated_per_instance_s": per_sim,
+            "measured_s": times[best], "measured_all_s": times, "simulated_s": simulated,
+            "simulated_shipped_s": shipped, "simulated_calibrated_s": calibrated,
+            "simulated_shipped_calibrated_s": shipped_cal,
+            "measured_per_instance_s": _measured_per_instance(timeline, calls[best]),
+            "simulated_per_instance_s": per_sim,
         }
     return out

@@ -66,7 +66,8 @@ PROMPT_TOKENS = 12  # the arith task's prompts (bos + "247-9>200=" and a little 
 PROFILE = ROOT / "bench/profiles/vllm-cpu-dispatch-train.json"  # an input of the bench, not a result
 SGS_CORE = "0"  # bench/dispatch_train.py pins both SGS instances to CPU 0
 HEADLINE_KEYS = ("sim_error_max_per_policy", "sim_policy_order_matches", "sim_resolved_pairs_agree")
-KEYS = ("training_sim", *HEADLINE_KEYS, *(f"{k}_static" for k in HEADLINE_KEYS))  # what this bench owns in dispatch.json (bench/dispatch.py keeps them)
+# what this bench owns in dispatch.json (bench/dispatch.py keeps them)
+KEYS = ("training_sim", *HEADLINE_KEYS, *(f"{k}_static" for k in HEADLINE_KEYS))
 
 
 def step_groups(run_dir: Path) -> list[list[str]]:
@@ -206,9 +207,10 @@ def markdown(res: dict) -> str:
     j, st = res["judged"], res["judged_static"]
     lines = ["# The simulator against the real training runs (bench/dispatch_train_sim.py)", "",
              provenance_line(res["provenance"]), "",
-             f"Regime `{res['regime']}` (runs of {res['runs_commit'][:12]}); profile: {res['profile']['notes'][:160]}...; "
-             f"2 instances sharing one core; each model calibrated on `{j['calibration_variant']}` (scale "
-             f"{j['scale']:.2f} launch path, {st['scale']:.2f} whole step at once).", "",
+             f"Regime `{res['regime']}` (runs of {res['runs_commit'][:12]}); profile: "
+             f"{res['profile']['notes'][:160]}...; 2 instances sharing one core; each model calibrated on "
+             f"`{j['calibration_variant']}` (scale {j['scale']:.2f} launch path, {st['scale']:.2f} whole step at "
+             f"once).", "",
              "| variant | measured span s (median of rounds) | launch path s | error | whole step at once s | error |",
              "|---|---:|---:|---:|---:|---:|"]
     for v in j["order_measured"]:
@@ -216,7 +218,8 @@ def markdown(res: dict) -> str:
         lines.append(f"| {v}{tag} | {j['measured_s'][v]:.3f} | {j['simulated_s'][v]:.3f} | {j['error'][v]:.1%} "
                      f"| {st['simulated_s'][v]:.3f} | {st['error'][v]:.1%} |")
     lines += ["", f"Measured order: {' < '.join(j['order_measured'])}.", "",
-              *verdict_lines(j, "launch path (the model of record: the orchestrator's gating, `allocator/launch_sim.py`)"),
+              *verdict_lines(j, "launch path (the model of record: the orchestrator's gating, "
+                                "`allocator/launch_sim.py`)"),
               *verdict_lines(st, "whole step at once (the earlier model, `allocator.simulator.simulate`)")]
     return "\n".join(lines) + "\n"
 
@@ -236,10 +239,12 @@ def main() -> None:
     training = json.loads((out / "dispatch.json").read_text()).get("training") or {}
     regime = (training.get("regimes") or {}).get(ns.regime)
     if regime is None:
-        sys.exit(f"dispatch.json has no training regime {ns.regime!r}: run bench/dispatch_train.py --regimes {ns.regime}")
+        sys.exit(f"dispatch.json has no training regime {ns.regime!r}: run bench/dispatch_train.py "
+                 f"--regimes {ns.regime}")
     runs = {v: [Path(r["run_dir"]) for r in rs] for v, rs in regime["runs"].items()}
     if missing := [str(d) for ds in runs.values() for d in ds if not (d / "ledger.jsonl").is_file()]:
-        sys.exit(f"{len(missing)} run directories of that regime are gone (first: {missing[0]}): re-run bench/dispatch_train.py")
+        sys.exit(f"{len(missing)} run directories of that regime are gone (first: {missing[0]}): re-run "
+                 "bench/dispatch_train.py")
     profile_path = Path(ns.profile)
     if not profile_path.is_file():
         measure_profile(next(iter(runs.values()))[0], profile_path)
@@ -258,7 +263,8 @@ def main() -> None:
            "judged_static": static, "target_error": TARGET_ERROR,
            "per_round": {"measured_s": measured, "simulated_raw_s": simulated["launch"],
                          "simulated_static_raw_s": simulated["static"]},
-           "profile": {"file": str(profile_path.relative_to(ROOT)) if profile_path.is_relative_to(ROOT) else str(profile_path),
+           "profile": {"file": (str(profile_path.relative_to(ROOT)) if profile_path.is_relative_to(ROOT)
+                                else str(profile_path)),
                        "fit_rel_rmse": profile.fit_rel_rmse, "notes": profile.notes},
            "provenance": prov}
     set_json_key(out / "dispatch.json", "training_sim", res)

@@ -54,15 +54,13 @@ def markdown(result: dict) -> str:
         "# End-to-end benchmark: Braid's pipeline modes"
         f"{' vs TRL GRPOTrainer' if s_trl else ''} (CPU, tiny model, one run per mode)",
         "",
-        (
-            f"{'QUICK run (--quick): few iterations, a smoke test of the harness, not a result. ' if m['quick'] else ''}"
-            f"{m['iterations']} optimizer steps x {m['samples_per_iteration']} samples per mode; checkpoints every "
-            f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
-            f"Host: {result['host']['summary']}. "
-            f"{trl_clause} Braid: {m['instances']} SGS instance(s) in every mode "
-            f"and the trainer, one torch thread per process, engine **{result.get('engine', 'cb')}**"
-            f"{' (SGS processes pinned to CPU 0, the trainer to CPU 1: disaggregated stages)' if m.get('pinned') else ''}."
-        ),
+        f"{'QUICK run (--quick): few iterations, a smoke test of the harness, not a result. ' if m['quick'] else ''}"
+        f"{m['iterations']} optimizer steps x {m['samples_per_iteration']} samples per mode; checkpoints every "
+        f"{m['checkpoint_every']} steps scored offline on {m['eval_prompts']} held-out prompts ({m['decoding']}). "
+        f"Host: {result['host']['summary']}. "
+        f"{trl_clause} Braid: {m['instances']} SGS instance(s) in every mode "
+        f"and the trainer, one torch thread per process, engine **{result.get('engine', 'cb')}**"
+        f"{' (SGS processes pinned to CPU 0, the trainer to CPU 1: disaggregated stages)' if m.get('pinned') else ''}.",
         "",
         *([provenance_line(p), ""] if (p := result.get("provenance")) else []),
         (
@@ -82,12 +80,13 @@ def markdown(result: dict) -> str:
         hist_s = ", ".join(f"{k}: {v}" for k, v in hist.items()) if hist else "—"
         s = sps[mode]
         lines.append(
-            f"| {mode} | {with_stderr(d, 'samples_per_s', '.1f') if s else fmt(s)} | "
-            f"{fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} | "
-            f"{fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} | "
-            f"{with_stderr(d, 'tokens_per_s', '.0f') if s else '—'} | {ratio(tps.get(mode), t_sync)} | {fmt(ttt[mode])} | "
-            f"{fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | "
-            f"{hist_s} | {when(d.get('started_at'))} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
+            f"| {mode} | {with_stderr(d, 'samples_per_s', '.1f') if s else fmt(s)} "
+            f"| {fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} "
+            f"| {fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} "
+            f"| {with_stderr(d, 'tokens_per_s', '.0f') if s else '—'} | {ratio(tps.get(mode), t_sync)} "
+            f"| {fmt(ttt[mode])} "
+            f"| {fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | {hist_s} "
+            f"| {when(d.get('started_at'))} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
         )
     t = result["targets"]
     lines += [
@@ -194,7 +193,8 @@ def interleaved_lines(result: dict) -> list[str]:
     t = result.get("throughput_interleaved")
     if not t:
         return []
-    part = result.get("provenance", {}).get("parts", {}).get("throughput_interleaved", "measured by bench/e2e_throughput.py")
+    part = result.get("provenance", {}).get("parts", {}).get("throughput_interleaved",
+                                                             "measured by bench/e2e_throughput.py")
     lines = [
         "## Throughput, interleaved rounds (`bench/e2e_throughput.py`, `e2e_throughput.md`)",
         "",
@@ -232,7 +232,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel(f"held-out accuracy ({result['settings']['eval_prompts']} prompts)")
     ax.set_title("Accuracy vs wall time")
     ax.legend(fontsize=7)
-    stale = {m: d["staleness"]["total_hist"] for m, d in result["modes"].items() if d.get("status") == "ok" and "staleness" in d}
+    stale = {m: d["staleness"]["total_hist"] for m, d in result["modes"].items()
+             if d.get("status") == "ok" and "staleness" in d}
     levels = sorted({int(s) for h in stale.values() for s in h})
     bottom = [0.0] * len(stale)
     for level in levels:

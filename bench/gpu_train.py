@@ -158,8 +158,8 @@ def measure(name: str, variant: str, quick: bool, device: str = "cuda", micro_ba
     ckpt, kl, _ = VARIANTS[variant]
     samples, responses, mbg = (QUICK_GRIDS if quick else GRIDS)[name]
     cfg = load_config(None, [f"trainer.device={device}", "trainer.dtype=bfloat16", f"trainer.kl_coef={kl}",
-                             f"trainer.activation_checkpointing={str(ckpt).lower()}", f"trainer.micro_batch_groups={mbg}",
-                             f"trainer.micro_batch_tokens={micro_batch_tokens}",
+                             f"trainer.activation_checkpointing={str(ckpt).lower()}",
+                             f"trainer.micro_batch_groups={mbg}", f"trainer.micro_batch_tokens={micro_batch_tokens}",
                              "trainer.learner=inline", "generation.max_new_tokens=4096"])
     policy = build_model(name)
     spec = spec_from_hf_config(name, policy.model.config.to_dict(), dtype_bytes=2)
@@ -178,7 +178,8 @@ def measure(name: str, variant: str, quick: bool, device: str = "cuda", micro_ba
     out = {**summarize(spec, points, variant, get_hardware(HARDWARE)), "params": spec.params(),
            "micro_batch_groups": mbg, "micro_batch_tokens": micro_batch_tokens, "activation_checkpointing": ckpt,
            "kl_coef": kl, "variant": variant,
-           "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "seconds": time.perf_counter() - t0,
+           "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+           "seconds": time.perf_counter() - t0,
            "profile": profile}
     del learner, policy
     if cuda:
@@ -199,7 +200,8 @@ def headlines(models: dict) -> dict:
         plain = sorted((v["micro_batch_tokens"], k) for k, v in done.items() if v["variant"] == "plain")
         if len(plain) > 1 and plain[0][0] == 4096:
             small, large = done[plain[0][1]]["points"], done[plain[-1][1]]["points"]
-            speedup[name] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(small, large, strict=True))
+            speedup[name] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"]
+                                              for a, b in zip(small, large, strict=True))
     return {"models": models, "roofline_median_rel_error": errs, "micro_batch_speedup": speedup, "targets": TARGETS,
             "targets_met": {n: e <= TARGETS["roofline_median_rel_error"] for n, e in errs.items()}}
 
@@ -211,7 +213,8 @@ def markdown(result: dict) -> str:
              f"Device: {result['device']}; the roofline is the allocator's {HARDWARE} (989.4 TFLOP/s dense bf16, "
              "the H200's peak too; MFU 0.40). Random weights of the named architectures; bfloat16 autocast over "
              "float32 master weights; equal lengths, prompts of 12 tokens; median of 3 steps per point.", "",
-             "| model | variant @ micro-batch tokens | samples | response | tokens/s | MFU | measured s | roofline s | error |",
+             "| model | variant @ micro-batch tokens | samples | response | tokens/s | MFU | measured s | roofline s "
+             "| error |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, variants in result["models"].items():
         for variant, v in variants.items():
@@ -223,8 +226,9 @@ def markdown(result: dict) -> str:
                       for r in v["points"]]
     lines += ["", "| target | value | goal | met |", "|---|---|---:|---|"]
     for name, ok in result["targets_met"].items():
-        lines.append(f"| roofline median error, {name} | {result['roofline_median_rel_error'].get(name, float('nan')):.0%} | "
-                     f"<= {TARGETS['roofline_median_rel_error']:.0%} | {'met' if ok else '**missed**'} |")
+        lines.append(f"| roofline median error, {name} "
+                     f"| {result['roofline_median_rel_error'].get(name, float('nan')):.0%} "
+                     f"| <= {TARGETS['roofline_median_rel_error']:.0%} | {'met' if ok else '**missed**'} |")
     for name, x in result.get("micro_batch_speedup", {}).items():
         lines.append(f"\nPlain variant, {name}: {x:.2f}x trained tokens/s with the largest micro-batch budget over the "
                      "4096-token CPU default (median over the grid points).")

@@ -101,7 +101,8 @@ def busy_slots(used: Iterable[ipaddress.IPv4Network]) -> set[int]:
             continue
         if BASE.subnet_of(n):
             return set(range(count))
-        first, last = (int(n.network_address) - base) >> (32 - SLOT_BITS), (int(n.broadcast_address) - base) >> (32 - SLOT_BITS)
+        first, last = ((int(n.network_address) - base) >> (32 - SLOT_BITS),
+                       (int(n.broadcast_address) - base) >> (32 - SLOT_BITS))
         busy.update(range(first, last + 1))
     return busy
 
@@ -174,7 +175,8 @@ def stale(names: Iterable[str], alive: Callable[[int], bool]) -> list[str]:
 def setup_commands(plan: Plan, names: dict[str, str], tbf: Tbf) -> list[list[str]]:
     """Every command that builds one use, in order (namespaces exist already)."""
     a, b = list(plan.link)
-    cmds = [["ip", "link", "add", LINK_DEV, "netns", names[a], "type", "veth", "peer", "name", LINK_DEV, "netns", names[b]]]
+    cmds = [["ip", "link", "add", LINK_DEV, "netns", names[a], "type", "veth", "peer", "name", LINK_DEV,
+             "netns", names[b]]]
     for role, ns in names.items():
         dev = root_dev(plan.slot, role)
         cmds += [
@@ -198,7 +200,9 @@ def setup_commands(plan: Plan, names: dict[str, str], tbf: Tbf) -> list[list[str
 def _sh(cmd: Sequence[str], check: bool = True) -> str:
     proc = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise NetnsError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        raise NetnsError(
+            f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
+        )
     return proc.stdout
 
 
@@ -244,7 +248,8 @@ def unavailable_reason() -> str | None:
     except NetnsError as err:
         return f"`ip netns add` is refused here: {err}"
     try:
-        _sh(["ip", "link", "add", "p0", "netns", ns, "type", "veth", "peer", "name", "p1", "netns", ns])  # as setup does
+        # as setup does
+        _sh(["ip", "link", "add", "p0", "netns", ns, "type", "veth", "peer", "name", "p1", "netns", ns])
         _sh(tbf_command(ns, "p0", tbf_params("100mbit")))
     except NetnsError as err:
         return f"no veth or no tbf qdisc in this kernel: {err}"
@@ -300,7 +305,9 @@ def _teardown(slot: int, names: Iterable[str], roles: Iterable[str]) -> None:
 
 
 @contextlib.contextmanager
-def shaped_link(rate: str | int, roles: Sequence[str] = ROLES, rng: random.Random | None = None) -> Iterator[ShapedLink]:
+def shaped_link(
+    rate: str | int, roles: Sequence[str] = ROLES, rng: random.Random | None = None
+) -> Iterator[ShapedLink]:
     """Two namespaces joined by a veth shaped to ``rate`` on both ends (module docstring); all of
     it removed when the block exits. Stop the processes started inside first."""
     why = unavailable_reason()

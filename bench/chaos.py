@@ -99,7 +99,8 @@ def summarize(results: list[RunResult]) -> dict:
         "rollback_exercised": (all(r.rolled_back_groups > 0 for r in trainer)
                                if (trainer := [r for r in results if _killed(r, "trainer")]) else None),
         "rolled_back_groups": {r.scenario: r.rolled_back_groups for r in results if _killed(r, "trainer")},
-        "recovery_s": {k: {"median": statistics.median(v), "max": max(v), "n": len(v)} for k, v in sorted(recovery.items())},
+        "recovery_s": {k: {"median": statistics.median(v), "max": max(v), "n": len(v)}
+                       for k, v in sorted(recovery.items())},
         **trajectory_totals(results),
     }
 
@@ -164,13 +165,13 @@ def repeat_under_load(test: str, n: int) -> dict:
 def markdown(result: dict) -> str:
     lines = [
         "# Chaos suite", "",
-        f"**{'PASSED' if result['passed'] else 'FAILED'}**: {result['runs_completed']}/{result['runs']} runs completed, "
-        f"{result['faults_total']} faults injected, samples lost {result['samples_lost']}, duplicates "
+        f"**{'PASSED' if result['passed'] else 'FAILED'}**: {result['runs_completed']}/{result['runs']} runs "
+        f"completed, {result['faults_total']} faults injected, samples lost {result['samples_lost']}, duplicates "
         f"{result['duplicates']}, staleness violations {result['violations']}, weights mismatches "
         f"{result['weights_mismatches']}; every run's ledger ok: {result.get('ledger_ok')}; every trainer-process kill "
         f"between two recovery checkpoints rolled back steps: {result.get('rollback_exercised')}.", "",
-        "| scenario | faults | after step | completed | restarts | recovery s | samples lost | dup | violations | weights "
-        "| ledger | rolled back groups | training s | wall s |",
+        "| scenario | faults | after step | completed | restarts | recovery s | samples lost | dup | violations "
+        "| weights | ledger | rolled back groups | training s | wall s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["scenarios"]:
@@ -255,7 +256,8 @@ def main() -> int:
     if ns.repeat:
         result["flaky_test"] = repeat_under_load(FLAKY_TEST, ns.repeat)
     result["passed"] = passed(result)
-    result["provenance"] = provenance(Path(__file__), {"iterations": ns.iterations, "scenarios": [asdict(s) for s in SCENARIOS],
+    result["provenance"] = provenance(Path(__file__), {"iterations": ns.iterations,
+                                                       "scenarios": [asdict(s) for s in SCENARIOS],
                                                        "engine": "hf"}, Path(ns.config).resolve(), "hf")
     partial = bool(names)  # a subset never overwrites the results of record
     print(write_results(results_dir(ns.out, partial), "chaos", result, markdown, plot))

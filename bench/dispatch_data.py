@@ -66,7 +66,8 @@ def load_estimates(path: str | Path) -> list[Row]:
             v = obj.get(field)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise EstimatesError(f"{path}: line {n}: field {field!r} must be a positive number, got {v!r}")
-        rows.append(Row(obj["prompt"], float(obj["response_length"]), float(obj["estimated_length"]), str(obj.get("id", n))))
+        rows.append(Row(obj["prompt"], float(obj["response_length"]), float(obj["estimated_length"]),
+                        str(obj.get("id", n))))
     if len(rows) < 2 * MULTI_PROMPTS // 4:
         raise EstimatesError(f"{path}: {len(rows)} rows; the benchmark needs at least {2 * MULTI_PROMPTS // 4}")
     return rows

@@ -169,7 +169,8 @@ def ensure_trl_venv(venv: Path = TRL_VENV) -> Path:
     """The benchmark-only TRL virtualenv's python, created on first use (~2 min)."""
     py = venv / "bin" / "python"
     probe = "import trl, datasets, accelerate, services.tasks.arith; print(trl.__version__)"
-    if py.is_file() and subprocess.run([str(py), "-c", probe], cwd=ROOT, capture_output=True, check=False).returncode == 0:
+    if (py.is_file()
+            and subprocess.run([str(py), "-c", probe], cwd=ROOT, capture_output=True, check=False).returncode == 0):
         return py
     log = venv.parent / f"{venv.name}.log"
     venv.parent.mkdir(parents=True, exist_ok=True)
@@ -321,7 +322,8 @@ def main() -> int:
     parser.add_argument("--paired-prompts", type=int, default=None,
                         help=f"held-out prompts of the paired final evaluation (full: {FULL['paired_prompts']})")
     parser.add_argument("--paired-samples", type=int, default=None,
-                        help=f"sampled completions per prompt in the paired evaluation (full: {FULL['paired_samples']})")
+                        help=f"sampled completions per prompt in the paired evaluation "
+                             f"(full: {FULL['paired_samples']})")
     parser.add_argument("--controls", default=PLACEBO,
                         help=f"comma-separated modes run as negative controls: judged like the async modes and "
                              f"expected to fail; the untrained warm start is always one. Default {PLACEBO} (sync at "
@@ -380,7 +382,8 @@ def main() -> int:
     checkpoint = str(ensure_warmstart(base_cfg).resolve())  # keyed on the config and warm-start steps only
     # every held-out prompt either evaluation scores is excluded from training (eval.prompts)
     held_out = max(n_eval, n_paired)
-    base = [*ws_over, f"trainer.iterations={iterations}", f"trainer.checkpoint_every={every}", f"eval.prompts={held_out}"]
+    base = [*ws_over, f"trainer.iterations={iterations}", f"trainer.checkpoint_every={every}",
+            f"eval.prompts={held_out}"]
     dist = base_cfg.task.distribution()
     problems = eval_problems(base_cfg.eval.seed, n_eval, **dist)
     paired_problems = eval_problems(base_cfg.eval.seed, n_paired, **dist)

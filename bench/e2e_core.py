@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 BOUNDED_ETAS = (1, 2, 4)
-BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS), *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
+BRAID_MODES = ("sync", "one_step", *(f"bounded_{e}" for e in BOUNDED_ETAS),
+               *(f"bounded_{e}_partial" for e in BOUNDED_ETAS))
 MODES = (*BRAID_MODES, "trl")
 # The negative control declared before the run, and the verdict it must get (issue 34): sync with a
 # learning rate of 1e-9. It runs the whole pipeline and takes every optimizer step, but its policy
@@ -34,7 +35,8 @@ def mode_overrides(mode: str, instances: int) -> list[str]:
     if mode == PLACEBO:
         return ["trainer.mode=sync", f"trainer.lr={PLACEBO_LR:g}", f"generation.instances={instances}"]
     parts = mode.split("_")
-    if parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit() or parts[2:] not in ([], ["partial"]):
+    if (parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit()
+            or parts[2:] not in ([], ["partial"])):
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     out = ["trainer.mode=bounded", f"trainer.eta={int(parts[1])}", f"generation.instances={instances}"]
     if parts[2:] == ["partial"]:
@@ -88,7 +90,8 @@ def steady_throughput(rows: list[dict]) -> dict:
     wall = sum(r["iteration_time_s"] for r in steady)
     samples = sum(r["samples"] for r in steady)
     # response tokens per second too: policies drift to different lengths, so samples/s alone can mislead
-    tokens = sum(r["samples"] * r["response_len_mean"] for r in steady) if all("response_len_mean" in r for r in steady) else None
+    tokens = (sum(r["samples"] * r["response_len_mean"] for r in steady)
+              if all("response_len_mean" in r for r in steady) else None)
     return {"samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "iterations_counted": len(steady),
             "tokens_per_s": tokens / wall if tokens is not None else None}
 

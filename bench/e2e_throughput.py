@@ -207,7 +207,8 @@ def main() -> int:
     ws_over = warmstart_overrides(preset["warmstart_steps"])
     base_cfg = load_config(ns.config, ws_over)
     checkpoint = str(ensure_warmstart(base_cfg).resolve())
-    base = [*ws_over, f"trainer.iterations={preset['iterations']}", f"trainer.checkpoint_every={preset['checkpoint_every']}",
+    base = [*ws_over, f"trainer.iterations={preset['iterations']}",
+            f"trainer.checkpoint_every={preset['checkpoint_every']}",
             f"eval.prompts={max(preset['eval_prompts'], preset['paired_prompts'])}"]
     work = Path(ns.work) / ("quick" if ns.quick else "full")
     t_start = time.time()

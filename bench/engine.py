@@ -340,7 +340,8 @@ def bench(ns: argparse.Namespace) -> dict:
             repeats.append(rep)
     load_end = os.getloadavg()
     samples.append(machine_load())
-    result = {"provenance": provenance(Path(__file__), record, CONFIG, ",".join(ENGINES)), "sizes": ns.sizes, "repeats": ns.repeats, "quick": ns.quick,
+    result = {"provenance": provenance(Path(__file__), record, CONFIG, ",".join(ENGINES)), "sizes": ns.sizes,
+              "repeats": ns.repeats, "quick": ns.quick,
               "workload": summary,
               "load_start": list(load_start), "load_end": list(load_end),
               "load_samples": samples, "measured_in_this_run": True,

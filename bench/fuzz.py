@@ -9,7 +9,8 @@ variant) property with ``--examples`` hypothesis examples, then the file propert
 UNKNOWN or INTERNAL (an unhandled exception), a status outside the method's allowed set or without
 a message, a wait nobody asked for; for files, a traceback or an exit status other than 0 / 2.
 It must be 0. Then nothing may be lost: every relay version byte-exact, greedy generation as
-before, each environment kind's expert episode played and scored as before. Writes ``fuzz.json`` and ``fuzz.md`` (``--quick``: a few examples, to a scratch directory).
+before, each environment kind's expert episode played and scored as before. Writes ``fuzz.json``
+and ``fuzz.md`` (``--quick``: a few examples, to a scratch directory).
 
     python bench/fuzz.py                 # ~10 min on 2 cores
     python bench/fuzz.py --quick
@@ -52,7 +53,9 @@ def markdown(r: dict) -> str:
         f"{r['inputs_total']} gRPC inputs ({r['examples_per_case']} hypothesis examples per method and variant: "
         f"protobuf messages built to be wrong, raw random bytes) to real processes, and {r['file_inputs_total']} "
         f"broken files; **{r['crashes_total']} crashes**, **{r['file_failures_total']} file failures**; nothing lost: "
-        f"{'yes' if r['nothing_lost'].get('greedy_unchanged') and r['nothing_lost'].get('episode_unchanged', True) else 'NO'} ({r['wall_s']:.0f} s).", "",
+        f"""{'yes' if r['nothing_lost'].get('greedy_unchanged')
+             and r['nothing_lost'].get('episode_unchanged', True) else 'NO'}"""
+        f" ({r['wall_s']:.0f} s).", "",
         parts_line(r.get("parts", {}), "services"), "",
         "| service | method | inputs (messages / bytes) | status codes returned | crashes |",
         "|---|---|---|---|---|",
@@ -60,8 +63,9 @@ def markdown(r: dict) -> str:
     for service, s in r["services"].items():
         for method, m in s["methods"].items():
             codes = ", ".join(f"{c} {n}" for c, n in m["codes"].items())
-            lines.append(f"| {service} | {method} | {m['inputs']} ({m['by_variant']['message']} / {m['by_variant']['bytes']}) "
-                         f"| {codes} | {m['crashes']} |")
+            lines.append(f"| {service} | {method} "
+                         f"| {m['inputs']} ({m['by_variant']['message']} / {m['by_variant']['bytes']}) | {codes} "
+                         f"| {m['crashes']} |")
         lines.append(f"| **{service}** | all | **{s['inputs']}** | | **{s['crashes']}** |")
     lines += ["", parts_line(r.get("parts", {}), "files"), "",
               "| file the CLI reads | inputs | accepted | refused with a message | failures |", "|---|---|---|---|---|"]
@@ -89,7 +93,8 @@ def run_services(ns: argparse.Namespace, t0: float) -> dict:
                 nothing_lost = stack.check_nothing_lost()
             except AssertionError as err:  # something was lost: a crash of the whole run
                 nothing_lost = {"greedy_unchanged": False, "error": str(err)[:2000]}
-                tally.crashes.append({"service": "all", "method": "nothing_lost", "variant": "-", "error": str(err)[:2000]})
+                tally.crashes.append({"service": "all", "method": "nothing_lost", "variant": "-",
+                                      "error": str(err)[:2000]})
         finally:
             stack.stop()
     services = tally.summary()

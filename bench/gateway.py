@@ -19,8 +19,9 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   (first iteration's start to last iteration's end); the ratio agent/built-in per round, median
   and range.
 
-A run of record starts from a clean checkout (refused otherwise; ``--allow-dirty`` writes into /tmp/braid-bench-scratch).
-Writes ``bench/results/gateway.{json,md,png}`` (``--quick``: 40 pairs, 1 round, into /tmp).
+A run of record starts from a clean checkout (refused otherwise; ``--allow-dirty`` writes into
+/tmp/braid-bench-scratch). Writes ``bench/results/gateway.{json,md,png}`` (``--quick``: 40 pairs,
+1 round, into /tmp).
 
     python bench/gateway.py [--quick] [--allow-dirty]
 """
@@ -174,11 +175,14 @@ def markdown(res: dict) -> str:
              "| | median (ms) | p99 (ms) |", "|---|---|---|",
              f"| direct | {1e3 * c['direct_s']['median']:.1f} | {1e3 * c['direct_s']['p99']:.1f} |",
              f"| gateway | {1e3 * c['gateway_s']['median']:.1f} | {1e3 * c['gateway_s']['p99']:.1f} |",
-             f"| **overhead** | **{1e3 * c['overhead_s']['median']:.1f}** | **{1e3 * c['overhead_s']['p99']:.1f}** |", "",
-             f"Trajectories/s: built-in loop {e['builtin']['median']:.2f} [{e['builtin']['min']:.2f}-{e['builtin']['max']:.2f}], "
-             f"agent through the gateway {e['agent']['median']:.2f} [{e['agent']['min']:.2f}-{e['agent']['max']:.2f}]; "
-             f"agent / built-in **{e['agent_vs_builtin']['median']:.2f}x** [{e['agent_vs_builtin']['min']:.2f}-"
-             f"{e['agent_vs_builtin']['max']:.2f}] ({e['agent_vs_builtin']['n']} interleaved rounds).", "",
+             f"| **overhead** | **{1e3 * c['overhead_s']['median']:.1f}** "
+             f"| **{1e3 * c['overhead_s']['p99']:.1f}** |", "",
+             f"Trajectories/s: built-in loop {e['builtin']['median']:.2f} "
+             f"[{e['builtin']['min']:.2f}-{e['builtin']['max']:.2f}], agent through the gateway "
+             f"{e['agent']['median']:.2f} [{e['agent']['min']:.2f}-{e['agent']['max']:.2f}]; "
+             f"agent / built-in **{e['agent_vs_builtin']['median']:.2f}x** "
+             f"[{e['agent_vs_builtin']['min']:.2f}-{e['agent_vs_builtin']['max']:.2f}] "
+             f"({e['agent_vs_builtin']['n']} interleaved rounds).", "",
              provenance_line(res["provenance"])]
     return "\n".join(lines) + "\n"
 

@@ -70,7 +70,8 @@ def measure(key: str, model_path: str, mode: str, *, rank: int = 16, repeats: in
     startup_s = time.perf_counter() - t0
     base = None
     if adapter is None:
-        state = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch.float32).state_dict()
+        state = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True,
+                                                     dtype=torch.float32).state_dict()
         base = {k: state[k].detach().clone() for k in engine.param_specs()}
     try:
         push_to_serve_s(engine, _version(engine, base, 0))  # warm-up: first load and first request

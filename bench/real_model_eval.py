@@ -77,8 +77,9 @@ def generate_heldout(cfg, config_path: Path, model_dir: Path, work: Path, sample
             item = by_id[s.prompt_id]
             text = policy.decode(list(s.token_ids))
             scored = reward.score(reward_request(item, text, f"{s.prompt_id}/{s.sample_index}"))
-            answers.append(Answer(s.prompt_id, json.loads(item.row_json).get("family", ""), scored.info["correct"] == "true",
-                                  len(s.token_ids), list(s.prompt_token_ids), list(s.token_ids), list(s.logprobs)))
+            answers.append(Answer(s.prompt_id, json.loads(item.row_json).get("family", ""),
+                                  scored.info["correct"] == "true", len(s.token_ids), list(s.prompt_token_ids),
+                                  list(s.token_ids), list(s.logprobs)))
         client.close()
     finally:
         sup.stop_all()

@@ -100,7 +100,8 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
             "config": config, "config_file": _shown(config_file),
             "versions": {p: v for p in PACKAGES if (v := _version(p))},
-            "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")), "?"),
+            "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")),
+                                    "?"),
                         "cores": os.cpu_count(), "mem_gb": mem_kb / 2**20},
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": shlex.join([sys.executable, *sys.argv]), "measured_in_this_run": True}
@@ -148,7 +149,8 @@ def parts_line(parts: dict, part: str) -> str:
         return f"Measured in this run ({p['seconds']:.0f} s)."
     src = p["carried_from"]
     if not src.get("commit"):
-        return f"**Carried** from an earlier run, not re-measured in this one ({src.get('note', 'its run is unknown')})."
+        return (f"**Carried** from an earlier run, not re-measured in this one "
+                f"({src.get('note', 'its run is unknown')}).")
     when = src.get("date") or "date unknown"
     how = f"; {src['note']}" if src.get("note") else ""
     return (f"**Carried** from an earlier run, not re-measured in this one: commit `{src['commit'][:12]}`"

@@ -93,10 +93,10 @@ def markdown(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in result["runs"].items():
         cfg = r["config"] + (f" + {', '.join(r['overrides'])}" if r["overrides"] else "")
-        lines.append(f"| {name} | `{cfg}` | {r['warmstart_accuracy']:.3f} ± {r['warmstart_stderr']:.3f} | "
-                     f"{r['final_accuracy']:.3f} ± {r['accuracy_stderr']:.3f} | {r['gain']:+.3f} | {r['gain_stderr']:.3f} "
-                     f"| {r['gain_in_stderr']:.1f} | {'met' if r['goal_met'] else 'MISSED'} | {r['rl_seconds'] / 60:.1f} "
-                     f"| {parts_line(result['parts'], name)} |")
+        lines.append(f"| {name} | `{cfg}` | {r['warmstart_accuracy']:.3f} ± {r['warmstart_stderr']:.3f} "
+                     f"| {r['final_accuracy']:.3f} ± {r['accuracy_stderr']:.3f} | {r['gain']:+.3f} "
+                     f"| {r['gain_stderr']:.3f} | {r['gain_in_stderr']:.1f} | {'met' if r['goal_met'] else 'MISSED'} "
+                     f"| {r['rl_seconds'] / 60:.1f} | {parts_line(result['parts'], name)} |")
     lines += ["", provenance_line(result["provenance"]), ""]
     return "\n".join(lines)
 

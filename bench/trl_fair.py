@@ -247,11 +247,13 @@ def main() -> int:
         "settings": {"quick": ns.quick, "iterations": iterations, "checkpoint_every": every, "eval_prompts": n_eval,
                      "runs": runs, "cores": CORES, "num_blocks": blocks, "decoding": DECODING, "eval_seed": EVAL_SEED},
         "trl": {"versions": versions, "optim": trl_optim(py), "generation": TRL_GENERATION, "threads": CORES},
-        "host": {"summary": f"{platform.machine()}, {os.cpu_count()} cores, CPU only", "python": platform.python_version(),
-                 "torch": torch.__version__, "transformers": transformers.__version__},
+        "host": {"summary": f"{platform.machine()}, {os.cpu_count()} cores, CPU only",
+                 "python": platform.python_version(), "torch": torch.__version__,
+                 "transformers": transformers.__version__},
         "bench_wall_s": time.time() - t_start,
         "provenance": provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": shared,
-                                                  "runs": runs, "trl": trl_args}, Path(ns.config).resolve(), BRAID_ENGINE),
+                                                  "runs": runs, "trl": trl_args}, Path(ns.config).resolve(),
+                                 BRAID_ENGINE),
     }
     meta["trl_thread_scaling"] = scaling = thread_scaling(per)
     best = best_trl(per)

@@ -85,7 +85,8 @@ def matched_settings(cfg: dict, trl: dict) -> dict:
         problems.append(f"TRL's micro batch {trl['micro_batch']} does not divide the {samples} samples per step")
     braid_cores = len(set(g["cpus"]) | set(t["cpus"]))
     if braid_cores != trl["threads"] or g["threads"] + t["threads"] != trl["threads"]:
-        problems.append(f"cores: Braid {braid_cores} CPUs ({g['threads']}+{t['threads']} threads) vs TRL {trl['threads']} threads")
+        problems.append(f"cores: Braid {braid_cores} CPUs ({g['threads']}+{t['threads']} threads) vs TRL "
+                        f"{trl['threads']} threads")
     if g["instances"] != 1:
         problems.append("Braid runs one SGS instance (one static batch per step, like TRL's one generate call)")
     needed = static_batch_blocks(samples, trl.get("prompt_tokens", 0), g["max_new_tokens"], g["page_size"])
@@ -223,7 +224,8 @@ def summarize(braid: list[dict], trl: list[dict], warm: tuple[float, float], met
             "trl_over_braid": time_ratio(ttt["braid"], ttt["trl"]),
         },
         "final_accuracy": {
-            s: {"per_run": [r["final_accuracy"] for r in runs], "mean": statistics.fmean(r["final_accuracy"] for r in runs),
+            s: {"per_run": [r["final_accuracy"] for r in runs],
+                "mean": statistics.fmean(r["final_accuracy"] for r in runs),
                 "stderr_per_run": [r["accuracy_stderr"] for r in runs]}
             for s, runs in (("braid", braid), ("trl", trl))
         },

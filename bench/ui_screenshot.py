@@ -68,7 +68,8 @@ def _open_form(page, ui: str, deployment_id: str, quick: bool) -> None:
         from services.common.config import load_config
 
         _, dep = api_request(f"{ui}/api", "GET", f"/deployments/{deployment_id}")
-        params = {**dep["parameters"], "config": load_config(ROOT / "deploy/configs/smoke.yaml").model_dump(mode="json")}
+        params = {**dep["parameters"],
+                  "config": load_config(ROOT / "deploy/configs/smoke.yaml").model_dump(mode="json")}
         page.goto(f"{page.url.split('?')[0]}?parameters={urllib.parse.quote(json.dumps(params))}")
         page.get_by_text("Parameters", exact=True).wait_for()
 
@@ -115,7 +116,8 @@ def shoot_artifacts(page, ui: str, api_url: str, flow_run_id: str, out: Path) ->
 
 def _browser(pw):
     return pw.chromium.launch_persistent_context(
-        tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM, headless=True, viewport=VIEWPORT, args=CHROMIUM_ARGS,
+        tempfile.mkdtemp(prefix="chromium-"), executable_path=CHROMIUM, headless=True, viewport=VIEWPORT,
+        args=CHROMIUM_ARGS,
     )
 
 

@@ -40,7 +40,8 @@ def _start(work: Path, net, p: int, tag: str, hop_rate: str):
         port_file = work / f"b{tag}{i}.port"
         port_file.unlink(missing_ok=True)
         procs.append(subprocess.Popen(
-            [*netns_prefix(ns), sys.executable, "-m", "services.weights", "--host", ip, "--port", "0", "--port-file", str(port_file), "--id", f"b{tag}{i}", "--keep", "1", "--no-shm"],
+            [*netns_prefix(ns), sys.executable, "-m", "services.weights", "--host", ip, "--port", "0",
+             "--port-file", str(port_file), "--id", f"b{tag}{i}", "--keep", "1", "--no-shm"],
             stdout=(work / f"b{tag}{i}.log").open("w"), stderr=subprocess.STDOUT, env=env(),
         ))
         pending.append((ip, port_file))
@@ -148,5 +149,6 @@ def _repair(work: Path, net, state, chunk: int, hop_rate: str, p: int = 4) -> di
         else "the controller's re-plan (the master had already sent relay 1 everything)",
         "received_at_kill": f"{res['received_at_kill']}/{res['chunks']} chunks at relay 2",
     }
-    print(f"(b) repair: dead relay cut out {out['detect_s']:.2f}s after the kill; survivors byte-exact {out['survivors_ok']}", flush=True)
+    print(f"(b) repair: dead relay cut out {out['detect_s']:.2f}s after the kill; survivors byte-exact "
+          f"{out['survivors_ok']}", flush=True)
     return out

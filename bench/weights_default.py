@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         "eval_prompts": 64}, CONFIG, engine),
               "runs": out, "mean_iteration_time_s": mean, "relay_vs_direct": mean["relay"] / mean["direct"],
               "iterations": ns.iterations, "reps": ns.reps, "quick": ns.quick,
-              "note": f"shared, noisy 2-core machine (load average {os.getloadavg()[0]:.1f} at the end); runs alternate"}
+              "note": f"shared, noisy 2-core machine (load average {os.getloadavg()[0]:.1f} at the end); "
+                      "runs alternate"}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "weights_default_run.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["mean_iteration_time_s"]), f"relay/direct {result['relay_vs_direct']:.3f}")

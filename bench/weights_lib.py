@@ -71,12 +71,15 @@ class Child:
         return json.loads(out.strip().splitlines()[-1])
 
 
-def start_relay(workdir: Path, name: str, *args: str, ns: str | None = None, host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+def start_relay(
+    workdir: Path, name: str, *args: str, ns: str | None = None, host: str = "127.0.0.1"
+) -> tuple[subprocess.Popen, str]:
     port_file = workdir / f"{name}.port"
     port_file.unlink(missing_ok=True)
     log = (workdir / f"{name}.log").open("w")
     proc = subprocess.Popen(
-        [*netns_prefix(ns), sys.executable, "-m", "services.weights", "--host", host, "--port", "0", "--port-file", str(port_file), "--id", name, *args],
+        [*netns_prefix(ns), sys.executable, "-m", "services.weights", "--host", host, "--port", "0",
+         "--port-file", str(port_file), "--id", name, *args],
         stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=ROOT,
     )
     deadline = time.monotonic() + 60
@@ -116,7 +119,9 @@ class Netns:
         self.names.append(ns)
         return ns
 
-    def veth(self, a: str, a_ip: str, b: str | None, b_ip: str | None, name: str, bridge: str | None = None) -> tuple[str, str]:
+    def veth(
+        self, a: str, a_ip: str, b: str | None, b_ip: str | None, name: str, bridge: str | None = None
+    ) -> tuple[str, str]:
         """A veth pair from namespace ``a`` to namespace ``b`` (or to ``bridge`` in the root)."""
         left, right = f"{name}a", f"{name}b"
         sh("ip", "link", "del", left, check=False)

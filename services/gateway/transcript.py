@@ -39,7 +39,8 @@ TRAJECTORY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}
 class ChatTokenizer(Protocol):
     """What a transcript needs of the policy's tokenizer."""
 
-    def render(self, messages: Sequence[Message], tools: Sequence[Message] | None, add_generation_prompt: bool) -> str: ...
+    def render(self, messages: Sequence[Message], tools: Sequence[Message] | None,
+               add_generation_prompt: bool) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -156,7 +157,8 @@ class Transcript:
         if seg is not None and seg.calls and self._extends(seg, norm):
             # Braid's own replies render as the text generated for them (a tool call as the model
             # wrote it, whatever the template would make of ``tool_calls``)
-            shown = [{"role": "assistant", "content": seg.raw[i]} if i in seg.raw else m for i, m in enumerate(messages)]
+            shown = [{"role": "assistant", "content": seg.raw[i]} if i in seg.raw else m
+                     for i, m in enumerate(messages)]
             rendered = self.tokenizer.render(shown, tools, True)
             held = self.tokenizer.decode(seg.token_ids)
             if rendered.startswith(held) and len(rendered) > len(held):

@@ -28,7 +28,10 @@ class AlgorithmConfig(StrictModel):
         description="Correction for stale samples: none, tis (truncated importance sampling), "
         "decoupled (decoupled PPO against the proximal policy).",
     )
-    is_cap: float = Field(2.0, ge=1.0, le=1000.0, description="Truncation of the behaviour importance weight (tis, decoupled).")
+    is_cap: float = Field(
+        2.0, ge=1.0, le=1000.0,
+        description="Truncation of the behaviour importance weight (tis, decoupled).",
+    )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO discount.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO GAE lambda.")
     vf_coef: float = Field(0.5, gt=0.0, le=100.0, description="PPO value-loss coefficient.")
@@ -40,12 +43,19 @@ class RepackConfig(StrictModel):
     """Dynamic repack in bounded mode (Laminar §5, ``services.rollout.repack_policy``): consolidate the
     long-tail trajectories of ramping-down instances onto a few, freeing the rest for new weights."""
 
-    enabled: bool = Field(False, description="Migrate long tails between instances (needs an engine that can interrupt: vllm, hf).")
-    interval_s: float = Field(1.0, ge=0.05, le=600.0, description="Seconds between snapshots of the instances (KV use, running, queued).")
+    enabled: bool = Field(
+        False,
+        description="Migrate long tails between instances (needs an engine that can interrupt: vllm, hf).",
+    )
+    interval_s: float = Field(
+        1.0, ge=0.05, le=600.0,
+        description="Seconds between snapshots of the instances (KV use, running, queued).",
+    )
     c_max: float = Field(0.99, gt=0.0, le=1.0, description="KV-cache fraction a destination may reach after the move.")
     batch_bound: int = Field(
         64, ge=2, le=100_000,
-        description="Roofline batch bound B: samples an instance may decode after the move; a source has fewer running.",
+        description="Roofline batch bound B: samples an instance may decode after the move; "
+        "a source has fewer running.",
     )
 
 
@@ -71,19 +81,36 @@ class TrainerConfig(StrictModel):
     mode: Literal["sequential", "sync", "one_step", "bounded"] = Field(
         "one_step",
         description="Pipeline mode: sequential (baseline: generate all, then train), sync (on-policy, "
-        "training starts on complete groups while generation runs), one_step (generation of k+1 overlaps training on k), "
+        "training starts on complete groups while generation runs), one_step (generation of k+1 overlaps "
+        "training on k), "
         "bounded (trajectory-level asynchrony: instances run different versions, every trajectory within eta).",
     )
-    eta: int = Field(1, ge=0, le=64, description="Staleness bound of bounded mode: V_traj + eta >= V_buf for every trained trajectory.")
+    eta: int = Field(
+        1, ge=0, le=64,
+        description="Staleness bound of bounded mode: V_traj + eta >= V_buf for every trained trajectory.",
+    )
     partial_rollout: bool = Field(
-        False, description="Interrupt in-flight trajectories when their instance takes a new version, re-prefill, continue (any mode)."
+        False,
+        description="Interrupt in-flight trajectories when their instance takes a new version, "
+        "re-prefill, continue (any mode).",
     )
     async_bound: int | None = Field(
-        None, ge=0, le=64, description="RollArt's per-trajectory bound alpha: abort tracked trajectories older than n - alpha."
+        None, ge=0, le=64,
+        description="RollArt's per-trajectory bound alpha: abort tracked trajectories older than n - alpha.",
     )
-    redundancy_groups: int = Field(0, ge=0, le=100_000, description="Batch-level redundancy: extra groups per buffer (surplus aborted).")
-    redundancy_samples: int = Field(0, ge=0, le=1024, description="Group-level redundancy: extra samples per group (surplus aborted).")
-    max_inflight_groups: int = Field(0, ge=0, le=100_000, description="Groups in flight per SGS instance, every mode (0 = fill generation.max_inflight with whole groups).")
+    redundancy_groups: int = Field(
+        0, ge=0, le=100_000,
+        description="Batch-level redundancy: extra groups per buffer (surplus aborted).",
+    )
+    redundancy_samples: int = Field(
+        0, ge=0, le=1024,
+        description="Group-level redundancy: extra samples per group (surplus aborted).",
+    )
+    max_inflight_groups: int = Field(
+        0, ge=0, le=100_000,
+        description="Groups in flight per SGS instance, every mode "
+        "(0 = fill generation.max_inflight with whole groups).",
+    )
     repack: RepackConfig = Field(default_factory=RepackConfig)
     checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -113,7 +140,8 @@ class TrainerConfig(StrictModel):
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the trainer process.")
     cpus: list[NonNegativeInt] = Field(
         default_factory=list,
-        description="CPU ids the trainer process pins itself to (one-host emulation of a training site; empty = unpinned).",
+        description="CPU ids the trainer process pins itself to "
+        "(one-host emulation of a training site; empty = unpinned).",
     )
     seed: int = Field(0, ge=0, description="Trainer seed.")
     device: str = Field(
@@ -126,7 +154,9 @@ class TrainerConfig(StrictModel):
         "parameters, gradients, optimizer state and pushed weights stay float32 (master weights).",
     )
     activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder layer's activations in backward (less memory; one more forward of each layer)."
+        False,
+        description="Recompute each decoder layer's activations in backward "
+        "(less memory; one more forward of each layer).",
     )
     ranks: int = Field(
         1, ge=1, le=64,

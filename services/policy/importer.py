@@ -91,7 +91,8 @@ def locate(spec: str) -> Path:
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf") and (not inner or str(f).endswith(inner))]
     if len(files) != 1:
         names = [str(f) for f in (dist.files or []) if str(f).endswith(".gguf")]
-        raise ModelImportError(f"{spec}: expected exactly one matching .gguf file in {dist_name}, found {names or 'none'}")
+        raise ModelImportError(f"{spec}: expected exactly one matching .gguf file in {dist_name}, "
+                               f"found {names or 'none'}")
     path = Path(str(dist.locate_file(files[0])))
     if not path.is_file():
         raise ModelImportError(f"{spec}: {path} is listed by the distribution but missing on disk")
@@ -108,7 +109,8 @@ def _load_gguf(path: Path):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
                                                      local_files_only=True)
     except (ValueError, OSError, KeyError, RuntimeError) as err:
-        raise ModelImportError(f"{path}: transformers cannot read it as a GGUF model: {type(err).__name__}: {err}") from None
+        raise ModelImportError(f"{path}: transformers cannot read it as a GGUF model: "
+                               f"{type(err).__name__}: {err}") from None
     return tok, model
 
 
@@ -124,7 +126,8 @@ def _plain_copy(model):
     missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise ModelImportError(f"weights do not match the architecture: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ModelImportError(f"weights do not match the architecture: missing {missing[:5]}, "
+                               f"unexpected {unexpected[:5]}")
     if config.tie_word_embeddings:
         plain.tie_weights()
     return plain.eval()
@@ -148,7 +151,8 @@ def check_import(gguf_model, gguf_tok, out: Path) -> float:
         ids = gguf_tok.encode(prompt, add_special_tokens=False)
         again = saved.tokenizer.encode(prompt, add_special_tokens=False)
         if list(ids) != list(again):
-            raise ModelImportError(f"the saved tokenizer encodes {prompt!r} as {again[:12]}..., the GGUF one as {ids[:12]}...")
+            raise ModelImportError(f"the saved tokenizer encodes {prompt!r} as {again[:12]}..., "
+                                   f"the GGUF one as {ids[:12]}...")
         worst = max(worst, float((_logits(gguf_model, ids) - _logits(saved.model, ids)).abs().max()))
     if worst > MAX_LOGIT_DIFF:
         raise ModelImportError(f"the saved checkpoint's logits differ from the GGUF model's by up to {worst:.3g} "

@@ -158,11 +158,14 @@ def test_cli_prints_the_mapping_and_the_config(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("text, problems", [
-    ("pools: [{name: a, gpu: H800, gpus: 1}]\n", ["name: Field required", "model: Field required", "tasks: Field required"]),
+    ("pools: [{name: a, gpu: H800, gpus: 1}]\n",
+     ["name: Field required", "model: Field required", "tasks: Field required"]),
     (None, ["<root>: unknown GPU kinds ['H30']; known: ['H100', 'H20', 'H800']"]),
-    ("name: x\nmodel: qwen2.5-7b\npools: [{name: a, gpu: H800, gpus: 1}]\ntasks:\n  - {name: t, trajectories: 1, turns: 1}\n"
+    ("name: x\nmodel: qwen2.5-7b\npools: [{name: a, gpu: H800, gpus: 1}]\n"
+     "tasks:\n  - {name: t, trajectories: 1, turns: 1}\n"
      "  - {name: u, trajectories: 1, turns: 1}\n",
-     [f"tasks.{i}.{f}: Field required" for i in (0, 1) for f in ("prompt_tokens", "observation_tokens", "output_tokens")]),
+     [f"tasks.{i}.{f}: Field required"
+      for i in (0, 1) for f in ("prompt_tokens", "observation_tokens", "output_tokens")]),
 ], ids=["missing-top-level-fields", "file-validator", "missing-task-fields"])
 def test_a_bad_task_mix_file_is_named_once_with_each_problem_once(capsys, tmp_path, text, problems):
     bad = tmp_path / "mix.yaml"

@@ -12,7 +12,8 @@ sys.path.insert(0, str(ROOT))
 from bench.agentic import markdown, overrides, run_metrics, summarize, variants  # noqa: E402
 from services.common.config import load_config  # noqa: E402
 
-NS = Namespace(eta=1, group_size=8, groups=8, redundant_groups=2, iterations=10, eval_prompts=8, workers=4, mu=0.5, min_steps=3)
+NS = Namespace(eta=1, group_size=8, groups=8, redundant_groups=2, iterations=10, eval_prompts=8,
+               workers=4, mu=0.5, min_steps=3)
 
 
 def test_the_variants_differ_only_in_what_is_compared():
@@ -24,7 +25,8 @@ def test_the_variants_differ_only_in_what_is_compared():
     assert t.model_copy(update={"agentic": b.agentic}) == b  # nothing else differs
     assert t.agentic.latency.std_s == 0.5 and cfgs["traj@0.1"].agentic.latency.std_s == 0.05
     r = cfgs["redundant@1.0"]
-    assert (r.trainer.redundancy_groups, r.agentic.redundant_trajectories) == (2, 2) and t.trainer.redundancy_groups == 0
+    assert ((r.trainer.redundancy_groups, r.agentic.redundant_trajectories) == (2, 2)
+            and t.trainer.redundancy_groups == 0)
     assert r.agentic.concurrency == 2 * 10 * 10 and t.agentic.concurrency == 2 * 8 * 8  # the extra on top
     assert (t.trainer.mode, t.trainer.eta) == ("bounded", 1) and t.trainer.seed == 1 and t.agentic.latency.seed == 1
 

@@ -140,7 +140,8 @@ def test_config_is_off_by_default_and_refuses_bad_values():
     c = cfg()
     assert not c.enabled and c.latency.kind == "none"
     for override, fragment in [
-        ("agentic.redundant_trajectories=-1", "agentic.redundant_trajectories: Input should be greater than or equal to 0"),
+        ("agentic.redundant_trajectories=-1",
+         "agentic.redundant_trajectories: Input should be greater than or equal to 0"),
         ("agentic.max_turns=0", "agentic.max_turns: Input should be greater than or equal to 1"),
         ("agentic.latency.kind=gamma", "agentic.latency.kind: Input should be 'none', 'fixed' or 'normal'"),
         ("agentic.latency.std_s=1", "applies only to kind 'normal'"),
@@ -152,5 +153,7 @@ def test_config_is_off_by_default_and_refuses_bad_values():
         assert fragment in str(err.value), (override, str(err.value))
     from flows.registries import check_registries
 
-    with pytest.raises(ConfigError, match=re.escape("unknown environment kind 'chess'; registered: ['calculator', 'walk']")):
-        check_registries(load_config(None, ["agentic.env=chess"]))  # the schema knows no registry: checked when a run is prepared
+    with pytest.raises(ConfigError, match=re.escape("unknown environment kind 'chess'; "
+                                                    "registered: ['calculator', 'walk']")):
+        # the schema knows no registry: checked when a run is prepared
+        check_registries(load_config(None, ["agentic.env=chess"]))

@@ -110,7 +110,8 @@ def test_trajectory_tokens_are_prompt_generated_and_observations_exactly():
             obs_span = slice(span.stop, span.stop + turn.obs_len)
             assert t.token_ids[obs_span] == tuple(CODEC.encode_observation(obs)) and set(t.loss_mask[obs_span]) <= {0}
         assert sum(t.loss_mask) == sum(turn.gen_len for turn in t.turns) == len([lp for lp in t.logprobs if lp])
-        assert t.weight_versions == tuple(range(t.num_turns)) and len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+        assert (t.weight_versions == tuple(range(t.num_turns))
+                and len(t.token_ids) == len(t.loss_mask) == len(t.logprobs))
 
 
 def test_turn_limit_and_context_budget_end_trajectories():
@@ -122,7 +123,8 @@ def test_turn_limit_and_context_budget_end_trajectories():
         t = run(m.run())
         assert isinstance(t, Trajectory) and t.status == "max_turns" and t.num_turns == 2 and t.reward == 0.0
         tight = Limits.from_config(agentic("agentic.max_context_tokens=30", "agentic.max_new_tokens_per_turn=8"))
-        m = make_managers([("t1", 1)], "calculator", [local_backend(cfg, ex)], ScriptedGenerator(scripts), CODEC, tight)[0]
+        m = make_managers([("t1", 1)], "calculator", [local_backend(cfg, ex)],
+                          ScriptedGenerator(scripts), CODEC, tight)[0]
         t = run(m.run())
     assert t.status == "context" and len(t.token_ids) + 8 > 30 and 0 < t.num_turns < len(scripts["t1"])
 
@@ -182,13 +184,15 @@ def test_batch_level_steps_in_lockstep_and_both_runners_agree():
         with ThreadPoolExecutor(8) as ex:
             managers = make_managers([(t, int(t[1:])) for t in scripts], "calculator", [local_backend(cfg, ex)], gen,
                                      CODEC, Limits.from_config(cfg))
-            results[mode] = run(run_trajectory_level(managers, 6) if mode == "trajectory" else run_batch_level(managers))
+            results[mode] = run(run_trajectory_level(managers, 6) if mode == "trajectory"
+                                else run_batch_level(managers))
     key = lambda r: sorted((t.trajectory_id, t.token_ids, t.reward) for t in r.trajectories)  # noqa: E731
     assert key(results["trajectory"]) == key(results["batch"]) and len(results["batch"].trajectories) == 6
 
     def lockstep(ev) -> bool:  # every turn-k generation starts before any turn-(k+1) one
         turns = max(k for _, _, k, _ in ev)
-        return all(max(t for _, _, k, t in ev if k == j) <= min(t for _, _, k, t in ev if k == j + 1) for j in range(turns))
+        return all(max(t for _, _, k, t in ev if k == j) <= min(t for _, _, k, t in ev if k == j + 1)
+                   for j in range(turns))
 
     assert len(scripts["t0"]) > 1 and any(len(s) > 2 for t, s in scripts.items() if t != "t0")
     assert lockstep(events["batch"])  # t0's slow first turn holds every trajectory
@@ -205,6 +209,9 @@ def test_limits_are_checked_against_what_the_sgs_serves():
 
     lim = agentic()  # 16 new tokens per turn, 384 tokens of context
     assert context_problem(lim, max_prompt_tokens=1024, max_new_tokens=256, max_positions=512) is None
-    assert "generation.max_new_tokens (8)" in context_problem(lim, max_prompt_tokens=1024, max_new_tokens=8, max_positions=512)
-    assert "generation.max_prompt_tokens (64)" in context_problem(lim, max_prompt_tokens=64, max_new_tokens=256, max_positions=512)
-    assert "the model's 128 positions" in context_problem(lim, max_prompt_tokens=1024, max_new_tokens=256, max_positions=128)
+    assert "generation.max_new_tokens (8)" in context_problem(lim, max_prompt_tokens=1024, max_new_tokens=8,
+                                                              max_positions=512)
+    assert "generation.max_prompt_tokens (64)" in context_problem(lim, max_prompt_tokens=64, max_new_tokens=256,
+                                                                  max_positions=512)
+    assert "the model's 128 positions" in context_problem(lim, max_prompt_tokens=1024, max_new_tokens=256,
+                                                          max_positions=128)

@@ -120,8 +120,8 @@ class DeadFor:
 
 def _run(tmp_path, overrides, wrap=lambda i, backend: backend):
     cfg = load_config(None, ["agentic.enabled=true", "trainer.group_size=4", "trainer.prompts_per_iteration=2",
-                             "trainer.iterations=4", "trainer.micro_batch_groups=1", "agentic.concurrency=16", "agentic.step_retries=0",
-                             "agentic.retry_backoff_s=0", *overrides])
+                             "trainer.iterations=4", "trainer.micro_batch_groups=1", "agentic.concurrency=16",
+                             "agentic.step_retries=0", "agentic.retry_backoff_s=0", *overrides])
     rt = FakeRuntime(cfg, tmp_path)
     with ThreadPoolExecutor(48) as ex:
         table = SessionTable(cfg.agentic)
@@ -149,7 +149,8 @@ def _check_steps(rt, runner, eta: int) -> None:
     for row in rt.rows:
         assert row["bound_violations"] == 0 and row["entry_staleness_max"] <= eta and max(row["staleness"]) <= eta
     c = runner.counts
-    assert c["trajectories_launched"] == c["trajectories_finished"] + c["trajectories_dropped"] + c["trajectories_aborted"]
+    assert (c["trajectories_launched"]
+            == c["trajectories_finished"] + c["trajectories_dropped"] + c["trajectories_aborted"])
     assert not runner.members and runner.running == 0
 
 

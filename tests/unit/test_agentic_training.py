@@ -54,7 +54,8 @@ def test_a_trajectory_becomes_one_sample_whose_mask_covers_the_generated_tokens_
     assert s.weight_version == 4 and s.trained_tokens == 5  # the oldest generating version; observations excluded
     assert (s.prompt_id, s.sample_index, s.finish_reason) == ("g", 3, "stop")
     batch = pack([list(s.prompt_token_ids)], [list(s.token_ids)], 0, [s.loss_mask])
-    trained = [int(batch.input_ids[0, t + 1]) for t in range(batch.completion_mask.shape[1]) if batch.completion_mask[0, t]]
+    trained = [int(batch.input_ids[0, t + 1]) for t in range(batch.completion_mask.shape[1])
+               if batch.completion_mask[0, t]]
     assert trained == [30, 31, 2, 32, 2]  # exactly the generated ids, as generated
     with pytest.raises(ValueError, match="training sample"):
         sample_to_pb(s)  # a training sample never goes on the wire

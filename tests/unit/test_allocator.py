@@ -172,19 +172,22 @@ def test_bad_cluster_inputs_say_what_is_missing(tmp_path, gpu, count, model, wor
 
 
 def test_empty_workload_and_missing_file_are_refused(tmp_path):
-    path = _write(tmp_path, "w.yaml", "name: e\nbatch_size: 4\nprompt_tokens: {samples: []}\nresponse_tokens: {samples: [3]}\n")
+    path = _write(tmp_path, "w.yaml", "name: e\nbatch_size: 4\nprompt_tokens: {samples: []}\n"
+                  "response_tokens: {samples: [3]}\n")
     with pytest.raises(AllocationInputError, match=r"(?s)w.yaml.*prompt_tokens.samples"):
         load_workload(path)
     with pytest.raises(AllocationInputError, match="no such cluster file"):
         load_cluster(tmp_path / "none.yaml")
     with pytest.raises(AllocationInputError, match="batch_size"):
-        load_workload(_write(tmp_path, "z.yaml", "name: z\nbatch_size: 0\nprompt_tokens: {samples: [1]}\nresponse_tokens: {samples: [1]}\n"))
+        load_workload(_write(tmp_path, "z.yaml", "name: z\nbatch_size: 0\nprompt_tokens: {samples: [1]}\n"
+                             "response_tokens: {samples: [1]}\n"))
 
 
 def test_every_shipped_cluster_and_workload_file_loads():
     clusters = sorted((ROOT / "deploy/clusters").glob("*.yaml"))
     workloads = sorted((ROOT / "deploy/workloads").glob("*.yaml"))
-    assert {p.name for p in clusters} >= {"single-site-128xH800.yaml", "cross-site-32xH20-128xH800.yaml", "1024-gpus.yaml"}
+    assert {p.name for p in clusters} >= {"single-site-128xH800.yaml", "cross-site-32xH20-128xH800.yaml",
+                                          "1024-gpus.yaml"}
     for p in clusters:
         load_cluster(p)
     for p in workloads:
@@ -198,7 +201,8 @@ def test_cli_json_has_the_plan_fields(capsys):
     assert rc == 0
     plan = json.loads(capsys.readouterr().out)
     assert set(PLAN_FIELDS) <= set(plan)
-    assert plan["gen_gpus"] + plan["train_gpus"] <= machine_cores() and math.isclose(plan["iteration_s"], max(plan["t_gen_s"], plan["t_train_s"]))
+    assert (plan["gen_gpus"] + plan["train_gpus"] <= machine_cores()
+            and math.isclose(plan["iteration_s"], max(plan["t_gen_s"], plan["t_train_s"])))
 
 
 def test_cli_bad_input_exits_2_with_the_message(tmp_path, capsys):

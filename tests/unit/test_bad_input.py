@@ -76,7 +76,8 @@ def test_addresses_that_parse(address):
     assert parse_address(address)[1] == int(address.rsplit(":", 1)[1])
 
 
-@pytest.mark.parametrize("address", ["", ":80", "h:", "h:0", "h:65536", "h: 1", "h\x00:1", "h:\u0661", "a" * 300 + ":1"])
+@pytest.mark.parametrize("address", ["", ":80", "h:", "h:0", "h:65536", "h: 1", "h\x00:1", "h:\u0661",
+                                     "a" * 300 + ":1"])
 def test_addresses_that_do_not(address):
     from services.common.address import parse_address
 
@@ -198,7 +199,8 @@ def test_bytes_that_do_not_parse_get_invalid_argument_from_every_kind_of_method(
 
 
 # mtime=0: the compressed bytes are the test's id, and pytest-xdist's workers must collect the same ids
-@pytest.mark.parametrize("content", [b"not gzip at all", b"\x1f\x8b\x08\x00", __import__("gzip").compress(b"\xff\xfe\n", mtime=0)],
+@pytest.mark.parametrize("content", [b"not gzip at all", b"\x1f\x8b\x08\x00",
+                                     __import__("gzip").compress(b"\xff\xfe\n", mtime=0)],
                          ids=["not gzip", "header cut short", "not UTF-8"])
 def test_an_mmlu_source_that_is_not_gzip_or_is_cut_short_is_a_data_error(tmp_path, content):
     from ranker.data import DataError, convert_mmlu

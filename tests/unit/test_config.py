@@ -44,7 +44,8 @@ def test_invalid_values_name_field_and_range(override, fragment):
 @pytest.mark.parametrize("mode", ["sync", "one_step", "bounded"])
 def test_groups_in_flight_must_fit_the_instance_server_threads(mode):
     # every open Generate call holds an SGS server thread (max_inflight + 16 of them)
-    with pytest.raises(ConfigError, match=r"= 128 samples in flight per instance exceeds generation.max_inflight \(64\)"):
+    with pytest.raises(ConfigError, match=r"= 128 samples in flight per instance "
+                                          r"exceeds generation.max_inflight \(64\)"):
         load_config(None, [f"trainer.mode={mode}", "trainer.max_inflight_groups=16", "generation.max_inflight=64"])
     assert load_config(None, [f"trainer.mode={mode}", "generation.max_inflight=64"]).trainer.max_inflight_groups == 0
 
@@ -203,7 +204,8 @@ def test_router_on_off_unquoted_in_a_deployment_override():
 
 
 def test_router_takes_no_other_value():
-    with pytest.raises(ConfigError, match=r"generation.dispatch.router: Input should be 'auto', 'on' or 'off' \(got 1\)"):
+    with pytest.raises(ConfigError, match=r"generation.dispatch.router: "
+                                          r"Input should be 'auto', 'on' or 'off' \(got 1\)"):
         load_config(None, ["generation.dispatch.router=1"])
 
 
@@ -222,7 +224,8 @@ def test_braid_config_takes_model_as_braid_run_does(capsys, tmp_path):
     ([], None),  # one instance, LPT admission: the orchestrator's estimates order launches and admission
     (["generation.admission=fcfs"], "changes nothing with one instance admitting FCFS"),
     (["generation.admission=fcfs", "generation.instances=2"], None),  # placement over two instances
-    (["generation.admission=fcfs", "generation.genlog=g.sqlite", "generation.retrain.every=5"], None),  # a store it publishes
+    (["generation.admission=fcfs", "generation.genlog=g.sqlite",
+      "generation.retrain.every=5"], None),  # a store it publishes
     (["agentic.enabled=true", "trainer.mode=sync"], "read by the SGS router only in an agentic run"),
     (["agentic.enabled=true", "trainer.mode=sync", "generation.dispatch.router=on"], None),
 ])

@@ -58,7 +58,8 @@ def test_validating_a_config_imports_no_runtime_module():
 def _imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every import statement in ``path``, outside ``if TYPE_CHECKING:`` blocks."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                    for stmt in node.body for n in ast.walk(stmt)}
     found = []
     for node in ast.walk(tree):
@@ -77,4 +78,5 @@ def test_schema_modules_import_only_stdlib_pydantic_yaml_and_each_other():
     bad = [f"{p.relative_to(ROOT)}:{line}: {module}" for p in SCHEMA for line, module in _imports(p)
            if module not in SCHEMA_MODULES and module.split(".")[0] not in ALLOWED_THIRD_PARTY
            and module.split(".")[0] not in sys.stdlib_module_names]
-    assert bad == [], "the config schema imports runtime code (check registry keys in flows/registries.py):\n" + "\n".join(bad)
+    assert bad == [], ("the config schema imports runtime code (check registry keys in flows/registries.py):\n"
+                       + "\n".join(bad))

@@ -80,7 +80,8 @@ def test_replay_section_is_rendered_from_its_own_entry_and_recorded_lengths_are_
 
 def test_the_headline_is_the_declared_configuration_and_the_others_carry_their_loss_against_it():
     def config(n: int, none_tps: list[float]) -> dict:
-        runs = {"none": [_run(t, 10, 0.3) for t in none_tps], "repack": [_run(t * 1.2, 10, 0.4, 2, 0.01) for t in none_tps]}
+        runs = {"none": [_run(t, 10, 0.3) for t in none_tps],
+                "repack": [_run(t * 1.2, 10, 0.4, 2, 0.01) for t in none_tps]}
         return {**co.summarize(runs), "runs": runs, "settings": {"instances": n}}
 
     head = co.headline({2: config(2, [100, 110, 90]), 4: config(4, [50, 60, 45])})

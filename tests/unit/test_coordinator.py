@@ -56,7 +56,8 @@ def test_batch_bound_limits_a_destination():
 def fleets(draw):
     n = draw(st.integers(1, 12))
     return [snap(i, draw(st.floats(0.0, 1.0)), draw(st.integers(0, 12)), version=draw(st.integers(0, 2)),
-                 waiting=draw(st.sampled_from([0, 0, 0, 1])), draining=draw(st.booleans())) for i in range(n)], [draw(st.floats(0.0, 1.0)) for _ in range(n)]
+                 waiting=draw(st.sampled_from([0, 0, 0, 1])), draining=draw(st.booleans()))
+            for i in range(n)], [draw(st.floats(0.0, 1.0)) for _ in range(n)]
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

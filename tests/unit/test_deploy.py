@@ -55,7 +55,8 @@ def test_rl_training_deployment_defaults_are_the_make_run_config():
     dep = next(d for d in _deployments() if d["name"] == "rl-training")
     step = dep["build"][0]["flows.deploy_steps.run_config"]
     assert dep["parameters"]["config"] == "{{ " + step["id"] + ".config }}"
-    assert run_config(str(ROOT / step["path"]))["config"] == load_config(ROOT / "deploy/configs/default.yaml").model_dump(mode="json")
+    assert (run_config(str(ROOT / step["path"]))["config"]
+            == load_config(ROOT / "deploy/configs/default.yaml").model_dump(mode="json"))
     assert load_sites(ROOT / dep["parameters"]["sites"]["sites_file"]) == SITES
     TwoSiteConfig.model_validate(dep["parameters"]["sites"])
 
@@ -96,7 +97,8 @@ def _obs(state: str, waited: float = 0.0, role: str = "generation", message: str
 def test_a_run_no_worker_picks_up_fails_after_the_timeout_naming_the_pool():
     assert not_started(_obs("SCHEDULED", waited=59), 60) is None
     message = not_started(_obs("SCHEDULED", waited=61), 60)
-    assert "no worker of work pool 'braid-generation'" in message and "prefect worker start --pool braid-generation" in message
+    assert ("no worker of work pool 'braid-generation'" in message
+            and "prefect worker start --pool braid-generation" in message)
     assert "took it but it did not start (PENDING)" in not_started(_obs("PENDING", waited=61), 60)
     assert not_started(_obs("RUNNING", waited=600), 60) is None
 
@@ -110,7 +112,8 @@ def test_verdict_reports_the_first_site_that_ended_or_stalled():
 
 
 def test_metrics_table_rounds_and_renames():
-    rows = [{"iteration": 0, "weight_version": 1, "reward_mean": 0.123456, "push_stall_s": 0.0021, "response_lens": [1, 2]}]
+    rows = [{"iteration": 0, "weight_version": 1, "reward_mean": 0.123456,
+             "push_stall_s": 0.0021, "response_lens": [1, 2]}]
     assert metrics_table(rows) == [{"iteration": 1, "weight version": 1, "reward": 0.123, "push stall ms": 2.1}]
 
 
@@ -126,7 +129,8 @@ def test_server_state_and_help_need_no_server(tmp_path):
     from flows.server import read_state, stop
 
     assert read_state(tmp_path) is None and stop(tmp_path) == []
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "server", "start", "--help"], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "server", "start", "--help"],
+                         capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "--port" in out.stdout and "--state-dir" in out.stdout, out.stderr
 
 
@@ -156,8 +160,8 @@ def test_server_refuses_a_prefect_file_whose_entrypoint_is_missing(tmp_path):
 def test_server_refuses_a_worker_namespace_for_a_site_it_does_not_have(tmp_path):
     from flows.server import ServerError, ServerOptions, start
 
-    opts = ServerOptions(sites_file=str(ROOT / "deploy/sites/local-two-site.yaml"), state_dir=str(tmp_path / "state"), root=str(ROOT),
-                         worker_netns={"gen-site": "ns-a", "no-such-site": "ns-b"})
+    opts = ServerOptions(sites_file=str(ROOT / "deploy/sites/local-two-site.yaml"), state_dir=str(tmp_path / "state"),
+                         root=str(ROOT), worker_netns={"gen-site": "ns-a", "no-such-site": "ns-b"})
     with pytest.raises(ServerError, match=r"worker_netns names sites \['no-such-site'\]"):
         start(opts)
     assert not (tmp_path / "state").exists()  # refused before anything started
@@ -259,7 +263,8 @@ def test_workers_are_stopped_side_by_side_within_one_grace():
 
     from flows.server import _terminate_all
 
-    slow = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(0)))\nprint('up', flush=True)\ntime.sleep(60)"
+    slow = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(0)))\n"
+            "print('up', flush=True)\ntime.sleep(60)")
     procs = [subprocess.Popen([sys.executable, "-c", slow], start_new_session=True, stdout=subprocess.PIPE, text=True)
              for _ in range(2)]
     try:

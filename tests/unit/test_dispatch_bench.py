@@ -19,7 +19,8 @@ def _write(path, rows):
     "bad, match",
     [
         ('{"prompt": "a", "response_length": 3', "line 2: not JSON"),
-        ({"prompt": "a", "response_length": 0, "estimated_length": 1.0}, "line 2: field 'response_length' must be a positive number"),
+        ({"prompt": "a", "response_length": 0, "estimated_length": 1.0},
+         "line 2: field 'response_length' must be a positive number"),
         ({"prompt": "a", "response_length": 5}, "line 2: field 'estimated_length' must be a positive number, got None"),
         ({"prompt": 7, "response_length": 5, "estimated_length": 1.0}, "line 2: field 'prompt' must be a string"),
     ],
@@ -34,7 +35,8 @@ def test_bad_estimates_files_name_file_line_and_field(tmp_path, bad, match):
 
 
 def test_workloads_and_headline(tmp_path):
-    rows = [{"prompt": "x" * (40 + i), "response_length": 4 * (1 + i % 97), "estimated_length": float(1 + i % 89)} for i in range(700)]
+    rows = [{"prompt": "x" * (40 + i), "response_length": 4 * (1 + i % 97), "estimated_length": float(1 + i % 89)}
+            for i in range(700)]
     loaded = load_estimates(_write(tmp_path / "est.jsonl", rows))
     multi = build_workload(loaded, "long", "multi", chars_per_token=4.0, seed=0)
     assert len(multi.lengths) == 512 * 8 and max(multi.lengths) <= 20_000 and len(multi.history) == 700 - 512

@@ -23,14 +23,17 @@ def _jobs(n: int, seed: int) -> tuple[Job, ...]:
 def test_recovers_a_uniform_slowdown_exactly_and_generalises_to_other_runs():
     true_cost = _spec().cost
     slow = replace(_spec(), cost=replace(true_cost, **{k: getattr(true_cost, k) * 1.7 for k in
-                                                       ("k1", "k2", "k3", "k4", "k5", "prefill_per_token", "per_sequence")}))
-    calib = [MeasuredInstance(_jobs(20, s), "fcfs", run_instance(list(_jobs(20, s)), slow, "fcfs").makespan_s) for s in (1, 2)]
+                                                       ("k1", "k2", "k3", "k4", "k5",
+                                                        "prefill_per_token", "per_sequence")}))
+    calib = [MeasuredInstance(_jobs(20, s), "fcfs", run_instance(list(_jobs(20, s)), slow, "fcfs").makespan_s)
+             for s in (1, 2)]
     spec, info = calibrate_spec(_spec(), calib)
     assert info["scale"] == pytest.approx(1.7, rel=1e-9)
     assert info["fit_error"] == pytest.approx(0.0, abs=1e-9) and info["runs"] == 2
     # out of sample: another run (other jobs, LPT admission) is predicted exactly too
     other = list(_jobs(50, 9))
-    assert run_instance(other, spec, "lpt").makespan_s == pytest.approx(run_instance(other, slow, "lpt").makespan_s, rel=1e-9)
+    assert (run_instance(other, spec, "lpt").makespan_s
+            == pytest.approx(run_instance(other, slow, "lpt").makespan_s, rel=1e-9))
     # the limits are the profile's
     assert (spec.max_batch, spec.kv_capacity_tokens) == (8, 50_000)
 

@@ -22,7 +22,8 @@ def test_replay_rows_scale_lengths_and_estimates_alike(tmp_path):
 
 
 def _runs(values: dict[str, list[float]]) -> dict[str, list[dict]]:
-    return {n: [{"tokens_per_s": v, "samples_per_s": v / 10, "gen_span_s": 1.0} for v in vs] for n, vs in values.items()}
+    return {n: [{"tokens_per_s": v, "samples_per_s": v / 10, "gen_span_s": 1.0} for v in vs]
+            for n, vs in values.items()}
 
 
 def test_ratios_are_against_the_best_length_blind_variant_per_round():
@@ -63,8 +64,10 @@ def test_a_run_keeps_the_regimes_an_earlier_run_measured_with_their_provenance(t
     f = tmp_path / "dispatch.json"
     assert dt.earlier_regimes(f, {}) == {}
     old = {"training": {"provenance": {"commit": "abc", "date": "d0"},
-                        "regimes": {"sync": {"summary": {}}, "one_step": {"summary": {}, "provenance": {"commit": "x"}}}}}
+                        "regimes": {"sync": {"summary": {}},
+                                    "one_step": {"summary": {}, "provenance": {"commit": "x"}}}}}
     f.write_text(json.dumps(old))
     kept = dt.earlier_regimes(f, {"one_step": {}})
     assert list(kept) == ["sync"] and kept["sync"]["provenance"]["commit"] == "abc"  # re-measured ones are replaced
-    assert set(dt.REGIMES) >= set(dt.RUN_OF_RECORD) and all(o[0].startswith("trainer.mode=") for o in dt.REGIMES.values())
+    assert (set(dt.REGIMES) >= set(dt.RUN_OF_RECORD)
+            and all(o[0].startswith("trainer.mode=") for o in dt.REGIMES.values()))

@@ -22,7 +22,8 @@ def test_processor_sharing_ends_when_the_shared_cores_have_done_all_the_work():
 
 
 def test_on_one_core_an_even_split_no_longer_beats_an_uneven_one_by_the_longest_instance():
-    spec = InstanceSpec(cost=StepCost(k1=0.0, k2=0.01, k3=0.0, k4=0.0, kv_bytes_per_token=1.0), kv_capacity_tokens=100_000, max_batch=64)
+    spec = InstanceSpec(cost=StepCost(k1=0.0, k2=0.01, k3=0.0, k4=0.0, kv_bytes_per_token=1.0),
+                        kv_capacity_tokens=100_000, max_batch=64)
     samples = [SimSample(f"s{i}", 4, n) for i, n in enumerate([100, 100, 10, 10])]
     own = simulate(samples, spec, 2, policy="round_robin", admission="fcfs")
     shared = simulate(samples, spec, 2, policy="round_robin", admission="fcfs", cores=1)
@@ -55,14 +56,16 @@ def test_a_simulated_order_against_the_measured_one_is_not_a_match():
 
 
 def test_a_runs_steps_and_spans_come_from_its_ledger_and_metrics(tmp_path):
-    events = [{"event": "start"}] + [{"event": "consume", "step": s, "prompt_id": f"p{s}{k}"} for s in (2, 1) for k in range(2)]
+    events = [{"event": "start"}] + [{"event": "consume", "step": s, "prompt_id": f"p{s}{k}"}
+                                     for s in (2, 1) for k in range(2)]
     (tmp_path / "ledger.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n")
     rows = [{"gen_first_start": 10.0, "gen_last_finish": 12.5}, {"gen_first_start": 20.0, "gen_last_finish": 21.0}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert step_groups(tmp_path) == [["p10", "p11"], ["p20", "p21"]]
     assert step_spans(tmp_path) == [2.5, 1.0]
     cfg = {"generation": {"dispatch": {"policy": "lpt"}, "admission": "lpt"}}
-    assert variant_policy("pick", cfg) == ("least_loaded", "lpt") and variant_policy("lpt+ranker", cfg) == ("lpt", "lpt")
+    assert (variant_policy("pick", cfg) == ("least_loaded", "lpt")
+            and variant_policy("lpt+ranker", cfg) == ("lpt", "lpt"))
 
 
 def _run_dir(tmp_path, variant_overrides: list[str]):

@@ -98,4 +98,5 @@ def test_completed_tasks_last_lines_are_left_out_failures_are_not():
     recs = [SimpleNamespace(id=1, timestamp=t, level=20, message="Finished in state Completed()", task_run_id="t1"),
             SimpleNamespace(id=2, timestamp=t, level=40, message="Finished in state Failed('x')", task_run_id="t2"),
             SimpleNamespace(id=3, timestamp=t, level=20, message="Finished in state Completed()", task_run_id=None)]
-    assert [x.message for x in LogCursor().take(recs)] == ["Finished in state Failed('x')", "Finished in state Completed()"]
+    assert [x.message for x in LogCursor().take(recs)] == ["Finished in state Failed('x')",
+                                                           "Finished in state Completed()"]

@@ -213,5 +213,6 @@ def test_trainer_log_probs_use_the_sampling_temperature():
     model.forward = lambda input_ids, attention_mask: Out(logits)  # type: ignore[method-assign]
     batch = pack([[1]], [[2, 3, 4]], 0)
     for t in (1.0, 0.6):
-        expected = torch.log_softmax(logits[:, :-1] / t, -1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        expected = (torch.log_softmax(logits[:, :-1] / t, -1)
+                    .gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1))
         assert torch.allclose(token_logprobs(model, batch, t), expected)

@@ -37,7 +37,8 @@ def test_a_plan_puts_the_link_and_each_control_veth_on_its_own_30_inside_the_slo
     assert plan.control == {"train": "10.213.0.54", "gen": "10.213.0.58"}
     thirties = {ipaddress.ip_interface(f"{a}/30").network for a in [*plan.link.values(), *plan.root.values()]}
     assert len(thirties) == 3 and all(t.subnet_of(net) for t in thirties)
-    assert ipaddress.ip_interface(f"{plan.root['gen']}/30").network == ipaddress.ip_interface(f"{plan.control['gen']}/30").network
+    assert (ipaddress.ip_interface(f"{plan.root['gen']}/30").network
+            == ipaddress.ip_interface(f"{plan.control['gen']}/30").network)
 
 
 def test_plans_of_different_slots_never_share_an_address():
@@ -88,7 +89,8 @@ def test_tbf_burst_is_five_ms_of_the_rate_but_never_under_a_gso_packet():
 
 def test_tbf_command_shapes_the_device_inside_its_namespace():
     assert tbf_command("ns1", LINK_DEV, tbf_params("200mbit")) == [
-        "tc", "-n", "ns1", "qdisc", "replace", "dev", LINK_DEV, "root", "tbf", "rate", "200000000bit", "burst", "125000",
+        "tc", "-n", "ns1", "qdisc", "replace", "dev", LINK_DEV, "root", "tbf",
+        "rate", "200000000bit", "burst", "125000",
         "latency", "50ms"]
 
 
@@ -110,9 +112,12 @@ def test_setup_shapes_both_ends_of_the_link_and_routes_each_namespace_to_every_r
     plan = plan_addresses(0)
     names = {"train": "nt", "gen": "ng"}
     cmds = setup_commands(plan, names, tbf_params("200mbit"))
-    assert cmds[0] == ["ip", "link", "add", LINK_DEV, "netns", "nt", "type", "veth", "peer", "name", LINK_DEV, "netns", "ng"]
+    assert cmds[0] == ["ip", "link", "add", LINK_DEV, "netns", "nt", "type", "veth",
+                       "peer", "name", LINK_DEV, "netns", "ng"]
     shaped = [c for c in cmds if c[0] == "tc"]
     assert sorted(c[2] for c in shaped) == ["ng", "nt"] and all(c[6] == LINK_DEV for c in shaped)
-    assert ["ip", "-n", "ng", "route", "add", f"{plan.root['train']}/32", "via", plan.root["gen"], "dev", CTL_DEV] in cmds
-    assert ["ip", "-n", "nt", "route", "add", f"{plan.root['gen']}/32", "via", plan.root["train"], "dev", CTL_DEV] in cmds
+    assert ["ip", "-n", "ng", "route", "add", f"{plan.root['train']}/32",
+            "via", plan.root["gen"], "dev", CTL_DEV] in cmds
+    assert ["ip", "-n", "nt", "route", "add", f"{plan.root['gen']}/32",
+            "via", plan.root["train"], "dev", CTL_DEV] in cmds
     assert not any("default" in c for c in cmds)  # nothing can leave the machine

@@ -29,7 +29,8 @@ def test_params_default_a_causal_lm_to_the_policy_checkpoint(tmp_path):
     p = retrain_params(_cfg(tmp_path, "generation.retrain.kind=causal_lm"), tmp_path, "/ck", 6)
     assert p["model_params"] == {"base_path": "/ck"} and p["kind"] == "causal_lm"
     assert p["log_path"].endswith("gen.sqlite") and p["work_dir"].endswith("ranker-retrains/it000006")
-    mine = retrain_params(_cfg(tmp_path, "generation.retrain.kind=causal_lm", 'generation.retrain.params={"base_path": "/x"}'),
+    mine = retrain_params(_cfg(tmp_path, "generation.retrain.kind=causal_lm",
+                               'generation.retrain.params={"base_path": "/x"}'),
                           tmp_path, "/ck", 6)
     assert mine["model_params"] == {"base_path": "/x"}
     assert retrain_params(_cfg(tmp_path), tmp_path, "/ck", 3)["model_params"] == {}

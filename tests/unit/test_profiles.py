@@ -18,7 +18,8 @@ from services.generation.scheduling.profiles import (
 )
 
 
-@pytest.mark.parametrize("path", sorted(p for p in PROFILE_DIR.glob("*.json") if not p.stem.endswith("-train")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(p for p in PROFILE_DIR.glob("*.json") if not p.stem.endswith("-train")),
+                         ids=lambda p: p.stem)
 def test_every_shipped_profile_loads_and_says_how_it_was_made(path):
     profile = load_profile(path)
     model = MODELS[profile.model.name]
@@ -41,7 +42,8 @@ def test_derived_h20_profile_matches_the_published_compute_memory_crossover():
 
 def test_profile_for_another_model_is_refused_naming_file_and_field(tmp_path):
     path = save_profile(derive_profile("H20", "qwen2.5-7b"), tmp_path / "h20.json")
-    with pytest.raises(ProfileError, match=r"h20.json: profile is for model 'qwen2.5-7b', not 'qwen2.5-32b': field model.fingerprint.hidden"):
+    with pytest.raises(ProfileError, match=r"h20.json: profile is for model 'qwen2.5-7b', not 'qwen2.5-32b': "
+                                           r"field model.fingerprint.hidden"):
         load_profile(path, model=get_model("qwen2.5-32b"))
 
 
@@ -64,7 +66,8 @@ def test_bad_profile_files_name_line_or_field(tmp_path):
         load_profile(binary)
 
 
-SPEC = InstanceSpec(StepCost(k1=0.0, k2=0.01, k3=0.001, k4=0.001, kv_bytes_per_token=1.0), kv_capacity_tokens=10**6, max_batch=16)
+SPEC = InstanceSpec(StepCost(k1=0.0, k2=0.01, k3=0.001, k4=0.001, kv_bytes_per_token=1.0),
+                    kv_capacity_tokens=10**6, max_batch=16)
 
 
 def test_simulator_sanity():

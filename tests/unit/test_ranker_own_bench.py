@@ -39,4 +39,5 @@ def test_noise_ceiling_is_perfect_without_noise_and_low_with_pure_noise():
 
 def test_declared_regime_is_what_the_goal_reads():
     assert ranker_own.DECLARED["goal_recall_at_20"] == 0.70
-    assert ranker_own.DECLARED["samples_per_prompt"] >= 2 and ranker_own.QUICK["prompts"] < ranker_own.DECLARED["prompts"]
+    assert (ranker_own.DECLARED["samples_per_prompt"] >= 2
+            and ranker_own.QUICK["prompts"] < ranker_own.DECLARED["prompts"])

@@ -20,7 +20,8 @@ def test_the_gain_is_paired_per_question_with_its_standard_error():
     diffs = [1.0, 0.5, 0.0, 0.5]  # per question: after's share correct minus before's
     se = math.sqrt(sum((d - 0.5) ** 2 for d in diffs) / 3) / 2
     assert g["heldout_before"] == pytest.approx(0.375) and g["heldout_after"] == pytest.approx(0.875)
-    assert g["gain"] == pytest.approx(0.5) and g["gain_stderr"] == pytest.approx(se) and g["gain_se"] == pytest.approx(0.5 / se)
+    assert (g["gain"] == pytest.approx(0.5) and g["gain_stderr"] == pytest.approx(se)
+            and g["gain_se"] == pytest.approx(0.5 / se))
     with pytest.raises(ValueError, match="different questions"):
         paired_gain(before, after[:-2])
 

@@ -10,7 +10,8 @@ from allocator.repack_sim import GroupSpec, SimConfig, arith_workload, simulate
 from services.generation.scheduling.cost import StepCost
 from services.rollout.repack_policy import RepackSettings, ramping_down
 
-COST = StepCost(k1=0.0, k2=0.0, k3=2e-5, k4=2e-3, kv_bytes_per_token=2048.0, prefill_per_token=1.5e-5, per_sequence=2.6e-4)
+COST = StepCost(k1=0.0, k2=0.0, k3=2e-5, k4=2e-3, kv_bytes_per_token=2048.0,
+                prefill_per_token=1.5e-5, per_sequence=2.6e-4)
 CFG = SimConfig(instances=4, repack=True, iterations=10, settings=RepackSettings(interval_s=0.5))
 
 
@@ -48,7 +49,8 @@ def test_migrations_move_only_what_best_fit_allows() -> None:
     for m, src, dst, keys in r.moves:
         assert (src.index, dst.index) == (m.source, m.destination)
         assert src.version == dst.version == m.version
-        assert ramping_down(src, 1.0, s) and ramping_down(dst, 1.0, s)  # both candidates (the fall in KV needs the previous snapshot)
+        # both candidates (the fall in KV needs the previous snapshot)
+        assert ramping_down(src, 1.0, s) and ramping_down(dst, 1.0, s)
         assert not dst.draining
         assert dst.kv_used + src.kv_used <= s.c_max and dst.running + src.running <= s.batch_bound
         assert len(keys) == src.running + src.waiting  # every sample of the source's open calls

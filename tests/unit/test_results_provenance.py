@@ -44,7 +44,8 @@ def provenance_problems(data) -> list[str]:
     if "engine" not in p:
         bad.append("no engine key (null where no engine is involved)")
     m = p.get("machine")
-    if not (isinstance(m, dict) and m.get("cpu") and isinstance(m.get("cores"), int) and isinstance(m.get("mem_gb"), (int, float))):
+    if not (isinstance(m, dict) and m.get("cpu")
+            and isinstance(m.get("cores"), int) and isinstance(m.get("mem_gb"), (int, float))):
         bad.append(f"machine {m!r} lacks cpu, cores or mem_gb")
     try:
         date = datetime.fromisoformat(p["date"])
@@ -143,7 +144,8 @@ def _code_lines(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text())
     doc_lines = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+        if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and ast.get_docstring(node)):
             d = node.body[0]
             doc_lines.update(range(d.lineno, d.end_lineno + 1))
     return [(i, ln) for i, ln in enumerate(path.read_text().splitlines(), 1) if i not in doc_lines]

@@ -53,7 +53,8 @@ def test_contract_of_every_reward_kind(reward_fn):
         assert 0.0 <= scored.reward <= 1.0 and isinstance(scored.reward, float)
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in scored.info.items())
     assert [reward_fn.score(transcript(s)).reward for s in range(30)] == [r.reward for r in right]  # deterministic
-    assert sum(r.reward for r in right) >= sum(w.reward for w in wrong) + 6  # right answers score clearly higher (0.2 on average)
+    # right answers score clearly higher (0.2 on average)
+    assert sum(r.reward for r in right) >= sum(w.reward for w in wrong) + 6
     for bad in [RewardRequest("r", "chess", 0, "", (), ()), RewardRequest("x" * 257, "calculator", 0, "", (), ())]:
         with pytest.raises(InvalidRequest):
             reward_fn.score(bad)
@@ -103,5 +104,6 @@ def test_the_cli_trains_a_loadable_model(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["out"] == str(tmp_path / "m") and printed["held_out"] == 20 and printed["train_examples"] == 60
     assert ClassifierReward.load(tmp_path / "m").tasks == ("calculator",)
-    assert main(["reward", "train", "--config", str(config), "--set", "agentic.walk.size=1", "--out", str(tmp_path)]) == 2
+    assert main(["reward", "train", "--config", str(config), "--set", "agentic.walk.size=1",
+                 "--out", str(tmp_path)]) == 2
     assert "agentic.walk.size" in capsys.readouterr().err

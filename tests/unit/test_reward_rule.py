@@ -88,7 +88,8 @@ def test_arith_parses_the_prompt_and_reuses_the_task_reward():
     right = RULE.score(RewardRequest("a", "arith", 0, p.prompt, ("238,229,220,211,202,193#193",), ()))
     assert right.reward == 1.0 and right.info == {"correct": "true"}
     assert RULE.score(RewardRequest("a", "arith", 0, p.prompt, ("#194",), ("",))).reward == 0.0
-    for actions, observations, fragment in [(("#193", "#193"), (), "one action"), (("#193",), ("=1,",), "no observations")]:
+    for actions, observations, fragment in [(("#193", "#193"), (), "one action"),
+                                            (("#193",), ("=1,",), "no observations")]:
         with pytest.raises(InvalidRequest, match=fragment):
             RULE.score(RewardRequest("a", "arith", 0, p.prompt, actions, observations))
     with pytest.raises(InvalidRequest, match="not a count-down prompt"):

@@ -57,7 +57,8 @@ def test_cooldown_and_only_samples_at_the_current_size_count():
     d = decide(history, 2, LIMITS, last_change_s=2.0)  # the samples starting before 3.0 do not count
     assert d.action == "hold" and "1.0s/2.0s" in d.reason
     assert decide(history + samples([1.0] * 2, workers=2, start=4.0), 2, LIMITS, last_change_s=2.0).action == "out"
-    d = decide(samples([1.0] * 4, workers=2, start=2.0), 2, LIMITS, last_change_s=3.5)  # newest sample ends at 4.0 < 4.5
+    d = decide(samples([1.0] * 4, workers=2, start=2.0), 2, LIMITS,
+               last_change_s=3.5)  # newest sample ends at 4.0 < 4.5
     assert d.action == "hold" and "cooldown" in d.reason
 
 
@@ -77,6 +78,7 @@ def test_irregular_poll_intervals_still_fill_the_window():
 
 
 def test_limits_are_checked():
-    for bad in [dict(min_workers=3, max_workers=2), dict(low_utilisation=0.8), dict(window_s=0.0), dict(cooldown_s=-1.0)]:
+    for bad in [dict(min_workers=3, max_workers=2), dict(low_utilisation=0.8),
+                dict(window_s=0.0), dict(cooldown_s=-1.0)]:
         with pytest.raises(ValueError):
             ScalingLimits(**bad)

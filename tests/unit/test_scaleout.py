@@ -132,7 +132,8 @@ def test_scale_in_never_removes_instances_the_controller_did_not_add(tmp_path):
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["scaleout.enabled=true", "scaleout.min_instances=1",
                                                           "generation.instances=2", "scaleout.max_instances=4"])
     site = ScaleoutController(tmp_path, cfg, "127.0.0.1:1", ["a:1", "b:2"], units=None, members=[])
-    local = ScaleoutController(tmp_path, cfg, "127.0.0.1:1", ["a:1", "b:2"], units=None, members=[("a:1", 0), ("b:2", 1)])
+    local = ScaleoutController(tmp_path, cfg, "127.0.0.1:1", ["a:1", "b:2"],
+                               units=None, members=[("a:1", 0), ("b:2", 1)])
     try:
         assert (site.limits.min_instances, local.limits.min_instances) == (2, 1)
         assert site.next_index == local.next_index == 2

@@ -100,7 +100,8 @@ def test_global_lpt_dispatch_within_four_thirds_of_optimal(lengths, m):
 def test_baselines():
     seqs = [SeqRequest(f"s{i}", 10 * (i + 1)) for i in range(6)]
     assert list(dispatch("round_robin", seqs, ctx(3, rotation=1)).assignment.values()) == [1, 2, 0, 1, 2, 0]
-    loaded = DispatchContext(instances=(InstanceLoad(0, outstanding=4), InstanceLoad(1), InstanceLoad(2, outstanding=1)))
+    loaded = DispatchContext(instances=(InstanceLoad(0, outstanding=4), InstanceLoad(1),
+                                        InstanceLoad(2, outstanding=1)))
     assert list(dispatch("least_loaded", seqs, loaded).assignment.values()) == [1, 2, 1, 2, 1, 2]
     a, b = dispatch("random", seqs, ctx(3, seed=7)), dispatch("random", seqs, ctx(3, seed=7))
     assert a.assignment == b.assignment and set(a.assignment.values()) <= {0, 1, 2}
@@ -171,7 +172,8 @@ def test_refined_streamrl_gives_the_long_tail_its_own_instance():
     assert plan.long_instances == (0,) and plan.long_tail == frozenset({"long"})
     assert plan.predicted_makespan_s == pytest.approx(100.0, rel=0.01)
     lpt = dispatch("lpt", seqs, c)
-    jobs = [[Job(s.seq_id, 4, int(s.estimate or 1), s.estimate) for s in seqs if lpt.assignment[s.seq_id] == b] for b in (0, 1)]
+    jobs = [[Job(s.seq_id, 4, int(s.estimate or 1), s.estimate) for s in seqs if lpt.assignment[s.seq_id] == b]
+            for b in (0, 1)]
     assert max(run_instance(j, c.spec, "lpt").makespan_s for j in jobs) == pytest.approx(106.5, rel=0.01)  # type: ignore[arg-type]
 
 

@@ -29,7 +29,8 @@ def head_could_be_ready(mgr: StalenessManager) -> bool:
         return False
     rest = occupied[mgr.batch :] + [e for e in entries if e.state == "reserved"]
     deadlines = sorted(e.version + mgr.eta for e in rest)
-    return all(n <= (mgr.capacity - mgr.batch) + mgr.capacity * (d - mgr.head) for n, d in enumerate(deadlines, start=1))
+    return all(n <= (mgr.capacity - mgr.batch) + mgr.capacity * (d - mgr.head)
+               for n, d in enumerate(deadlines, start=1))
 
 
 class StalenessMachine(RuleBasedStateMachine):

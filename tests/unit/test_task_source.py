@@ -35,13 +35,16 @@ def test_the_arith_source_is_the_count_down_task_with_its_held_out_set():
 
 
 def test_the_dataset_source_draws_rows_and_carries_the_reference_and_row(tmp_path):
-    task = build_task(TaskConfig.model_validate(_dataset(_rows(tmp_path / "d.jsonl"), name="sums")), EvalConfig(prompts=5))
+    task = build_task(TaskConfig.model_validate(_dataset(_rows(tmp_path / "d.jsonl"), name="sums")),
+                      EvalConfig(prompts=5))
     assert task.name == "sums" and [i.prompt_id for i in task.eval_set] == [f"e{i}" for i in range(5)]
     drawn = task.sampler.batch(25)
-    assert {i.prompt for i in drawn}.isdisjoint({i.prompt for i in task.eval_set}) and len({i.prompt for i in drawn}) == 25
+    assert ({i.prompt for i in drawn}.isdisjoint({i.prompt for i in task.eval_set})
+            and len({i.prompt for i in drawn}) == 25)
     item = drawn[0]
     request = reward_request(item, "It is 4.", "d0/1")
-    assert (request.task, request.prompt, request.actions, request.reference) == ("sums", item.prompt, ("It is 4.",), item.answer)
+    assert (request.task, request.prompt, request.actions, request.reference) == ("sums", item.prompt,
+                                                                                  ("It is 4.",), item.answer)
     assert json.loads(request.row_json)["question"] == item.prompt
     state = task.sampler.state()
     again = build_task(TaskConfig.model_validate(_dataset(tmp_path / "d.jsonl", name="sums")), EvalConfig(prompts=5))
@@ -66,8 +69,9 @@ def test_an_agentic_run_refuses_a_dataset_task(tmp_path):
 def test_preparing_a_run_reads_the_data_and_makes_its_paths_absolute(tmp_path, monkeypatch):
     _rows(tmp_path / "d.jsonl")
     monkeypatch.chdir(tmp_path)
-    cfg = check_run(load_config(SMOKE, ["task.kind=dataset", "task.dataset.train=d.jsonl", "task.dataset.prompt_field=question",
-                                        "eval.prompts=5", "reward.python_path=[fns]"]))
+    cfg = check_run(load_config(SMOKE, ["task.kind=dataset", "task.dataset.train=d.jsonl",
+                                        "task.dataset.prompt_field=question", "eval.prompts=5",
+                                        "reward.python_path=[fns]"]))
     assert cfg.task.dataset.train == str(tmp_path / "d.jsonl") and cfg.reward.python_path == [str(tmp_path / "fns")]
 
 
@@ -79,8 +83,8 @@ def test_preparing_a_run_reads_the_data_and_makes_its_paths_absolute(tmp_path, m
     (["reward.terms=[{fn: 'no_such_module_here:f'}]"], "cannot import module 'no_such_module_here'"),
 ])
 def test_preparing_a_run_refuses_bad_data_naming_it(tmp_path, over, fragment):
-    base = ["task.kind=dataset", f"task.dataset.train={_rows(tmp_path / 'd.jsonl')}", "task.dataset.prompt_field=question",
-            "eval.prompts=5"]
+    base = ["task.kind=dataset", f"task.dataset.train={_rows(tmp_path / 'd.jsonl')}",
+            "task.dataset.prompt_field=question", "eval.prompts=5"]
     with pytest.raises(ConfigError, match=r"task.dataset|reward.terms") as err:
         check_run(load_config(SMOKE, [*base, *over]))
     assert fragment in str(err.value)

@@ -15,7 +15,8 @@ def test_bounded_mode_counts_open_calls_as_busy_until_the_iteration_ends():
 
     running = _Call(0, "g1", ["g1/0"], open=1, launched=10.0)
     returned = _Call(1, "g2", ["g2/0"], open=0, launched=5.0)
-    groups = [_GroupState(problem=None, v_traj=0, calls=[running]), _GroupState(problem=None, v_traj=0, calls=[returned])]
+    groups = [_GroupState(problem=None, v_traj=0, calls=[running]),
+              _GroupState(problem=None, v_traj=0, calls=[returned])]
     finished = [(5.0, 11.0)]  # the returned call's sample
     assert open_call_intervals(groups, 20.0) == [(10.0, 20.0)]
     assert idle(finished, (12.0, 20.0)) == 8.0  # finished samples alone: all idle

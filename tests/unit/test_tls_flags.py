@@ -16,7 +16,8 @@ from services.run import __main__ as trainer_main
 
 SGS_ARGS = ["--config", "c.json", "--model", "m"]
 ROUTER_ARGS = [*SGS_ARGS, "--instances", "127.0.0.1:1"]
-TRAINER_ARGS = ["--config", "c.json", "--model", "m", "--sgs", "127.0.0.1:1", "--run-dir", "r", "--reward-membership", "w.json"]
+TRAINER_ARGS = ["--config", "c.json", "--model", "m", "--sgs", "127.0.0.1:1",
+                "--run-dir", "r", "--reward-membership", "w.json"]
 SERVERS = [pytest.param(sgs_main.main, SGS_ARGS, id="sgs"), pytest.param(router_main.main, ROUTER_ARGS, id="router")]
 
 

@@ -53,7 +53,8 @@ def _run_dir(tmp_path: Path, rows: list[dict], summary: dict | None = None) -> P
 def test_a_row_keeps_its_names_and_numbers_and_leaves_out_the_rest():
     row = {"iteration": 3, "mode": "sync", "reward_mean": 0.5, "samples": 64, "syncs": True, "response_lens": [1, 2],
            "instances_alive": {"127.0.0.1:5000": 1, "note": "x"}, "entry_staleness_hist": {"0": 10, "1": 2}}
-    assert row_metrics(row) == {"reward_mean": 0.5, "samples": 64.0, "syncs": 1.0, "instances_alive/127.0.0.1_5000": 1.0,
+    assert row_metrics(row) == {"reward_mean": 0.5, "samples": 64.0, "syncs": 1.0,
+                                "instances_alive/127.0.0.1_5000": 1.0,
                                 "entry_staleness_hist/0": 10.0, "entry_staleness_hist/1": 2.0}
     assert summary_metrics({"mode": "sync", "final_accuracy": 0.4, "eval_final": {"accuracy": 0.4}}) == {
         "summary/final_accuracy": 0.4}
@@ -114,7 +115,8 @@ def test_rows_rolled_back_by_a_recovery_are_logged_again_when_they_run_again(tmp
     with (run_dir / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"iteration": 1, "loss": 1.5}) + "\n" + '{"iteration": 2, "lo')  # a row half written
     tracking.poll()
-    assert [c[1:] for c in rec.calls] == [(0, {"loss": 0.0}), (1, {"loss": 1.0}), (2, {"loss": 2.0}), (1, {"loss": 1.5})]
+    assert [c[1:] for c in rec.calls] == [(0, {"loss": 0.0}), (1, {"loss": 1.0}),
+                                          (2, {"loss": 2.0}), (1, {"loss": 1.5})]
 
 
 def test_the_end_of_a_run_does_not_wait_past_the_timeout_for_a_stuck_tracker(tmp_path, caplog):

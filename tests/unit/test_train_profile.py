@@ -61,7 +61,8 @@ def test_fit_recovers_known_coefficients():
 
 def test_points_record_the_padded_work_and_the_fit_prices_it():
     pt = make_point(4, 10, 30, 0.5, [[15, 40], [40, 40]])
-    assert (pt.tokens, pt.padded_tokens, pt.micro_batches, pt.attn_sq, pt.padded_attn_sq) == (135, 160, 2, 5025.0, 6400.0)
+    assert (pt.tokens, pt.padded_tokens, pt.micro_batches,
+            pt.attn_sq, pt.padded_attn_sq) == (135, 160, 2, 5025.0, 6400.0)
     assert make_point(8, 12, 16, 0.1).padded_tokens == make_point(8, 12, 16, 0.1).tokens == 224
     with pytest.raises(ValueError, match="8 samples but 2 sequence lengths"):
         make_point(8, 12, 16, 0.1, [[28, 28]])
@@ -78,14 +79,16 @@ def test_a_profile_without_backend_fields_loads_with_the_defaults(tmp_path):
         del pt["padded_tokens"], pt["padded_attn_sq"], pt["micro_batches"]
     (tmp_path / "old.json").write_text(json.dumps(raw))
     prof = load_train_profile(tmp_path / "old.json")
-    assert (prof.backend, prof.dtype, prof.ranks, prof.group_size, prof.micro_batch_groups) == ("torch", "float32", 1, 8, 8)
+    assert (prof.backend, prof.dtype, prof.ranks,
+            prof.group_size, prof.micro_batch_groups) == ("torch", "float32", 1, 8, 8)
     wl = prof.points[0].workload("grpo")
     assert padded_step_flops(TINY, wl) == step_flops(TINY, wl)
 
 
 def test_profile_names_leave_the_defaults_out():
     assert profile_filename("cpu-local", "braid-tiny") == "cpu-local-braid-tiny-train.json"
-    assert profile_filename("H100", "qwen2.5-7b", "megatron", "bfloat16") == "H100-qwen2.5-7b-megatron-bfloat16-train.json"
+    assert (profile_filename("H100", "qwen2.5-7b", "megatron", "bfloat16")
+            == "H100-qwen2.5-7b-megatron-bfloat16-train.json")
     assert profile_filename("H100", "qwen2.5-7b", "torch", "bfloat16") == "H100-qwen2.5-7b-bfloat16-train.json"
 
 
@@ -99,7 +102,8 @@ def test_find_train_profile_matches_hardware_model_algorithm_and_backend(tmp_pat
     assert find(hardware="H20") is None and find(hardware="cpu-local", algorithm="ppo") is None
     assert find_train_profile(tmp_path, hardware="cpu-local", model=get_model("qwen2.5-7b"), algorithm="grpo") is None
     # two torch profiles of one kind: the float32 one of the canonical name, then by name
-    save_profile(_profile(dtype="bfloat16"), tmp_path / profile_filename("cpu-local", "braid-tiny", "torch", "bfloat16"))
+    save_profile(_profile(dtype="bfloat16"),
+                 tmp_path / profile_filename("cpu-local", "braid-tiny", "torch", "bfloat16"))
     assert find(hardware="cpu-local") == torch32
 
 
@@ -138,7 +142,8 @@ def test_step_time_with_a_profile_is_fixed_plus_measured_throughput_plus_communi
         assert b.compute_s == compute and b.fixed_s == prof.fixed_s and math.isclose(prof.fixed_s, 0.7)
         assert (b.tp_comm_s, b.pp_p2p_s, b.dp_comm_s) == (a.tp_comm_s, a.pp_p2p_s, a.dp_comm_s)
         assert math.isclose(b.total_s, prof.fixed_s + compute + b.tp_comm_s + b.pp_bubble_s + b.pp_p2p_s + b.dp_comm_s)
-        assert math.isclose(b.pp_bubble_s, (compute + b.tp_comm_s) * (cfg.pp - 1) / math.ceil(500_000 / cfg.dp / 20_000))
+        assert math.isclose(b.pp_bubble_s,
+                            (compute + b.tp_comm_s) * (cfg.pp - 1) / math.ceil(500_000 / cfg.dp / 20_000))
 
 
 def test_step_time_without_a_profile_is_the_roofline():
@@ -163,7 +168,8 @@ def test_cluster_train_profile_missing_or_mismatched_is_refused_naming_the_field
     with pytest.raises(AllocationInputError, match=r"c.yaml: sites\[0\].train_profile: no such file '.*nope.json'"):
         plan_files(_cluster(tmp_path, f"    train_profile: {tmp_path / 'nope.json'}\n"), "braid-tiny", tiny_wl)
     other = save_profile(_profile(hardware="H800"), tmp_path / "h800.json")
-    with pytest.raises(AllocationInputError, match=r"train_profile: .*measured on 'H800', the site's gpu is 'cpu-local'"):
+    with pytest.raises(AllocationInputError, match=r"train_profile: .*measured on 'H800', "
+                                                   r"the site's gpu is 'cpu-local'"):
         plan_files(_cluster(tmp_path, f"    train_profile: {other}\n"), "braid-tiny", tiny_wl)
 
 
@@ -191,7 +197,8 @@ def test_allocate_picks_the_shipped_profile_of_the_sites_kind_model_and_backend(
     other = save_profile(_profile(), tmp_path / "torch.json")
     with pytest.raises(AllocationInputError, match=r"train_profile: .*torch.json was measured on the torch backend, "
                                                    r"the site trains with train_backend 'megatron'"):
-        plan_files(_cluster(tmp_path, f"    train_profile: {other}\n    train_backend: megatron\n"), "braid-tiny", tiny_wl)
+        plan_files(_cluster(tmp_path, f"    train_profile: {other}\n    train_backend: megatron\n"),
+                   "braid-tiny", tiny_wl)
 
 
 @pytest.mark.parametrize("path", sorted(PROFILE_DIR.glob("*-train.json")), ids=lambda p: p.stem)

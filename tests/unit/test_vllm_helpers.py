@@ -27,4 +27,5 @@ def test_lora_args_pick_the_smallest_max_rank_vllm_accepts_that_holds_the_adapte
     assert lora_args(LoraConfig(rank=16))["max_lora_rank"] == 16
     assert lora_args(LoraConfig(rank=300))["max_lora_rank"] == 320
     with pytest.raises(AdapterError, match="rank 600: vLLM serves LoRA ranks up to 512"):
-        lora_args(LoraConfig.model_construct(rank=600))  # above LoraConfig's bound: what a wider bound would let through
+        # above LoraConfig's bound: what a wider bound would let through
+        lora_args(LoraConfig.model_construct(rank=600))

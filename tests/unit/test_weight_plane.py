@@ -195,7 +195,8 @@ def test_zero_copy_chunk_encoding_is_plain_protobuf():
     assert parsed.chunk.data == bytes(c.data) and parsed.chunk.index == 1 and parsed.chunk.name == c.name
     msg, data = decode(pb.PushMessage, raw)
     assert bytes(data) == bytes(c.data) and msg.chunk.chunk_digest == c.chunk_digest and msg.chunk.data == b""
-    full = pb.PushMessage(chunk=pb.WeightChunk(version=2, name="x", data=b"abc", index=4), part=1, parts=3).SerializeToString()
+    full = pb.PushMessage(chunk=pb.WeightChunk(version=2, name="x", data=b"abc", index=4),
+                          part=1, parts=3).SerializeToString()
     msg, data = decode(pb.PushMessage, full)  # a peer's ordinary encoding (data field not last)
     assert bytes(data) == b"abc" and msg.chunk.index == 4 and msg.parts == 3
     msg, data = decode(pb.PushMessage, pb.PushMessage(version_digest="sha256:ab").SerializeToString())

@@ -80,7 +80,8 @@ def test_parts_record_of_a_file_without_provenance():
     prov = {"commit": "0" * 40, "dirty": False, "date": "2026-01-01T00:00:00+00:00", "config_hash": "x"}
     parts = parts_record({"a": "throughput", "b": "broadcast"}, {"a": 1.0}, {"broadcast": {}}, prov)
     assert parts["b"] == {"key": "broadcast", "measured_in_this_run": False,
-                          "carried_from": {"commit": None, "date": None, "note": "the earlier file recorded no provenance"}}
+                          "carried_from": {"commit": None, "date": None,
+                                           "note": "the earlier file recorded no provenance"}}
     assert prov["measured_in_this_run"] is False
     assert "Carried" in parts_line(parts, "b") and "no provenance" in parts_line(parts, "b")
 

@@ -44,9 +44,28 @@ def _run(ns: argparse.Namespace) -> int:
     from flows.rl_training import rl_training
 
     result = rl_training(config_path=ns.config, overrides=overrides, plan=ns.plan)
-    print(json.dumps({k: result[k] for k in ("run_dir", "mode", "warmstart_accuracy", "final_accuracy",
-                                            "accuracy_stderr", "eval_prompts", "samples_per_second")}, indent=2))
+    print(run_output(result))
     return 0
+
+
+RUN_KEYS = ("run_dir", "mode", "warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts",
+            "samples_per_second", "final_checkpoint")
+
+
+def run_output(result: dict) -> str:
+    """What ``braid run`` prints: the result's headline as JSON, then how to score the trained
+    model, and last the line that says where it is."""
+    shown = {k: result[k] for k in RUN_KEYS}
+    adapter = result.get("final_adapter")
+    if adapter:
+        shown["final_adapter"] = adapter
+    final = result["final_checkpoint"]
+    config = Path(result["run_dir"], "config.json").resolve()
+    return "\n".join([
+        json.dumps(shown, indent=2),
+        f"score it: braid eval --model {final} --config {config}",
+        f"final model: {final}" + (f" (LoRA adapter folded in; the adapter: {adapter})" if adapter else ""),
+    ])
 
 
 def _config(ns: argparse.Namespace) -> int:
@@ -117,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. trainer.mode=sync")
     run.add_argument("--model", help="local HF checkpoint dir instead of the built tiny model")
     run.add_argument("--run-id", help="run directory name under runs/")
-    run.add_argument("--plan", help="allocation plan JSON (`braid allocate --json`): braid-tiny plans set the SGS instances")
+    run.add_argument("--plan",
+                     help="allocation plan JSON (`braid allocate --json`): braid-tiny plans set the SGS instances")
     run.set_defaults(func=_run)
 
     cfg = sub.add_parser("config", help="print the resolved config (validates it)")
@@ -126,18 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--model", help="local HF checkpoint dir instead of the built tiny model (as braid run)")
     cfg.set_defaults(func=_config)
 
-    prof = sub.add_parser("profile", help="measure PTL(batch size) and KV bytes/token on the engine; write a profile JSON")
-    prof.add_argument("--config", default="deploy/configs/default.yaml", help="config whose model and generation settings are profiled")
+    prof = sub.add_parser("profile",
+                          help="measure PTL(batch size) and KV bytes/token on the engine; write a profile JSON")
+    prof.add_argument("--config", default="deploy/configs/default.yaml",
+                      help="config whose model and generation settings are profiled")
     prof.add_argument("--model", help="local HF checkpoint dir (default: the config's built tiny model)")
     prof.add_argument("--out", required=True, help="profile JSON to write")
     prof.add_argument("--hardware", default="cpu-local", help="hardware kind recorded in the profile")
     prof.add_argument("--quick", action="store_true", help="fewer batch sizes")
-    prof.add_argument("--derive", metavar="GPU:MODEL", help="write a roofline-derived profile instead, e.g. H20:qwen2.5-7b")
+    prof.add_argument("--derive", metavar="GPU:MODEL",
+                      help="write a roofline-derived profile instead, e.g. H20:qwen2.5-7b")
     prof.set_defaults(func=_profile)
 
-    ptrain = sub.add_parser("profile-train", help="measure training step time vs tokens on the trainer's learner; write a profile JSON")
-    ptrain.add_argument("--config", default="deploy/configs/default.yaml", help="config whose model and trainer settings are profiled")
-    ptrain.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override, e.g. trainer.kl_coef=0.01")
+    ptrain = sub.add_parser("profile-train",
+                            help="measure training step time vs tokens on the trainer's learner; write a profile JSON")
+    ptrain.add_argument("--config", default="deploy/configs/default.yaml",
+                        help="config whose model and trainer settings are profiled")
+    ptrain.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="config override, e.g. trainer.kl_coef=0.01")
     ptrain.add_argument("--model", help="local HF checkpoint dir (default: the config's model)")
     ptrain.add_argument("--out", help="profile JSON to write (default: allocator/profiles/"
                         "HARDWARE-MODEL[-BACKEND][-DTYPE]-train.json, torch and float32 left out)")
@@ -166,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (sgs, trainer, relay, certs):
         p.add_argument("rest", nargs=argparse.REMAINDER)
     server = sub.add_parser("server", help="local Prefect server + work pools + deployments + workers (docs/deploy.md)")
-    server.add_argument("action", choices=["start", "stop", "status"], help="`braid server start --help` lists the options")
+    server.add_argument("action", choices=["start", "stop", "status"],
+                        help="`braid server start --help` lists the options")
     server.add_argument("rest", nargs=argparse.REMAINDER)
     server.set_defaults(func=lambda ns: _delegate("flows.server", [ns.action, *ns.rest]))
 
@@ -188,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     from flows.follow_cli import add_parser as add_follow_parser  # argparse only; Prefect loads lazily
 
     add_follow_parser(sub)
+    from flows.eval_cli import add_parser as add_eval_parser  # argparse only; the services load lazily
+
+    add_eval_parser(sub)
     return parser
 
 

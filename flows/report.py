@@ -132,7 +132,8 @@ def _bounded_lines(rows: list[dict]) -> list[str]:
     return [
         f"| staleness bound eta / violations | {last['eta']} / {sum(r['bound_violations'] for r in rows)} |",
         f"| inherent staleness (Laminar M - K), mean | {_mean(rows, 'inherent_staleness_mean'):.2f} |",
-        f"| weight syncs / interrupted samples / resumed | {last.get('syncs', 0)} / {last.get('interrupted', 0)} / {last.get('resumed', 0)} |",
+        f"| weight syncs / interrupted samples / resumed | {last.get('syncs', 0)} / {last.get('interrupted', 0)} / "
+        f"{last.get('resumed', 0)} |",
         f"| aborted groups | {aborted}; filtered (dynamic sampling) {last.get('filtered', 0)} |",
     ]
 
@@ -145,7 +146,8 @@ def _agentic_lines(rows: list[dict], run_dir: Path) -> list[str]:
     groups_aborted = ", ".join(f"{k[len('groups_aborted_'):]} {v}" for k, v in last.items()
                                if k.startswith("groups_aborted_")) or "none"
     dropped = ", ".join(f"{k[len('dropped_'):]} {v}" for k, v in last.items()
-                        if k.startswith("dropped_") and k != "dropped_tokens" and not k.startswith("dropped_on_env_")) or "none"
+                        if k.startswith("dropped_") and k != "dropped_tokens"
+                        and not k.startswith("dropped_on_env_")) or "none"
     lines = [
         "", "## Agentic trajectories", "",
         "| metric | value |", "|---|---|",
@@ -153,15 +155,18 @@ def _agentic_lines(rows: list[dict], run_dir: Path) -> list[str]:
         f"| turns per trajectory: mean / max | {_mean(rows, 'turns_mean'):.2f} / {max(r['turns_max'] for r in rows)} |",
         f"| generated / observation tokens per trajectory | {_mean(rows, 'generated_tokens_mean'):.1f} / "
         f"{_mean(rows, 'observation_tokens_mean'):.1f} |",
-        f"| per turn: generation / environment step (latency injected) | {1000 * _mean(rows, 'gen_turn_s_mean'):.1f} ms / "
+        f"| per turn: generation / environment step (latency injected) | "
+        f"{1000 * _mean(rows, 'gen_turn_s_mean'):.1f} ms / "
         f"{1000 * _mean(rows, 'env_step_s_mean'):.1f} ms ({1000 * _mean(rows, 'env_latency_s_mean'):.1f} ms) |",
         f"| reward per trajectory (scoring time) | {1000 * _mean(rows, 'reward_s_mean'):.1f} ms |",
         f"| weight versions spanned by one trajectory, max | {max(r['version_span_max'] for r in rows)} |",
         f"| trajectories launched / finished / dropped / aborted | {last.get('trajectories_launched', 0)} / "
-        f"{last.get('trajectories_finished', 0)} / {last.get('trajectories_dropped', 0)} / {last.get('trajectories_aborted', 0)} |",
+        f"{last.get('trajectories_finished', 0)} / {last.get('trajectories_dropped', 0)} / "
+        f"{last.get('trajectories_aborted', 0)} |",
         f"| dropped by cause; replaced | {dropped}; {last.get('replacements', 0)} |",
         f"| aborted groups | {groups_aborted} |",
-        f"| generated tokens thrown away (aborted / dropped) | {last.get('aborted_tokens', 0)} / {last.get('dropped_tokens', 0)} |",
+        f"| generated tokens thrown away (aborted / dropped) | {last.get('aborted_tokens', 0)} / "
+        f"{last.get('dropped_tokens', 0)} |",
     ]
     return lines + _transcript(run_dir / "trajectories.jsonl")
 
@@ -174,7 +179,8 @@ def _transcript(path: Path) -> list[str]:
     if not records:
         return []
     rec = next((r for r in reversed(records) if r["reward"] > 0), records[-1])
-    out = ["", f"A trained trajectory (step {rec['step']}, {rec['env']} episode {rec['seed']}, reward {rec['reward']:g}):", "",
+    out = ["", f"A trained trajectory (step {rec['step']}, {rec['env']} episode {rec['seed']}, "
+           f"reward {rec['reward']:g}):", "",
            "| turn | action (generated) | observation |", "|---|---|---|", f"| prompt | | `{rec['prompt']}` |"]
     out += [f"| {i} | `{t['action']}` | `{t['observation']}` |" for i, t in enumerate(rec["turns"])]
     return out
@@ -203,13 +209,17 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         f"| warm-start accuracy | {summary['warmstart_accuracy']:.3f} ± {summary['warmstart_stderr']:.3f} |",
         f"| final accuracy | {summary['final_accuracy']:.3f} ± {summary['accuracy_stderr']:.3f} |",
         f"| improvement | {summary['improvement']:+.3f} ({summary['improvement_in_stderr']:.1f} × final s.e.) |",
+        *([f"| final model | `{summary['final_checkpoint']}` |"] if summary.get("final_checkpoint") else []),
         f"| iterations | {summary['iterations']} |",
         *([f"| reward failures (counted 0, not correct; `reward-failures.jsonl`) | {summary['reward_failures']} |"]
           if summary.get("reward_failures") else []),
         f"| samples/s (RL phase) | {summary['samples_per_second']:.1f} |",
-        f"| mean generation / training time per iteration | {_mean(rows, 'gen_time_s'):.2f} s / {_mean(rows, 'train_time_s'):.2f} s |",
-        f"| idle fraction: generation / training | {sum(r['idle_gen_s'] for r in rows) / wall:.2f} / {sum(r['idle_train_s'] for r in rows) / wall:.2f} |",
-        f"| staleness (versions): mean / max | {_mean(rows, 'staleness_mean'):.2f} / {max((r['staleness_max'] for r in rows), default=0)} |",
+        f"| mean generation / training time per iteration | {_mean(rows, 'gen_time_s'):.2f} s / "
+        f"{_mean(rows, 'train_time_s'):.2f} s |",
+        f"| idle fraction: generation / training | {sum(r['idle_gen_s'] for r in rows) / wall:.2f} / "
+        f"{sum(r['idle_train_s'] for r in rows) / wall:.2f} |",
+        f"| staleness (versions): mean / max | {_mean(rows, 'staleness_mean'):.2f} / "
+        f"{max((r['staleness_max'] for r in rows), default=0)} |",
         f"| trainer stall per weight push | {1000 * _mean(rows, 'push_stall_s'):.1f} ms |",
         *_bounded_lines(rows),
         *_agentic_lines(rows, run_dir),
@@ -230,9 +240,29 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         "Accuracy is one sample per prompt at the training temperature (pass@1); the standard error is",
         "binomial, sqrt(p(1-p)/n).",
         *report_lines(run_dir, rows),
+        *final_lines(summary),
         "",
     ]
     return "\n".join(lines)
+
+
+def final_lines(summary: dict) -> list[str]:
+    """Where the trained model is and how to load and score it (``services.run.final``)."""
+    final = summary.get("final_checkpoint")
+    if not final:
+        return []
+    adapter = summary.get("final_adapter")
+    config = str(Path(final).parent / "config.json")
+    return [
+        "", "## The trained model", "",
+        f"`{final}`: the policy the final evaluation scored, a Hugging Face checkpoint (weights, tokenizer, "
+        "chat template when the model has one; `final.json` holds its iteration, weight version and held-out accuracy)"
+        + (f", the LoRA adapter folded into its base; the adapter itself is `{adapter}`." if adapter else "."),
+        "", "```",
+        f'AutoModelForCausalLM.from_pretrained("{final}")   # transformers; vLLM: LLM(model="{final}")',
+        f"braid eval --model {final} --config {config}",
+        "```",
+    ]
 
 
 def write_report(run_dir: Path) -> Path:

@@ -5,7 +5,8 @@ the warm-start checkpoint exists (a cached SFT pass), start the Stream Generatio
 the trainer as separate processes on loopback, watch them (a dead process fails the flow with
 its log tail), mirror progress into a Prefect progress artifact and a terminal bar, then write
 the report and publish it as artifacts: the markdown report with its plots inlined, and a table
-of per-iteration metrics.
+of per-iteration metrics. The result is the run summary, whose ``final_checkpoint`` is the trained
+model the trainer wrote to ``<run_dir>/final`` (``services/run/final.py``).
 
 Parameters are typed (pydantic models from ``services/common/config.py``), so a deployment's
 Run form in the Prefect UI shows every field with its default, help text and bounds, and the
@@ -81,7 +82,8 @@ def prepare_run(config: RunConfig | None, config_path: str | None, overrides: li
 def warm_start(run_dir: str) -> str:
     """Run the cached SFT warm start in a child process (its progress bar goes to the terminal)."""
     out = Path(run_dir) / "warmstart.path"
-    cmd = [sys.executable, "-m", "services.policy.warmstart", "--config", str(Path(run_dir) / "config.json"), "--out", str(out)]
+    cmd = [sys.executable, "-m", "services.policy.warmstart", "--config", str(Path(run_dir) / "config.json"),
+           "--out", str(out)]
     proc = subprocess.run(cmd, env=child_env(2), stderr=None, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"warm start failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
@@ -105,7 +107,8 @@ class _Progress:
         self.iterations = iterations
         self.seen = 0
         self.logger = get_run_logger()
-        self.artifact_id = create_progress_artifact(0.0, key="rl-training-progress", description="RL iterations completed")
+        self.artifact_id = create_progress_artifact(0.0, key="rl-training-progress",
+                                                    description="RL iterations completed")
         self.bar = tqdm(total=iterations, desc="RL iterations", unit="it", mininterval=progress_interval())
 
     def __call__(self) -> None:
@@ -187,7 +190,8 @@ def _plan_section(rd: Path) -> str:
     plan = json.loads(path.read_text())
     return (f"\n\n## Allocation plan\n\n{plan['model']} on {plan['cluster']} ({plan['workload']}): "
             f"{plan['gen_gpus']} x {plan['gen_kind']} generation ({plan['gen_parallel']}, {plan['t_gen_s']:.1f} s), "
-            f"{plan['train_gpus']} x {plan['train_kind']} training ({plan['train_parallel']}, {plan['t_train_s']:.1f} s); "
+            f"{plan['train_gpus']} x {plan['train_kind']} training ({plan['train_parallel']}, "
+            f"{plan['t_train_s']:.1f} s); "
             f"predicted iteration {plan['iteration_s']:.1f} s, {plan['samples_per_s']:.2f} samples/s.\n")
 
 
@@ -196,7 +200,8 @@ def report(run_dir: str) -> str:
     rd = Path(run_dir)
     path = write_report(rd)
     create_markdown_artifact(
-        embed_images(path.read_text(), rd) + _plan_section(rd), key="rl-training-report", description=f"Braid run {rd.name}"
+        embed_images(path.read_text(), rd) + _plan_section(rd), key="rl-training-report",
+        description=f"Braid run {rd.name}",
     )
     create_table_artifact(
         metrics_table(read_metrics(rd / "metrics.jsonl")), key="rl-training-metrics",
@@ -243,4 +248,5 @@ def rl_training(
         summary["warmstart_accuracy"], summary["final_accuracy"], summary["accuracy_stderr"],
         summary["eval_prompts"], summary["samples_per_second"], summary["mode"],
     )
+    logger.info("final model: %s", summary["final_checkpoint"])  # services/run/final.py
     return {"run_dir": run_dir, **summary}

@@ -1,8 +1,9 @@
 """``python -m services.run``: the trainer process of one RL run.
 
 Connects to the SGS, evaluates the warm start, runs the RL iterations in the configured
-pipeline mode, evaluates again, and writes ``metrics.jsonl``, ``timeline.json`` and
-``summary.json`` into the run directory. Exits non-zero on any failure.
+pipeline mode, evaluates again, writes the policy it ends with to ``final/`` (``services.run.final``)
+and ``metrics.jsonl``, ``timeline.json`` and ``summary.json`` into the run directory. Exits
+non-zero on any failure.
 
 ``--tls-dir DIR`` gives this site's certificate (``DIR/ca.pem``, ``DIR/<training-site>.pem``/
 ``.key``) for other sites' relays; with ``--sgs-tls`` it reaches the SGS (``--sgs``, an
@@ -97,26 +98,6 @@ def warmstart_eval(trainer, run_dir: Path, resumed: bool):
     return result
 
 
-def build_agentic(cfg, policy, clients, env_workers: list[str], reward_membership: str):
-    """The rollout machinery of an agentic run (``services.rollout.agentic_setup``): rewards from
-    the reward pool whose membership file the launcher keeps."""
-    from services.agentic.rollout import ServiceScorer
-    from services.reward.client import RewardPool
-    from services.rollout.agentic_setup import build_rollout
-
-    return build_rollout(cfg, policy, clients, env_workers,
-                         lambda ex: ServiceScorer(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), ex))
-
-
-def single_turn_rewards(cfg, reward_membership: str, run_dir: Path):
-    """The reward service's client of a single-turn run (``services.rollout.rewards``)."""
-    from services.reward.client import RewardPool
-    from services.rollout.rewards import ServiceRewards
-
-    return ServiceRewards(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), run_dir,
-                          threads=min(cfg.reward.threads, 16))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="braid-trainer", description="GRPO trainer process")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
@@ -128,16 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         help="weight relays host:port[@site[@tls://host:port]][,...] (relay transport; the first is the master)",
     )
     parser.add_argument("--training-site", default="local", help="this process's site (the master relay's)")
-    parser.add_argument("--tls-dir", default="", help="`braid certs` directory: reach other sites' relays with mutual TLS")
+    parser.add_argument("--tls-dir", default="",
+                        help="`braid certs` directory: reach other sites' relays with mutual TLS")
     parser.add_argument(
         "--sgs-tls", action="store_true", help="reach the SGS (--sgs) with mutual TLS too (needs --tls-dir)"
     )
     parser.add_argument("--env-workers", default="",
                         help="environment worker addresses host:port[,...] (agentic.enabled; the launcher starts them)")
     parser.add_argument("--reward-membership", required=True,
-                        help="the reward pool's membership file (the launcher starts the workers; every run scores there)")
+                        help="the reward pool's membership file (the launcher starts the workers; "
+                        "every run scores there)")
     parser.add_argument("--attempt", type=int, default=0,
-                        help="restart count (the launcher's): > 0 resumes from the run dir's newest recovery checkpoint")
+                        help="restart count (the launcher's): > 0 resumes from the run dir's newest recovery "
+                        "checkpoint")
     parser.add_argument("--died-at", type=float, default=None,
                         help="unix time the launcher saw the previous attempt die (for the recovery time)")
     ns = parser.parse_args(argv)
@@ -160,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
     from services.rollout.rewards import failures_logged
+    from services.run.final import ADAPTER_DIR, write_final
+    from services.run.heldout import build_agentic, single_turn_rewards
     from services.run.loop import RLTrainer
     from services.run.resume import recovery_summary
 
@@ -206,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer.ledger.close()
     after = trainer.evaluate("eval-final")
     logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
+    final = write_final(trainer, after, ns.config)  # before the learner ends: its weights are the final policy
+    logging.info("final model: %s", final)
     trainer.write_timeline()
     trainer.publisher.close()
     if parallel is not None or learner is not None:
@@ -228,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         "final_weight_version": trainer.version,
         "eval_warmstart": before.to_json(),
         "eval_final": after.to_json(),
+        "final_checkpoint": str(final),
+        "final_adapter": str(final / ADAPTER_DIR) if cfg.trainer.lora is not None else None,
         "reward_failures": failures_logged(run_dir),  # every attempt's, evaluations included
         "breakdown": (cfg.task.dataset.group_field or "none") if cfg.task.kind == "dataset" else "steps",
         **recovery_summary(run_dir, ns.attempt),

@@ -14,15 +14,13 @@ Every iteration appends a line to ``metrics.jsonl``; the stage intervals go to
 from __future__ import annotations
 
 from services.rollout.orchestrator import Orchestrator
-from services.run.evaluate import EvalResult
 from services.run.runtime import TrainerRuntime
 
 
 class RLTrainer(TrainerRuntime):
     """With ``agentic.enabled`` the trainer process sets ``rollout`` (``agentic_setup.build_rollout``):
-    iterations run ``agentic.AgenticRunner`` and evaluation plays the held-out episodes."""
-
-    rollout = None
+    iterations run ``agentic.AgenticRunner`` and evaluation plays the held-out episodes
+    (``heldout.HeldOut.evaluate``)."""
 
     def run_iterations(self, progress=None) -> None:
         """``trainer.iterations`` optimizer steps in ``trainer.mode``; ``progress(k, row)`` after each."""
@@ -32,31 +30,3 @@ class RLTrainer(TrainerRuntime):
             AgenticRunner(self, self._rollout(), self.agentic_eval).run(self.cfg.trainer.iterations, progress)
             return
         Orchestrator(self).run(self.cfg.trainer.iterations, progress)
-
-    @property
-    def agentic_eval(self):
-        """The held-out episodes of an agentic run (``eval.prompts``, fixed by ``eval.seed``)."""
-        from services.agentic.episodes import eval_episodes
-
-        return eval_episodes(self.cfg.agentic, self.cfg.eval.seed, self.cfg.eval.prompts)
-
-    def evaluate(self, tag: str) -> EvalResult:
-        if not self.cfg.agentic.enabled:
-            return super().evaluate(tag)
-        from services.rollout.agentic_setup import evaluate
-
-        return evaluate(self, self._rollout(), self.agentic_eval, tag)
-
-    def eval_fingerprint(self) -> str:
-        if not self.cfg.agentic.enabled:
-            from services.tasks.arith import fingerprint
-
-            return fingerprint(self.eval_set)
-        from services.rollout.agentic_setup import fingerprint
-
-        return fingerprint(self.agentic_eval)
-
-    def _rollout(self):
-        if self.rollout is None:
-            raise RuntimeError("agentic.enabled: the trainer needs its rollout (environment workers; --env-workers)")
-        return self.rollout

@@ -4,7 +4,8 @@
 current weight version, the task's prompt sampler and held-out set, the stage timeline, the
 metrics file) and the steps every mode takes: prompt specs, scoring, tallying a trained sample,
 ``step_and_snapshot`` (the optimizer step, version + 1, the weights copied out through the
-weight transport, the checkpoint when due), recording an iteration's metrics, evaluation.
+weight transport, the checkpoint when due), recording an iteration's metrics, evaluation. Prompt
+specs, scoring and evaluation are ``heldout.HeldOut``'s, the code ``braid eval`` runs too.
 
 The rollout orchestrator (``services.rollout.orchestrator``, every single-turn mode) and the
 multi-turn runner (``services.rollout.agentic``) work over this one interface.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,15 +22,13 @@ import torch
 
 from services.common.config import RunConfig
 from services.common.lora import save_adapter
-from services.common.types import GenerateParams, PromptSpec, SampleRecord
+from services.common.types import SampleRecord
 from services.generation.client import GenerationClient
 from services.policy.model import Policy, save_policy
-from services.rollout.collect import collect
 from services.rollout.publisher import WeightPublisher
 from services.rollout.rewards import Outcome, ServiceRewards
-from services.run.evaluate import EvalResult, score
+from services.run.heldout import HeldOut
 from services.run.timeline import idle
-from services.tasks.source import TaskItem, build_task
 from services.trainer.learner import Learner, StepStats
 from services.trainer.parallel import Leader, ParallelContext
 
@@ -59,7 +57,7 @@ class Published:
     stall_s: float
 
 
-class TrainerRuntime:
+class TrainerRuntime(HeldOut):
     def __init__(
         self, cfg: RunConfig, policy: Policy, clients: list[GenerationClient], run_dir: Path, transport=None,
         parallel: ParallelContext | None = None, rewards: ServiceRewards | None = None, learner=None,
@@ -68,23 +66,15 @@ class TrainerRuntime:
         tc = cfg.trainer
         torch.set_num_threads(tc.threads)
         torch.manual_seed(tc.seed)
-        self.cfg = cfg
-        self.policy = policy
+        super().__init__(cfg, policy, clients, rewards)  # the held-out set and how it is scored
         if learner is None:
             learner = Learner(cfg, policy, parallel)  # rank 0 of a data-parallel trainer leads the others
             learner = learner if parallel is None else Leader(learner, parallel)
         self.learner = learner
-        self.clients = clients
         self.run_dir = run_dir
-        self.version = 0
-        self.task = build_task(cfg.task, cfg.eval)
-        self.eval_set = self.task.eval_set
         self.sampler = self.task.sampler
-        self.problems: dict[str, TaskItem] = {}
-        self.rewards = rewards  # the reward service's client (single-turn runs; agentic runs score in their rollout)
-        self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport)
+        self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport)  # evaluation waits for its version
         self.gen_busy: list[tuple[float, float]] = []
-        self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
         self.metrics_path = run_dir / "metrics.jsonl"
         # recovery (services.run.resume): set by ``open_recovery``
         self.attempt = 0
@@ -96,27 +86,6 @@ class TrainerRuntime:
         # how to dial an SGS instance that joins the run (the trainer process sets its TLS)
         self.connect = lambda address: GenerationClient(address, max_message_mb=cfg.generation.max_message_mb)
         self._recovering: tuple[float | None, float] | None = None  # (death seen at, this process's start)
-
-    def prompt_specs(self, problems: list[TaskItem], forced_length: int = 0,
-                     estimates: list[float] | None = None) -> list[PromptSpec]:
-        """The wire prompts (``estimates``: estimated output lengths the instance admits LPT by; 0 = none)."""
-        for p in problems:
-            self.problems[p.prompt_id] = p
-        return [
-            PromptSpec(p.prompt_id, tuple(self.policy.encode_prompt(p.prompt, p.system)), estimated_length=e,
-                       forced_length=forced_length, task=p.task)
-            for p, e in zip(problems, estimates or [0.0] * len(problems), strict=True)
-        ]
-
-    def evaluate(self, tag: str) -> EvalResult:
-        t0 = time.time()
-        self.publisher.wait(self.version)
-        stream = collect(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
-        pending = [(s, self.score(s)) for s in stream]  # scored as they stream in
-        samples = [s for s, _ in pending]
-        outcomes = [f.result() for _, f in pending]
-        self.timeline["eval"].append([-1, t0, time.time()])
-        return score(self.eval_set, samples, outcomes, self.version)
 
     def open_recovery(self, attempt: int, died_at: float | None = None, started_at: float | None = None) -> bool:
         """Resume from the newest recovery checkpoint when there is one or this is a restart
@@ -185,12 +154,6 @@ class TrainerRuntime:
             row["time"] = time.time()  # when it was complete
             with (self.run_dir / "checkpoints" / "index.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
-
-    def score(self, sample: SampleRecord) -> Future[Outcome]:
-        """The sample's reward from the reward service, as a future (``services.rollout.rewards``)."""
-        if self.rewards is None:
-            raise RuntimeError("the trainer has no reward service client (the launcher passes --reward-membership)")
-        return self.rewards.submit(self.problems[sample.prompt_id], sample, self.policy.decode(list(sample.token_ids)))
 
     def tally(self, sample: SampleRecord, outcome: Outcome, staleness: int, acc: Accumulator) -> None:
         acc.samples += 1

@@ -1,0 +1,114 @@
+"""The trained model handed back, and ``braid eval``: a real run of the smoke config writes ``final/``,
+which transformers loads as the run's final policy, and ``braid eval`` (the CLI, a subprocess) scores
+it and the warm start on the run's held-out set as the run did.
+
+The SGS samples from one seeded generator: the warm start's evaluation is the first thing a fresh
+SGS does in the run and in ``braid eval`` alike, so those agree sample for sample; the final
+evaluation followed training on that generator, so a rerun agrees with it within sampling noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import FAST_ENGINE, ROOT
+from tests.integration.runs import run_smoke
+
+# iterations 2 (smoke.yaml): checkpoints/v00002 is the final policy too, written by the periodic checkpoint
+OVERRIDES = ["trainer.checkpoint_every=2", "weights.transport=direct"]  # direct: no relay process to start
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """(run dir, warm-start checkpoint, summary) of a 2-iteration smoke run on the fast engine."""
+    from services.common.config import load_config
+    from services.policy.warmstart import ensure_warmstart
+
+    tmp = tmp_path_factory.mktemp("eval-run")
+    overrides = [f"cache_dir={tmp / 'cache'}", *OVERRIDES]
+    # the run's warm start, made here (the flow's warm-start task runs the same function in a child process)
+    warm = ensure_warmstart(load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, *overrides]), progress=False)
+    run_dir = tmp / "run"
+    run_dir.mkdir()
+    summary, _ = run_smoke(run_dir, warm, overrides)
+    return run_dir, warm, summary
+
+
+def braid_eval(model: Path, run_dir: Path, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "eval", "--model", str(model), "--config",
+                           str(run_dir / "config.json"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_final_is_the_runs_final_policy_and_transformers_loads_it(finished_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir, warm, summary = finished_run
+    final = run_dir / "final"
+    assert summary["final_checkpoint"] == str(final.resolve()) and summary["final_adapter"] is None
+    meta = json.loads((final / "final.json").read_text())
+    assert meta["weight_version"] == summary["final_weight_version"] == 2 and meta["iteration"] == 2
+    assert (meta["accuracy"], meta["stderr"]) == (summary["final_accuracy"], summary["accuracy_stderr"])
+    assert meta["base"] == str(warm.resolve()) and meta["eval_fingerprint"] == summary["eval_fingerprint"]
+    assert not list(run_dir.glob(".final*"))  # the temporary directory was renamed into place
+    model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(final, local_files_only=True)
+    assert tok.eos_token_id == model.config.eos_token_id
+    saved = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "v00002", local_files_only=True)
+    base = AutoModelForCausalLM.from_pretrained(warm, local_files_only=True)
+    got, want, before = model.state_dict(), saved.state_dict(), base.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert any(not torch.equal(got[k], before[k]) for k in got)  # trained: not the warm start
+
+
+def test_braid_eval_scores_final_as_the_run_did(finished_run, tmp_path):
+    run_dir, _, summary = finished_run
+    got = braid_eval(run_dir / "final", run_dir, tmp_path / "final")
+    n, run = summary["eval_prompts"], got["run"]
+    assert run["same_heldout_set"] and run["accuracy"] == summary["final_accuracy"] and got["prompts"] == n
+    p = (got["accuracy"] + summary["final_accuracy"]) / 2  # two draws of one policy's accuracy
+    assert abs(got["accuracy"] - summary["final_accuracy"]) <= 3 * max(math.sqrt(2 * p * (1 - p) / n), 1 / n), got
+    assert got["eval_fingerprint"] == summary["eval_fingerprint"] and got["breakdown_by"] == "steps"
+    assert json.loads((tmp_path / "final" / "eval.json").read_text()) == got
+
+
+@pytest.mark.slow
+def test_braid_eval_reproduces_the_warm_start_evaluation_sample_for_sample(finished_run, tmp_path):
+    run_dir, warm, summary = finished_run
+    got, ws = braid_eval(warm, run_dir, tmp_path / "warm"), summary["eval_warmstart"]
+    assert (got["accuracy"], got["response_len_mean"], got["breakdown"]) == (
+        ws["accuracy"], ws["response_len_mean"], ws["by_difficulty"])
+    assert got["prompts"] == summary["eval_prompts"] and "run" not in got  # a warm start has no final.json
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "not a checkpoint", "adapter", "no config", "bad override"])
+def test_braid_eval_refuses_bad_input_with_exit_2_and_one_line(finished_run, tmp_path, capsys, case):
+    from flows.cli import main
+
+    run_dir, _, _ = finished_run
+    model, config, extra = run_dir / "final", str(run_dir / "config.json"), []
+    if case == "missing":
+        model = tmp_path / "nowhere"
+    elif case == "file":
+        model = run_dir / "final" / "final.json"
+    elif case == "not a checkpoint":
+        model = run_dir  # a run directory: a config.json, but no weights
+    elif case == "adapter":
+        model = tmp_path / "adapter"
+        model.mkdir()
+        (model / "adapter_config.json").write_text("{}")
+    elif case == "no config":
+        config = str(tmp_path / "missing.yaml")
+    else:
+        extra = ["--prompts", "0"]
+    assert main(["eval", "--model", str(model), "--config", config, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("braid eval: ") and "\n" not in err and "Traceback" not in err, err

@@ -80,6 +80,18 @@ def replace_dir(tmp: Path, dest: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def drop_tied(state: dict, config) -> dict:
+    """``state`` without ``lm_head.weight`` when ``config`` ties the output layer to the input
+    embeddings and the tensor is their copy: a full-weights version carries both (134 MB more for
+    SmolLM2-135M); the loaders tie it again."""
+    import torch
+
+    head, embed = state.get("lm_head.weight"), state.get("model.embed_tokens.weight")
+    if not getattr(config, "tie_word_embeddings", False) or head is None or embed is None:
+        return state
+    return {k: v for k, v in state.items() if k != "lm_head.weight"} if torch.equal(head, embed) else state
+
+
 def write_final(trainer, result: EvalResult, config_path: str) -> Path:
     """Write ``trainer``'s current policy (the one ``result`` scored) to ``<run_dir>/final`` and
     return its absolute path."""
@@ -94,7 +106,7 @@ def write_final(trainer, result: EvalResult, config_path: str) -> Path:
     base = str(Path(base).resolve()) if base else None
     try:
         if cfg.trainer.lora is None:
-            save_policy(trainer.policy, tmp, state)
+            save_policy(trainer.policy, tmp, drop_tied(state, trainer.policy.model.config))
         else:
             save_adapter(tmp / ADAPTER_DIR, state, cfg.trainer.lora, base)
             merge(base, tmp / ADAPTER_DIR, tmp)

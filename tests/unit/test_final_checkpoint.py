@@ -14,7 +14,7 @@ from flows.eval_cli import EvalError, check_checkpoint, eval_overrides, eval_rep
 from flows.report import final_lines
 from services.common.config import load_config
 from services.run.evaluate import EvalResult
-from services.run.final import config_digest, final_meta, read_meta, replace_dir, write_final
+from services.run.final import config_digest, drop_tied, final_meta, read_meta, replace_dir, write_final
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "deploy/configs/smoke.yaml"
@@ -57,6 +57,17 @@ def test_replace_dir_puts_the_new_directory_in_place_of_the_old(tmp_path):
     assert (tmp_path / "absent").is_dir()
 
 
+def test_drop_tied_leaves_out_only_a_copy_of_tied_embeddings():
+    from types import SimpleNamespace
+
+    embed = torch.ones(3, 2)
+    state = {"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone(), "x": torch.zeros(1)}
+    assert drop_tied(state, SimpleNamespace(tie_word_embeddings=True)).keys() == {"model.embed_tokens.weight", "x"}
+    assert drop_tied(state, SimpleNamespace(tie_word_embeddings=False)) is state
+    other = {**state, "lm_head.weight": torch.zeros(3, 2)}  # not a copy: kept
+    assert drop_tied(other, SimpleNamespace(tie_word_embeddings=True)) is other
+
+
 def _trained_runtime(checkpoint: Path, run_dir: Path, overrides: list[str]):
     from services.policy.model import load_policy
     from services.run.runtime import TrainerRuntime
@@ -80,7 +91,7 @@ def test_write_final_saves_the_learners_weights_as_a_checkpoint(tiny_checkpoint,
     assert final == (tmp_path / "final").resolve() and not list(tmp_path.glob(".final*"))
     saved = AutoModelForCausalLM.from_pretrained(final, local_files_only=True).state_dict()
     live = rt.learner.weights().host_copies()
-    assert all(torch.equal(saved[k], v) for k, v in live.items() if k in saved) and "model.norm.weight" in saved
+    assert all(torch.equal(saved[k], v) for k, v in live.items()) and "model.norm.weight" in saved
     assert (final / "tokenizer.json").is_file() and read_meta(final)["weight_version"] == 1
     assert read_meta(final)["base"] == str(tiny_checkpoint.resolve())
     rt.version = 2

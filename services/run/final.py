@@ -82,7 +82,7 @@ def replace_dir(tmp: Path, dest: Path) -> None:
 
 def drop_tied(state: dict, config) -> dict:
     """``state`` without ``lm_head.weight`` when ``config`` ties the output layer to the input
-    embeddings and the tensor is their copy: a full-weights version carries both (134 MB more for
+    embeddings and the tensor is their copy: a full-weights version carries both (113 MB more for
     SmolLM2-135M); the loaders tie it again."""
     import torch
 

@@ -71,7 +71,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
 
             for i, address in enumerate(addresses):
                 restartable_instance(sup, i, int(address.rsplit(":", 1)[1]), start_one)
-        router = start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled) if routed else None
+        router = (start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled)
+                  if routed else None)
         if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
             from flows.scaleout import FileMembership, ProcessUnits, ScaleoutController
 

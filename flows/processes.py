@@ -51,7 +51,8 @@ class Service:
     restart: Callable[[], None] | None = None  # starts it again on its address (a relay, the router)
 
     def describe_exit(self) -> str:
-        return f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n{tail(self.log_path)}"
+        return (f"{self.name} exited with code {self.proc.returncode}; last lines of {self.log_path}:\n"
+                f"{tail(self.log_path)}")
 
 
 def pid_alive(pid: int) -> bool:
@@ -292,7 +293,8 @@ def start_router(
     instances (not when instances join and leave at run time: scale-out)."""
     port_file = run_dir / "router.port"
     port_file.unlink(missing_ok=True)
-    args = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint, "--instances", ",".join(instances),
+    args = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint,
+            "--instances", ",".join(instances),
             "--host", host, "--port", str(port), "--port-file", str(port_file),
             "--timeline", str(run_dir / "router-timeline.jsonl")]
     args += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
@@ -354,7 +356,8 @@ def _retire(sup: Supervisor, services: list[Service], grace_s: float = 10.0) -> 
             svc.proc.kill()
             svc.proc.wait()
         sup.services.remove(svc)
-        svc.log_path.replace(svc.log_path.with_name(f"{svc.log_path.stem}.{svc.proc.pid}.log"))  # the next attempt's log is fresh
+        # the next attempt's log is fresh
+        svc.log_path.replace(svc.log_path.with_name(f"{svc.log_path.stem}.{svc.proc.pid}.log"))
 
 
 def _note_restart(run_dir: Path, record: dict, file: str = "restarts.jsonl") -> None:

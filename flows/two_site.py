@@ -63,7 +63,8 @@ class TwoSiteConfig(StrictModel):
     )
     start_timeout_s: float = Field(
         120.0, ge=5.0, le=3600.0,
-        description="How long a site's flow run may wait for a worker of its pool before the run fails naming the pool.",
+        description="How long a site's flow run may wait for a worker of its pool before the run fails "
+        "naming the pool.",
     )
     ready_timeout_s: float = Field(
         300.0, ge=10.0, le=7200.0, description="How long a generation site may take to serve its SGS endpoints."
@@ -159,7 +160,8 @@ class SiteRuns:
             fr = run_deployment(name, parameters=parameters, timeout=0, as_subflow=True)
         except ObjectNotFound:
             raise SiteFailed(
-                f"{role} site {site.name!r}: the server has no deployment {name!r} (deploy/prefect.yaml needs one per site)"
+                f"{role} site {site.name!r}: the server has no deployment {name!r} "
+                "(deploy/prefect.yaml needs one per site)"
             ) from None
         run = SiteRun(role, site, fr.id, fr.name, time.monotonic())
         with self._lock:
@@ -245,7 +247,8 @@ class SiteRuns:
         while True:
             observations = [self.observe(r) for r in runs]
             if all(o.state in FINAL or o.state == "SCHEDULED" for o in observations) or time.monotonic() > deadline:
-                self._cancel_waiting(runs, observations, "cancelled by the controller: the run ended before a worker took it")
+                self._cancel_waiting(runs, observations,
+                                     "cancelled by the controller: the run ended before a worker took it")
                 return observations
             time.sleep(self.params.poll_s)
 
@@ -282,7 +285,8 @@ class PoolUnits:
 
     def start(self, index: int) -> tuple[str, object, dict]:
         unit = index - self.first_index + 1
-        run = self.runs.start("generation", GENERATION_FLOW, self.site, {**self.parameters, "unit": unit, "relay": self.relay})
+        run = self.runs.start("generation", GENERATION_FLOW, self.site,
+                              {**self.parameters, "unit": unit, "relay": self.relay})
         self.runs.wait_running(run)
         (address,) = self.runs.wait_endpoints(run)
         return address, run, {"site": self.site.name, "flow_run": run.name, "unit": unit}

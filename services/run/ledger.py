@@ -118,7 +118,8 @@ def read_records(path: Path) -> tuple[list[dict], int]:
     return records, torn
 
 
-def check_records(records: list[dict], iterations: int | None = None, groups_per_step: int | None = None) -> LedgerReport:
+def check_records(records: list[dict], iterations: int | None = None,
+                  groups_per_step: int | None = None) -> LedgerReport:
     """Replay ledger records (pure); ``iterations``: the steps the run must have consumed (1..N),
     ``groups_per_step``: the groups each step must consume."""
     report = LedgerReport()

@@ -212,7 +212,8 @@ def wire_offset(rt, newest_seen: int) -> int:
     offset = max([newest_seen, *earlier]) + 1 - rt.version if newest_seen >= 0 else 0
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
-        f.write(json.dumps({"attempt": rt.attempt, "offset": offset, "max_wire": offset + rt.cfg.trainer.iterations}) + "\n")
+        f.write(json.dumps({"attempt": rt.attempt, "offset": offset,
+                            "max_wire": offset + rt.cfg.trainer.iterations}) + "\n")
         f.flush()
         os.fsync(f.fileno())
     return offset

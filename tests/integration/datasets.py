@@ -19,6 +19,7 @@ def write_rows(path, n: int = 40) -> None:
 
 
 def dataset_overrides(path) -> list[str]:
-    return ["task.kind=dataset", f"task.dataset.train={path}", "task.dataset.prompt_field=q", "task.dataset.answer_field=a",
+    return ["task.kind=dataset", f"task.dataset.train={path}", "task.dataset.prompt_field=q",
+            "task.dataset.answer_field=a",
             "task.dataset.name=countdown-file", f"reward.python_path=[{USERFNS}]",
             "reward.terms=[{fn: 'length_reward:length_and_suffix'}]", "eval.prompts=8"]

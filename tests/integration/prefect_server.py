@@ -34,7 +34,8 @@ def _write_sites(tmp: Path, link) -> dict[str, str]:
     """tmp/sites.yaml (ports 0; on the link: its hosts and TLS); returns site -> namespace."""
     sites = yaml.safe_load(SITES.read_text())
     for site in sites["sites"]:
-        site["sgs_port"] = site["router_port"] = site["relay_port"] = site["relay_tls_port"] = 0  # tests bind free ports
+        # tests bind free ports
+        site["sgs_port"] = site["router_port"] = site["relay_port"] = site["relay_tls_port"] = 0
         if link is not None:
             site["host"] = link.address(link_role(site))
     if link is not None:

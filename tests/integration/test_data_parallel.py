@@ -113,7 +113,8 @@ def check_two_ranks(tmp_path, kl_coef: float, device: str) -> None:
         # AdamW's first update is lr * g / (|g| + 1e-8): where g is round-off (exactly 0 in exact
         # arithmetic) it moves by +-lr either way, so compare where the gradient is real
         real = grads[name if name in grads else "model.embed_tokens.weight"].abs() > 1e-6
-        assert torch.allclose(dp["state"][name][real], value[real], atol=1e-6 if device == "cpu" else 1e-4, rtol=1e-5), name
+        assert torch.allclose(dp["state"][name][real], value[real],
+                              atol=1e-6 if device == "cpu" else 1e-4, rtol=1e-5), name
     moved = build_policy(cfg.model).model.state_dict()  # not vacuous: the step moved the weights
     assert any(not torch.allclose(moved[n], state[n]) for n in state)
 

@@ -58,17 +58,21 @@ def test_every_path_gives_byte_identical_versions_with_resume_and_refetch(relay,
     r, client = relay
     assert client.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)  # over the data channel
     with caplog.at_level(logging.WARNING, logger="braid.weights.client"):
-        tcp = client.pull(1, allow_shm=False)  # the relay cuts this stream after 3 chunks once and corrupts chunk 2 once
+        # the relay cuts this stream after 3 chunks once and corrupts chunk 2 once
+        tcp = client.pull(1, allow_shm=False)
     assert tcp.path == "tcp" and tcp.refetched == 1 and _equal(tcp.state, 1.0)
-    assert "pull of version 1 broke" in caplog.text and "resuming from chunk 2" in caplog.text  # 2: corrupted, re-fetched
+    # 2: corrupted, re-fetched
+    assert "pull of version 1 broke" in caplog.text and "resuming from chunk 2" in caplog.text
     grpc_client = RelayClient(r.address, data_path="grpc")
     try:
         streamed = grpc_client.pull(1, allow_shm=False, streams=2)
         shm = client.pull(1, allow_shm=True)
         assert streamed.path == "stream" and shm.path == "shm"
         assert tcp.digest == streamed.digest == shm.digest
-        assert all(torch.equal(tcp.state[k], streamed.state[k]) and torch.equal(tcp.state[k], shm.state[k]) for k in tcp.state)
-        assert grpc_client.push(snapshot_blob(model_state(2.0), CHUNK, None), 2, use_shm=False)  # gRPC in, data channel out
+        assert all(torch.equal(tcp.state[k], streamed.state[k]) and torch.equal(tcp.state[k], shm.state[k])
+                   for k in tcp.state)
+        # gRPC in, data channel out
+        assert grpc_client.push(snapshot_blob(model_state(2.0), CHUNK, None), 2, use_shm=False)
         again = client.pull(2, allow_shm=False)
         assert again.path == "tcp" and _equal(again.state, 2.0)
         assert again.digest == grpc_client.pull(2, allow_shm=False).digest
@@ -148,7 +152,8 @@ def test_a_truncated_push_keeps_its_prefix_and_the_next_push_resumes(relay):
     wait_for(lambda: held_chunks() == 3, 20, "the relay to take the 3 chunks sent before the break")
     partial = client.versions().versions[v]
     assert not partial.complete and partial.received == 3
-    grant = client.open_transfer(pb.TransferRequest(direction="push", version=v, manifest=manifest_to_pb(wb.manifest, v)))
+    grant = client.open_transfer(pb.TransferRequest(direction="push", version=v,
+                                                    manifest=manifest_to_pb(wb.manifest, v)))
     assert grant.from_chunk == 3  # where a resumed push starts
     assert client.push(wb, v, use_shm=False)
     assert _equal(client.pull(v, allow_shm=False).state, float(v))
@@ -174,10 +179,12 @@ def test_tls_data_channel_refuses_a_client_without_certificate(tmp_path):
     from tests.integration.test_weights_tls_sgs import _sites
 
     files = make_certs(_sites(tmp_path))
-    relay = start_relay(tmp_path, "gen", "--tls-host", "127.0.0.1", "--tls-dir", str(tmp_path / "certs"), "--site", "gen-site")
+    relay = start_relay(tmp_path, "gen", "--tls-host", "127.0.0.1", "--tls-dir", str(tmp_path / "certs"),
+                        "--site", "gen-site")
     trainer_side = RelayClient(relay.tls_address, tls=files["train-site"])
     try:
-        assert trainer_side.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)  # data channel over mutual TLS
+        # data channel over mutual TLS
+        assert trainer_side.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)
         got = trainer_side.pull(1, allow_shm=False)
         assert got.path == "tcp" and _equal(got.state, 1.0)
         grant = _pull_grant(trainer_side, 1)

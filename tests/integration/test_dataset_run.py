@@ -52,7 +52,8 @@ def test_a_jsonl_dataset_trains_with_a_user_reward_and_counts_its_failures(tmp_p
     for r in rows:
         assert r["reward_mean"] * r["samples"] * 1000 <= sum(r["response_lens"]) + 1e-6
         assert r["samples"] == r["reward_failures"] or r["reward_mean"] > 0
-    assert [r["iteration"] for r in rows] == list(range(tc.iterations)) and summary["final_weight_version"] == tc.iterations
+    assert ([r["iteration"] for r in rows] == list(range(tc.iterations))
+            and summary["final_weight_version"] == tc.iterations)
     assert check_ledger(run_dir / "ledger.jsonl", tc.iterations, tc.prompts_per_iteration).ok
 
 
@@ -62,7 +63,8 @@ def test_a_bad_row_is_refused_before_the_run_naming_file_line_and_field(tmp_path
     lines = data.read_text().splitlines()
     lines[6] = json.dumps({"q": "", "a": 3})
     data.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "config", "--config", str(ROOT / "deploy/configs/smoke.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "config",
+                           "--config", str(ROOT / "deploy/configs/smoke.yaml"),
                            *[x for o in dataset_overrides(data) for x in ("--set", o)]],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr

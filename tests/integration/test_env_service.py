@@ -28,7 +28,8 @@ class Worker:
         args = ["services.agentic", "--port", "0", "--port-file", str(workdir / f"{name}.port"), "--id", name]
         for o in overrides:
             args += ["--set", o]
-        self.proc, ports = spawn_service(args, workdir / f"{name}.port", workdir / f"{name}.log", what=f"env worker {name}")
+        self.proc, ports = spawn_service(args, workdir / f"{name}.port", workdir / f"{name}.log",
+                                         what=f"env worker {name}")
         self.address = f"127.0.0.1:{ports[0]}"
         self.client = EnvClient(self.address, timeout_s=10)
         self.client.wait_ready()
@@ -105,7 +106,8 @@ def test_every_method_answers_bytes_that_do_not_parse_with_invalid_argument(work
 
 
 def test_slow_steps_run_concurrently_and_time_out_alone(tmp_path):
-    w = Worker(tmp_path, "slow", ["agentic.latency.kind=fixed", "agentic.latency.mean_s=0.5", "agentic.step_timeout_s=2"])
+    w = Worker(tmp_path, "slow", ["agentic.latency.kind=fixed", "agentic.latency.mean_s=0.5",
+                                  "agentic.step_timeout_s=2"])
     try:
         sids = [w.client.reset("walk", s)[0] for s in range(8)]
         outs: list = []
@@ -119,7 +121,8 @@ def test_slow_steps_run_concurrently_and_time_out_alone(tmp_path):
         assert all(o.latency_s == 0.5 and o.step_s >= 0.5 for o in outs)
     finally:
         assert w.stop() == 0
-    w = Worker(tmp_path, "late", ["agentic.latency.kind=fixed", "agentic.latency.mean_s=1.0", "agentic.step_timeout_s=0.3"])
+    w = Worker(tmp_path, "late", ["agentic.latency.kind=fixed", "agentic.latency.mean_s=1.0",
+                                  "agentic.step_timeout_s=0.3"])
     try:
         sid, _ = w.client.reset("walk", 0)
         code, message = _code(w.client.step, sid, 0, ">")
@@ -143,14 +146,15 @@ def test_a_worker_killed_mid_trajectory_costs_only_its_trajectories(tmp_path):
     try:
         with ThreadPoolExecutor(16) as ex:
             backends = [ThreadedEnv(a.client, ex), ThreadedEnv(b.client, ex)]  # t0, t2, t4 on a; t1, t3, t5 on b
-            managers = make_managers([(t, int(t[1:])) for t in scripts], "calculator", backends, ScriptedGenerator(scripts),
-                                     CODEC, Limits.from_config(cfg))
+            managers = make_managers([(t, int(t[1:])) for t in scripts], "calculator", backends,
+                                     ScriptedGenerator(scripts), CODEC, Limits.from_config(cfg))
             threading.Thread(target=_kill_after_steps, args=(b, 6), daemon=True).start()  # mid-trajectory on b
             result = asyncio.run(run_trajectory_level(managers, concurrency=6))
         assert sorted(t.trajectory_id for t in result.trajectories) == ["t0", "t2", "t4"]
         assert all(t.reward == 1.0 and t.status == "done" for t in result.trajectories)
         assert sorted(d.trajectory_id for d in result.dropped) == ["t1", "t3", "t5"]
-        assert all(d.code == "UNAVAILABLE" and d.turns_done >= 1 and "after 3 attempts" in d.reason for d in result.dropped)
+        assert all(d.code == "UNAVAILABLE" and d.turns_done >= 1 and "after 3 attempts" in d.reason
+                   for d in result.dropped)
         assert a.client.health().sessions == 0
     finally:
         a.stop()
@@ -172,9 +176,10 @@ def test_multi_turn_trajectories_against_a_real_sgs(tmp_path, tiny_checkpoint):
         client = GenerationClient(sgs.address)
         client.wait_ready()
         with ThreadPoolExecutor(16) as ex:
-            gen = SgsGenerator(client, ex, on_sample=lambda s: samples.setdefault(s.prompt_id.rsplit("/t", 1)[0], []).append(s))
-            managers = make_managers([(f"e{i}", i) for i in range(4)], "calculator", [ThreadedEnv(w.client, ex)], gen, codec,
-                                     Limits.from_config(cfg))
+            gen = SgsGenerator(client, ex,
+                               on_sample=lambda s: samples.setdefault(s.prompt_id.rsplit("/t", 1)[0], []).append(s))
+            managers = make_managers([(f"e{i}", i) for i in range(4)], "calculator", [ThreadedEnv(w.client, ex)], gen,
+                                     codec, Limits.from_config(cfg))
             result = asyncio.run(run_trajectory_level(managers, concurrency=4))
         client.close()
     finally:
@@ -184,7 +189,8 @@ def test_multi_turn_trajectories_against_a_real_sgs(tmp_path, tiny_checkpoint):
     env = CalculatorEnv.from_config(cfg)
     for t in result.trajectories:
         assert t.token_ids[:t.prompt_len] == tuple(policy.encode_prompt(env.reset(t.seed).text))
-        assert [s.token_ids for s in samples[t.trajectory_id]] == [t.token_ids[u.gen_start:u.gen_start + u.gen_len] for u in t.turns]
+        assert ([s.token_ids for s in samples[t.trajectory_id]]
+                == [t.token_ids[u.gen_start:u.gen_start + u.gen_len] for u in t.turns])
         for u, s in zip(t.turns, samples[t.trajectory_id], strict=True):
             span = slice(u.gen_start, u.gen_start + u.gen_len)
             assert s.prompt_token_ids == t.token_ids[:u.gen_start]  # token in: the whole running context
@@ -192,7 +198,10 @@ def test_multi_turn_trajectories_against_a_real_sgs(tmp_path, tiny_checkpoint):
             assert set(t.loss_mask[span]) == {1} and u.weight_version == s.weight_version == 0
             assert u.action_text == policy.decode(list(s.token_ids))
             obs = t.token_ids[span.stop:span.stop + u.obs_len]
-            assert set(t.loss_mask[span.stop:span.stop + u.obs_len]) <= {0} and set(t.logprobs[span.stop:span.stop + u.obs_len]) <= {0.0}
-            assert policy.decode(list(obs)) == env.step(CalculatorEnv.parse_action(u.action_text)).observation.text if obs else True
-        assert sum(t.loss_mask) == sum(u.gen_len for u in t.turns) and len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)
+            assert (set(t.loss_mask[span.stop:span.stop + u.obs_len]) <= {0}
+                    and set(t.logprobs[span.stop:span.stop + u.obs_len]) <= {0.0})
+            assert (policy.decode(list(obs)) == env.step(CalculatorEnv.parse_action(u.action_text)).observation.text
+                    if obs else True)
+        assert (sum(t.loss_mask) == sum(u.gen_len for u in t.turns)
+                and len(t.token_ids) == len(t.loss_mask) == len(t.logprobs))
     assert sum(t.num_turns for t in result.trajectories) > 4  # random weights: invalid turns continue, so several turns

@@ -69,7 +69,8 @@ def test_a_tcp_transfer_across_the_link_runs_at_the_shaped_rate():
     seconds = float(sent.stdout)
     efficiency = nbytes * 8 / rate / seconds
     print(f"{nbytes} bytes in {seconds:.3f} s at {rate} bit/s: {efficiency:.3f} of the limit")
-    assert 0.8 <= efficiency <= 1.05, f"{seconds:.3f} s for {nbytes} bytes at {rate} bit/s: {efficiency:.3f} of the limit"
+    assert 0.8 <= efficiency <= 1.05, (f"{seconds:.3f} s for {nbytes} bytes at {rate} bit/s: "
+                                       f"{efficiency:.3f} of the limit")
 
 
 def test_sites_reach_each_other_only_across_the_link_and_both_reach_the_root():
@@ -107,7 +108,8 @@ def test_what_a_killed_run_left_is_removed_by_the_next_use():
     """A run killed with SIGKILL cannot tear down: its namespaces and control veths stay until the
     next ``shaped_link`` finds their owner dead."""
     hold = ("import sys, time; sys.path.insert(0, '.'); from bench.netns import shaped_link\n"
-            "with shaped_link('100mbit') as link:\n    print(' '.join(link.names.values()), flush=True); time.sleep(600)")
+            "with shaped_link('100mbit') as link:\n"
+            "    print(' '.join(link.names.values()), flush=True); time.sleep(600)")
     child = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     left = set(child.stdout.readline().split())
     child.kill()

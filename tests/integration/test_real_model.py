@@ -54,7 +54,8 @@ def test_the_trainer_recomputes_vllms_log_probs_at_the_sampling_temperature(smol
     cfg = RunConfig.model_validate({"model": {"path": str(ckpt), "chat_template": True},
                                     "generation": {"temperature": TEMPERATURE}, "trainer": {"lr": 1e-6}})
     learner = Learner(cfg, policy)
-    samples = [SampleRecord("q", "q", i, tuple(p), tuple(o.token_ids), tuple(o.logprobs), 0, o.finish_reason, 0.0, 0.0, 0.0)
+    samples = [SampleRecord("q", "q", i, tuple(p), tuple(o.token_ids), tuple(o.logprobs), 0, o.finish_reason,
+                            0.0, 0.0, 0.0)
                for i, (p, o) in enumerate(zip(prompts, outs, strict=True))]
     stats = learner.begin()
     learner.backward([Group(samples, [1.0, 0.0, 1.0, 0.0])])

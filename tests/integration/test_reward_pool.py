@@ -125,8 +125,10 @@ def test_the_controller_scales_out_under_load_and_back_in_when_idle(tmp_path):
         ctl.wait()
         assert len(answered) == sent[0] and set(answered) == {1.0}
         events = [json.loads(line) for line in ctl.events_path.read_text().splitlines()]
-        assert [e["event"] for e in events if e["event"] in ("scale_out", "scale_in")] == ["scale_out"] * 2 + ["scale_in"] * 2
-        assert [e["name"] for e in events if e["event"] == "scale_in"] == ["reward-2", "reward-1"]  # the newest leaves first
+        assert ([e["event"] for e in events if e["event"] in ("scale_out", "scale_in")]
+                == ["scale_out"] * 2 + ["scale_in"] * 2)
+        # the newest leaves first
+        assert [e["name"] for e in events if e["event"] == "scale_in"] == ["reward-2", "reward-1"]
         assert all(e["action"] in ("out", "in", "hold") and "reason" in e for e in events if e["event"] == "decision")
         assert read_membership(ctl.membership)[1] == ctl.addresses and len(pool.workers()) == 1
         assert [s.name for s in sup.services] == ["reward-0"]  # the removed workers exited and were let go

@@ -27,7 +27,8 @@ class Worker:
         args = ["services.reward", "--port", "0", "--port-file", str(workdir / f"{name}.port"), "--worker-id", name]
         for o in overrides:
             args += ["--set", o]
-        self.proc, ports = spawn_service(args, workdir / f"{name}.port", workdir / f"{name}.log", what=f"reward worker {name}")
+        self.proc, ports = spawn_service(args, workdir / f"{name}.port", workdir / f"{name}.log",
+                                         what=f"reward worker {name}")
         self.address = f"127.0.0.1:{ports[0]}"
         self.client = RewardClient(self.address, timeout_s=30)
         self.client.wait_ready()
@@ -80,7 +81,8 @@ def test_bad_requests_get_clear_statuses_and_the_worker_lives(worker):
         (RewardRequest("r", "walk", 0, "", (">" * (MAX_TEXT_CHARS + 1),), ("",)), "action 0 of 4097 characters"),
         (RewardRequest("r", "calculator", 4, good.prompt, good.actions, ("=7,", *good.observations[1:])),
          "turn 0: the observation '=7,' differs from the environment's"),
-        (RewardRequest("r", "calculator", 5, good.prompt, good.actions, good.observations), "not the first observation"),
+        (RewardRequest("r", "calculator", 5, good.prompt, good.actions, good.observations),
+         "not the first observation"),
         (RewardRequest("r", "arith", 0, "hello", ("#1",), ()), "not a count-down prompt"),
     ]
     for request, fragment in cases:
@@ -162,7 +164,8 @@ def test_a_model_worker_scores_with_its_classifier(tmp_path):
     w = Worker(tmp_path, "m0", ["reward.kind=model", f"reward.model_path={tmp_path / 'model'}"])
     try:
         scored = w.client.score(calculator_transcript(3))
-        assert scored.kind == "model" and 0.0 <= scored.reward <= 1.0 and scored.info["p_correct"] == f"{scored.reward:.4f}"
+        assert (scored.kind == "model" and 0.0 <= scored.reward <= 1.0
+                and scored.info["p_correct"] == f"{scored.reward:.4f}")
         code, message = code_of(w.client.score, RewardRequest("r", "walk", 0, "3,5=", (">>",), ("",)))
         assert code == "INVALID_ARGUMENT" and "trained on tasks ['calculator']" in message
         assert w.client.health().kind == "model"

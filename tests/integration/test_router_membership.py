@@ -59,7 +59,8 @@ def test_refused_membership_changes_name_the_reason(router):
     client, first = router[0], router[1]
     cases = [
         (lambda: client.add_instance(first.address, wait_s=5), grpc.StatusCode.ALREADY_EXISTS, "already routed"),
-        (lambda: client.add_instance(f"127.0.0.1:{free_port()}", wait_s=1), grpc.StatusCode.UNAVAILABLE, "did not answer"),
+        (lambda: client.add_instance(f"127.0.0.1:{free_port()}", wait_s=1), grpc.StatusCode.UNAVAILABLE,
+         "did not answer"),
         (lambda: client.add_instance(client.address, wait_s=5), grpc.StatusCode.INVALID_ARGUMENT, "is an SGS router"),
         (lambda: client.remove_instance("127.0.0.1:1", wait_s=1), grpc.StatusCode.NOT_FOUND, "no routed instance"),
         (lambda: client.remove_instance(first.address, wait_s=1), grpc.StatusCode.FAILED_PRECONDITION, "last instance"),

@@ -21,7 +21,8 @@ def _sites(tmp_path: Path) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "sites.yaml"
     path.write_text(
-        (ROOT / "deploy/sites/local-two-site.yaml").read_text().replace("dir: .cache/certs", f"dir: {tmp_path / 'certs'}")
+        (ROOT / "deploy/sites/local-two-site.yaml").read_text()
+        .replace("dir: .cache/certs", f"dir: {tmp_path / 'certs'}")
     )
     return path
 
@@ -29,7 +30,8 @@ def _sites(tmp_path: Path) -> Path:
 def test_tls_link_refuses_unauthenticated_clients(tmp_path: Path):
     files = make_certs(_sites(tmp_path))
     assert set(files) == {"gen-site", "train-site"}
-    relay = start_relay(tmp_path, "gen", "--tls-host", "127.0.0.1", "--tls-dir", str(tmp_path / "certs"), "--site", "gen-site")
+    relay = start_relay(tmp_path, "gen", "--tls-host", "127.0.0.1", "--tls-dir", str(tmp_path / "certs"),
+                        "--site", "gen-site")
     try:
         trainer_side = RelayClient(relay.tls_address, tls=files["train-site"])  # mutual TLS, same CA
         assert trainer_side.push(snapshot_blob(model_state(1.0), CHUNK, None), 1, use_shm=False)
@@ -77,7 +79,8 @@ def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
         # told to pull a version the relay already evicted (the trainer pushed several while the
         # instance was busy): it takes the relay's newest instead of failing (and wedging its pusher)
         busy = client.start([PromptSpec("w", (1, 5, 6))], GenerateParams(1, 4, min_weight_version=99))
-        wait_for(lambda: client.health().waiting == 1, 30, "a waiting request keeps the instance from pulling on its own")
+        wait_for(lambda: client.health().waiting == 1, 30,
+                 "a waiting request keeps the instance from pulling on its own")
         pusher = RelayClient(relay.address)
         for v in (3, 4, 5, 6):
             pusher.push(snapshot_blob(state, CHUNK, Path("/dev/shm")), v)
@@ -102,7 +105,8 @@ def test_control_calls_are_served_while_max_inflight_calls_wait_for_weights(tmp_
     client = GenerationClient(sgs.address)
     try:
         client.wait_ready()
-        calls = [client.start([PromptSpec(f"w{i}", (1, 5, 6))], GenerateParams(1, 3, min_weight_version=1)) for i in range(20)]
+        calls = [client.start([PromptSpec(f"w{i}", (1, 5, 6))], GenerateParams(1, 3, min_weight_version=1))
+                 for i in range(20)]
         wait_for(lambda: client.health().waiting == 20, 60, "20 calls wait for version 1")
         state = {k: v.clone() for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
         RelayClient(relay.address).push(snapshot_blob(state, CHUNK, Path("/dev/shm")), 1)
@@ -152,13 +156,14 @@ def test_adapter_serving_sgs_takes_adapters_pushed_and_pulled_and_refuses_full_w
     from tests.integration.adapters import random_adapter, ref_greedy
 
     relay = start_relay(tmp_path, "local")
-    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("trainer.lora.rank=4", "trainer.lora.alpha=8",
-                                                                          "weights.sgs_auto_pull_s=0"))
+    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address,
+                                ("trainer.lora.rank=4", "trainer.lora.alpha=8", "weights.sgs_auto_pull_s=0"))
     client = GenerationClient(sgs.address)
     cfg, prompt, shm = LoraConfig(rank=4, alpha=8.0), (1, 5, 6, 7), Path("/dev/shm")
 
     def greedy(version: int) -> list[int]:
-        [s] = client.generate([PromptSpec("p", prompt)], GenerateParams(1, 12, temperature=1e-6, min_weight_version=version))
+        [s] = client.generate([PromptSpec("p", prompt)],
+                              GenerateParams(1, 12, temperature=1e-6, min_weight_version=version))
         assert s.weight_version == version
         return list(s.token_ids)
 
@@ -172,13 +177,15 @@ def test_adapter_serving_sgs_takes_adapters_pushed_and_pulled_and_refuses_full_w
         client.wait_ready()
         assert "LoRA adapter rank 4" in sgs.log.read_text()
         full = {k: v.clone() for k, v in load_policy(tiny_checkpoint).model.state_dict().items()}
-        refused(lambda: client.update_weights(full, 1, chunk_bytes=CHUNK), "serves base + a LoRA adapter", "not full weights")
+        refused(lambda: client.update_weights(full, 1, chunk_bytes=CHUNK), "serves base + a LoRA adapter",
+                "not full weights")
         v1, merged1 = random_adapter(tiny_checkpoint, cfg, 21)
         assert client.update_weights(v1, 1, chunk_bytes=CHUNK).staged  # PushWeights
         out1 = greedy(1)
         assert out1 == ref_greedy(merged1, list(prompt), len(out1))
         RelayClient(relay.address).push(snapshot_blob(full, CHUNK, shm), 2)  # full weights on the relay
-        refused(lambda: client.pull_weights(2, wait_s=10), "different model's parameters", "serves base + a LoRA adapter")
+        refused(lambda: client.pull_weights(2, wait_s=10), "different model's parameters",
+                "serves base + a LoRA adapter")
         assert client.health().weight_version == 1 and greedy(1) == out1
         assert relay.stop() == 0
         relay = start_relay(tmp_path, "local", port=int(relay.address.rsplit(":", 1)[1]))  # now holding adapters

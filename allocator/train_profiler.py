@@ -7,7 +7,10 @@ step x median ``response`` tokens, prompts of ``PROMPT_TOKENS``) synthetic compl
 vocabulary, behaviour log-probs of the right length, rewards alternating 0/1 so every group has
 non-zero advantages and survives DAPO's dynamic sampling) and one optimizer step is timed as
 the trainer runs it: ``begin()``, ``backward()`` per ``trainer.micro_batch_groups`` groups,
-``step()``. One untimed step warms each point up; the point's time is the median of ``repeats``.
+``step()``. One untimed step warms each point up; the point's time is the fastest of ``repeats``
+timed steps: another process can only slow a step down (a busy machine starved two of three steps
+of one point by 20-100x), never speed it up, so the minimum is the step's own time and the median
+is not.
 
 Each grid point is measured twice: with every sequence of the point's length (no padding), and
 with response lengths at the quantiles of a lognormal of spread ``sigma`` around the point's
@@ -47,7 +50,7 @@ QUICK_RESPONSES = (8, 48)
 PROMPT_TOKENS = 12  # the count-down task's prompts are 11 tokens (bos + "247-9>200=")
 REPEATS = 3
 RESPONSE_SIGMA = 0.9  # the spread points' log-space sigma: the count-down task's (median 16, mean 29 tokens)
-QUICK_REPEATS = 3  # a median of 3 survives one step slowed by a busy machine (make test runs two workers)
+QUICK_REPEATS = 3  # the fastest of 3 survives two steps slowed by a busy machine (make test runs two workers)
 
 
 def response_lengths(samples: int, median: int, sigma: float, cap: int, rng: random.Random) -> list[int]:
@@ -191,21 +194,24 @@ def spread_groups(lengths: list[int], group_size: int) -> list[list[int]]:
 def measure_grid(learner, tc, vocab: int, grid: list[tuple[int, int, float]], *, repeats: int, cap: int,
                  sync) -> list:
     """One ``TrainPoint`` per (samples, median response, sigma) of ``grid``: a warm-up step, then
-    the median of ``repeats`` timed steps; prints a progress line per point."""
+    the fastest of ``repeats`` timed steps; prints a progress line per point."""
     from allocator.train_profile import make_point
 
     rng = random.Random(tc.seed)
-    time_step(learner, synthetic_groups(PROMPT_TOKENS, [32] * 8, tc.group_size, vocab, rng), tc.micro_batch_groups, sync)
+    time_step(learner, synthetic_groups(PROMPT_TOKENS, [32] * 8, tc.group_size, vocab, rng), tc.micro_batch_groups,
+              sync)
     points = []
     for samples, resp, sigma in grid:
         lengths = response_lengths(samples, resp, sigma, cap, rng)
-        groups = make_groups([[(PROMPT_TOKENS, n) for n in g] for g in spread_groups(lengths, tc.group_size)], vocab, rng)
+        groups = make_groups([[(PROMPT_TOKENS, n) for n in g] for g in spread_groups(lengths, tc.group_size)],
+                             vocab, rng)
         time_step(learner, groups, tc.micro_batch_groups, sync)  # warm-up: allocator, new shapes
         times = [time_step(learner, groups, tc.micro_batch_groups, sync) for _ in range(repeats)]
-        p = make_point(samples, PROMPT_TOKENS, resp, statistics.median(times), call_lengths(groups, tc.micro_batch_groups),
+        p = make_point(samples, PROMPT_TOKENS, resp, min(times), call_lengths(groups, tc.micro_batch_groups),
                        sigma=sigma, max_tokens=tc.micro_batch_tokens)
         points.append(p)
-        print(f"  samples={samples:4d} response={resp:4d} sigma={sigma:.1f} tokens={p.tokens:6d} padded={p.padded_tokens:6d}:"
+        print(f"  samples={samples:4d} response={resp:4d} sigma={sigma:.1f} tokens={p.tokens:6d}"
+              f" padded={p.padded_tokens:6d}:"
               f" {p.seconds * 1e3:9.1f} ms/step ({p.tokens / p.seconds:7.0f} tok/s; runs "
               f"{', '.join(f'{t * 1e3:.0f}' for t in times)} ms)", flush=True)
     return points
@@ -253,7 +259,7 @@ def run_train_profile(config_path: str | None, model_dir: str | None, out: str |
                f"Synthetic groups, prompts of {PROMPT_TOKENS} tokens, responses all of the point's length (no "
                f"padding)" + (f" and, again, at the quantiles of a lognormal around each point's median (sigma "
                               f"{sigma}, capped at {cap}; groups in completion order)" if sigma else "")
-               + f"; median of {repeats} steps per point after one warm-up step; the fit prices the padded "
+               + f"; the fastest of {repeats} steps per point after one warm-up step; the fit prices the padded "
                f"micro-batches the learner computed."),
     )
     path = save_profile(profile, out or PROFILE_DIR / profile_filename(kind, name, tc.backend, tc.dtype))

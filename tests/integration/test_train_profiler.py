@@ -21,17 +21,11 @@ def test_profile_train_quick_writes_a_profile_whose_times_grow_with_tokens(tmp_p
     # two workers) made the smallest point 3x slower than the largest and the fit found no throughput
     wider = ["--set", "model.hidden_size=256", "--set", "model.num_layers=4", "--set", "model.intermediate_size=512"]
     args = ["profile-train", "--config", SMOKE, "--quick", "--threads", "1", *wider, "--out", str(out)]
+    # each point's time is the fastest of its 3 steps: a busy machine (make test runs two workers) once
+    # starved two of one point's three steps (4771, 5805, 241 ms against 56 ms for a quarter of the tokens),
+    # and their median made the fit refuse; the fastest step is the point's own time
     rc = cli_main(args)
-    if rc == 2:
-        # The one refusal a busy machine can cause, and only that one: make test's other worker starved
-        # two of a point's three steps (runs 4771, 5805, 241 ms against 56 ms for a quarter of the
-        # tokens), so its median did not grow with FLOPs and profile-train refused to fit, as it should.
-        # Measured again once; any other refusal, or the same one twice, fails.
-        refusal = capsys.readouterr().err
-        assert "step time does not grow with FLOPs over the points" in refusal, refusal
-        assert not out.exists()
-        rc = cli_main(args)
-    assert rc == 0
+    assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out  # a progress line per grid point, then the summary
     assert printed.count("ms/step") == 4
     summary = json.loads(printed[printed.index("\n{") + 1:])

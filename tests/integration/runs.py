@@ -24,12 +24,17 @@ def run_smoke(tmp_path: Path, checkpoint, overrides: list[str], on_poll=None) ->
     return summary, rows
 
 
-def kill_instance_after_first_step(tmp_path: Path, killed: list[int], instance: str | None = "1") -> Callable[[], None]:
+def kill_instance_after_first_step(tmp_path: Path, killed: list[int], instance: str | None = "1",
+                                   busy: bool = False) -> Callable[[], None]:
     """An ``on_poll`` that kills SGS instance ``instance`` of this run (None: any) once a metrics row
-    exists, once; the pids it killed go to ``killed``."""
+    exists, once; the pids it killed go to ``killed``. ``busy``: only at a poll where the instance's
+    health says it is running requests, so trajectories are in flight on it when it dies (a test that
+    counts the recovered ones does not depend on when the poll lands)."""
 
     def poll() -> None:
         if killed or not (tmp_path / "metrics.jsonl").read_text().strip():
+            return
+        if busy and not _running(tmp_path / f"sgs-{instance}.port"):
             return
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
@@ -40,3 +45,17 @@ def kill_instance_after_first_step(tmp_path: Path, killed: list[int], instance: 
                 killed.append(proc.pid)
 
     return poll
+
+
+def _running(port_file: Path) -> bool:
+    """Whether the SGS instance whose port file this is holds requests now (running or queued)."""
+    import grpc
+
+    from services.generation.client import GenerationClient
+
+    try:
+        with GenerationClient(f"127.0.0.1:{port_file.read_text().split()[0]}") as client:
+            health = client.health(timeout_s=2.0)
+    except (FileNotFoundError, IndexError, grpc.RpcError):  # not up yet: ask again at the next poll
+        return False
+    return health.running + health.waiting > 0

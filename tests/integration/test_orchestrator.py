@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.integration.runs import kill_instance_after_first_step, run_smoke
 
 
@@ -33,7 +35,7 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
          "trainer.mode=one_step", "trainer.iterations=6", "trainer.partial_rollout=true",
          "trainer.redundancy_samples=1", "trainer.redundancy_groups=1",
          "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[30, 30]"],
-        on_poll=kill_instance_after_first_step(tmp_path, killed),
+        on_poll=kill_instance_after_first_step(tmp_path, killed, busy=True),  # with trajectories on it
     )
     assert killed, "instance 1 was not found"
     assert [r["iteration"] for r in rows] == list(range(6)) and summary["final_weight_version"] == 6
@@ -51,6 +53,7 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     assert last["estimated_groups"] == sum(last["instance_groups"]) > 0 and last["dispatched_groups"] > 0
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_sequential_honours_affinity_and_waits_for_its_pools_instance_to_come_back(tmp_path, tiny_checkpoint):
     """generation.affinity with the trainer dialling the instances: every arith group goes to pool b
     (instance 1). Instance 1 is killed after the first step: pool b's work can only go on once the
@@ -81,7 +84,8 @@ def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp
     from ranker.base import create
     from ranker.store import RankerStore
 
-    RankerStore(tmp_path / "store").publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
+    RankerStore(tmp_path / "store").publish(
+        create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
     summary, rows = _run(tmp_path, tiny_checkpoint, [
         # 12 iterations: the added instance's start (a model load) slows with the machine's load while
         # the run's pace is set by step_delay_ms; with 8, a busy machine joined it after the last launch

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.braid-installed
 CONFIG ?= deploy/configs/default.yaml
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-slow test-gpu gpu-check lint gpu-wheels install lock proto bench chaos clean server server-stop screenshots
+.PHONY: run test test-long test-slow test-gpu gpu-check lint gpu-wheels install lock proto bench chaos clean server server-stop screenshots
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ test: install
 # `make lint FIX=1` applies ruff's safe fixes first.
 lint: install
 	$(PY) -m ruff check $(if $(FIX),--fix) .
+
+# The tests that do not fit the fast tier's 15 minutes (marked long: the Prefect server deployments, the
+# trackers' servers, the longest runs); CI runs them after `make test` (.ci/run).
+test-long: install
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m long tests
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests

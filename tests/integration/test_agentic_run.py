@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import psutil
+import pytest
 
 from flows.launcher import run_processes
 from ranker.genlog import GenerationLog
@@ -37,12 +38,14 @@ def _run(tmp_path, checkpoint, overrides, on_poll=None):
 
 def _check_groups(cfg, summary, rows, trajs) -> None:
     tc = cfg.trainer
-    assert [r["iteration"] for r in rows] == list(range(tc.iterations)) and summary["final_weight_version"] == tc.iterations
+    assert ([r["iteration"] for r in rows] == list(range(tc.iterations))
+            and summary["final_weight_version"] == tc.iterations)
     assert len(trajs) == tc.iterations * tc.prompts_per_iteration * tc.group_size
     for r in rows:
         assert r["bound_violations"] == 0 and r["entry_staleness_max"] <= tc.eta and r["trajectories"] == 8
     c = rows[-1]  # launched = finished + dropped + aborted + the ones still running
-    assert c["trajectories_launched"] >= c["trajectories_finished"] + c["trajectories_dropped"] + c["trajectories_aborted"]
+    assert (c["trajectories_launched"]
+            >= c["trajectories_finished"] + c["trajectories_dropped"] + c["trajectories_aborted"])
 
 
 def _env_worker(run_dir, name):
@@ -83,7 +86,8 @@ def _check_tokens(cfg, trajs, policy, genlog) -> None:
         assert t["reward"] == reward and t["reward_info"]["kind"] == "rule"  # the reward service's replay agrees
 
 
-def test_trained_tokens_are_the_sgs_s_or_the_environment_s_and_a_killed_worker_costs_only_its_own(tmp_path, tiny_checkpoint):
+def test_trained_tokens_are_the_sgs_s_or_the_environment_s_and_a_killed_worker_costs_only_its_own(
+        tmp_path, tiny_checkpoint):
     killed: list[int] = []
 
     def kill_env_0_after_the_first_step():
@@ -115,6 +119,7 @@ def test_trained_tokens_are_the_sgs_s_or_the_environment_s_and_a_killed_worker_c
     assert summary["eval_prompts"] == 8 and 0.0 <= summary["final_accuracy"] <= 1.0
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_killed_sgs_instance_comes_back_in_a_multi_turn_run(tmp_path, tiny_checkpoint):
     """The only SGS instance is killed after the first step: the turns it held fail UNAVAILABLE and
     wait; the launcher restarts it, the runner readmits it at the newest weights, the turns run
@@ -134,6 +139,7 @@ def test_a_killed_sgs_instance_comes_back_in_a_multi_turn_run(tmp_path, tiny_che
     assert [r["service"] for r in restarts] == ["sgs-0"]
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_multi_turn_run_with_affinity_scales_out(tmp_path, tiny_checkpoint):
     """Multi-turn trajectories with hardware affinity (the calculator's turns on pool ``a``) and a
     scale-out event: a slow instance puts generation behind, the controller adds one (it joins pool

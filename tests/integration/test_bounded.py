@@ -55,6 +55,7 @@ def test_a_lost_instance_loses_no_trajectory(tmp_path, tiny_checkpoint):
     assert all(r["bound_violations"] == 0 and r["samples"] == 16 for r in rows)
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 @pytest.mark.parametrize("instances", [4])  # 3 also migrates; one keeps the suite short
 def test_a_migrated_sample_keeps_its_replayed_forced_length(tmp_path, tiny_checkpoint, instances):
     """Laminar's repack on live instances, under forced_length_replay: the tails of a ramping-down

@@ -52,7 +52,8 @@ def test_two_servers_dead_at_once_are_each_started_again_once(tmp_path):
             svc.proc.wait()
         sup.check()
         records = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
-        assert sorted(r["service"] for r in records) == ["relay-0", "relay-1"] and sup.restarts == {"relay-0": 1, "relay-1": 1}
+        assert (sorted(r["service"] for r in records) == ["relay-0", "relay-1"]
+                and sup.restarts == {"relay-0": 1, "relay-1": 1})
         assert all(svc.proc.poll() is None for svc in sup.services) and len(sup.services) == 2
     finally:
         sup.stop_all()
@@ -80,6 +81,7 @@ def test_a_restarted_trainer_dials_the_instances_that_run_or_are_about_to_run_ag
         procs["sgs-0"].wait()
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_checkpoint):
     s = Scenario("pair", "bounded", ("master_relay", "trainer"))
     # the kill lands a step past a recovery checkpoint (every 3 versions) with none due: after 4 or 5 (the

@@ -41,6 +41,9 @@ from services.common.config import load_config
 from tests.conftest import FAST_ENGINE
 from tests.integration.prefect_server import AUTH, prefect_server
 
+# `make test-long` (CI runs it): too long for the 15-minute fast tier (docs/testing.md)
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parents[2]
 PREFECT_FILE = ROOT / "deploy/prefect.yaml"
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -106,7 +109,8 @@ def _generation_log(tmp: Path) -> Path:
     if not path.exists():
         rows = [json.loads(line) for line in (ROOT / "tests/fixtures/ranker_small.jsonl").read_text().splitlines()]
         with GenerationLog(path) as log:
-            log.append(GenRecord(r["id"], r["prompt"], r["response_length"], i // 40, 0, 1e9 + i) for i, r in enumerate(rows))
+            log.append(GenRecord(r["id"], r["prompt"], r["response_length"], i // 40, 0, 1e9 + i)
+                       for i, r in enumerate(rows))
     return path
 
 
@@ -125,7 +129,8 @@ SHORT_RUNS: dict[str, ShortRun | None] = {
         artifacts=("ranker-retrain",),
     ),
     "plan-allocation": ShortRun(
-        parameters=lambda tmp: {"params": {"cluster_file": str(ROOT / "deploy/clusters/local-cpu.yaml"), "model": "braid-tiny",
+        parameters=lambda tmp: {"params": {"cluster_file": str(ROOT / "deploy/clusters/local-cpu.yaml"),
+                                           "model": "braid-tiny",
                                            "workload_file": str(ROOT / "deploy/workloads/tiny.yaml"),
                                            "out": str(tmp / "plan.json")}},
         artifacts=("allocation-plan", "allocation-plan-stages"),
@@ -165,7 +170,8 @@ def _deployment_id(state: dict, name: str) -> str:
 
 def _run_from_deployment(state: dict, name: str, parameters: dict) -> tuple[int, dict]:
     """What the UI's Run button does: create a flow run from the deployment with the form's values."""
-    return _api(state, "POST", f"/deployments/{_deployment_id(state, name)}/create_flow_run", {"parameters": parameters})
+    return _api(state, "POST", f"/deployments/{_deployment_id(state, name)}/create_flow_run",
+                {"parameters": parameters})
 
 
 def _wait_final(state: dict, flow_run_id: str, timeout_s: float = 480) -> dict:
@@ -239,10 +245,12 @@ def test_two_site_weights_cross_once_through_each_sites_relay(server):
     version to the generation site's relay, and the SGS pulled it from there; the run trains a LoRA
     adapter, so every version that crossed is the adapter's bytes."""
     _, tmp = server
-    logs = {name: sorted((tmp / "runs").glob(f"*/{name}.log")) for name in ("relay-train-site", "relay-gen-site", "sgs-0")}
+    logs = {name: sorted((tmp / "runs").glob(f"*/{name}.log"))
+            for name in ("relay-train-site", "relay-gen-site", "sgs-0")}
     assert all(logs.values()), logs
     committed = {name: logs[name][-1].read_text().count("committed") for name in ("relay-train-site", "relay-gen-site")}
-    assert committed["relay-train-site"] >= 1 and committed["relay-gen-site"] == committed["relay-train-site"], committed
+    assert (committed["relay-train-site"] >= 1
+            and committed["relay-gen-site"] == committed["relay-train-site"]), committed
     assert "from relay" in logs["sgs-0"][-1].read_text()
     sizes = {int(line.split("(")[-1].split()[0]) for line in logs["relay-gen-site"][-1].read_text().splitlines()
              if "committed (" in line}
@@ -312,7 +320,8 @@ def test_two_site_scale_out_adds_a_unit_on_the_generation_pool(server):
 def _cli(args: list[str], env: dict, timeout: float = 420) -> subprocess.CompletedProcess:
     t0 = time.monotonic()
     out = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    print(f"{time.monotonic() - t0:6.1f} s  {' '.join(Path(a).name if a.startswith('/') else a for a in args[:5])}")  # -s shows them
+    # -s shows them
+    print(f"{time.monotonic() - t0:6.1f} s  {' '.join(Path(a).name if a.startswith('/') else a for a in args[:5])}")
     return out
 
 

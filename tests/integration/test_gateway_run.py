@@ -70,7 +70,8 @@ def _own_tokens(t: dict, sgs: dict, policy, first_call: int) -> None:
 def test_an_agent_speaking_only_the_openai_api_trains_on_the_sgs_tokens(tmp_path, chat_checkpoint):
     cfg, summary, rows, trajs, sgs = _run(tmp_path, chat_checkpoint, "examples.calculator_agent:play")
     tc = cfg.trainer
-    assert [r["iteration"] for r in rows] == list(range(tc.iterations)) and summary["final_weight_version"] == tc.iterations
+    assert ([r["iteration"] for r in rows] == list(range(tc.iterations))
+            and summary["final_weight_version"] == tc.iterations)
     assert len(trajs) == tc.iterations * tc.prompts_per_iteration * tc.group_size
     policy = load_policy(chat_checkpoint)
     for t in trajs:
@@ -80,6 +81,7 @@ def test_an_agent_speaking_only_the_openai_api_trains_on_the_sgs_tokens(tmp_path
     assert all(r["bound_violations"] == 0 and r["samples"] == tc.prompts_per_iteration * tc.group_size for r in rows)
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_history_edit_is_a_segment_of_its_own_and_trains_beside_the_episode(tmp_path, chat_checkpoint):
     cfg, summary, rows, trajs, sgs = _run(tmp_path, chat_checkpoint, "tests.integration.gateway_agents:restarting")
     assert summary["final_weight_version"] == cfg.trainer.iterations and trajs

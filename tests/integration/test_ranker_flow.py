@@ -37,6 +37,7 @@ def _fits_and_round_trips(kind: str, params: dict, out: Path):
     return train, test
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_transformer_and_ensemble_round_trip(tmp_path):
     train, test = _fits_and_round_trips("transformer", TINY_TRANSFORMER, tmp_path / "t")
 
@@ -108,13 +109,15 @@ def test_retrain_flow_swaps_the_ranker_the_watcher_serves(prefect_api, tmp_path)
     assert result["after"]["spearman"] > result["before"]["spearman"]  # learned from the log, on held-out samples
     assert store.current().name == result["published"]
     new = watcher.get()  # the SGS side: the next get() serves the new ranker, no restart
-    assert new is not old and new.kind == "tfidf_linear" and new.unit == "tokens" and watcher.name == result["published"]
+    assert (new is not old and new.kind == "tfidf_linear" and new.unit == "tokens"
+            and watcher.name == result["published"])
 
     async def artifact():
         async with get_client() as client:
             from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ranker-retrain"])))
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ranker-retrain"])))
 
     import asyncio
 
@@ -162,6 +165,7 @@ def test_retrain_flow_replaces_an_unreadable_current_ranker(prefect_api, tmp_pat
     assert store.current().name == result["published"] != broken
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_sgs_logs_generations_retrain_swaps_the_ranker_the_router_uses(prefect_api, tmp_path, tiny_checkpoint):
     """Online adaptation, closed loop on real processes: two SGS instances log every finished
     sample; the router estimates lengths with the store's ranker; retrain_ranker learns from the
@@ -176,7 +180,8 @@ def test_sgs_logs_generations_retrain_swaps_the_ranker_the_router_uses(prefect_a
     from services.tasks.arith import eval_problems
 
     log_path, store_root = tmp_path / "gen.sqlite", tmp_path / "store"
-    first = RankerStore(store_root).publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
+    first = RankerStore(store_root).publish(
+        create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r0"))
     cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE,
         "generation.instances=2", f"generation.genlog={log_path}", f"generation.ranker_dir={store_root}",
         "generation.dispatch.policy=lpt", "weights.transport=direct",

@@ -140,10 +140,12 @@ def test_chat_template_wraps_the_prompt_as_a_user_message(checkpoints, arch):
     assert text.endswith("assistant\n" if arch == "qwen2" else "assistant<|end_header_id|>\n\n")
     # a dataset's system prompt: the template's system turn, or the plain text before the prompt
     system = "Answer with a number."
-    assert templated.tokenizer.decode(templated.encode_prompt(prompt, system)) == templated.tokenizer.apply_chat_template(
-        [{"role": "system", "content": system}, {"role": "user", "content": prompt}], add_generation_prompt=True,
-        tokenize=False)
-    assert plain.tokenizer.decode(plain.encode_prompt(prompt, system), skip_special_tokens=True) == f"{system}\n\n{prompt}"
+    assert (templated.tokenizer.decode(templated.encode_prompt(prompt, system))
+            == templated.tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+                add_generation_prompt=True, tokenize=False))
+    assert (plain.tokenizer.decode(plain.encode_prompt(prompt, system), skip_special_tokens=True)
+            == f"{system}\n\n{prompt}")
     with pytest.raises(ConfigError, match=r"chat_template needs model.path"):
         load_config(SMOKE, ["model.chat_template=true"])
 
@@ -209,6 +211,7 @@ def test_vllm_generates_from_the_llama_checkpoint(checkpoints):
         engine.close()
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_braid_run_on_a_qwen2_checkpoint(prefect_api, checkpoints, tmp_path, monkeypatch, capsys):
     """``braid run --model DIR``: warm start, SGS and trainer all on the checkpoint, with its chat template."""
     from flows.cli import main

@@ -55,7 +55,8 @@ class KillAfterCheckpoint:
         if self.killed_at is not None:
             return
         rows = len((self.run_dir / "metrics.jsonl").read_text().splitlines())
-        if not self._after_checkpoint() and not (rows >= self.late and recovery.newest(recovery.recovery_dir(self.run_dir))):
+        if not self._after_checkpoint() and not (rows >= self.late
+                                                  and recovery.newest(recovery.recovery_dir(self.run_dir))):
             return
         proc = _trainer(self.run_dir)
         if proc is None:
@@ -88,7 +89,8 @@ def _run(tmp_path, checkpoint, overrides, iterations: int, every: int, late: int
     assert summary["restarts"] == 1 and summary["final_weight_version"] == iterations
     assert [r["iteration"] for r in rows] == list(range(iterations))
     assert [r["weight_version"] for r in rows] == list(range(1, iterations + 1))
-    report = check_ledger(tmp_path / "ledger.jsonl", iterations=iterations, groups_per_step=cfg.trainer.prompts_per_iteration)
+    report = check_ledger(tmp_path / "ledger.jsonl", iterations=iterations,
+                          groups_per_step=cfg.trainer.prompts_per_iteration)
     assert report.ok, report.to_json()
     assert report.attempts == 2 and report.rolled_back_groups == kill.rolled_back
     assert report.consumed_samples == iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
@@ -107,7 +109,8 @@ def test_one_step_trainer_killed_mid_run_resumes_and_consumes_every_sample_once(
     write_rows(data)
     _, rows, kill = _run(tmp_path, tiny_checkpoint, ["trainer.mode=one_step", "generation.step_delay_ms=[10]",
                                                            *dataset_overrides(data)], iterations=6, every=2)
-    assert kill.rolled_back > 0  # one-step iterations are evenly spaced: the kill comes after a step past the checkpoint
+    # one-step iterations are evenly spaced: the kill comes after a step past the checkpoint
+    assert kill.rolled_back > 0
     assert all(r["samples"] == 16 and r["staleness_max"] <= 1 for r in rows)
     # the history that made the final weights drew the stream's first 24 rows, each once: d0 .. d23
     latest: dict[int, tuple[int, list[str]]] = {}
@@ -120,6 +123,7 @@ def test_one_step_trainer_killed_mid_run_resumes_and_consumes_every_sample_once(
 
 # one path for every mode: whole groups resume the way test_one_step_trainer_killed_... checks; the
 # partial-rollout run adds the partial-response pool's trajectories (restarted from their prompts)
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 @pytest.mark.parametrize("partial", [True], ids=["partial-rollout"])
 def test_bounded_trainer_killed_mid_run_resumes_within_the_bound(tmp_path, tiny_checkpoint, partial):
     _, rows, _ = _run(tmp_path, tiny_checkpoint, [
@@ -130,6 +134,7 @@ def test_bounded_trainer_killed_mid_run_resumes_within_the_bound(tmp_path, tiny_
     assert "regenerated_after_restart" in rows[-1]
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_agentic_trainer_killed_mid_run_resumes_and_consumes_every_group_once(tmp_path, tiny_checkpoint):
     """An agentic run: the restarted trainer resumes from its checkpoint with new environment
     sessions (in-flight trajectories are not kept) and every consumed group is consumed once."""
@@ -137,7 +142,8 @@ def test_agentic_trainer_killed_mid_run_resumes_and_consumes_every_group_once(tm
         "trainer.mode=one_step", "agentic.enabled=true", "agentic.concurrency=16", "agentic.max_turns=4",
         "agentic.latency.kind=fixed", "agentic.latency.mean_s=0.1", "trainer.prompts_per_iteration=2",
         "trainer.group_size=4", "trainer.micro_batch_groups=1",
-    ], iterations=6, every=3)  # every=3: the kill window is three steps (v4 to v6; a trajectory wave can end two at once)
+    # every=3: the kill window is three steps (v4 to v6; a trajectory wave can end two at once)
+    ], iterations=6, every=3)
     assert kill.rolled_back > 0
     assert all(r["trajectories"] == 8 and r["bound_violations"] == 0 for r in rows)
 
@@ -184,7 +190,8 @@ def test_a_killed_learner_loses_no_trajectory(tmp_path, tiny_checkpoint):
     assert kill.killed_at is not None, "the learner was not killed"
     assert summary["restarts"] == 0 and summary["final_weight_version"] == iterations
     assert [r["weight_version"] for r in rows] == list(range(1, iterations + 1))
-    report = check_ledger(tmp_path / "ledger.jsonl", iterations=iterations, groups_per_step=cfg.trainer.prompts_per_iteration)
+    report = check_ledger(tmp_path / "ledger.jsonl", iterations=iterations,
+                          groups_per_step=cfg.trainer.prompts_per_iteration)
     assert report.ok and report.attempts == 1 and report.rolled_back_groups == 0, report.to_json()
     assert report.consumed_samples == iterations * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     (revival,) = [json.loads(x) for x in (tmp_path / "learner-restarts.jsonl").read_text().splitlines()]

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import FAST_ENGINE, ROOT
+
+# `make test-long` (CI runs it): too long for the 15-minute fast tier (docs/testing.md)
+pytestmark = pytest.mark.long
 
 
 def test_growing_lengths_force_a_scale_out(tmp_path, tiny_checkpoint):
@@ -39,7 +44,8 @@ def test_growing_lengths_force_a_scale_out(tmp_path, tiny_checkpoint):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     per_iteration = cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
     assert [r["samples"] for r in rows] == [per_iteration] * cfg.trainer.iterations  # none lost or duplicated
-    assert [r["response_len_max"] for r in rows] == [cfg.forced_length_ramp.length(k) for k in range(cfg.trainer.iterations)]
+    assert ([r["response_len_max"] for r in rows]
+            == [cfg.forced_length_ramp.length(k) for k in range(cfg.trainer.iterations)])
     sample_keys = [(e["call"], e["seq"]) for e in router if e["event"] == "sample"]
     assert len(sample_keys) == len(set(sample_keys))
 

@@ -17,6 +17,9 @@ import pytest
 
 from flows.processes import free_port
 
+# `make test-long` (CI runs it): too long for the 15-minute fast tier (docs/testing.md)
+pytestmark = pytest.mark.long
+
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
 
@@ -77,7 +80,8 @@ def tracked_run(servers, prefect_api, tmp_path_factory):
         mp.setenv("MLFLOW_TRACKING_URI", servers[0].url)
         mp.setenv("MLFLOW_EXPERIMENT_NAME", "braid-test")
         result = rl_training(config_path=SMOKE, overrides=[
-            f"runs_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", "run_id=tracked", "tracking=[tensorboard,mlflow]"])
+            f"runs_dir={tmp / 'runs'}", f"cache_dir={tmp / 'cache'}", "run_id=tracked",
+            "tracking=[tensorboard,mlflow]"])
     return Path(result["run_dir"])
 
 
@@ -115,7 +119,8 @@ def test_a_run_leaves_an_mlflow_run_on_the_server_with_the_same_final_metrics(tr
         f"summary/{k}": pytest.approx(v) for k, v in summary.items()}
     rows = [json.loads(x) for x in (tracked_run / "metrics.jsonl").read_text().splitlines()]
     history = client.get_metric_history(run.info.run_id, "reward_mean")
-    assert sorted((m.step, m.value) for m in history) == [(r["iteration"], pytest.approx(r["reward_mean"])) for r in rows]
+    assert (sorted((m.step, m.value) for m in history)
+            == [(r["iteration"], pytest.approx(r["reward_mean"])) for r in rows])
     config = json.loads((tracked_run / "config.json").read_text())
     assert run.data.params["trainer.mode"] == config["trainer"]["mode"]
     assert run.data.params["trainer.lr"] == str(config["trainer"]["lr"])

@@ -71,14 +71,14 @@ def generate_request(vocab: int):
         pb.GenerateRequest, prompts=st.lists(valid_prompt, min_size=1, max_size=3, unique_by=lambda p: p.prompt_id),
         samples_per_prompt=st.integers(1, 3), max_new_tokens=st.integers(0, 8), min_weight_version=st.just(0),
         request_tag=st.text(max_size=8), interruptible=st.booleans(), temperature=st.floats(0.0, 2.0, width=32),
-        top_p=st.floats(0.0, 1.0, width=32), top_k=st.integers(0, vocab),
+        top_p=st.floats(0.0, 1.0, width=32), top_k=st.integers(0, vocab), seed=st.one_of(st.none(), U64),
     )
     wild = _wild_request(vocab)
     return st.one_of(wild, valid, st.tuples(valid, wild, st.sampled_from(_REQUEST_FIELDS)).map(_one_field_from))
 
 
 _REQUEST_FIELDS = ("prompts", "samples_per_prompt", "max_new_tokens", "min_weight_version", "request_tag",
-                   "temperature", "top_p", "top_k")
+                   "temperature", "top_p", "top_k", "seed")
 
 
 def _one_field_from(args) -> pb.GenerateRequest:
@@ -98,7 +98,7 @@ def _wild_request(vocab: int):
         samples_per_prompt=st.one_of(st.integers(0, 3), U32), max_new_tokens=st.one_of(st.integers(0, 9), U32),
         min_weight_version=st.one_of(st.integers(-2, 1), I64), request_tag=TEXT, interruptible=st.booleans(),
         temperature=st.one_of(st.just(0.0), F32), top_p=st.one_of(st.just(0.0), F32),
-        top_k=st.one_of(st.integers(0, vocab + 2), U32),
+        top_k=st.one_of(st.integers(0, vocab + 2), U32), seed=st.one_of(st.none(), U64),
     )
 
 

@@ -10,10 +10,10 @@ settings, each sample scored by the reward service, accuracy with its binomial s
 the breakdown by difficulty or by the dataset's group field, printed as JSON. A run's ``final/``
 holds ``final.json``; its accuracy is printed beside (``run``).
 
-The SGS samples from its engine's one seeded generator: scoring a run's warm start
-(``runs/<id>/warmstart.path``) reproduces the run's warm-start accuracy sample for sample (both are
-the first thing a fresh SGS does); its ``final/`` agrees with the run's final accuracy within the
-sampling noise (that evaluation followed training on the same generator).
+Every evaluation request carries ``eval.seed``; the SGS samples each held-out prompt from a
+generator of its own seeded from it and the prompt's id (``services.run.heldout``): scoring a run's
+``final/`` reproduces the run's final evaluation sample for sample, and scoring its warm start
+(``runs/<id>/warmstart.path``) the run's warm-start evaluation, whatever the engine generated before.
 
 Thin: argparse here; the services are imported inside the command. A missing directory, one that
 is not a checkpoint, or a bad config exits 2 with one line; a service that fails exits 1 with its

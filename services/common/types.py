@@ -19,6 +19,9 @@ class PromptSpec:
         return self.group_id or self.prompt_id
 
 
+SEED_LIMIT = 1 << 64  # a sampling seed is an unsigned 64-bit integer (the wire's uint64; torch's manual_seed range)
+
+
 @dataclass(frozen=True)
 class GenerateParams:
     samples_per_prompt: int = 1
@@ -29,6 +32,9 @@ class GenerateParams:
     temperature: float = 0.0  # per-request sampling; 0 = the service default
     top_p: float = 0.0  # 0 = off
     top_k: int = 0  # 0 = off
+    # seeded sampling (evaluations): each sample draws from its own generator, seeded from this and the
+    # sample's prompt id and index, so a rerun reproduces it; None = the engine's generator (training)
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

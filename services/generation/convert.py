@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields
 
-from services.common.types import GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
+from services.common.types import SEED_LIMIT, GenerateParams, HealthSnapshot, PromptSpec, SampleRecord
 from services.common.weights import Chunk
 from services.proto import braid_pb2 as pb
 
 
 def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.GenerateRequest:
+    """The wire request; ``ValueError`` for a seed the wire cannot carry (it is a uint64)."""
+    if params.seed is not None and not 0 <= params.seed < SEED_LIMIT:
+        raise ValueError(f"GenerateParams.seed {params.seed} out of range: a seed is an unsigned 64-bit integer "
+                         "[0, 2**64), or None")
     return pb.GenerateRequest(
         prompts=[
             pb.Prompt(
@@ -27,6 +31,7 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
+        seed=params.seed,  # None leaves the presence field unset
     )
 
 
@@ -44,6 +49,7 @@ def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], Generate
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,
+        seed=req.seed if req.HasField("seed") else None,
     )
     return prompts, params
 

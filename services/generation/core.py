@@ -18,6 +18,11 @@ pass of the loop:
 4. polls the engine and routes each finished output to its call's queue at once, so the RPC
    layer streams it while the rest of the batch is still running.
 
+A call with a ``seed`` (``GenerateParams.seed``: evaluations) gives each of its samples a seed of
+its own, derived from the call's seed and the sample's prompt id and index (``request_seed``); the
+engine samples that request from its own generator, so the same seed, prompt and weights give the
+same sample in every such call. Unseeded calls (training rollouts) draw from the engine's generator.
+
 ``interrupt(tags)`` (migration, the coordinator's Interrupt command) returns every running or
 queued sample of the calls with those request tags at once, finish_reason "interrupted", with
 its tokens so far (none for a queued one); the caller resumes them elsewhere.
@@ -28,6 +33,7 @@ process supervisor can exit non-zero.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import queue
@@ -43,6 +49,21 @@ from services.generation.engine import Engine, EngineOutput, Sampling
 from services.generation.scheduling.admission import AdmissionQueue
 
 log = logging.getLogger("braid.sgs")
+
+
+def request_seed(seed: int, prompt_id: str, sample_index: int) -> int:
+    """The seed of one sample of a seeded call: a stable hash (BLAKE2b, never Python's salted
+    ``hash``) of the call's seed and the sample's identity, 63 bits (every engine's seed range).
+    Each prompt of a call gets its own seed, and the same prompt and index the same seed in every
+    call with the same seed, whichever instance serves it and whatever else it serves."""
+    digest = hashlib.blake2b(f"{seed}\0{sample_index}\0{prompt_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def sampling_of(params: GenerateParams, prompt_id: str, sample_index: int) -> Sampling:
+    """The engine sampling of one sample of a call: the call's settings, and its own seed when the call has one."""
+    seed = None if params.seed is None else request_seed(params.seed, prompt_id, sample_index)
+    return Sampling(params.temperature, params.top_p, params.top_k, seed)
 
 
 class CallClosed(Exception):
@@ -117,10 +138,9 @@ class GenerationCore:
         call = Call(call_id=next(self._calls), expected=len(prompts) * params.samples_per_prompt, tag=params.tag)
         now = time.time()
         max_new = params.max_new_tokens or self.default_max_new_tokens
-        sampling = Sampling(params.temperature, params.top_p, params.top_k)
         seqs = [
             _Seq(f"c{call.call_id}-{p.prompt_id}-{i}", call, p, i, max_new, params.min_weight_version, now,
-                 params.interruptible, sampling)
+                 params.interruptible, sampling_of(params, p.prompt_id, i))
             for p in prompts
             for i in range(params.samples_per_prompt)
         ]

@@ -32,6 +32,7 @@ import torch
 
 from services.common.config import GenerationConfig
 from services.common.lora import LoraConfig
+from services.common.types import SEED_LIMIT
 from services.common.weights import TensorSpec
 
 MAX_TEMPERATURE = 2.0  # vLLM's bound; every engine keeps to it
@@ -41,14 +42,21 @@ GREEDY_BELOW = 1e-5  # a temperature under this samples greedily (vLLM would cla
 @dataclass(frozen=True)
 class Sampling:
     """Per-request sampling parameters; 0 means the service default (``generation.temperature``;
-    top_p 1 and top_k off); a temperature below ``GREEDY_BELOW`` means greedy."""
+    top_p 1 and top_k off); a temperature below ``GREEDY_BELOW`` means greedy.
+
+    ``seed``: the request samples from its own generator seeded with it, so the same seed, prompt and
+    weights give the same sample whatever else the engine runs beside it or ran before; None samples
+    from the engine's one generator (``generation.seed``), which every unseeded request advances."""
 
     temperature: float = 0.0
     top_p: float = 0.0
     top_k: int = 0
+    seed: int | None = None
 
     def problem(self, vocab_size: int) -> str | None:
         """Why these parameters cannot be served, or None."""
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            return f"sampling seed {self.seed} out of range: a seed is an unsigned 64-bit integer [0, 2**64), or unset"
         if not (0.0 <= self.temperature <= MAX_TEMPERATURE and 0.0 <= self.top_p <= 1.0
                 and 0 <= self.top_k <= vocab_size):
             return (f"sampling out of range: temperature {self.temperature} (0 = default, up to {MAX_TEMPERATURE:g}), "

@@ -9,8 +9,12 @@ is why ``vllm`` is the default: this engine exists for machines without vLLM and
 subject is not the engine (it starts in about a second).
 
 Sampling per request (temperature, top-k, top-p) from one seeded generator (``generation.seed``),
-so a run is reproducible; log-probs are of the distribution sampled from. Interrupt returns each
-request's tokens and log-probs so far. Weights load with ``load_state_dict`` between batches.
+so a run is reproducible; log-probs are of the distribution sampled from. A request with its own
+``Sampling.seed`` draws its tokens from a generator of its own (``torch.Generator`` seeded with it,
+one draw per step), so its sample does not depend on what else is in the batch or ran before; the
+shared generator still draws for every row, so unseeded requests sample exactly as without it.
+Interrupt returns each request's tokens and log-probs so far. Weights load with ``load_state_dict``
+between batches.
 
 With an adapter (``trainer.lora``) the model is wrapped with peft (``lora.wrap``: fresh adapters,
 ``lora_B`` zero, so it computes what the base does) and each weight version is an adapter: its
@@ -40,6 +44,7 @@ class _Req:
     max_new: int
     ignore_eos: bool
     sampling: Sampling
+    gen: torch.Generator | None = None  # the request's own generator (``Sampling.seed``); None: the engine's
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False
@@ -76,7 +81,8 @@ class HFEngine(Engine):
         check_fits(request_id, len(prompt), max_new_tokens, self._capacity_tokens)
         sampling = sampling or Sampling()
         sampling.check(self.vocab_size)
-        self._waiting.append(_Req(request_id, list(prompt), max_new_tokens, ignore_eos, sampling))
+        gen = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+        self._waiting.append(_Req(request_id, list(prompt), max_new_tokens, ignore_eos, sampling, gen))
 
     def poll(self, timeout: float) -> list[EngineOutput]:
         deadline = time.monotonic() + timeout
@@ -148,7 +154,11 @@ class HFEngine(Engine):
                 cut = probs.cumsum(-1) - probs >= s.top_p
                 x[row] = x[row].scatter(0, order, sorted_x.masked_fill(cut, float("-inf")))
         logp = torch.log_softmax(x, -1)
-        tokens = torch.multinomial(logp.exp(), 1, generator=self._gen).view(-1)
+        probs = logp.exp()
+        tokens = torch.multinomial(probs, 1, generator=self._gen).view(-1)
+        for row, r in enumerate(self._batch):  # seeded requests: their own generator's draw instead
+            if r.gen is not None and not r.done:
+                tokens[row] = torch.multinomial(probs[row], 1, generator=r.gen)[0]
         tokens = torch.where(greedy, logp.argmax(-1), tokens)
         return tokens, logp.gather(1, tokens.view(-1, 1)).view(-1)
 

@@ -277,6 +277,8 @@ class RouterCore:
                        "instances": list(pool.slots), "sequences": len(pool.members),
                        "predicted_makespan_s": part.predicted_makespan_s} for pool, part in parts],
         })
+        # a seeded call's seed goes along: each instance seeds a sample by its wire id (<prompt>/<k>),
+        # so the sample is the same wherever the dispatch puts it
         wire_params = replace(params, samples_per_prompt=1)
         call.out.put(("open", sum(1 for share in shares if share)))
         for i, share in enumerate(shares):

@@ -94,7 +94,7 @@ def validate_request(
         raise RequestError(f"request asks for {total} sequences; the limit is {cfg.max_sequences_per_request}")
     if params.max_new_tokens > cfg.max_new_tokens:
         raise RequestError(f"max_new_tokens {params.max_new_tokens} exceeds the service limit {cfg.max_new_tokens}")
-    if (why := Sampling(params.temperature, params.top_p, params.top_k).problem(vocab_size)) is not None:
+    if (why := Sampling(params.temperature, params.top_p, params.top_k, params.seed).problem(vocab_size)) is not None:
         raise RequestError(why)
     if params.min_weight_version < 0:
         raise RequestError(f"min_weight_version must be >= 0, got {params.min_weight_version}")

@@ -30,6 +30,8 @@ One adapter for both builds; only public vLLM API is used (``EngineArgs``, ``LLM
   worker binds its OpenMP threads to the first ``generation.threads`` CPUs of that set
   (``VLLM_CPU_OMP_THREADS_BIND``); an unpinned SGS leaves placement to the OS (``omp_binding``).
 - **Forced-length replay**: ``ignore_eos`` with ``max_tokens = N``.
+- **Seeded requests** (``Sampling.seed``): ``SamplingParams(seed=...)``; vLLM then samples that
+  request from a generator of its own, so its draws do not depend on the other requests.
 - ``step_delay_s`` sleeps before every engine step (straggler emulation).
 """
 
@@ -190,6 +192,7 @@ class VLLMEngine(Engine):
                 ignore_eos=ignore_eos,
                 stop_token_ids=[] if ignore_eos else self._eos,
                 logprobs=0,  # the sampled token's log-prob only
+                seed=s.seed,  # None: the engine's generator (generation.seed); else the request's own
                 output_kind=RequestOutputKind.DELTA,
             )
             lora = self._adapters.current if self._adapters is not None else None

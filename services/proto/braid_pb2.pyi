@@ -35,7 +35,7 @@ class Prompt(_message.Message):
     def __init__(self, prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., estimated_length: _Optional[float] = ..., forced_length: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompts", "samples_per_prompt", "max_new_tokens", "min_weight_version", "request_tag", "interruptible", "temperature", "top_p", "top_k")
+    __slots__ = ("prompts", "samples_per_prompt", "max_new_tokens", "min_weight_version", "request_tag", "interruptible", "temperature", "top_p", "top_k", "seed")
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class GenerateRequest(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     samples_per_prompt: int
     max_new_tokens: int
@@ -54,7 +55,8 @@ class GenerateRequest(_message.Message):
     temperature: float
     top_p: float
     top_k: int
-    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., min_weight_version: _Optional[int] = ..., request_tag: _Optional[str] = ..., interruptible: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ...) -> None: ...
+    seed: int
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., min_weight_version: _Optional[int] = ..., request_tag: _Optional[str] = ..., interruptible: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Sample(_message.Message):
     __slots__ = ("prompt_id", "group_id", "sample_index", "prompt_token_ids", "token_ids", "logprobs", "weight_version", "finish_reason", "submitted_at", "started_at", "finished_at")

@@ -4,17 +4,22 @@
 encoding, completion decoding), the SGS clients, the reward service's client (single-turn runs) or
 the rollout (agentic runs), and the weight version the SGS serves. ``evaluate(tag)`` sends every
 held-out prompt once (``services.rollout.collect``: the instances' shares, one Generate call each,
-at the service's own sampling settings: ``generation.temperature``, ``generation.seed``), has each
+at the service's temperature ``generation.temperature``, seeded with ``eval.seed``), has each
 sample scored by the reward service as it streams in, and summarises (``evaluate.score``: accuracy,
 its binomial standard error, the breakdown by difficulty or by the dataset's group field). An
-agentic run plays its held-out episodes instead (``services.rollout.agentic_setup.evaluate``).
+agentic run plays its held-out episodes instead (``services.rollout.agentic_setup.evaluate``;
+unseeded: its turns draw from the engines' generators).
 
 The trainer runtime (``runtime.TrainerRuntime``) is a ``HeldOut`` whose version moves with each
 step and whose publisher waits until the SGS serves it; ``braid eval`` (``flows/eval_cli.py``)
-makes one over a fresh SGS serving a checkpoint, version 0, nothing to wait for. Sampling draws
-from the engine's one seeded generator, so a fresh SGS reproduces the run's warm-start evaluation
-(the first thing the run's SGS does) sample for sample; the final evaluation followed training on
-the same generator, so a rerun agrees with it within the sampling noise (its standard error).
+makes one over a fresh SGS serving a checkpoint, version 0, nothing to wait for. Every evaluation
+request carries ``eval.seed`` (``GenerateParams.seed``): the SGS gives each held-out prompt a seed
+of its own, derived from it and the prompt's id (``services.generation.core.request_seed``), and
+samples it from a generator of its own, not from the engine's generator that training rollouts
+advance. So the same weights give the same samples in every evaluation: ``braid eval`` of a run's
+``final/`` reproduces the run's final evaluation sample for sample (and of its start checkpoint,
+the warm-start evaluation), and the warm-start and final evaluations of a run are paired by prompt
+and seed. Training rollouts stay unseeded (a group's samples must differ).
 """
 
 from __future__ import annotations
@@ -84,7 +89,8 @@ class HeldOut:
             return evaluate(self, self._rollout(), self.agentic_eval, tag)
         t0 = time.time()
         self.publisher.wait(self.version)
-        stream = collect(self.clients, self.prompt_specs(self.eval_set), GenerateParams(1, 0, self.version, tag=tag))
+        params = GenerateParams(1, 0, self.version, tag=tag, seed=self.cfg.eval.seed)  # seeded: see the docstring
+        stream = collect(self.clients, self.prompt_specs(self.eval_set), params)
         pending = []
         for sample in stream:  # scored as they stream in
             pending.append((sample, self.score(sample)))

@@ -5,9 +5,10 @@ weights. One engine per module and key (vLLM takes seconds to start).
 Checked: each output is handed out the poll its request finishes (streaming order), sampled-token
 log-probs equal the reference's log-softmax at temperature T, per-request temperature changes
 them, forced length ignores EOS, interrupt returns partial tokens with their log-probs and a
-resumed request continues from them, cancel drops a request, a weight update makes greedy
-outputs equal the reference greedy decode of the new weights, and bad checkpoints or requests
-fail with clear errors.
+resumed request continues from them, a seeded request (``Sampling.seed``) gives the same sample
+whatever runs beside or before it while unseeded ones share the engine's generator, cancel drops a
+request, a weight update makes greedy outputs equal the reference greedy decode of the new weights,
+and bad checkpoints or requests fail with clear errors.
 
 Adapters (``trainer.lora``), on a second engine per key created with ``adapter``: before any load
 it serves the base; after a LoRA adapter update its greedy outputs equal the reference greedy
@@ -46,7 +47,8 @@ def reference(tiny_checkpoint):
 
 @pytest.fixture(scope="module", params=KEYS)
 def lora_engine(request, tiny_checkpoint):
-    eng = create_engine(request.param, str(tiny_checkpoint), GenerationConfig(engine=request.param, **CFG), adapter=ADAPTER)
+    eng = create_engine(request.param, str(tiny_checkpoint), GenerationConfig(engine=request.param, **CFG),
+                        adapter=ADAPTER)
     yield eng
     eng.close()
 
@@ -139,6 +141,32 @@ def test_interrupt_returns_partial_output_and_resume_continues(engine, reference
     assert len(partial.token_ids + rest.token_ids) == 50
 
 
+def test_a_seeded_request_gives_the_same_sample_whatever_runs_beside_or_before_it(engine):
+    """Same seed and prompt: the same tokens and log-probs, alone or in a batch beside other
+    requests (unseeded, other seeds, the same seed on another prompt) and after other work; other
+    seeds give other samples; unseeded requests draw from the engine's one generator, so two of the
+    same prompt differ. The log-probs agree to float32 rounding: a batched forward pass of another
+    shape may round differently in the last bit (hf's left-padded batches; vLLM gives equal bits)."""
+    hot = Sampling(temperature=1.0)
+    seeded = Sampling(temperature=1.0, seed=2**64 - 5)  # any uint64
+    engine.submit("seed-alone", PROMPTS[0], 16, ignore_eos=True, sampling=seeded)
+    [alone] = run(engine, 1)
+    engine.submit("seed-busy-0", PROMPTS[2], 24, ignore_eos=True, sampling=hot)
+    engine.submit("seed-busy-1", PROMPTS[1], 8, ignore_eos=True, sampling=seeded)  # same seed, another prompt
+    for k in range(3):
+        engine.submit(f"seed-other-{k}", PROMPTS[0], 16, ignore_eos=True, sampling=Sampling(temperature=1.0, seed=k))
+    for k in range(2):
+        engine.submit(f"unseeded-{k}", PROMPTS[0], 16, ignore_eos=True, sampling=hot)
+    engine.submit("seed-again", PROMPTS[0], 16, ignore_eos=True, sampling=seeded)
+    outs = {o.request_id: o for o in run(engine, 8)}
+    again = outs["seed-again"]
+    assert again.token_ids == alone.token_ids and again.finish_reason == alone.finish_reason == "length"
+    assert max(abs(a - b) for a, b in zip(again.logprobs, alone.logprobs, strict=True)) < 1e-5
+    others = [outs[f"seed-other-{k}"].token_ids for k in range(3)]
+    assert alone.token_ids not in others and len(set(map(tuple, others))) == 3
+    assert outs["unseeded-0"].token_ids != outs["unseeded-1"].token_ids
+
+
 def test_cancel_drops_a_request(engine):
     engine.submit("gone", PROMPTS[1], 40, ignore_eos=True)
     engine.submit("kept", PROMPTS[2], 10, ignore_eos=True)
@@ -152,9 +180,10 @@ def test_a_request_larger_than_the_kv_cache_is_refused(engine):
         engine.submit("huge", [1] * 100, engine.kv_capacity_tokens())
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=2.5), Sampling(top_p=1.5), Sampling(top_k=10_000)])
+@pytest.mark.parametrize("sampling", [Sampling(temperature=2.5), Sampling(top_p=1.5), Sampling(top_k=10_000),
+                                      Sampling(seed=-1), Sampling(seed=2**64)])
 def test_sampling_out_of_range_is_refused_and_the_engine_goes_on(engine, sampling):
-    with pytest.raises(ValueError, match="sampling out of range"):
+    with pytest.raises(ValueError, match="out of range"):
         engine.submit("bad", PROMPTS[0], 4, sampling=sampling)
     engine.submit("after", PROMPTS[0], 3, ignore_eos=True, sampling=Sampling(temperature=2.0))
     assert [(o.request_id, len(o.token_ids)) for o in run(engine, 1)] == [("after", 3)]
@@ -278,6 +307,7 @@ engine.close()
 """
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_vllm_threads_stay_on_the_cpus_the_sgs_pinned(tiny_checkpoint):
     """generation.cpus keeps generation off the trainer's cores: every thread of the process,
     vLLM's OpenMP workers included, stays on the CPUs the SGS pinned itself to."""

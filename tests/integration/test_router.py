@@ -69,7 +69,8 @@ def _prompts(lengths: list[int], estimates: list[float] | None = None) -> list[P
 def test_streams_are_merged_every_sample_once_with_forced_lengths(stack):
     client, _, timeline = stack
     lengths = [3, 40, 9, 25, 60, 5]
-    samples = list(client.generate(_prompts(lengths, [float(n) for n in lengths]), GenerateParams(samples_per_prompt=3)))
+    samples = list(client.generate(_prompts(lengths, [float(n) for n in lengths]),
+                                   GenerateParams(samples_per_prompt=3)))
     keys = sorted((s.prompt_id, s.sample_index) for s in samples)
     assert keys == sorted((f"p{i}", k) for i in range(len(lengths)) for k in range(3))  # each exactly once
     for s in samples:
@@ -81,7 +82,8 @@ def test_streams_are_merged_every_sample_once_with_forced_lengths(stack):
     assert dispatched["policy"] == "lpt" and dispatched["estimates"] == "request"
     assert all(n > 0 for n in dispatched["per_instance"]) and sum(dispatched["per_instance"]) == 18
     seen = [e for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
-    assert sorted(e["instance"] for e in seen) == sorted(i for i, n in enumerate(dispatched["per_instance"]) for _ in range(n))
+    assert sorted(e["instance"] for e in seen) == sorted(
+        i for i, n in enumerate(dispatched["per_instance"]) for _ in range(n))
 
 
 def test_instances_append_finished_samples_to_the_generation_log(stack, genlog_path):
@@ -89,7 +91,8 @@ def test_instances_append_finished_samples_to_the_generation_log(stack, genlog_p
 
     client, _, _ = stack
     lengths = [7, 11, 13]
-    list(client.generate([PromptSpec(f"g{i}", (1, 5, 6, 7), "", 0.0, n) for i, n in enumerate(lengths)], GenerateParams(samples_per_prompt=2)))
+    list(client.generate([PromptSpec(f"g{i}", (1, 5, 6, 7), "", 0.0, n) for i, n in enumerate(lengths)],
+                         GenerateParams(samples_per_prompt=2)))
     with GenerationLog(genlog_path) as log:
         deadline = time.monotonic() + 30
         rows = []
@@ -142,6 +145,22 @@ def test_bad_requests_are_refused_with_clear_status(stack, prompts, params, matc
     assert len(list(client.generate(_prompts([2]), GenerateParams()))) == 1  # still serving
 
 
+def test_a_seeded_call_is_reproduced_through_the_router_wherever_its_samples_run(stack):
+    """The router forwards ``GenerateParams.seed``; each sample's seed depends on its identity, not
+    on the instance the dispatch put it on, so a repeated call (another order, other placements)
+    gives the same samples."""
+    client, _, timeline = stack
+    params = GenerateParams(samples_per_prompt=1, max_new_tokens=12, temperature=1.0, seed=7)
+    ps = [PromptSpec(f"s{i}", (1, 5, 6, 7)) for i in range(6)]
+    first = {s.prompt_id: s.token_ids for s in client.generate(ps, params)}
+    again = {s.prompt_id: s.token_ids for s in client.generate(ps[::-1], params)}
+    assert again == first and len(set(first.values())) == 6
+    events = [json.loads(x) for x in timeline.read_text().splitlines()]
+    calls = [e["call"] for e in events if e["event"] == "dispatch"][-2:]
+    placed = [{e["seq"]: e["instance"] for e in events if e["event"] == "sample" and e["call"] == c} for c in calls]
+    assert placed[0] != placed[1]  # the two calls ran samples on other instances
+
+
 def test_weights_fan_out_to_every_instance(stack, tiny_checkpoint):
     from services.generation.client import GenerationClient
     from services.policy.model import load_policy
@@ -183,7 +202,8 @@ def test_estimator_is_injected_for_prompts_without_estimates(stack, tiny_checkpo
     clients = [GenerationClient(i.address) for i in instances]
     core = RouterCore(clients, cfg, estimator=lambda: LengthOfText(), decode=lambda ids: tok.decode(list(ids)))
     texts = ["12-3>10=", "250-9>200="]
-    prompts = [PromptSpec("x", tuple(tok.encode(texts[0])), "", 0.0, 4), PromptSpec("y", tuple(tok.encode(texts[1])), "", 7.0, 4)]
+    prompts = [PromptSpec("x", tuple(tok.encode(texts[0])), "", 0.0, 4),
+               PromptSpec("y", tuple(tok.encode(texts[1])), "", 7.0, 4)]
     call = core.start(prompts, GenerateParams(samples_per_prompt=2))
     assert len(list(core.results(call))) == 4
     assert call.estimate_source == "mixed" and seen == [[texts[0]]]  # only the prompt without an estimate
@@ -200,7 +220,8 @@ def test_estimator_is_injected_for_prompts_without_estimates(stack, tiny_checkpo
 
 
 POOLS = [
-    "generation.pools=[{name: compute, hardware: H800, instances: [0]}, {name: bandwidth, hardware: H20, instances: [1]}]",
+    "generation.pools=[{name: compute, hardware: H800, instances: [0]}, "
+    "{name: bandwidth, hardware: H20, instances: [1]}]",
     "generation.affinity={calculator: compute, math: bandwidth}", "generation.dispatch.policy=round_robin",
 ]
 
@@ -213,7 +234,8 @@ def pooled(stack, tmp_path_factory, tiny_checkpoint):
 
     workdir = tmp_path_factory.mktemp("pooled")
     write_config(load_config(ROOT / "deploy/configs/smoke.yaml", [*OVERRIDES, *POOLS]), workdir / "config.json")
-    proc, client, log, timeline = start_router(workdir, tiny_checkpoint, workdir / "config.json", [i.address for i in stack[1]])
+    proc, client, log, timeline = start_router(workdir, tiny_checkpoint, workdir / "config.json",
+                                               [i.address for i in stack[1]])
     yield client, stack[1], timeline
     client.close()
     proc.send_signal(signal.SIGTERM)
@@ -225,12 +247,14 @@ def test_each_task_runs_only_on_its_pool(pooled):
     tasks = ["calculator", "math", "math", "calculator", "math", "calculator"]
     prompts = [PromptSpec(f"t{i}", (1, 5, 6, 7), "", 0.0, 3 + i, task) for i, task in enumerate(tasks)]
     samples = list(client.generate(prompts, GenerateParams(samples_per_prompt=3)))
-    assert sorted((s.prompt_id, s.sample_index) for s in samples) == sorted((p.prompt_id, k) for p in prompts for k in range(3))
+    assert sorted((s.prompt_id, s.sample_index) for s in samples) == sorted(
+        (p.prompt_id, k) for p in prompts for k in range(3))
     events = [json.loads(line) for line in timeline.read_text().splitlines()]
     dispatched = [e for e in events if e["event"] == "dispatch"][-1]
     assert {p["pool"]: (p["hardware"], p["tasks"], p["instances"], p["sequences"]) for p in dispatched["pools"]} == {
         "compute": ("H800", ["calculator"], [0], 9), "bandwidth": ("H20", ["math"], [1], 9)}
-    ran = [(e["task"], e["pool"], e["instance"]) for e in events if e["event"] == "sample" and e["call"] == dispatched["call"]]
+    ran = [(e["task"], e["pool"], e["instance"]) for e in events
+           if e["event"] == "sample" and e["call"] == dispatched["call"]]
     assert sorted(ran) == sorted([("calculator", "compute", 0)] * 9 + [("math", "bandwidth", 1)] * 9)
 
 
@@ -241,12 +265,14 @@ def test_a_task_without_a_pool_is_refused_and_a_pool_keeps_its_last_instance(poo
     with pytest.raises(grpc.RpcError) as err:
         list(client.generate(mixed, GenerateParams()))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "task 'walk' has no pool: generation.affinity lists ['calculator', 'math'] and no 'default'" in err.value.details()
+    assert ("task 'walk' has no pool: generation.affinity lists ['calculator', 'math'] and no 'default'"
+            in err.value.details())
     assert timeline.read_text().count('"dispatch"') == before  # nothing was dispatched
     with pytest.raises(grpc.RpcError) as err:
         client.remove_instance(instances[0].address, wait_s=1)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "last instance of pool 'compute', which generation.affinity routes tasks ['calculator'] to" in err.value.details()
+    assert ("last instance of pool 'compute', which generation.affinity routes tasks ['calculator'] to"
+            in err.value.details())
     assert [s.prompt_id for s in client.generate(mixed[:1], GenerateParams())] == ["ok"]  # still serving
 
 
@@ -292,11 +318,13 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     assert len(dispatched) >= cfg.trainer.iterations and all(e["policy"] == policy for e in dispatched)
     assert {e["instance"] for e in events if e["event"] == "sample"} == {0, 1}
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["samples"] for r in rows] == [cfg.trainer.prompts_per_iteration * cfg.trainer.group_size] * cfg.trainer.iterations
+    assert [r["samples"] for r in rows] == (
+        [cfg.trainer.prompts_per_iteration * cfg.trainer.group_size] * cfg.trainer.iterations)
     assert rows[-1].get("instances_readmitted", 0) == len(killed) == (mode == "one_step"), (killed, rows[-1])
     # versions each instance pulled from its relay, in order (the newest-version sender may skip
     # versions an instance was too busy to take: only the newest matters)
-    pulled = [[int(v) for v in re.findall(r"pulled and staged weight version (\d+) from relay", (tmp_path / f"sgs-{i}.log").read_text())]
+    pulled = [[int(v) for v in re.findall(r"pulled and staged weight version (\d+) from relay",
+                                          (tmp_path / f"sgs-{i}.log").read_text())]
               for i in range(2)]
     if transport == "relay":
         assert all(p and p == sorted(set(p)) for p in pulled), pulled

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -149,3 +150,20 @@ def test_per_request_temperature_reaches_the_engine(sgs):
     hot = [s.token_ids for s in client.generate(prompts(1), GenerateParams(samples_per_prompt=6, max_new_tokens=24,
                                                                             temperature=2.0))]
     assert len(set(greedy)) == 1 and len(set(hot)) > 1
+
+
+def test_a_seeded_call_reproduces_each_sample_whatever_else_the_service_runs(sgs):
+    """``GenerateParams.seed`` (evaluations): each sample's seed comes from the call's seed and its
+    prompt id and index, so a call repeated in another order, beside other prompts and after
+    unseeded work gives the same samples; prompts of the same tokens still get samples of their own."""
+    _, client = sgs
+    params = GenerateParams(samples_per_prompt=2, max_new_tokens=16, temperature=1.0, seed=12345)
+    same = prompts(3)  # the same tokens under three prompt ids
+    first = {(s.prompt_id, s.sample_index): (s.token_ids, s.logprobs) for s in client.generate(same, params)}
+    list(client.generate(prompts(2), GenerateParams(samples_per_prompt=2, max_new_tokens=8, temperature=1.0)))
+    again = {(s.prompt_id, s.sample_index): (s.token_ids, s.logprobs)
+             for s in client.generate([PromptSpec("x", (1, 9, 4)), *same[::-1]], params)}
+    assert {k: again[k] for k in first} == first
+    assert len({tokens for tokens, _ in first.values()}) == 6
+    other = {(s.prompt_id, s.sample_index): s.token_ids for s in client.generate(same, replace(params, seed=1))}
+    assert all(other[k] != tokens for k, (tokens, _) in first.items())

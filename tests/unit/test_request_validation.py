@@ -24,3 +24,12 @@ def test_sampling_outside_what_the_engines_serve_is_refused(params):
     validate_request([PromptSpec("p", (1, 2))], GenerateParams(max_new_tokens=4, temperature=2.0, top_k=19), cfg, **OK)
     with pytest.raises(RequestError, match="sampling out of range"):
         validate_request([PromptSpec("p", (1, 2))], GenerateParams(max_new_tokens=4, **params), cfg, **OK)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, -(2**63) - 1])
+def test_a_seed_outside_uint64_is_refused(seed):
+    cfg = load_config(None, []).generation
+    for ok in (None, 0, 2**64 - 1):
+        validate_request([PromptSpec("p", (1, 2))], GenerateParams(max_new_tokens=4, seed=ok), cfg, **OK)
+    with pytest.raises(RequestError, match=r"sampling seed .* out of range: a seed is an unsigned 64-bit integer"):
+        validate_request([PromptSpec("p", (1, 2))], GenerateParams(max_new_tokens=4, seed=seed), cfg, **OK)

@@ -49,7 +49,8 @@ def test_weight_update_changes_generation_and_reported_version(sgs, tiny_checkpo
     uniform = _weights_with(tiny_checkpoint, lambda k, v: torch.zeros_like(v))  # zero net -> uniform next-token dist
     ack = client.update_weights(uniform, version=1, chunk_bytes=4096)
     assert ack.staged and ack.version == 1
-    after = list(client.generate(prompts(2), GenerateParams(samples_per_prompt=2, max_new_tokens=8, min_weight_version=1)))
+    after = list(client.generate(prompts(2),
+                                 GenerateParams(samples_per_prompt=2, max_new_tokens=8, min_weight_version=1)))
     vocab = len(load_policy(tiny_checkpoint).tokenizer)
     assert all(s.weight_version == 1 for s in after)
     assert all(lp == pytest.approx(-math.log(vocab), abs=1e-4) for s in after for lp in s.logprobs)
@@ -101,7 +102,8 @@ def _push(client, chunks):
     [
         (lambda k, v: v, grpc.StatusCode.FAILED_PRECONDITION, "not newer than the installed"),
         ("rename", grpc.StatusCode.INVALID_ARGUMENT, "unknown parameter"),
-        (lambda k, v: v.reshape(-1) if v.dim() == 2 else v, grpc.StatusCode.INVALID_ARGUMENT, "expected dtype float32 shape"),
+        (lambda k, v: v.reshape(-1) if v.dim() == 2 else v, grpc.StatusCode.INVALID_ARGUMENT,
+         "expected dtype float32 shape"),
         (lambda k, v: v.half(), grpc.StatusCode.INVALID_ARGUMENT, "got dtype float16"),
         ("corrupt", grpc.StatusCode.DATA_LOSS, "digest mismatch"),
     ],

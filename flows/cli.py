@@ -40,6 +40,9 @@ def _run(ns: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
+    from services.common.cpu import cpu_info
+
+    print(cpu_info().line(), flush=True)  # a run's time, and its warm start's numerics, depend on it
     prefect_env(cfg.cache_dir)
     from flows.rl_training import rl_training
 
@@ -56,6 +59,8 @@ def run_output(result: dict) -> str:
     """What ``braid run`` prints: the result's headline as JSON, then how to score the trained
     model, and last the line that says where it is."""
     shown = {k: result[k] for k in RUN_KEYS}
+    if result.get("cpu"):
+        shown["cpu"] = result["cpu"]
     adapter = result.get("final_adapter")
     if adapter:
         shown["final_adapter"] = adapter

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from services.common.certs import TlsFiles, site_files
+from services.common.cpu import cpu_info
 
 
 def tls_files(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if parallel is not None or learner is not None:
         trainer.learner.close()  # the learner process ends; data parallel: the followers stop following
     samples = (cfg.trainer.iterations - first) * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    cpu = cpu_info()
     summary = {
         "mode": cfg.trainer.mode,
         "iterations": cfg.trainer.iterations,
@@ -220,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         "final_adapter": str(final / ADAPTER_DIR) if cfg.trainer.lora is not None else None,
         "reward_failures": failures_logged(run_dir),  # every attempt's, evaluations included
         "breakdown": (cfg.task.dataset.group_field or "none") if cfg.task.kind == "dataset" else "steps",
+        "cpu": cpu.line(),  # the trainer's CPU: times and CPU numerics depend on it (services/common/cpu.py)
+        "cpu_info": cpu.to_json(),
         **recovery_summary(run_dir, ns.attempt),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -127,6 +127,9 @@ def test_braid_run_prints_the_json_then_last_where_the_final_model_is():
     assert lines[-2] == f"score it: braid eval --model /abs/runs/x/final --config {config}"
     shown = json.loads("\n".join(lines[:-2]))
     assert shown["final_checkpoint"] == "/abs/runs/x/final" and "rl_seconds" not in shown
+    assert "cpu" not in shown  # a summary from before the trainer recorded its CPU
+    line = "CPU: AMD EPYC, 2 cores, AVX2, no AVX-512; torch kernels AVX2"
+    assert json.loads("\n".join(run_output({**result, "cpu": line}).splitlines()[:-2]))["cpu"] == line
     lora = run_output({**result, "final_adapter": "/abs/runs/x/final/adapter"}).splitlines()
     assert lora[-1].startswith("final model: /abs/runs/x/final (LoRA")
     assert lora[-1].endswith("/abs/runs/x/final/adapter)")

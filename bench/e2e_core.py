@@ -45,8 +45,9 @@ def mode_overrides(mode: str, instances: int) -> list[str]:
 
 
 def warmstart_overrides(steps: int | None) -> list[str]:
-    """The preset's warm-start SFT steps as a config override (None: the config's own)."""
-    return [f"warmstart.steps={steps}"] if steps is not None else []
+    """The preset's warm-start SFT steps as config overrides: exactly that many, with no accuracy
+    target (the regimes of record declare a step count); None: the config's own warm start."""
+    return [f"warmstart.steps={steps}", "warmstart.target_accuracy=null"] if steps is not None else []
 
 
 def repeat_overrides(r: int) -> list[str]:

@@ -40,7 +40,8 @@ from bench.report_io import RecordParser, provenance, provenance_line, results_d
 
 BASE = [
     "trainer.mode=one_step", "trainer.prompts_per_iteration=8", "trainer.group_size=8", "trainer.micro_batch_groups=8",
-    "trainer.kl_coef=0.001", "warmstart.steps=20", "eval.prompts=8", "generation.max_new_tokens=256",
+    "trainer.kl_coef=0.001", "warmstart.steps=20", "warmstart.target_accuracy=null", "eval.prompts=8",
+    "generation.max_new_tokens=256",
     "generation.forced_lengths=true", "generation.max_inflight=64", "generation.num_blocks=32",
     "generation.dispatch.router='on'", "generation.dispatch.policy=least_loaded",
     "generation.cpus=[0]", "trainer.cpus=[1]", "scaleout.cpus=[1]", "scaleout.max_instances=2",

@@ -189,6 +189,7 @@ def record_runs(runs_dir: Path) -> list[Path]:
         run_dir = runs_dir / mode
         sets = [f"runs_dir={runs_dir}", f"run_id={mode}", f"trainer.mode={mode}",
                 f"trainer.iterations={SOURCE_RUNS['iterations']}", f"warmstart.steps={SOURCE_RUNS['warmstart_steps']}",
+                "warmstart.target_accuracy=null",
                 f"generation.genlog={run_dir / 'genlog.sqlite'}"]
         cmd = [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG),
                *[x for s in sets for x in ("--set", s)]]

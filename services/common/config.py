@@ -85,11 +85,23 @@ class ModelConfig(StrictModel):
 class WarmstartConfig(StrictModel):
     """Supervised warm start on task demonstrations; cached by content hash."""
 
-    steps: int = Field(600, ge=0, le=1_000_000, description="SFT optimizer steps (0 = skip).")
+    steps: int = Field(600, ge=0, le=1_000_000,
+                       description="SFT optimizer steps (0 = skip); with target_accuracy, the most it may take.")
     batch_size: int = Field(64, ge=1, le=4096, description="Demonstrations per SFT step.")
-    lr: float = Field(3e-3, gt=0.0, le=1.0, description="Peak SFT learning rate (cosine decay).")
+    lr: float = Field(3e-3, gt=0.0, le=1.0, description="Peak SFT learning rate (cosine decay over steps).")
     micro_batch_tokens: int = Field(2048, ge=16, le=10**7, description="Padded tokens per forward/backward.")
     seed: int = Field(1, ge=0, description="Seed of the demonstration stream.")
+    target_accuracy: float | None = Field(
+        None, gt=0.0, le=1.0,
+        description="Stop the SFT at the first check whose accuracy reaches this (services/policy/warmcheck.py): "
+        "the warm start then lands at the same accuracy on every CPU, where a fixed step count lands wherever "
+        "the CPU's numerics take it. None: exactly `steps` steps.")
+    check_every: int = Field(10, ge=1, le=1_000_000,
+                             description="SFT steps between accuracy checks (four times as many while the last "
+                             "check stood below half the target).")
+    check_prompts: int = Field(256, ge=8, le=100_000,
+                               description="Training-distribution prompts (never held-out ones) each check samples "
+                               "once, at generation.temperature, scored by the run's reward.")
 
 
 class DispatchConfig(StrictModel):
@@ -118,9 +130,13 @@ class DispatchConfig(StrictModel):
         4096, ge=16, le=10_000_000, description="Recent finished lengths (and estimate/actual pairs) the router keeps."
     )
     min_history: int = Field(
-        64, ge=2, le=10_000_000, description="Finished samples needed before the recent distribution and the estimator's error model are used."
+        64, ge=2, le=10_000_000,
+        description="Finished samples needed before the recent distribution and the estimator's error model are used.",
     )
-    scenarios: int = Field(3, ge=1, le=64, description="True-length draws per candidate plan in streamrl (with an error model).")
+    scenarios: int = Field(
+        3, ge=1, le=64,
+        description="True-length draws per candidate plan in streamrl (with an error model).",
+    )
     seed: int = Field(0, ge=0, description="Seed of the random policy and of the scenario draws.")
     unit: Literal["sample", "prompt"] = Field(
         "sample",
@@ -153,16 +169,23 @@ class GenerationConfig(StrictModel):
     temperature: float = Field(1.0, gt=0.0, le=2.0, description="Sampling temperature (vLLM serves up to 2).")
     max_new_tokens: int = Field(256, ge=1, le=65536, description="Cap on generated tokens per sample.")
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests admitted to the engine at once.")
-    num_blocks: int = Field(512, ge=4, le=1_000_000, description="KV-cache blocks (explicit: the default takes most RAM).")
+    num_blocks: int = Field(
+        512, ge=4, le=1_000_000,
+        description="KV-cache blocks (explicit: the default takes most RAM).",
+    )
     page_size: int = Field(32, ge=4, le=4096, description="Tokens per KV-cache block.")
     max_batch_tokens: int = Field(2048, ge=16, le=1_000_000, description="Token budget of one engine step.")
-    max_sequences_per_request: int = Field(8192, ge=1, le=1_000_000, description="Most sequences (prompts x samples) in one Generate request.")
+    max_sequences_per_request: int = Field(
+        8192, ge=1, le=1_000_000,
+        description="Most sequences (prompts x samples) in one Generate request.",
+    )
     max_prompt_tokens: int = Field(1024, ge=1, le=1_000_000, description="Longest prompt accepted.")
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC max message size (MiB).")
     threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of the SGS process.")
     cpus: list[NonNegativeInt] = Field(
         default_factory=list,
-        description="CPU ids every SGS process pins itself to (one-host emulation of a generation site; empty = unpinned).",
+        description="CPU ids every SGS process pins itself to "
+        "(one-host emulation of a generation site; empty = unpinned).",
     )
     seed: int = Field(0, ge=0, description="Engine sampling seed.")
     instances: int = Field(1, ge=1, le=64, description="SGS instances (engine processes, data-parallel units).")
@@ -176,7 +199,8 @@ class GenerationConfig(StrictModel):
         "sequences without an estimate go first, so requests without estimates are served FCFS), fcfs = arrival order.",
     )
     forced_lengths: bool = Field(
-        False, description="Accept Prompt.forced_length (forced-length replay: generate exactly N tokens, ignoring EOS)."
+        False,
+        description="Accept Prompt.forced_length (forced-length replay: generate exactly N tokens, ignoring EOS).",
     )
     genlog: str | None = Field(
         None, description="Generation log (SQLite, ranker/genlog.py): every finished sample is appended (None = off)."
@@ -235,21 +259,46 @@ class WeightsConfig(StrictModel):
         description="direct: the trainer streams every version to every SGS instance (UpdateWeights); "
         "relay: it pushes each version once to the master relay, instances pull from their local relay.",
     )
-    relays: int = Field(1, ge=1, le=64, description="Relay processes started on this machine (relay transport; the first is the master).")
-    chunk_bytes: int = Field(4 << 20, ge=4096, le=1 << 30, description="Chunk size of relay pushes, pulls and chain forwarding (bytes).")
-    keep_versions: int = Field(2, ge=1, le=64, description="Versions each relay keeps in memory (K); older ones are evicted.")
+    relays: int = Field(
+        1, ge=1, le=64,
+        description="Relay processes started on this machine (relay transport; the first is the master).",
+    )
+    chunk_bytes: int = Field(
+        4 << 20, ge=4096, le=1 << 30,
+        description="Chunk size of relay pushes, pulls and chain forwarding (bytes).",
+    )
+    keep_versions: int = Field(
+        2, ge=1, le=64,
+        description="Versions each relay keeps in memory (K); older ones are evicted.",
+    )
     streams: int = Field(2, ge=1, le=32, description="Parallel gRPC streams of one push or pull over the network path.")
-    shm: bool = Field(True, description="Same-host fast path: versions live in /dev/shm; same-host pushes and pulls hand over the file.")
+    shm: bool = Field(
+        True,
+        description="Same-host fast path: versions live in /dev/shm; same-host pushes and pulls hand over the file.",
+    )
     data_path: Literal["tcp", "grpc"] = Field(
         "tcp",
-        description="Network path of relay pushes and pulls: tcp (gRPC opens a transfer, the bytes flow over the relay's "
+        description="Network path of relay pushes and pulls: tcp (gRPC opens a transfer, "
+        "the bytes flow over the relay's "
         "raw-TCP data channel; falls back to grpc when it cannot be reached) or grpc (chunk streams over gRPC).",
     )
-    digest: Literal["xxh3_128", "sha256"] = Field("xxh3_128", description="Chunk digest (xxh3_128: fast corruption check; sha256: cryptographic).")
+    digest: Literal["xxh3_128", "sha256"] = Field(
+        "xxh3_128",
+        description="Chunk digest (xxh3_128: fast corruption check; sha256: cryptographic).",
+    )
     heartbeat_s: float = Field(0.2, gt=0.0, le=60.0, description="Chain controller heartbeat period (s).")
-    heartbeat_timeout_s: float = Field(1.0, gt=0.0, le=60.0, description="A relay not answering a heartbeat within this is cut out of the chain (s).")
-    pull_wait_s: float = Field(300.0, gt=0.0, le=3600.0, description="How long an instance's pull waits for a version to reach its relay (s).")
-    max_message_mb: int = Field(256, ge=1, le=2047, description="gRPC max message size of relay traffic (MiB); must exceed chunk_bytes.")
+    heartbeat_timeout_s: float = Field(
+        1.0, gt=0.0, le=60.0,
+        description="A relay not answering a heartbeat within this is cut out of the chain (s).",
+    )
+    pull_wait_s: float = Field(
+        300.0, gt=0.0, le=3600.0,
+        description="How long an instance's pull waits for a version to reach its relay (s).",
+    )
+    max_message_mb: int = Field(
+        256, ge=1, le=2047,
+        description="gRPC max message size of relay traffic (MiB); must exceed chunk_bytes.",
+    )
     sgs_auto_pull_s: float = Field(
         0.0, ge=0.0, le=3600.0,
         description="Between requests: an idle SGS instance checks its relay this often and takes a newer version "
@@ -259,17 +308,24 @@ class WeightsConfig(StrictModel):
     @model_validator(mode="after")
     def _chunk_fits(self) -> WeightsConfig:
         if self.chunk_bytes + 65536 > self.max_message_mb * 1024 * 1024:
-            raise ValueError(f"chunk_bytes ({self.chunk_bytes}) must fit in max_message_mb ({self.max_message_mb} MiB) with 64 KiB to spare")
+            raise ValueError(f"chunk_bytes ({self.chunk_bytes}) must fit in max_message_mb ({self.max_message_mb} MiB) "
+                             "with 64 KiB to spare")
         return self
 
 
 class ScaleoutConfig(StrictModel):
     """Dynamic DP scale-out of the SGS (StreamRL §4.2; ``allocator/scaleout.py``, docs/scaleout.md)."""
 
-    enabled: bool = Field(False, description="Run the scale-out controller: add/remove SGS instances as delta = T_gen - T_train moves.")
+    enabled: bool = Field(
+        False,
+        description="Run the scale-out controller: add/remove SGS instances as delta = T_gen - T_train moves.",
+    )
     min_instances: int = Field(1, ge=1, le=64, description="Never scale in below this many SGS instances.")
     max_instances: int = Field(4, ge=1, le=64, description="Never scale out beyond this many SGS instances.")
-    window: int = Field(2, ge=1, le=1000, description="Iterations averaged (at the current instance count) before a decision.")
+    window: int = Field(
+        2, ge=1, le=1000,
+        description="Iterations averaged (at the current instance count) before a decision.",
+    )
     cooldown: int = Field(
         2, ge=0, le=1000,
         description="Iterations ignored after a change (one_step mode: the next iteration was dispatched before it).",
@@ -284,7 +340,10 @@ class ScaleoutConfig(StrictModel):
         description="CPU ids an added SGS instance pins itself to (on one host: the trainer's core idles while "
         "generation is behind); empty = generation.cpus.",
     )
-    drain_timeout_s: float = Field(600.0, gt=0.0, le=86400.0, description="How long a removed instance may take to finish its in-flight work (s).")
+    drain_timeout_s: float = Field(
+        600.0, gt=0.0, le=86400.0,
+        description="How long a removed instance may take to finish its in-flight work (s).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ScaleoutConfig:
@@ -299,7 +358,10 @@ class ForcedLengthRamp(StrictModel):
     linearly; a negative slope shrinks it, which makes generation run ahead: scale-in).
     In bounded mode k is the trainer's weight version when the group is launched."""
 
-    start: int = Field(0, ge=0, le=65536, description="Forced length of iteration 0 (0 = off: the policy decides lengths).")
+    start: int = Field(
+        0, ge=0, le=65536,
+        description="Forced length of iteration 0 (0 = off: the policy decides lengths).",
+    )
     per_iteration: float = Field(
         0.0, ge=-65536.0, le=65536.0, description="Tokens added per iteration (negative: removed, down to 1 token)."
     )
@@ -322,7 +384,8 @@ class ForcedLengthReplay(StrictModel):
     estimates: Literal["none", "recorded", "oracle"] = Field(
         "none",
         description="The groups' length estimates for dispatch: none (the ranker of generation.ranker_dir, if any), "
-        'recorded (the estimate beside each length: a file of {"length", "estimate"} objects), oracle (the true length).',
+        'recorded (the estimate beside each length: a file of {"length", "estimate"} objects), '
+        'oracle (the true length).',
     )
 
 
@@ -375,6 +438,15 @@ class RunConfig(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _warmstart_target(self) -> RunConfig:
+        ws = self.warmstart
+        if ws.target_accuracy is not None and (ws.steps == 0 or self.agentic.enabled):
+            why = "warmstart.steps is 0 (no SFT)" if ws.steps == 0 else "agentic warm starts train multi-turn episodes"
+            raise ValueError(f"warmstart.target_accuracy ({ws.target_accuracy}) cannot apply: {why}; "
+                             "leave it unset (null)")
+        return self
+
     @field_validator("tracking")
     @classmethod
     def _trackers_once(cls, names: list[str]) -> list[str]:
@@ -405,7 +477,8 @@ class RunConfig(StrictModel):
             )
         ramp = self.forced_length_ramp
         if ramp.per_iteration and not ramp.start:
-            raise ValueError("forced_length_ramp.per_iteration needs forced_length_ramp.start > 0 (start 0 turns the ramp off)")
+            raise ValueError("forced_length_ramp.per_iteration needs forced_length_ramp.start > 0 "
+                             "(start 0 turns the ramp off)")
         if ramp.start:
             if not self.generation.forced_lengths:
                 raise ValueError("forced_length_ramp needs generation.forced_lengths: true")
@@ -415,7 +488,8 @@ class RunConfig(StrictModel):
             k = self.trainer.iterations - 1 if ramp.per_iteration > 0 else 0  # where the ramp is longest
             if ramp.length(k) > self.generation.max_new_tokens:
                 raise ValueError(
-                    f"forced_length_ramp reaches {ramp.length(k)} tokens at iteration {k}, above generation.max_new_tokens "
+                    f"forced_length_ramp reaches {ramp.length(k)} tokens at iteration {k}, "
+                    "above generation.max_new_tokens "
                     f"({self.generation.max_new_tokens})"
                 )
         return self
@@ -424,7 +498,8 @@ class RunConfig(StrictModel):
     def _replay_fits(self) -> RunConfig:
         if self.forced_length_replay.file is None:
             if self.forced_length_replay.estimates != "none":
-                raise ValueError("forced_length_replay.estimates needs forced_length_replay.file (the lengths it estimates)")
+                raise ValueError("forced_length_replay.estimates needs forced_length_replay.file "
+                                 "(the lengths it estimates)")
             return self
         if not self.generation.forced_lengths:
             raise ValueError("forced_length_replay needs generation.forced_lengths: true")

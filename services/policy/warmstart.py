@@ -18,16 +18,20 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from services.common.config import RunConfig
+from services.common.config import RunConfig, WarmstartConfig
 from services.common.progress import progress_interval
 from services.policy.batch import length_buckets, pack, token_logprobs
 from services.policy.model import Policy, build_policy, load_policy, save_policy
+from services.policy.warmcheck import AccuracyCheck, Check
 from services.tasks.arith import ProblemSampler, demonstration, eval_problems
 
 
@@ -79,14 +83,16 @@ class ArithDemos:
     """The count-down task's reference scratchpads (single turn; every completion token trained)."""
 
     def __init__(self, cfg: RunConfig, policy: Policy) -> None:
-        held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **cfg.task.distribution()))
+        held_out = frozenset(p.prompt
+                             for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **cfg.task.distribution()))
         self.sampler = ProblemSampler(cfg.warmstart.seed, exclude=held_out, **cfg.task.distribution())  # type: ignore[arg-type]
         self.policy = policy
 
     def batch(self, n: int) -> Demos:
         problems, policy = self.sampler.batch(n), self.policy
         prompts = [policy.encode_prompt(p.prompt) for p in problems]
-        comps = [[*policy.tokenizer.encode(demonstration(p), add_special_tokens=False), policy.eos_id] for p in problems]
+        comps = [[*policy.tokenizer.encode(demonstration(p), add_special_tokens=False), policy.eos_id]
+                 for p in problems]
         return prompts, comps, None
 
 
@@ -119,7 +125,8 @@ class AgenticDemos:
 
         a = cfg.agentic
         self.env = ENVIRONMENTS[a.env].from_config(a)
-        self.stream = EpisodeStream(a, cfg.warmstart.seed, eval_episodes(a, cfg.eval.seed, cfg.eval.prompts), tag="warmstart")
+        self.stream = EpisodeStream(a, cfg.warmstart.seed, eval_episodes(a, cfg.eval.seed, cfg.eval.prompts),
+                                    tag="warmstart")
         self.policy, self.max_turns = policy, a.max_turns
 
     def batch(self, n: int) -> Demos:
@@ -139,35 +146,78 @@ def base_policy(cfg: RunConfig) -> Policy:
     return load_policy(resolve_model(cfg.model.path, cfg.cache_dir), cfg.model.chat_template)
 
 
-def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> list[float]:
-    """Train ``policy`` in place on demonstrations; returns the loss per step."""
+@dataclass
+class SftResult:
+    """What the SFT pass did: the loss per step, and with ``warmstart.target_accuracy`` its checks."""
+
+    losses: list[float] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def reached(self) -> bool | None:
+        """Whether a check reached the target (None: no target)."""
+        return self.checks[-1].reached if self.checks else None
+
+
+def sft(policy: Policy, cfg: RunConfig, *, progress: bool = True) -> SftResult:
+    """Train ``policy`` in place on demonstrations, for ``warmstart.steps`` steps or, with
+    ``warmstart.target_accuracy``, until a check reaches it (``services.policy.warmcheck``)."""
     ws = cfg.warmstart
     kinds = {"arith": ArithDemos, "dataset": DatasetDemos}
     source = AgenticDemos(cfg, policy) if cfg.agentic.enabled else kinds[cfg.task.kind](cfg, policy)
-    model = policy.model
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=ws.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    with ExitStack() as stack:
+        check = stack.enter_context(AccuracyCheck(cfg, policy)) if ws.target_accuracy is not None else None
+        # A bar advanced by hand: iterating a tqdm bar updates its count only when it redraws (every
+        # mininterval, 20 s in a log), so a postfix refresh in between showed 0/steps beside a moving loss.
+        bar = stack.enter_context(tqdm(total=ws.steps, desc="warm start (SFT)", disable=not progress, unit="step",
+                                       mininterval=progress_interval()))
+        result = _train(policy, ws, source, check, bar)
+    policy.model.eval()
+    return result
+
+
+def _train(policy: Policy, ws: WarmstartConfig, source: ArithDemos | DatasetDemos | AgenticDemos,
+           check: AccuracyCheck | None, bar: tqdm) -> SftResult:
+    """The SFT loop: AdamW on the lr schedule over ``ws.steps``; stops early at a check that reaches
+    the target (the schedule stays the one over ``ws.steps``: where it stops depends on the CPU)."""
+    policy.model.train()
+    opt = torch.optim.AdamW(policy.model.parameters(), lr=ws.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    result = SftResult()
+    for step in range(ws.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(ws, step)
+        result.losses.append(_sft_step(policy, opt, source.batch(ws.batch_size), ws.micro_batch_tokens))
+        bar.update(1)
+        shown = {"loss": f"{result.losses[-1]:.3f}"}
+        due = check is not None and (step + 1 == next_check(result.checks, ws) or step + 1 == ws.steps)
+        if due:
+            result.checks.append(check(policy, step + 1))
+            shown["acc"] = f"{result.checks[-1].accuracy:.3f}"
+        bar.set_postfix(shown, refresh=False)  # drawn with the count at the next redraw
+        if due and result.checks[-1].reached:
+            break
+    return result
+
+
+def next_check(checks: list[Check], ws: WarmstartConfig) -> int:
+    """The SFT step of the next accuracy check: ``check_every`` steps after the last one, or four
+    times as far while the last stood below half the target (an SFT far from it, whose checks
+    would cost as much as its steps)."""
+    assert ws.target_accuracy is not None
+    last = checks[-1] if checks else None
+    if last is None:
+        return ws.check_every
+    far = last.accuracy < ws.target_accuracy / 2
+    return last.step + ws.check_every * (4 if far else 1)
+
+
+def lr_at(ws: WarmstartConfig, step: int) -> float:
+    """Linear warm-up over the first 5% of ``ws.steps``, then cosine decay to 10% at ``ws.steps``."""
     warmup = max(1, ws.steps // 20)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return ws.lr * (step + 1) / warmup
-        frac = (step - warmup) / max(1, ws.steps - warmup)
-        return ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-    losses: list[float] = []
-    # A bar advanced by hand: iterating a tqdm bar updates its count only when it redraws (every
-    # mininterval, 20 s in a log), so a postfix refresh in between showed 0/steps beside a moving loss.
-    with tqdm(total=ws.steps, desc="warm start (SFT)", disable=not progress, unit="step",
-              mininterval=progress_interval()) as bar:
-        for step in range(ws.steps):
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step)
-            losses.append(_sft_step(policy, opt, source.batch(ws.batch_size), ws.micro_batch_tokens))
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)  # drawn with the count at the next redraw
-    model.eval()
-    return losses
+    if step < warmup:
+        return ws.lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, ws.steps - warmup)
+    return ws.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def _sft_step(policy: Policy, opt: torch.optim.Optimizer, demos: Demos, micro_batch_tokens: int) -> float:
@@ -197,12 +247,19 @@ def ensure_warmstart(cfg: RunConfig, *, progress: bool = True) -> Path:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     policy = base_policy(cfg)
     t0 = time.time()
-    losses = sft(policy, cfg, progress=progress) if cfg.warmstart.steps > 0 else []
+    done = sft(policy, cfg, progress=progress) if cfg.warmstart.steps > 0 else SftResult()
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_policy(policy, tmp)
-    meta = {"steps": cfg.warmstart.steps, "seconds": time.time() - t0, "final_loss": losses[-1] if losses else None}
+    meta = {"steps": len(done.losses), "max_steps": cfg.warmstart.steps, "seconds": time.time() - t0,
+            "final_loss": done.losses[-1] if done.losses else None,
+            "target_accuracy": cfg.warmstart.target_accuracy, "target_reached": done.reached,
+            "checks": [asdict(c) for c in done.checks]}
     (tmp / "warmstart.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if done.reached is False:
+        print(f"warning: the warm start reached accuracy {done.checks[-1].accuracy:.3f} in {len(done.losses)} "
+              f"steps, short of warmstart.target_accuracy {cfg.warmstart.target_accuracy}: RL starts from it "
+              "(raise warmstart.steps or warmstart.lr to reach the target)", file=sys.stderr)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

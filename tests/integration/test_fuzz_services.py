@@ -1,11 +1,12 @@
 """Bad input at every gRPC method of real service processes (property-based; ``bench/fuzz_services.py``).
 
 A relay, an SGS instance (hf engine) pulling from it, the router over the instance, an environment
-worker and a reward worker run as processes on loopback. Each method gets a few hypothesis examples per variant (protobuf messages
-built to be wrong, raw random bytes): the reply is OK or an allowed status with a message, never
-UNKNOWN/INTERNAL, and every process stays alive and healthy; afterwards nothing is lost (the relay
-serves every held version byte-exact, a fresh version goes in and out, greedy generation is
-unchanged, an expert's episode plays and scores as before). ``bench/fuzz.py`` runs the same properties with many more examples. The explicit
+worker and a reward worker run as processes on loopback. Each method gets a few hypothesis
+examples per variant (protobuf messages built to be wrong, raw random bytes): the reply is OK or an
+allowed status with a message, never UNKNOWN/INTERNAL, and every process stays alive and healthy;
+afterwards nothing is lost (the relay serves every held version byte-exact, a fresh version goes in
+and out, greedy generation is unchanged, an expert's episode plays and scores as before).
+``bench/fuzz.py`` runs the same properties with many more examples. The explicit
 regression tests below are the inputs that crashed or wedged a service before the fixes.
 """
 

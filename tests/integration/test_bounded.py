@@ -38,6 +38,7 @@ def test_straggler_instance_never_breaks_the_bound_and_training_progresses(tmp_p
         assert all(r["response_len_mean"] == r["response_len_max"] == 10 for r in rows)
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_lost_instance_loses_no_trajectory(tmp_path, tiny_checkpoint):
     killed: list[int] = []
 

@@ -175,6 +175,7 @@ class KillLearnerBetweenCheckpoints:
         self.killed_at = time.time()
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_killed_learner_loses_no_trajectory(tmp_path, tiny_checkpoint):
     """The learner runs in a process of its own: killed between two checkpoints, it is replaced,
     replays the steps since the newest, and the orchestrator (which went on routing and

@@ -284,7 +284,10 @@ def test_lost_instance_is_reported_as_unavailable(stack):
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "instance" in err.value.details()
 
 
-@pytest.mark.parametrize("mode, policy, transport", [("one_step", "streamrl", "relay"), ("sync", "lpt", "direct")])
+@pytest.mark.parametrize("mode, policy, transport", [
+    pytest.param("one_step", "streamrl", "relay", marks=pytest.mark.long),  # `make test-long` (docs/testing.md)
+    ("sync", "lpt", "direct"),
+])
 def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy, transport):
     """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights
     reach the instances through the router either way: each pulls from its relay (relay), or

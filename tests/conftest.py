@@ -29,7 +29,24 @@ def _has_cuda() -> bool:
         return False
 
 
+# The fast tier's longest files, longest first (measured in a fresh clone on 2 cores, 2026-11-29).
+# pytest-xdist hands each worker whole files in collection order (`--dist loadfile`); starting the
+# longest first (Graham's LPT, as the SGS admits requests) leaves the short ones, unit tests last, to
+# fill in, where collection order once left one worker running a minute-long file alone at the end.
+LONGEST_FIRST = ("test_flow", "test_gateway", "test_router", "test_weights_tls_sgs", "test_eval",
+                 "test_learner_process", "test_bounded", "test_data_parallel", "test_orchestrator",
+                 "test_recovery", "test_dataset_run", "test_engine_contract", "test_fuzz_services",
+                 "test_agentic_run", "test_router_membership", "test_real_model", "test_ranker_flow",
+                 "test_broadcast", "test_sgs", "test_reward_kinds", "test_chaos", "test_partial_rollout")
+
+
+def _lpt_rank(item: pytest.Item) -> int:
+    name = item.path.stem
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_lpt_rank)  # stable: a file's tests keep their order, the other files theirs
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

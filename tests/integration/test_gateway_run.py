@@ -20,6 +20,10 @@ from services.gateway.transcript import TRAJECTORY_TEMPLATE
 from services.policy.model import load_policy
 from tests.conftest import FAST_ENGINE, ROOT
 
+# `make test-long` (CI runs it): whole agentic runs; the fast tier keeps the gateway's own tests
+# against a real SGS (test_gateway.py) and its pure checks (docs/testing.md)
+pytestmark = pytest.mark.long
+
 AGENTIC = ["agentic.enabled=true", "agentic.concurrency=8", "trainer.prompts_per_iteration=2", "trainer.group_size=4",
            "trainer.micro_batch_groups=1", "eval.prompts=4", "agentic.max_turns=6", "trainer.mode=one_step",
            "trainer.iterations=3"]
@@ -81,7 +85,6 @@ def test_an_agent_speaking_only_the_openai_api_trains_on_the_sgs_tokens(tmp_path
     assert all(r["bound_violations"] == 0 and r["samples"] == tc.prompts_per_iteration * tc.group_size for r in rows)
 
 
-@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_history_edit_is_a_segment_of_its_own_and_trains_beside_the_episode(tmp_path, chat_checkpoint):
     cfg, summary, rows, trajs, sgs = _run(tmp_path, chat_checkpoint, "tests.integration.gateway_agents:restarting")
     assert summary["final_weight_version"] == cfg.trainer.iterations and trajs

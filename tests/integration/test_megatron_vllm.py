@@ -72,6 +72,7 @@ def _specs(forced: int = 0) -> list[PromptSpec]:
 
 
 @pytest.mark.usefixtures("megatron_cpu")
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_grpo_on_megatron_pushes_weights_that_vllm_generates_with(client, checkpoint):
     from services.rollout.publisher import WeightPublisher
     from services.trainer.learner import Learner

@@ -5,12 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from services.common.types import GenerateParams, PromptSpec
 from services.generation.client import GenerationClient
 from services.policy.model import load_policy
 from tests.conftest import start_sgs, stop_sgs
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_weight_update_interrupts_running_samples_and_they_resume_on_the_new_version(tmp_path, tiny_checkpoint):
     # 20 ms per engine step: the samples are still running when the update arrives
     proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.max_new_tokens=200", "generation.step_delay_ms=[20]"])
@@ -50,7 +53,6 @@ def test_interrupt_by_tag_returns_running_and_queued_samples_and_spares_other_ca
     """Migration's Interrupt command: the tagged call's samples come back at once (running ones with
     their tokens so far, queued ones empty); another call runs on; bad requests get a clear status."""
     import grpc
-    import pytest
 
     proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.max_new_tokens=200", "generation.step_delay_ms=[20]",
                                                  "generation.max_inflight=4"])

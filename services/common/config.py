@@ -174,7 +174,10 @@ class GenerationConfig(StrictModel):
         description="KV-cache blocks (explicit: the default takes most RAM).",
     )
     page_size: int = Field(32, ge=4, le=4096, description="Tokens per KV-cache block.")
-    max_batch_tokens: int = Field(2048, ge=16, le=1_000_000, description="Token budget of one engine step.")
+    max_batch_tokens: int = Field(
+        2048, ge=16, le=1_000_000,
+        description="Token budget of one engine step (vLLM on a CPU: at least the longest sequence, each prompt "
+        "prefilled whole, as seeded sampling needs there).")
     max_sequences_per_request: int = Field(
         8192, ge=1, le=1_000_000,
         description="Most sequences (prompts x samples) in one Generate request.",

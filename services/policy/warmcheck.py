@@ -14,7 +14,9 @@ the run's own engine (``generation.engine``: vLLM by default, the engine that sc
 held-out set), started once in this process from the policy as the SFT began and given the
 policy's current weights before each check; and scores each completion with the run's reward
 (``reward.kind`` built in this process: the verdict ``correct`` the reward service gives). The
-prompts are the same at every check, and the engine samples with ``generation.seed``.
+prompts are the same at every check and each is sampled with a seed of its own (from
+``warmstart.seed``), so a check is a function of the weights: on one machine the same warm start
+stops at the same step every time.
 """
 
 from __future__ import annotations
@@ -59,12 +61,13 @@ class AccuracyCheck:
         self.prompts = [policy.encode_prompt(i.prompt, i.system) for i in self.items]
         self.reward = REWARD_KINDS[cfg.reward.kind](cfg)
         self.max_new_tokens = gen.max_new_tokens
+        self.seed = ws.seed
         self._dir = tempfile.TemporaryDirectory(prefix="braid-warmcheck-")
         save_policy(policy, self._dir.name)  # the engine starts from the policy as it is now
         threads = torch.get_num_threads()  # an engine may set its own (generation.threads): the SFT keeps its
         self.engine: Engine = create_engine(gen.engine, self._dir.name, gen)
         torch.set_num_threads(threads)
-        self.sampling = Sampling(temperature=gen.temperature)
+        self.temperature = gen.temperature
 
     def __enter__(self) -> AccuracyCheck:
         return self
@@ -88,7 +91,8 @@ class AccuracyCheck:
     def _generate(self) -> list[EngineOutput]:
         """One sample per check prompt, in prompt order."""
         for i, prompt in enumerate(self.prompts):
-            self.engine.submit(f"check-{i}", prompt, self.max_new_tokens, sampling=self.sampling)
+            sampling = Sampling(temperature=self.temperature, seed=self.seed * CHECK_SEED_OFFSET + i)
+            self.engine.submit(f"check-{i}", prompt, self.max_new_tokens, sampling=sampling)
         done: dict[str, EngineOutput] = {}
         while len(done) < len(self.prompts):
             for out in self.engine.poll(POLL_S):

@@ -35,3 +35,19 @@ def test_an_unreached_target_trains_every_step_and_says_so(tmp_path, capsys):
     meta = _warmstart(tmp_path, "warmstart.target_accuracy=1.0", "warmstart.steps=30")
     assert meta["target_reached"] is False and meta["steps"] == 30 and meta["checks"][-1]["step"] == 30
     assert "short of warmstart.target_accuracy 1.0" in capsys.readouterr().err
+
+
+def test_a_check_is_a_function_of_the_weights(tmp_path):
+    """Every check prompt is sampled with a seed of its own: the same weights score the same,
+    whatever the engine sampled before."""
+    from services.policy.warmcheck import AccuracyCheck
+    from services.policy.warmstart import base_policy, sft
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, "warmstart.target_accuracy=1.0",
+                                                            "warmstart.check_prompts=64", "warmstart.steps=40"])
+    policy = base_policy(cfg)
+    sft(policy, cfg.model_copy(update={"warmstart": cfg.warmstart.model_copy(update={"target_accuracy": None})}),
+        progress=False)
+    with AccuracyCheck(cfg, policy) as check:
+        first, second = check(policy, 40), check(policy, 40)
+    assert first.accuracy == second.accuracy and first.prompts == 64

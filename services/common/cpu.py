@@ -1,8 +1,9 @@
 """What this machine's CPU offers the CPU builds of torch and vLLM, said in one line.
 
 A run on a CPU is as fast as its vector instructions let torch's and vLLM's kernels be: the same
-``make run`` took about 5 minutes on a 2-core Intel Xeon with AVX-512 and 21 on a 2-core AMD
-EPYC with AVX2 only (issue 52). ``braid run`` prints this line at start and writes it into the
+``make run`` took 7 minutes (139 samples/s) on the 2-core AMD EPYC of the run of record (642b718,
+its vector features not recorded) and 21 (52.5 samples/s) on a 2-core AMD EPYC with AVX2 and no
+AVX-512 (issue 52). ``braid run`` prints this line at start and writes it into the
 run's summary, so a time or a result can be read against the CPU that produced it.
 """
 

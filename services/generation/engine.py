@@ -10,9 +10,13 @@ engine only executes. Engines (``generation.engine``):
 - ``hf``: a dependency-light fallback on transformers' public model API
   (``services.generation.hf_engine``): static batches, no paged cache. Tests whose subject is not
   the engine (router, trainer, relays) use it because it starts in about a second.
+- ``emulated``: EMULATED, no model compute (``services.generation.emulated_engine``): vLLM-like
+  continuous batching whose step times come from a latency profile (``generation.emulation``)
+  and whose tokens are synthetic (``synthetic = True``); it measures time, never learning.
 
-Both pass the same contract suite (``tests/integration/test_engine_contract.py``). The registry
-maps a key to the module that defines the engine, imported only when that engine is created.
+All three pass the contract suite's behaviour checks (``tests/integration/test_engine_contract.py``);
+the checks against a reference forward pass hold for the compute engines (``vllm``, ``hf``) only.
+The registry maps a key to the module that defines the engine, imported only when it is created.
 
 **Adapters** (``trainer.lora``): an engine created with ``adapter`` serves the base checkpoint plus
 a LoRA adapter. Its ``param_specs`` are then the adapter's tensors only (``lora.adapter_specs``:
@@ -152,6 +156,7 @@ EngineFactory = Callable[..., Engine]  # (model_path, cfg, step_delay_s=0.0, ada
 ENGINES: dict[str, str] = {
     "vllm": "services.generation.vllm_engine:VLLMEngine",
     "hf": "services.generation.hf_engine:HFEngine",
+    "emulated": "services.generation.emulated_engine:EmulatedEngine",
 }
 
 

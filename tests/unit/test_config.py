@@ -80,7 +80,7 @@ def test_cli_refuses_invalid_config_before_starting_anything(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("override, fragment", [
-    ("generation.engine=sglang", "generation.engine 'sglang' is not one of ['hf', 'vllm']"),
+    ("generation.engine=sglang", "generation.engine 'sglang' is not one of ['emulated', 'hf', 'vllm']"),
     ("generation.dispatch.policy=fastest", "generation.dispatch.policy 'fastest' is not one of"),
     ("generation.pools=[{name: a, hardware: A100, instances: [0]}]",
      "generation.pools.0.hardware: unknown hardware 'A100'; known: ['H100', 'H20', 'H800', 'cpu-local']"),

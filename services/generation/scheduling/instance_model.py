@@ -149,20 +149,47 @@ class _Instance:
             heapq.heappop(self.finishing)
         return self.finishing[0][0] - self.step
 
-    def segment(self) -> list[str] | None:
-        """Admit, then run to the next completion (or KV overflow); the sequences that finished, or
-        None when there is nothing to run."""
+    def plan(self) -> tuple[int, bool] | None:
+        """Admit, then plan the run to the next event: (decode steps to it, whether it is a KV
+        overflow rather than a completion), or None when there is nothing to run."""
         self.admit()
         if self.n == 0:
             return None
         k = self.steps_to_next_finish()
         room = self.spec.kv_capacity_tokens - self.held  # tokens the cache can still take
         if self.n > 1 and self.n * k > room:  # the running sequences outgrow the cache within k steps
-            self.advance(max(0, room // self.n))
+            return max(0, room // self.n), True
+        return k, False
+
+    def segment(self) -> list[str] | None:
+        """Admit, then run to the next completion (or KV overflow); the sequences that finished, or
+        None when there is nothing to run."""
+        planned = self.plan()
+        if planned is None:
+            return None
+        k, overflow = planned
+        self.advance(k)
+        if overflow:
             self.preempt_newest()
             return []
-        self.advance(k)
         return self.retire_finished()
+
+    def remove(self, seq_id: str) -> int | None:
+        """Drop a queued or running sequence (cancelled, interrupted): the tokens it generated so
+        far, or None when it is not here. Its KV is freed, so admission resumes."""
+        queued = self.queue.remove_if(lambda item: item[0].seq_id == seq_id)
+        if queued:
+            return queued[0][1]
+        for i, run in enumerate(self.stack):
+            if run.alive and run.job.seq_id == seq_id:
+                run.alive = False  # its entry in ``finishing`` is skipped when it comes up
+                del self.stack[i]
+                gen = run.generated(self.step)
+                self.held -= run.job.prompt_tokens + gen
+                self.n -= 1
+                self.blocked = False
+                return gen
+        return None
 
 
 def _check(jobs: Sequence[Job]) -> None:
@@ -186,14 +213,33 @@ def run_instance(
     return out
 
 
+@dataclass(frozen=True)
+class Segment:
+    """The open segment of a ``SteppedInstance`` (work-clock seconds): its decode steps start at
+    ``start_s`` (after the admission's prefill) and reach the next event at ``end_s``, ``steps``
+    steps later; the event is a completion, or a KV overflow when ``preempts``."""
+
+    start_s: float
+    steps: int
+    end_s: float
+    preempts: bool
+
+
 class SteppedInstance:
     """One instance driven segment by segment, with jobs arriving between segments: the model of
     ``run_instance`` for a caller that decides what arrives when (``allocator.launch_sim``: the
     orchestrator launching groups as earlier ones complete). ``t`` is the instance's own work
-    clock: the seconds of compute its segments took, whatever share of a core it gets."""
+    clock: the seconds of compute its segments took, whatever share of a core it gets.
+
+    A live caller (``services.generation.emulated_engine``) also cuts segments short: ``open``
+    admits and plans the next segment without running it, ``steps_done`` says how many of its
+    decode steps a point on the work clock has reached, and ``close(k)`` runs only the first
+    ``k`` (a new arrival joins at the next step boundary; a cancel or interrupt takes a sequence
+    out with ``remove`` between segments). ``close()`` runs it all, as ``next_segment`` does."""
 
     def __init__(self, spec: InstanceSpec, order: Order) -> None:
         self._inst = _Instance((), spec, order, 0.0, False)
+        self._open: tuple[Segment, int, int] | None = None  # (segment, running n, KV held) at its start
 
     def push(self, jobs: Sequence[Job]) -> None:
         _check(jobs)
@@ -202,9 +248,78 @@ class SteppedInstance:
 
     def next_segment(self) -> tuple[float, list[str]] | None:
         """Run the next segment: (its work in seconds, the sequences it finished), or None when idle."""
+        if self._open is not None:
+            raise RuntimeError("next_segment with a segment open: close it first")
         t0 = self._inst.t
         done = self._inst.segment()
         return None if done is None else (self._inst.t - t0, done)
+
+    def open(self) -> Segment | None:
+        """Admit what fits (paying its prefill) and plan the run to the next event without running
+        it; None when there is nothing to run. The open segment until ``close``."""
+        if self._open is not None:
+            return self._open[0]
+        planned = self._inst.plan()
+        if planned is None:
+            return None
+        k, overflow = planned
+        inst = self._inst
+        seg = Segment(inst.t, k, inst.t + inst.cost.steps(inst.n, inst.held, k), overflow)
+        self._open = (seg, inst.n, inst.held)
+        return seg
+
+    def steps_done(self, t: float, round_up: bool = False) -> int:
+        """Decode steps of the open segment finished by work-clock time ``t`` (``round_up``: also
+        the step in progress at ``t``); at most its ``steps``."""
+        if self._open is None:
+            raise RuntimeError("steps_done without an open segment")
+        seg = self._open[0]
+        lo, hi = 0, seg.steps  # the largest j with start + steps(j) <= t (cost.steps grows with j)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if seg.start_s + self.step_time(mid) <= t:
+                lo = mid
+            else:
+                hi = mid - 1
+        if round_up and lo < seg.steps and seg.start_s + self.step_time(lo) < t:
+            lo += 1
+        return lo
+
+    def step_time(self, k: int) -> float:
+        """Work seconds of the open segment's first ``k`` decode steps."""
+        if self._open is None:
+            raise RuntimeError("step_time without an open segment")
+        _, n, held = self._open
+        return self._inst.cost.steps(n, held, k)
+
+    def close(self, steps: int | None = None) -> list[str]:
+        """Run the open segment's first ``steps`` decode steps (None: all of them, then its event:
+        the completions, or the preemption of the newest sequence); the sequences that finished."""
+        if self._open is None:
+            raise RuntimeError("close without an open segment")
+        seg = self._open[0]
+        self._open = None
+        k = seg.steps if steps is None else steps
+        if not 0 <= k <= seg.steps:
+            raise ValueError(f"close({steps}): the open segment has {seg.steps} steps")
+        self._inst.advance(k)
+        if k < seg.steps:
+            return []
+        if seg.preempts:
+            self._inst.preempt_newest()
+            return []
+        return self._inst.retire_finished()
+
+    def remove(self, seq_id: str) -> int | None:
+        """Take a queued or running sequence out (between segments): the tokens it generated, or
+        None when the instance does not hold it."""
+        if self._open is not None:
+            raise RuntimeError("remove with a segment open: close it first")
+        return self._inst.remove(seq_id)
+
+    @property
+    def running(self) -> int:
+        return self._inst.n
 
     @property
     def work_s(self) -> float:

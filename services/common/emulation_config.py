@@ -1,0 +1,73 @@
+"""``generation.emulation``: what the emulated engine (``generation.engine: emulated``) replays.
+
+The emulated engine (``services.generation.emulated_engine``) does no model compute: it batches
+continuously as vLLM schedules, takes each step's duration from a latency profile and each
+sample's output length from a recorded trace or a declared distribution. EMULATED times are
+predictions, never measurements; emulation measures time, never learning. This schema is data
+only: the profile and trace files are read (and their errors raised) when the engine starts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from services.common.strict import StrictModel
+
+MMLU_TRACE_MODEL = "Meta-Llama-3_1-8B-Instruct"  # the ranker's default target model of mmlu-pro-cot
+
+
+class DeclaredLengths(StrictModel):
+    """A declared output-length distribution (tokens): ``fixed`` (``tokens``), ``uniform``
+    (integers in [``low``, ``high``]) or ``lognormal`` (``median`` and ``sigma`` of log-length)."""
+
+    distribution: Literal["fixed", "uniform", "lognormal"] = Field(description="Shape of the distribution.")
+    tokens: int | None = Field(None, ge=1, le=1_000_000, description="fixed: every sample's length.")
+    low: int | None = Field(None, ge=1, le=1_000_000, description="uniform: shortest length.")
+    high: int | None = Field(None, ge=1, le=1_000_000, description="uniform: longest length.")
+    median: float | None = Field(None, gt=0, le=1_000_000, description="lognormal: median length.")
+    sigma: float | None = Field(None, ge=0, le=10, description="lognormal: standard deviation of log-length.")
+
+    @model_validator(mode="after")
+    def _fields_of_the_shape(self) -> DeclaredLengths:
+        need = {"fixed": ("tokens",), "uniform": ("low", "high"), "lognormal": ("median", "sigma")}[self.distribution]
+        missing = [f for f in need if getattr(self, f) is None]
+        fields = ("tokens", "low", "high", "median", "sigma")
+        extra = [f for f in fields if f not in need and getattr(self, f) is not None]
+        if missing or extra:
+            raise ValueError(f"a {self.distribution} length distribution takes exactly {list(need)}; "
+                             f"missing {missing}, not used {extra}")
+        if self.distribution == "uniform" and self.low > self.high:  # type: ignore[operator]
+            raise ValueError(f"uniform lengths: low {self.low} > high {self.high}")
+        return self
+
+
+class EmulationConfig(StrictModel):
+    """The emulated engine's latency profile, output lengths and time scale."""
+
+    profile: str = Field(
+        min_length=1,
+        description="Latency profile in the allocator's format: a shipped name in allocator/profiles/ "
+        "('cpu-local-braid-tiny', 'H20-qwen2.5-7b') or a path to a .json profile (`braid profile`).",
+    )
+    lengths: DeclaredLengths | str = Field(
+        description="Output lengths: a trace file (the mmlu-pro-cot lengths .jsonl.gz, a ranker JSONL of "
+        "response_length, a generation log .sqlite, or a file of integers) or a declared distribution.",
+    )
+    trace_model: str = Field(
+        MMLU_TRACE_MODEL, min_length=1,
+        description="mmlu-pro-cot traces: whose responses (resp_chars key) give the lengths.",
+    )
+    chars_per_token: float = Field(
+        4.0, gt=0, le=100, description="mmlu-pro-cot traces count characters: tokens = characters / this."
+    )
+    time_scale: float = Field(
+        1.0, gt=0, le=1000,
+        description="Every modelled duration is multiplied by this (0.05: a 60 s step passes in 3 s).",
+    )
+    reload_s: float | None = Field(
+        None, ge=0, le=3600,
+        description="Modelled seconds to install a weight version (None: the profile's k2, one read of the "
+        "weights at HBM bandwidth: a lower bound).",
+    )

@@ -1,0 +1,152 @@
+"""The emulated engine's own checks (``generation.engine: emulated``; the shared behaviour checks are
+in ``test_engine_contract.py``): the makespan of a forced-length batch is the instance model's
+prediction x ``time_scale``, a changed time scale scales it, the KV cache running out preempts,
+waiting uses next to no CPU, weight reloads take the modelled time, and a missing or broken
+configuration stops it at start with a clear error."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from services.common.config import GenerationConfig
+from services.generation.emulated_engine import EmulatedEngine
+from services.generation.emulation import TraceError
+from services.generation.scheduling.instance_model import Job, run_instance
+from services.generation.scheduling.profiles import ProfileError
+
+H20 = "H20-qwen2.5-7b"  # derived: ~7 ms per step at these batch sizes
+LENGTHS = {"distribution": "uniform", "low": 1, "high": 80}
+
+
+def make(checkpoint, *, scale: float = 0.1, profile: str = H20, **gen) -> EmulatedEngine:
+    cfg = GenerationConfig(engine="emulated", **{"num_blocks": 256, "page_size": 32, "max_inflight": 64, **gen},
+                           emulation={"profile": profile, "lengths": LENGTHS, "time_scale": scale})
+    return EmulatedEngine(str(checkpoint), cfg)
+
+
+def batch(engine: EmulatedEngine, lengths: list[int], prompt_tokens: int = 8,
+          poll_s: float = 0.005) -> tuple[float, float, list]:
+    """Submit forced-length requests, poll as the SGS core does (every 5 ms) until all are out:
+    (wall seconds, process CPU seconds, outputs)."""
+    t0, c0 = time.monotonic(), time.process_time()
+    for i, n in enumerate(lengths):
+        engine.submit(f"r{i}", [1] + [4] * (prompt_tokens - 1), n, ignore_eos=True)
+    outs: list = []
+    while len(outs) < len(lengths):
+        outs += engine.poll(poll_s)
+    return time.monotonic() - t0, time.process_time() - c0, outs
+
+
+def predicted(engine: EmulatedEngine, lengths: list[int], prompt_tokens: int = 8) -> float:
+    jobs = [Job(f"r{i}", prompt_tokens, n) for i, n in enumerate(lengths)]
+    return run_instance(jobs, engine.spec, "fcfs").makespan_s * engine.time_scale
+
+
+LONG_TAIL = [200, 30, 60, 20, 120, 10, 40, 25] * 4  # 32 sequences, a long tail
+
+
+def test_a_forced_length_batch_takes_the_instance_models_makespan_times_the_scale(tiny_checkpoint):
+    engine = make(tiny_checkpoint, scale=0.5)
+    try:
+        wall, _, outs = batch(engine, LONG_TAIL)
+        want = predicted(engine, LONG_TAIL)
+        assert 0.5 < want < 5.0, want  # the check means something and stays short
+        assert abs(wall - want) < 0.03 * want + 0.02, (wall, want)
+        assert sorted(len(o.token_ids) for o in outs) == sorted(LONG_TAIL)
+        assert all(o.finish_reason == "length" for o in outs)
+    finally:
+        engine.close()
+
+
+def test_a_time_scale_change_scales_the_makespan(tiny_checkpoint):
+    walls = []
+    for scale in (0.25, 0.5):
+        engine = make(tiny_checkpoint, scale=scale)
+        try:
+            walls.append(batch(engine, LONG_TAIL)[0])
+        finally:
+            engine.close()
+    assert 1.85 < walls[1] / walls[0] < 2.15, walls
+
+
+def test_the_kv_cache_running_out_preempts_and_every_sample_still_finishes(tiny_checkpoint):
+    """4 blocks of 32 tokens: four sequences of 10-token prompts fit at admission and outgrow the
+    cache as they decode; the newest is preempted, recomputed later, and all finish on time."""
+    engine = make(tiny_checkpoint, scale=0.1, num_blocks=4)
+    lengths = [60, 60, 60, 60]
+    try:
+        wall, _, outs = batch(engine, lengths, prompt_tokens=10)
+        assert engine.preemptions > 0
+        assert sorted(len(o.token_ids) for o in outs) == lengths
+        want = predicted(engine, lengths, prompt_tokens=10)
+        assert abs(wall - want) < 0.05 * want + 0.02, (wall, want)
+    finally:
+        engine.close()
+
+
+def test_waiting_uses_next_to_no_cpu(tiny_checkpoint):
+    """Polled every 5 ms (the SGS core's loop) the engine costs a few % of a core (~0.2 ms of Python
+    a poll); polled with a long timeout it sleeps until the next completion."""
+    engine = make(tiny_checkpoint, scale=0.5)
+    try:
+        wall, cpu, _ = batch(engine, LONG_TAIL)
+        assert wall > 0.5 and cpu < 0.1 * wall, (wall, cpu)
+        wall, cpu, _ = batch(engine, LONG_TAIL, poll_s=1.0)
+        assert wall > 0.5 and cpu < 0.03 * wall, (wall, cpu)
+    finally:
+        engine.close()
+
+
+def test_kv_usage_is_honest_and_a_weight_reload_takes_the_modelled_time(tiny_checkpoint, tmp_path):
+    cfg = GenerationConfig(engine="emulated", num_blocks=64, page_size=32, max_inflight=64,
+                           emulation={"profile": H20, "lengths": LENGTHS, "time_scale": 1.0, "reload_s": 0.3})
+    engine = EmulatedEngine(str(tiny_checkpoint), cfg)
+    try:
+        assert engine.kv_usage() == 0.0 and engine.kv_capacity_tokens() == 64 * 32
+        engine.submit("a", [1, 4, 5, 6], 40, ignore_eos=True)
+        engine.poll(0.05)
+        assert 4 / 2048 < engine.kv_usage() <= 44 / 2048
+        assert [o.request_id for o in engine.poll(5.0)] == ["a"]
+        assert engine.kv_usage() == 0.0
+        specs = engine.param_specs()
+        import torch
+
+        t0 = time.monotonic()
+        engine.load_weights({k: torch.zeros(s.shape) for k, s in specs.items()})
+        assert 0.28 < time.monotonic() - t0 < 0.5
+    finally:
+        engine.close()
+
+
+def test_seeded_samples_are_the_same_on_another_instance(tiny_checkpoint):
+    from services.generation.engine import Sampling
+
+    seeded = Sampling(temperature=1.0, seed=42)
+    got = []
+    for neighbours in (0, 5):
+        engine = make(tiny_checkpoint, scale=0.01, seed=neighbours)
+        try:
+            for i in range(neighbours):
+                engine.submit(f"n{i}", [1, 4], 30)
+            engine.submit("s", [1, 5, 6], 60, sampling=seeded)
+            outs = []
+            while len(outs) < neighbours + 1:
+                outs += engine.poll(0.01)
+            got.append(next(o for o in outs if o.request_id == "s"))
+        finally:
+            engine.close()
+    assert got[0] == got[1] and engine.synthetic
+
+
+def test_a_missing_or_broken_configuration_stops_the_engine_at_start(tiny_checkpoint, tmp_path):
+    with pytest.raises(ValueError, match=r"needs generation\.emulation"):
+        EmulatedEngine(str(tiny_checkpoint), GenerationConfig(engine="hf"))
+    with pytest.raises(ProfileError, match="no shipped profile 'A100-none'"):
+        make(tiny_checkpoint, profile="A100-none")
+    bad = tmp_path / "lengths.txt"
+    bad.write_text("12 x 7")
+    with pytest.raises(TraceError, match=r"lengths\.txt"):
+        EmulatedEngine(str(tiny_checkpoint), GenerationConfig(
+            engine="emulated", emulation={"profile": H20, "lengths": str(bad)}))

@@ -150,3 +150,33 @@ def test_a_missing_or_broken_configuration_stops_the_engine_at_start(tiny_checkp
     with pytest.raises(TraceError, match=r"lengths\.txt"):
         EmulatedEngine(str(tiny_checkpoint), GenerationConfig(
             engine="emulated", emulation={"profile": H20, "lengths": str(bad)}))
+
+
+def test_an_sgs_process_serves_the_emulated_engine(tmp_path, tiny_checkpoint):
+    """The real SGS (gRPC service, core, weight assembler) over the emulated engine: samples stream
+    out with their lengths, a weight version pushed over gRPC against its ``param_specs`` installs."""
+    import torch
+
+    from services.common.types import GenerateParams, PromptSpec
+    from services.generation.client import GenerationClient
+    from tests.conftest import start_sgs, stop_sgs
+
+    emulation = "{profile: H20-qwen2.5-7b, lengths: {distribution: uniform, low: 1, high: 30}, time_scale: 0.5}"
+    proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.engine=emulated", f"generation.emulation={emulation}",
+                                                 "generation.forced_lengths=true"])
+    client = GenerationClient(proc.address)
+    try:
+        client.wait_ready()
+        assert client.health().engine == "emulated"
+        specs = [PromptSpec(f"p{i}", (1, 4, 5), forced_length=n) for i, n in enumerate((40, 5, 20))]
+        got = [(s.prompt_id, len(s.token_ids), s.finish_reason) for s in client.generate(specs, GenerateParams())]
+        assert got == [("p1", 5, "length"), ("p2", 20, "length"), ("p0", 40, "length")]
+        state = {k: torch.zeros(s.shape) for k, s in
+                 EmulatedEngine(str(tiny_checkpoint), GenerationConfig(
+                     engine="emulated", emulation={"profile": H20, "lengths": LENGTHS})).param_specs().items()}
+        assert client.update_weights(state, version=1).staged
+        after = list(client.generate([PromptSpec("q", (1, 4))], GenerateParams(max_new_tokens=8, min_weight_version=1)))
+        assert [s.weight_version for s in after] == [1] and 1 <= len(after[0].token_ids) <= 8
+    finally:
+        client.close()
+        assert stop_sgs(proc) == 0, proc.log.read_text()[-3000:]

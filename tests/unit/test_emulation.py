@@ -205,3 +205,14 @@ def test_a_declared_distribution_is_validated(lengths, fragment):
 def test_time_scale_must_be_positive():
     with pytest.raises(ValidationError, match="time_scale"):
         EmulationConfig(profile="p", lengths="t.txt", time_scale=0)
+
+
+def test_the_mmlu_pro_cot_trace_reads_as_its_source_describes():
+    """SOURCE.md: Llama-3.1-8B-Instruct answered all 12,032 questions, P50 323 characters (~81 tokens)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2].parent / "shared/data/mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} is not on this machine")
+    lengths = sorted(read_trace(path, "Meta-Llama-3_1-8B-Instruct", 4.0))
+    assert len(lengths) == 12032 and 78 <= lengths[len(lengths) // 2] <= 84

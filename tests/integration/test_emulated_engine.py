@@ -71,6 +71,21 @@ def test_a_time_scale_change_scales_the_makespan(tiny_checkpoint):
     assert 1.85 < walls[1] / walls[0] < 2.15, walls
 
 
+def test_a_straggler_delay_slows_every_step(tiny_checkpoint):
+    """``step_delay_s`` (``generation.step_delay_ms``) is added to every modelled step, scaled too."""
+    cfg = GenerationConfig(engine="emulated", num_blocks=256, page_size=32, max_inflight=64,
+                           emulation={"profile": H20, "lengths": LENGTHS, "time_scale": 0.5})
+    plain, slow = EmulatedEngine(str(tiny_checkpoint), cfg), EmulatedEngine(str(tiny_checkpoint), cfg, 0.01)
+    try:
+        lengths = [60, 30, 45, 60]
+        wall_plain, wall_slow = batch(plain, lengths)[0], batch(slow, lengths)[0]
+        assert abs(wall_slow - predicted(slow, lengths)) < 0.03 * wall_slow + 0.02
+        assert wall_slow - wall_plain == pytest.approx(60 * 0.01 * 0.5, rel=0.15)
+    finally:
+        plain.close()
+        slow.close()
+
+
 def test_the_kv_cache_running_out_preempts_and_every_sample_still_finishes(tiny_checkpoint):
     """4 blocks of 32 tokens: four sequences of 10-token prompts fit at admission and outgrow the
     cache as they decode; the newest is preempted, recomputed later, and all finish on time."""

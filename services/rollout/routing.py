@@ -27,7 +27,7 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -92,11 +92,11 @@ class InstanceRouter:
     the picks need — samples in flight per instance, which instances are alive — and asks
     ``pick_instance`` (staleness-aware, capacity, affinity, stickiness). ``versions()``: the version
     new work on each instance runs with (the weights offered to it); ``incoming()``: samples on
-    their way to each (repack migrations), counted in its load. Thread-safe: a multi-turn run picks
-    from its event loop's thread."""
+    their way to each, by instance index (repack migrations: the repacker's ``Counter``), counted in
+    its load. Thread-safe: a multi-turn run picks from its event loop's thread."""
 
     def __init__(self, n: int, capacity: int, versions: Callable[[], list[int]],
-                 incoming: Callable[[], list[int]] | None = None) -> None:
+                 incoming: Callable[[], Mapping[int, int]] | None = None) -> None:
         self.capacity = capacity
         self.versions, self.incoming = versions, incoming
         self.inflight = [0] * n
@@ -110,10 +110,10 @@ class InstanceRouter:
         """One view per instance that both the router and ``versions()`` know: a joining instance's
         weights publisher may list it before ``add`` gives it a slot here (another thread picks
         meanwhile), and an instance without a slot is not routable yet."""
-        extra = self.incoming() if self.incoming is not None else []
+        extra = self.incoming() if self.incoming is not None else {}
         with self._lock:
             versions = self.versions()
-            return [InstanceView(i, versions[i], self.inflight[i] + (extra[i] if i < len(extra) else 0), self.capacity,
+            return [InstanceView(i, versions[i], self.inflight[i] + extra.get(i, 0), self.capacity,
                                  self.alive[i] and self.open[i])
                     for i in range(min(len(versions), len(self.inflight)))]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from services.rollout.routing import InstanceView, check_routable, instances_to_sync, pick_instance, pull_on_completion
 from services.rollout.staleness import StalenessManager
 
@@ -57,7 +59,7 @@ def test_the_instance_router_counts_what_it_places_and_forgets_lost_instances():
     from services.rollout.routing import InstanceRouter
 
     versions = [2, 1, 1]
-    router = InstanceRouter(3, capacity=4, versions=lambda: versions, incoming=lambda: [0, 0, 3])
+    router = InstanceRouter(3, capacity=4, versions=lambda: versions, incoming=lambda: Counter({2: 3}))
     can = lambda v: v >= 1  # noqa: E731
     first = router.acquire(None, can, need=2)
     assert first.index == 1 and router.inflight == [0, 2, 0]  # oldest version first; 2 incoming to instance 2
@@ -77,7 +79,7 @@ def test_an_instance_the_weights_list_before_the_router_has_its_slot_is_not_rout
     from services.rollout.routing import InstanceRouter
 
     versions = [1, 1]
-    router = InstanceRouter(2, capacity=4, versions=lambda: versions, incoming=lambda: [0, 0])
+    router = InstanceRouter(2, capacity=4, versions=lambda: versions, incoming=lambda: Counter())
     versions.append(1)  # the publisher has the newcomer, the router not yet
     assert [v.index for v in router.views()] == [0, 1]
     assert router.acquire(None, lambda v: True).index == 0

@@ -93,6 +93,7 @@ def _check_artifacts() -> None:
             assert found, key
 
 
+@pytest.mark.long  # `make test-long` (docs/testing.md); the fast tier keeps the one_step flow
 def test_sync_flow_from_a_local_checkpoint_waits_for_new_weights(prefect_api, tmp_path, tiny_checkpoint):
     # --model path/: the same pipeline starts from a local HF checkpoint directory; the run also logs its
     # generations and retrains the ranker its orchestrator dispatches with on them (generation.retrain).

@@ -16,6 +16,10 @@ import pytest
 
 from tests.conftest import FAST_ENGINE, start_sgs, stop_sgs
 
+# `make test-long` (docs/testing.md): SmolLM2 behind a real SGS takes a minute to start; the fast tier
+# keeps the gateway's pure checks (tests/unit/test_gateway_protocol.py)
+pytestmark = pytest.mark.long
+
 MODEL = "braid-policy"
 MAX_NEW = 24
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate an arithmetic expression",

@@ -286,7 +286,7 @@ def test_lost_instance_is_reported_as_unavailable(stack):
 
 @pytest.mark.parametrize("mode, policy, transport", [
     pytest.param("one_step", "streamrl", "relay", marks=pytest.mark.long),  # `make test-long` (docs/testing.md)
-    ("sync", "lpt", "direct"),
+    pytest.param("sync", "lpt", "direct", marks=pytest.mark.long),
 ])
 def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy, transport):
     """The launcher puts the router in front of 2 instances; the trainer sees one SGS. Weights

@@ -36,10 +36,11 @@ lock:
 run: install
 	$(VENV)/bin/braid run --config $(CONFIG)
 
-# Two workers (pytest-xdist), each test file on one worker (its module fixtures stay shared): the
+# Two workers (pytest-xdist), each test file on one worker (its module fixtures stay shared), files in
+# collection order (--no-loadscope-reorder: tests/conftest.py puts the longest first): the
 # integration tests wait on their processes most of the time, one process kept one core busy.
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests
 
 # ruff with the rule selection in pyproject.toml (tests/unit/test_lint.py runs the same check in `make test`).
 # `make lint FIX=1` applies ruff's safe fixes first.
@@ -49,7 +50,7 @@ lint: install
 # The tests that do not fit the fast tier's 15 minutes (marked long: the Prefect server deployments, the
 # trackers' servers, the longest runs); CI runs them after `make test` (.ci/run).
 test-long: install
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m long tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m long tests
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests

@@ -30,9 +30,11 @@ def _has_cuda() -> bool:
 
 
 # The fast tier's longest files, longest first (measured in a fresh clone on 2 cores, 2026-11-29).
-# pytest-xdist hands each worker whole files in collection order (`--dist loadfile`); starting the
-# longest first (Graham's LPT, as the SGS admits requests) leaves the short ones, unit tests last, to
-# fill in, where collection order once left one worker running a minute-long file alone at the end.
+# pytest-xdist hands each worker whole files (`--dist loadfile`), in collection order only with
+# `--no-loadscope-reorder` (the Makefile's): by default it starts the files with the most tests first,
+# which put the unit tests first and the minute-long integration files, one or two tests each, last
+# (a fresh-clone make test beside a spinning core still ran test_bounded alone at 18 minutes). Starting
+# the longest first (Graham's LPT, as the SGS admits requests) leaves the short ones to fill in.
 LONGEST_FIRST = ("test_flow", "test_gateway", "test_router", "test_weights_tls_sgs", "test_eval",
                  "test_learner_process", "test_bounded", "test_data_parallel", "test_orchestrator",
                  "test_recovery", "test_dataset_run", "test_engine_contract", "test_fuzz_services",

@@ -99,5 +99,10 @@ def check_reward_functions(cfg: RunConfig) -> None:
 
 
 def check_run(cfg: RunConfig) -> RunConfig:
-    """Every check of this module: registries, then the task's data."""
+    """Every check of this module: registries, then the task's data. A run (or an evaluation) on
+    the emulated engine is refused: its tokens are synthetic, so a real trainer would train on them
+    and a held-out score would score them; emulated runs need an emulated learner (issue 53)."""
+    if cfg.generation.engine == "emulated":
+        raise ConfigError("generation.engine 'emulated' generates synthetic tokens (EMULATED: it measures time, never "
+                          "learning); braid run and braid eval need an engine that runs the model ('vllm' or 'hf')")
     return check_task(check_registries(cfg))

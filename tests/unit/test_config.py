@@ -236,3 +236,18 @@ def test_a_ranker_store_nothing_reads_is_refused(overrides, refused):
     else:
         with pytest.raises(ConfigError, match=re.escape(refused)):
             load_config(None, overrides)
+
+
+def test_a_run_on_the_emulated_engine_is_refused_until_its_learner_is_emulated_too(capsys):
+    """Synthetic tokens must never reach a real trainer or a held-out score: braid run and braid eval
+    refuse the emulated engine (the engine itself, in an SGS, is the contract suite's)."""
+    from flows.cli import main
+    from flows.registries import check_run
+
+    emulated = ["generation.engine=emulated",
+                "generation.emulation={profile: cpu-local-braid-tiny, lengths: {distribution: fixed, tokens: 8}}"]
+    cfg = load_config(None, emulated)  # the schema accepts it: an SGS may serve it
+    with pytest.raises(ConfigError, match="synthetic tokens"):
+        check_run(cfg)
+    assert main(["config", *[a for o in emulated for a in ("--set", o)]]) == 2
+    assert "synthetic tokens" in capsys.readouterr().err

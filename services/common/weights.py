@@ -25,18 +25,23 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-import torch
 import xxhash
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-}
+if TYPE_CHECKING:
+    import torch
+
+# the dtypes a version may carry, by name, with their sizes in bytes: the relays check manifests
+# and place chunks without torch (importing it costs each relay process ~3.5 s of CPU)
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a manifest's dtype name (one of ``_ITEMSIZE``)."""
+    import torch
+
+    return getattr(torch, name)
 
 
 MAX_CHUNKS = 1 << 20  # a version's chunk plan is held in memory, an entry per chunk (4 TiB at 4 MiB chunks)
@@ -81,7 +86,7 @@ class TensorSpec:
         n = 1
         for s in self.shape:
             n *= s
-        return n * _DTYPES[self.dtype].itemsize
+        return n * _ITEMSIZE[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ def specs_of(state: dict[str, torch.Tensor]) -> dict[str, TensorSpec]:
 
 
 def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    import torch
+
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
 
 
@@ -180,7 +187,7 @@ class Manifest:
         pos = 0
         seen: set[str] = set()
         for t in self.tensors:
-            if t.dtype not in _DTYPES:
+            if t.dtype not in _ITEMSIZE:
                 raise WeightError("argument", f"tensor {t.name!r}: unsupported dtype {t.dtype!r}")
             if t.name in seen or not t.name:
                 raise WeightError("argument", f"tensor name {t.name!r} is empty or repeated")
@@ -250,6 +257,8 @@ def flatten_into(state, manifest: Manifest, blob) -> None:
     ``blob`` (a writable buffer of ``total_bytes``) in plan order. Contiguous CPU tensors go by
     ``memmove`` (GIL released; ~10x faster here than ``Tensor.copy_`` into a byte view), others
     through torch."""
+    import torch
+
     stream = WeightStream.of(state)
     base = ctypes.addressof(ctypes.c_char.from_buffer(blob)) if manifest.total_bytes else 0
     out = None
@@ -266,11 +275,13 @@ def flatten_into(state, manifest: Manifest, blob) -> None:
 
 def state_from_blob(manifest: Manifest, blob) -> dict[str, torch.Tensor]:
     """Tensors viewing ``blob`` (no copy); the caller keeps the blob alive while they are used."""
+    import torch
+
     mv = memoryview(blob)
     state = {}
     warnings.filterwarnings("ignore", message="The given buffer is not writable")  # read-only maps: never written
     for t in manifest.tensors:
-        dtype = _DTYPES[t.dtype]
+        dtype = torch_dtype(t.dtype)
         if t.nbytes == 0:
             state[t.name] = torch.empty(t.shape, dtype=dtype)
         else:
@@ -384,11 +395,13 @@ class WeightAssembler:
         missing = [n for n, s in self._specs.items() if len(self._buffers.get(n, b"")) != s.nbytes]
         if missing:
             raise WeightError("argument", f"incomplete version {self._version}: missing or short {missing[:5]}")
+        import torch
+
         state = {}
         for name, spec in self._specs.items():
             if spec.nbytes == 0:
-                state[name] = torch.empty(spec.shape, dtype=_DTYPES[spec.dtype])
+                state[name] = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype))
                 continue
-            flat = torch.frombuffer(self._buffers[name], dtype=_DTYPES[spec.dtype])
+            flat = torch.frombuffer(self._buffers[name], dtype=torch_dtype(spec.dtype))
             state[name] = flat.view(spec.shape)
         return self._version, state

@@ -85,7 +85,8 @@ def _spawn_ranks(target, *args) -> None:
         assert p.exitcode == 0, f"a rank failed (exit {p.exitcode})"
 
 
-@pytest.mark.parametrize("kl_coef", [0.0, 0.05])  # with a KL term the reference model is sharded too
+# with a KL term the reference model is sharded too: in make test-long (two more spawned ranks, ~25 s of CPU)
+@pytest.mark.parametrize("kl_coef", [0.0, pytest.param(0.05, marks=pytest.mark.long)])
 def test_two_ranks_make_the_single_process_update(tmp_path, kl_coef):
     check_two_ranks(tmp_path, kl_coef, "cpu")
 

@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from flows.launcher import run_processes
 from flows.registries import check_run
 from services.common.config import load_config, write_config
@@ -21,6 +23,9 @@ from tests.conftest import FAST_ENGINE, ROOT
 from tests.integration.datasets import dataset_overrides, write_rows
 
 
+# make test-long (CI runs it; docs/testing.md): the fast tier trains from the same JSONL file with the same
+# user reward in test_recovery.py's one-step trainer kill, and refuses bad rows and broken functions below
+@pytest.mark.long
 def test_a_jsonl_dataset_trains_with_a_user_reward_and_counts_its_failures(tmp_path, tiny_checkpoint):
     data = tmp_path / "rows.jsonl"
     write_rows(data)

@@ -129,6 +129,31 @@ def test_logprobs_match_the_reference_forward(engine, reference, temperature):
         assert max(abs(a - b) for a, b in zip(out.logprobs, want, strict=True)) < 2e-3, (out.logprobs, want)
 
 
+def test_the_learner_takes_the_engines_samples_at_importance_ratio_one(engine, tiny_checkpoint):
+    """The trainer's side of the agreement (on SmolLM2: ``test_real_model.py``, in make test-long):
+    the learner recomputes the engine's log-probs at the sampling temperature, so on-policy samples
+    have importance ratio 1 and nothing is clipped."""
+    from services.common.config import RunConfig
+    from services.common.types import SampleRecord
+    from services.policy.model import load_policy
+    from services.trainer.learner import Group, Learner
+
+    compute_only(engine)
+    temperature = 0.7
+    for i, p in enumerate(PROMPTS):
+        engine.submit(f"ratio-{i}", p, 12, ignore_eos=True, sampling=Sampling(temperature=temperature))
+    outs = sorted(run(engine, len(PROMPTS)), key=lambda o: int(o.request_id.rsplit("-", 1)[1]))
+    cfg = RunConfig.model_validate({"model": {"path": str(tiny_checkpoint)},
+                                    "generation": {"temperature": temperature}, "trainer": {"lr": 1e-6}})
+    samples = [SampleRecord("q", "q", i, tuple(p), tuple(o.token_ids), tuple(o.logprobs), 0, o.finish_reason,
+                            0.0, 0.0, 0.0) for i, (p, o) in enumerate(zip(PROMPTS, outs, strict=True))]
+    learner = Learner(cfg, load_policy(tiny_checkpoint))
+    stats = learner.begin()
+    learner.backward([Group(samples, [1.0, 0.0, 1.0, 0.0])])
+    assert stats.micro_batches >= 1 and stats.clip_fraction == 0.0
+    assert abs(stats.ratio / stats.micro_batches - 1.0) < 1e-2, stats
+
+
 def test_greedy_decodes_the_reference_argmax_with_unscaled_logprobs(engine, reference):
     compute_only(engine)
     for i, p in enumerate(PROMPTS):

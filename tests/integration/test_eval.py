@@ -1,6 +1,6 @@
 """The trained model handed back, and ``braid eval``: a real run of the smoke config writes ``final/``,
-which transformers loads as the run's final policy, and ``braid eval`` (the CLI, a subprocess) scores
-it and the warm start on the run's held-out set as the run did.
+which transformers loads as the run's final policy, and ``braid eval`` (the CLI's main; its SGS and
+reward worker are processes) scores it and the warm start on the run's held-out set as the run did.
 
 Every evaluation request carries ``eval.seed`` and the SGS samples each held-out prompt from a
 generator of its own seeded from it and the prompt's id (``services.run.heldout``), so ``braid eval``
@@ -12,8 +12,6 @@ longer matters).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -42,11 +40,16 @@ def finished_run(tmp_path_factory) -> tuple[Path, Path, dict]:
     return run_dir, warm, summary
 
 
-def braid_eval(model: Path, run_dir: Path, out: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "eval", "--model", str(model), "--config",
-                           str(run_dir / "config.json"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def braid_eval(model: Path, run_dir: Path, out: Path, capsys) -> dict:
+    """``braid eval``'s JSON: the CLI's ``main`` in this process (its services are processes of their own;
+    a ``braid eval`` subprocess would import torch and transformers again, ~11 s of CPU here)."""
+    from flows.cli import main
+
+    capsys.readouterr()
+    code = main(["eval", "--model", str(model), "--config", str(run_dir / "config.json"), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    return json.loads(captured.out)
 
 
 def test_final_is_the_runs_final_policy_and_transformers_loads_it(finished_run):
@@ -70,9 +73,9 @@ def test_final_is_the_runs_final_policy_and_transformers_loads_it(finished_run):
     assert any(not torch.equal(got[k], before[k]) for k in got)  # trained: not the warm start
 
 
-def test_braid_eval_scores_final_as_the_run_did(finished_run, tmp_path):
+def test_braid_eval_scores_final_as_the_run_did(finished_run, tmp_path, capsys):
     run_dir, _, summary = finished_run
-    got = braid_eval(run_dir / "final", run_dir, tmp_path / "final")
+    got = braid_eval(run_dir / "final", run_dir, tmp_path / "final", capsys)
     n, run, fin = summary["eval_prompts"], got["run"], summary["eval_final"]
     assert run["same_heldout_set"] and run["accuracy"] == summary["final_accuracy"] and got["prompts"] == n
     # Exactly the run's final evaluation, not a second draw: the same checkpoint, the same prompts and
@@ -89,9 +92,9 @@ def test_braid_eval_scores_final_as_the_run_did(finished_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_braid_eval_reproduces_the_warm_start_evaluation_sample_for_sample(finished_run, tmp_path):
+def test_braid_eval_reproduces_the_warm_start_evaluation_sample_for_sample(finished_run, tmp_path, capsys):
     run_dir, warm, summary = finished_run
-    got, ws = braid_eval(warm, run_dir, tmp_path / "warm"), summary["eval_warmstart"]
+    got, ws = braid_eval(warm, run_dir, tmp_path / "warm", capsys), summary["eval_warmstart"]
     assert (got["accuracy"], got["response_len_mean"], got["breakdown"]) == (
         ws["accuracy"], ws["response_len_mean"], ws["by_difficulty"])
     assert got["prompts"] == summary["eval_prompts"] and "run" not in got  # a warm start has no final.json

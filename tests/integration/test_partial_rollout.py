@@ -10,7 +10,7 @@ import pytest
 from services.common.types import GenerateParams, PromptSpec
 from services.generation.client import GenerationClient
 from services.policy.model import load_policy
-from tests.conftest import start_sgs, stop_sgs
+from tests.conftest import FAST_ENGINE, start_sgs, stop_sgs
 
 
 @pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
@@ -54,8 +54,9 @@ def test_interrupt_by_tag_returns_running_and_queued_samples_and_spares_other_ca
     their tokens so far, queued ones empty); another call runs on; bad requests get a clear status."""
     import grpc
 
-    proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.max_new_tokens=200", "generation.step_delay_ms=[20]",
-                                                 "generation.max_inflight=4"])
+    # the fast engine: interrupt by tag is the SGS's (the engine contract checks each engine's interrupt)
+    proc = start_sgs(tmp_path, tiny_checkpoint, [FAST_ENGINE, "generation.max_new_tokens=200",
+                                                 "generation.step_delay_ms=[20]", "generation.max_inflight=4"])
     client = GenerationClient(proc.address)
     try:
         client.wait_ready()

@@ -1,10 +1,16 @@
 """The real pretrained model through the trainer and vLLM: the train/inference agreement every
-importance ratio rests on, measured on SmolLM2-135M-Instruct at a sampling temperature below 1."""
+importance ratio rests on, measured on SmolLM2-135M-Instruct at a sampling temperature below 1.
+
+In ``make test-long``: SmolLM2's import, vLLM and the learner on it cost about two minutes of a loaded
+2-core machine. The fast tier keeps the same agreement on the tiny model (the engine contract's
+log-probs against the reference forward at temperature 0.7, ``test_engine_contract.py``).
+"""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from services.common.config import GenerationConfig, RunConfig
@@ -16,6 +22,7 @@ from services.trainer.learner import Group, Learner
 
 QUESTIONS = ["What is 23 + 45?", "What is 7 times 8?", "Add 12 and 9.", "What is 15 minus 6?"]
 TEMPERATURE = 0.6
+pytestmark = pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 
 
 def _generate(ckpt, prompts: list[list[int]]) -> list:

@@ -139,7 +139,15 @@ class VLLMEngine(Engine):
             disable_log_stats=False,  # scheduler stats carry KV-cache usage (kv_usage)
             **(lora_args(adapter) if adapter is not None else {}),
         )
-        self._engine = LLMEngine.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; close() puts
+        # it back, so a process that goes on after the engine (a test worker, a benchmark) sets its threads
+        # again (measured: a 1-thread training after an in-process engine ran on 2 threads, 60% more CPU)
+        self._torch_threads = (torch.set_num_threads, torch.get_num_threads())
+        try:
+            self._engine = LLMEngine.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+        except BaseException:
+            self._give_back_threads()
+            raise
         blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or cfg.num_blocks
         self._capacity_tokens = int(blocks) * cfg.page_size
         self._running: dict[str, _Running] = {}
@@ -276,6 +284,12 @@ class VLLMEngine(Engine):
         self._engine.engine_core.shutdown()
         if self._adapters is not None:
             self._adapters.close()
+        self._give_back_threads()
+
+    def _give_back_threads(self) -> None:
+        set_threads, threads = self._torch_threads
+        torch.set_num_threads = set_threads
+        set_threads(threads)
 
 
 def prefill_args(cfg: GenerationConfig, max_positions: int, cuda: bool) -> dict:

@@ -86,6 +86,9 @@ def _check_tokens(cfg, trajs, policy, genlog) -> None:
         assert t["reward"] == reward and t["reward_info"]["kind"] == "rule"  # the reward service's replay agrees
 
 
+# the fast tier keeps multi-turn trajectories against a real SGS and a killed environment worker
+# (test_env_service.py) and the trajectory-to-sample masks (tests/unit)
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_trained_tokens_are_the_sgs_s_or_the_environment_s_and_a_killed_worker_costs_only_its_own(
         tmp_path, tiny_checkpoint):
     killed: list[int] = []

@@ -142,6 +142,7 @@ def _rank_recovery(rank: int, world: int, port: int, out: str) -> None:
     shutdown()
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_two_ranks_restore_a_gathered_recovery_state(tmp_path):
     out = tmp_path / "rank0.pt"
     _spawn_ranks(_rank_recovery, str(out))

@@ -337,6 +337,19 @@ def test_adapter_engine_takes_the_adapters_tensors_only(lora_engine, tiny_checkp
     assert {s.dtype for s in specs.values()} == {"float32"}
 
 
+def test_a_closed_vllm_engine_gives_the_process_its_torch_threads_back(tiny_checkpoint):
+    """vLLM's CPU worker makes torch.set_num_threads a no-op in its process; after close() a test worker
+    or a benchmark sets its threads again."""
+    before = torch.get_num_threads()
+    eng = create_engine("vllm", str(tiny_checkpoint), GenerationConfig(num_blocks=16, page_size=32, max_inflight=4))
+    eng.close()
+    try:
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_vllm_refuses_an_adapter_it_cannot_serve_at_start(tiny_checkpoint):
     """vLLM serves LoRA on the decoder's projections only: an adapter on lm_head stops the engine
     at start, naming what it serves, and leaves no adapter directory behind."""

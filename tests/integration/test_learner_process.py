@@ -100,6 +100,7 @@ def test_a_learner_process_trains_as_the_inline_learner_and_a_killed_one_is_repl
         proc.close()
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_a_learner_that_keeps_dying_ends_the_run(cfg, tiny_checkpoint, tmp_path):
     proc = LearnerProcess(cfg, str(tiny_checkpoint), tmp_path, max_restarts=0, start=START)
     try:

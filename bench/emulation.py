@@ -8,7 +8,9 @@ within 5% of the real engine's: the median over >= 3 interleaved rounds of the p
 - **Model**: ``deploy/configs/default.yaml``'s policy (braid-tiny, random init), saved once.
 - **Profile**: ``braid profile`` (``allocator.profiler.run_profile``) measured first, in this run,
   with vLLM pinned to ``--cpu`` (one torch thread) and the default config's generation settings,
-  which both engines then run with. The emulated engine replays it: no other calibration.
+  which both engines then run with; each grid point the median of ``--profile-repeats`` (3)
+  interleaved measurements (identical measurements here differed by up to 30%; the first record,
+  8514b3b, used one). The emulated engine replays it: no other calibration.
 - **Traces** (forced lengths, EOS ignored, capped at ``--cap``; ``--n`` requests, all submitted at
   once): ``arith``, the task's long tail (``bench/engine.py``'s ``sample_workload``); ``mmlu-pro``,
   response lengths of ``--trace-model`` in ``../shared/data/mmlu-pro-cot`` (characters /
@@ -111,7 +113,8 @@ def markdown(result: dict) -> str:
              f"{TARGET_ERROR:.0%} for throughput and makespan on each trace. {result['rounds']} interleaved rounds; "
              f"{w['n']} requests a trace, all at once, forced lengths capped at {w['cap']}; both engines pinned "
              f"to CPU {w['cpu']}, one thread. The profile was measured by `braid profile` in this run "
-             f"(fit relative RMSE {result['profile']['fit_rel_rmse']:.3f}).", "",
+             f"(each point the median of {result['profile'].get('repeats', 1)} interleaved measurements; fit "
+             f"relative RMSE {result['profile']['fit_rel_rmse']:.3f}).", "",
              "**EMULATED** columns are the profile's predictions, not measurements.", "",
              "| trace | vLLM tokens/s (measured) | EMULATED tokens/s | throughput error | vLLM makespan s (measured) "
              "| EMULATED makespan s | makespan error | met |", "|---|---|---|---|---|---|---|---|"]
@@ -174,7 +177,8 @@ def measure_profile(ns: argparse.Namespace, tmp: Path, model: str) -> dict:
     """``braid profile`` on the pinned CPU with vLLM, as a subprocess; the profile's path and fit."""
     out = tmp / "profile.json"
     cmd = [sys.executable, "-m", "flows.cli", "profile", "--config", str(CONFIG), "--model", model, "--out", str(out),
-           "--hardware", f"cpu-local-core{ns.cpu}", *(["--quick"] if ns.quick_profile else [])]
+           "--hardware", f"cpu-local-core{ns.cpu}", "--repeats", str(ns.profile_repeats),
+           *(["--quick"] if ns.quick_profile else [])]
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(ns.cpu), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, cwd=ROOT,
@@ -186,6 +190,7 @@ def measure_profile(ns: argparse.Namespace, tmp: Path, model: str) -> dict:
           flush=True)
     return {"path": str(out), "fit_rel_rmse": doc["fit_rel_rmse"], "step_cost": doc["step_cost"],
             "kv_capacity_tokens": doc["kv_capacity_tokens"], "quick": ns.quick_profile,
+            "repeats": ns.profile_repeats,
             "seconds": time.perf_counter() - t0}
 
 
@@ -246,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chars-per-token", type=float, default=4.0)
     ap.add_argument("--mmlu-scale", type=float, default=0.25, help="MMLU-Pro lengths x this (shape kept)")
     ap.add_argument("--quick-profile", action="store_true", help="braid profile --quick (fewer batch sizes)")
+    ap.add_argument("--profile-repeats", type=int, default=3, help="braid profile --repeats: median of this many")
     ap.add_argument("--quick", action="store_true", help=f"1 round, 32 requests, into {QUICK_OUT}")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
@@ -260,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if ns.quick:
-        ns.rounds, ns.n, ns.quick_profile = 1, 32, True
+        ns.rounds, ns.n, ns.quick_profile, ns.profile_repeats = 1, 32, True, 1
     result = bench(ns)
     print(write_results(results_dir(ns.out, ns.quick), "emulation", result, markdown))
     return 0

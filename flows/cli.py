@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from flows.reward_cli import positive_int  # argparse only; torch loads lazily
+
 
 def prefect_env(cache_dir: str) -> None:
     """Local Prefect defaults (ephemeral API) unless the user configured a server."""
@@ -107,7 +109,7 @@ def _profile(ns: argparse.Namespace) -> int:
     try:
         from allocator.profiler import run_profile
 
-        result = run_profile(ns.config, ns.model, ns.out, hardware=ns.hardware, quick=ns.quick)
+        result = run_profile(ns.config, ns.model, ns.out, hardware=ns.hardware, quick=ns.quick, repeats=ns.repeats)
     except (ConfigError, ProfileError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -159,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", required=True, help="profile JSON to write")
     prof.add_argument("--hardware", default="cpu-local", help="hardware kind recorded in the profile")
     prof.add_argument("--quick", action="store_true", help="fewer batch sizes")
+    prof.add_argument("--repeats", type=positive_int, default=1,
+                      help="measure each point this many times (passes interleaved) and keep the median")
     prof.add_argument("--derive", metavar="GPU:MODEL",
                       help="write a roofline-derived profile instead, e.g. H20:qwen2.5-7b")
     prof.set_defaults(func=_profile)

@@ -28,7 +28,8 @@ def _train(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (its error names the value)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, not {value}")
@@ -45,7 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="config override, e.g. agentic.calculator.max_steps=3")
     p.add_argument("--out", required=True, help="directory to write the classifier to (reward.model_path)")
-    p.add_argument("--steps", type=_positive, default=1500, help="optimizer steps")
-    p.add_argument("--examples", type=_positive, default=3000, help="training transcripts (held out: a third as many)")
+    p.add_argument("--steps", type=positive_int, default=1500, help="optimizer steps")
+    p.add_argument("--examples", type=positive_int, default=3000,
+                   help="training transcripts (held out: a third as many)")
     p.add_argument("--seed", type=int, default=0, help="seed of the transcripts and the initial weights")
     p.set_defaults(func=_train)

@@ -89,3 +89,16 @@ def test_a_stream_that_breaks_its_own_table_is_refused(items, match):
     sd = state()
     with pytest.raises(WeightError, match=match):
         _stream(items(sd)).host_copies()
+
+
+def test_a_relay_process_starts_without_torch():
+    """The relays check manifests and place chunks by dtype name: importing torch would cost every
+    relay process start ~3 s of CPU here (the fast tier starts about 30)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, services.weights.__main__, services.weights.server; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"

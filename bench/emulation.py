@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine import engine_round, machine_load, rotation, sample_workload  # noqa: E402
+from bench.engine import engine_round, machine_load, pinned_env, rotation, run_marked, sample_workload  # noqa: E402
 from bench.report_io import (  # noqa: E402
     QUICK_OUT,
     RecordParser,
@@ -164,13 +164,7 @@ def run_worker(engine: str, ns: argparse.Namespace, model: str, workload: str) -
     # --allow-dirty: a worker writes no results (the parent checked the tree, or runs --quick into scratch)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, "--model", model,
            "--workload", workload, "--cpu", str(ns.cpu), "--allow-dirty"]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(ns.cpu), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"worker {engine} rc={proc.returncode}: {proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(MARK):])
+    return run_marked(cmd, ns.cpu, MARK, engine)
 
 
 def measure_profile(ns: argparse.Namespace, tmp: Path, model: str) -> dict:
@@ -179,9 +173,8 @@ def measure_profile(ns: argparse.Namespace, tmp: Path, model: str) -> dict:
     cmd = [sys.executable, "-m", "flows.cli", "profile", "--config", str(CONFIG), "--model", model, "--out", str(out),
            "--hardware", f"cpu-local-core{ns.cpu}", "--repeats", str(ns.profile_repeats),
            *(["--quick"] if ns.quick_profile else [])]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(ns.cpu), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, cwd=ROOT,
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=pinned_env(ns.cpu), cwd=ROOT,
                           preexec_fn=lambda: os.sched_setaffinity(0, {ns.cpu}))
     if proc.returncode != 0:
         raise RuntimeError(f"braid profile failed (rc {proc.returncode}): {proc.stderr[-3000:]}")

@@ -270,17 +270,27 @@ def worker(ns: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------- orchestration
+def pinned_env(cpu: int) -> dict[str, str]:
+    """A benchmark worker's environment: vLLM's OpenMP threads bound to ``cpu``, one thread, offline."""
+    return {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(cpu), "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_marked(cmd: list[str], cpu: int, mark: str, what: str) -> dict:
+    """Run a worker process in ``pinned_env(cpu)``; its result is the JSON after ``mark`` on the last
+    stdout line that starts with it (an error names ``what``, its exit code and its stderr's tail)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=pinned_env(cpu), cwd=ROOT)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(mark)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"worker {what} rc={proc.returncode}: {proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len(mark):])
+
+
 def run_worker(engine: str, ns: argparse.Namespace, model: str, workload: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine,
            "--model", model, "--workload", workload, "--rounds", str(ns.rounds), "--swaps", str(ns.swaps),
            "--cpu", str(ns.cpu), "--seed", str(ns.seed)]
-    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(ns.cpu), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"worker {engine} rc={proc.returncode}: {proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(MARK):])
+    return run_marked(cmd, ns.cpu, MARK, engine)
 
 
 def build_workload(ns: argparse.Namespace, tmp: Path) -> tuple[str, str, dict, dict]:

@@ -161,9 +161,8 @@ def worker(ns: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------- orchestration
 def run_worker(engine: str, ns: argparse.Namespace, model: str, workload: str) -> dict:
-    # --allow-dirty: a worker writes no results (the parent checked the tree, or runs --quick into scratch)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, "--model", model,
-           "--workload", workload, "--cpu", str(ns.cpu), "--allow-dirty"]
+           "--workload", workload, "--cpu", str(ns.cpu)]
     return run_marked(cmd, ns.cpu, MARK, engine)
 
 

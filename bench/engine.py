@@ -278,8 +278,11 @@ def pinned_env(cpu: int) -> dict[str, str]:
 
 def run_marked(cmd: list[str], cpu: int, mark: str, what: str) -> dict:
     """Run a worker process in ``pinned_env(cpu)``; its result is the JSON after ``mark`` on the last
-    stdout line that starts with it (an error names ``what``, its exit code and its stderr's tail)."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=pinned_env(cpu), cwd=ROOT)
+    stdout line that starts with it (an error names ``what``, its exit code and its stderr's tail).
+    ``--allow-dirty``: a worker writes no results, so its RecordParser must not refuse a dirty tree (the
+    parent already checked, or runs --quick into scratch)."""
+    proc = subprocess.run([*cmd, "--allow-dirty"], capture_output=True, text=True, timeout=1200, env=pinned_env(cpu),
+                          cwd=ROOT)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(mark)]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"worker {what} rc={proc.returncode}: {proc.stderr[-3000:]}")

@@ -213,7 +213,15 @@ def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | P
                objective: Objective = "time", max_iteration_s: float | None = None) -> dict:
     """Plan from files; returns the plan as a JSON-able dict (``PLAN_FIELDS`` and more)."""
     cluster, wl = load_cluster(cluster_path), load_workload(workload_path)
-    model = find_model(model_name)
+    return plan_specs(cluster, str(cluster_path), find_model(model_name), wl, objective=objective,
+                      max_iteration_s=max_iteration_s)
+
+
+def plan_specs(cluster: ClusterSpec, cluster_path: str, model: ModelSpec, wl: WorkloadSpec, *,
+               objective: Objective = "time", max_iteration_s: float | None = None) -> dict:
+    """``plan_files`` on loaded inputs (``cluster_path``: where the cluster came from, for messages).
+    The plan also says how to emulate it (``emulation``: the generation profile per instance, the
+    training site's node size, network and profile)."""
     t0 = time.perf_counter()
     cm = build_cost_model(cluster, str(cluster_path), model, wl)
     try:
@@ -236,7 +244,32 @@ def plan_files(cluster_path: str | Path, model_name: str, workload_path: str | P
     if cluster.links:
         gbps = min(link.gbps for link in cluster.links)
         out["cross_site_weight_transfer_s"] = model.weight_bytes() * 8 / (gbps * 1e9)
+    out["emulation"] = emulation_of(cluster, str(cluster_path), model, plan.gen_gpus // out["gen_instances"])
     return out
+
+
+def emulation_of(cluster: ClusterSpec, where: str, model: ModelSpec, gen_tp: int) -> dict:
+    """What an emulated run of a plan needs beyond the plan's own fields: the profile of one
+    generation instance (the site's file, the shipped one, or ``KIND:MODEL:tpN`` derived: what
+    ``generation.emulation.profile`` takes) and the training site's node, network and profile."""
+    from services.generation.scheduling.profiles import PROFILE_DIR
+
+    gsite, tsite = cluster.site("generation"), cluster.site("training")
+    base = gen_profile(gsite, model, where)
+    if base.tensor_parallel != gen_tp:
+        profile = f"{gsite.gpu}:{model.name}:tp{gen_tp}"
+    elif gsite.profile is not None:
+        profile = str(Path(gsite.profile).resolve())
+    elif (PROFILE_DIR / f"{gsite.gpu}-{model.name}.json").is_file():
+        profile = f"{gsite.gpu}-{model.name}"
+    else:
+        profile = f"{gsite.gpu}:{model.name}:tp{gen_tp}"
+    train_profile = tsite.train_profile
+    if train_profile not in (None, ROOFLINE):
+        train_profile = str(Path(train_profile).resolve())
+    return {"gen_profile": profile, "gen_tensor_parallel": gen_tp,
+            "train_gpus_per_node": tsite.gpus_per_node, "train_inter_node_gbps": tsite.inter_node_gbps,
+            "train_profile": train_profile}
 
 
 def format_table(plan: dict) -> str:

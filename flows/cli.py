@@ -37,8 +37,11 @@ def _run(ns: argparse.Namespace) -> int:
     overrides = config_overrides(ns)
     if ns.run_id:
         overrides.append(f"run_id={ns.run_id}")
+    plan = ns.plan
     try:
         cfg = check_run(load_config(ns.config, overrides))  # fail fast, before Prefect starts
+        if ns.cluster:
+            plan = _cluster_plan(ns, cfg)
     except (ConfigError, FileNotFoundError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -48,9 +51,22 @@ def _run(ns: argparse.Namespace) -> int:
     prefect_env(cfg.cache_dir)
     from flows.rl_training import rl_training
 
-    result = rl_training(config_path=ns.config, overrides=overrides, plan=ns.plan)
+    result = rl_training(config_path=ns.config, overrides=overrides, plan=plan)
     print(run_output(result))
     return 0
+
+
+def _cluster_plan(ns: argparse.Namespace, cfg) -> dict:
+    """``--cluster``: the allocator's plan for this EMULATED run, printed as ``braid allocate`` does."""
+    from allocator.allocate import format_table
+    from flows.emulated_plan import plan_for_run
+    from services.common.config import ConfigError
+
+    if ns.plan:
+        raise ConfigError("--cluster plans the run itself: give --cluster or --plan, not both")
+    plan = plan_for_run(cfg, ns.cluster, ns.workload, ns.objective)
+    print(format_table(plan), flush=True)
+    return plan
 
 
 RUN_KEYS = ("run_dir", "mode", "warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts",
@@ -144,7 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="local HF checkpoint dir instead of the built tiny model")
     run.add_argument("--run-id", help="run directory name under runs/")
     run.add_argument("--plan",
-                     help="allocation plan JSON (`braid allocate --json`): braid-tiny plans set the SGS instances")
+                     help="allocation plan JSON (`braid allocate --json`): an EMULATED run runs the planned fleet; "
+                     "braid-tiny plans set the SGS instances")
+    run.add_argument("--cluster", help="EMULATED runs: plan this cluster file (deploy/clusters/*.yaml) with the "
+                     "allocator and run the plan")
+    run.add_argument("--workload", help="with --cluster: the workload file to plan for (default: the run's own "
+                     "iteration: its batch and emulated output lengths)")
+    run.add_argument("--objective", choices=("time", "cost"), default="time", help="with --cluster: the planner's "
+                     "objective")
     run.set_defaults(func=_run)
 
     cfg = sub.add_parser("config", help="print the resolved config (validates it)")

@@ -84,13 +84,16 @@ def check_checkpoint(path: Path):
 def resolve(ns: argparse.Namespace):
     """(the config with the overrides, the checkpoint directory, its tokenizer side as a ``Policy``);
     ``EvalError`` or the config's ``ConfigError`` for bad input."""
-    from flows.registries import check_run
+    from flows.registries import check_run, is_emulated
     from services.common.config import load_config
     from services.run.heldout import tokenizer_policy
 
     if not Path(ns.config).is_file():
         raise EvalError(f"--config {ns.config}: no such file")
     cfg = check_run(load_config(ns.config, [*eval_overrides(ns.model, ns.prompts, ns.set), SERVE_AS_IS]))
+    if is_emulated(cfg):
+        raise EvalError(f"{ns.config} is an EMULATED run (generation.engine emulated): its tokens are synthetic and "
+                        "its reward a declared rate, so there is nothing to score; evaluate a real run's final/")
     model = cfg.model.path
     if not model:
         raise EvalError(f"{ns.config} builds the tiny model from scratch (model.path is unset): pass --model DIR "

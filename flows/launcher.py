@@ -8,6 +8,9 @@ agentic run, the reward pool (``flows.reward_pool``) and the trainer, through
 
 from __future__ import annotations
 
+import json
+import resource
+import time
 from pathlib import Path
 
 from flows.processes import (
@@ -39,6 +42,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
     from services.common.config import load_config
 
     cfg = check_registries(load_config(run_dir / "config.json"))  # benchmarks write config.json themselves
+    cpu0, wall0 = children_cpu_s(), time.time()
     sup = Supervisor(run_dir, cfg.trainer.recovery.max_restarts)  # a dead relay or router is started again
     config = str(run_dir / "config.json")
     controller = None
@@ -115,7 +119,27 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         if rewards is not None:
             rewards.close()
         sup.stop_all()
+    record_process_cpu(run_dir / "summary.json", children_cpu_s() - cpu0, time.time() - wall0)
     return run_dir / "summary.json"
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's children that have ended and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def record_process_cpu(summary_path: Path, cpu_s: float, wall_s: float) -> None:
+    """Add ``process_cpu`` to the run's summary: the CPU every process of the run used (SGS, trainer,
+    learner, relays, router, reward and environment workers), per sample the trainer handled. On an
+    EMULATED run no model computes, so this is the control plane's own cost."""
+    if not summary_path.is_file():
+        return
+    summary = json.loads(summary_path.read_text())
+    samples = summary.get("trained_samples") or 0
+    summary["process_cpu"] = {"cpu_s": cpu_s, "wall_s": wall_s, "cores_busy": cpu_s / wall_s if wall_s else 0.0,
+                              "cpu_s_per_sample": cpu_s / samples if samples else None, "samples": samples}
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def dialled(sup: Supervisor, fronts: list[tuple[str, str | None]]) -> list[str]:

@@ -99,10 +99,29 @@ def check_reward_functions(cfg: RunConfig) -> None:
 
 
 def check_run(cfg: RunConfig) -> RunConfig:
-    """Every check of this module: registries, then the task's data. A run (or an evaluation) on
-    the emulated engine is refused: its tokens are synthetic, so a real trainer would train on them
-    and a held-out score would score them; emulated runs need an emulated learner (issue 53)."""
-    if cfg.generation.engine == "emulated":
-        raise ConfigError("generation.engine 'emulated' generates synthetic tokens (EMULATED: it measures time, never "
-                          "learning); braid run and braid eval need an engine that runs the model ('vllm' or 'hf')")
+    """Every check of this module: the emulated parts together (``check_emulated``), registries,
+    then the task's data."""
+    check_emulated(cfg)
     return check_task(check_registries(cfg))
+
+
+EMULATED_PARTS = ("generation.engine", "trainer.backend", "reward.kind")
+
+
+def check_emulated(cfg: RunConfig) -> None:
+    """An emulated run emulates all three of the engine, the learner and the reward, or none: the
+    emulated engine's tokens are SYNTHETIC, so a real learner would train on them and a real reward
+    would judge them; an emulated learner over a real engine would publish weights that never
+    changed. ``ConfigError`` names the parts that are and are not emulated."""
+    values = (cfg.generation.engine, cfg.trainer.backend, cfg.reward.kind)
+    emulated = [part for part, value in zip(EMULATED_PARTS, values, strict=True) if value == "emulated"]
+    if emulated and len(emulated) < len(EMULATED_PARTS):
+        real = [f"{part} {value!r}" for part, value in zip(EMULATED_PARTS, values, strict=True) if value != "emulated"]
+        raise ConfigError(f"{', '.join(emulated)} emulated but {', '.join(real)}: an EMULATED run sets all three of "
+                          f"{', '.join(EMULATED_PARTS)} to 'emulated' (emulation measures time, never learning; "
+                          "see deploy/configs/emulated.yaml)")
+
+
+def is_emulated(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` is an EMULATED run (``check_emulated`` holds: one part says it for all)."""
+    return cfg.generation.engine == "emulated"

@@ -201,8 +201,9 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
     ws, fin = summary["eval_warmstart"], summary["eval_final"]
     wall = sum(r["iteration_time_s"] for r in rows)
     lines = [
-        f"# Braid run report — mode `{summary['mode']}`",
+        f"# Braid run report — mode `{summary['mode']}`" + (" — EMULATED" if "emulated" in summary else ""),
         "",
+        *_emulated_lines(summary),
         "| metric | value |",
         "|---|---|",
         f"| held-out prompts | {summary['eval_prompts']} (fingerprint `{summary['eval_fingerprint']}`) |",
@@ -244,6 +245,25 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         "",
     ]
     return "\n".join(lines)
+
+
+def _emulated_lines(summary: dict) -> list[str]:
+    """An EMULATED run's banner: what was modelled, at what time scale, and its modelled figures;
+    every wall-clock figure below is the emulation's, never a measurement of a GPU."""
+    emu = summary.get("emulated")
+    if emu is None:
+        return []
+    tm = emu["time_model"]
+    return [
+        f"**EMULATED** (time scale {emu['time_scale']:g}): no model computed. The SGS instances waited out a latency "
+        f"profile's step times and the learner the allocator's predicted steps of {tm['model']} on "
+        f"{tm['gpus']} x {tm['gpu']} ({tm['parallel']}, {tm['source']}); tokens are synthetic and the accuracy is the "
+        "declared reward rate. Wall-clock figures below are the emulation's; modelled ones = wall / time scale.",
+        "",
+        f"Modelled: {emu['modelled_samples_per_second']:.2f} samples/s, {emu['modelled_rl_seconds']:.1f} s of RL, "
+        f"{emu['predicted_step_s_mean']:.2f} s per training step (predicted).",
+        "",
+    ]
 
 
 def final_lines(summary: dict) -> list[str]:

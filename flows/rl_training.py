@@ -35,7 +35,7 @@ from flows.artifacts import embed_images, metrics_table, read_metrics
 from flows.launcher import run_processes
 from flows.online_ranker import OnlineRetrainer
 from flows.processes import child_env
-from flows.registries import check_run
+from flows.registries import check_run, is_emulated
 from flows.report import write_report
 from flows.tracking import tracked
 from flows.two_site import TwoSiteConfig, run_two_sites
@@ -91,11 +91,17 @@ def warm_start(run_dir: str) -> str:
 
 
 def iteration_line(row: dict, iterations: int) -> str:
-    """One metrics row as the line a person follows a run by (the flow run's log, ``braid follow``)."""
-    return (f"iteration {row['iteration'] + 1}/{iterations}: reward {row['reward_mean']:.3f}, accuracy "
+    """One metrics row as the line a person follows a run by (the flow run's log, ``braid follow``).
+    An EMULATED row says so and gives its modelled rate and time (wall / ``emulated_time_scale``)."""
+    line = (f"iteration {row['iteration'] + 1}/{iterations}: reward {row['reward_mean']:.3f}, accuracy "
             f"{row['accuracy']:.3f}, loss {row['loss']:.4f}, mean length {row['response_len_mean']:.1f}, "
             f"{row['samples_per_s']:.1f} samples/s, staleness {row['staleness_mean']:.2f}, "
             f"{row['iteration_time_s']:.1f} s")
+    scale = row.get("emulated_time_scale")
+    if scale is None:
+        return line
+    return (f"EMULATED {line} of wall time; modelled {row['samples_per_s'] * scale:.2f} samples/s, "
+            f"{row['iteration_time_s'] / scale:.1f} s")
 
 
 class _Progress:
@@ -177,9 +183,14 @@ def load_plan(plan: dict | str) -> dict:
     return data
 
 
-def plan_overrides(plan: dict) -> list[str]:
-    """A plan for the local CPU cluster (braid-tiny) sets the number of SGS instances; a plan for
-    GPUs only goes into the run report (this flow runs the local services)."""
+def plan_overrides(plan: dict, cfg: RunConfig) -> list[str]:
+    """An EMULATED run becomes the fleet the plan describes (``flows.emulated_plan``); a real run on
+    the local CPU cluster (braid-tiny) takes its number of SGS instances; a real plan for GPUs only
+    goes into the run report (this flow runs the local services)."""
+    if is_emulated(cfg):
+        from flows.emulated_plan import emulated_overrides
+
+        return emulated_overrides(plan, cfg.generation.page_size)
     return [f"generation.instances={plan['gen_instances']}"] if plan["model"] == "braid-tiny" else []
 
 
@@ -227,13 +238,16 @@ def rl_training(
         config_path: YAML run config file (the CLI's --config); when set it replaces config. Both empty:
             deploy/configs/default.yaml.
         overrides: key.sub=value overrides applied on top of the config (the CLI's --set).
-        plan: An allocation plan (plan_allocation's result, or its JSON file). For braid-tiny it sets the number of
-            SGS instances; otherwise it is recorded in the run report.
+        plan: An allocation plan (plan_allocation's result, or its JSON file). An EMULATED run (engine, learner and
+            reward 'emulated') runs the planned fleet; a real braid-tiny run takes its number of SGS instances;
+            otherwise it is recorded in the run report.
     """
     logger = get_run_logger()
     allocation = load_plan(plan) if plan is not None else None
-    extra = plan_overrides(allocation) if allocation is not None else []
-    run_dir = prepare_run(config, config_path, list(overrides or []) + extra)
+    overrides = list(overrides or [])
+    extra = (plan_overrides(allocation, resolve_config(config, config_path, overrides))
+             if allocation is not None else [])
+    run_dir = prepare_run(config, config_path, overrides + extra)
     if allocation is not None:
         (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
     logger.info("run directory: %s", Path(run_dir).resolve())
@@ -243,6 +257,11 @@ def rl_training(
         report_path = report(run_dir)
     summary = json.loads(Path(summary_path).read_text())
     logger.info("report: %s", Path(report_path).resolve())
+    if "emulated" in summary:
+        emu = summary["emulated"]
+        logger.info("EMULATED run (time scale %g): modelled %.2f samples/s, %.1f s of modelled RL time; tokens are "
+                    "synthetic and the accuracy is the declared reward rate (emulation measures time, never learning)",
+                    emu["time_scale"], emu["modelled_samples_per_second"], emu["modelled_rl_seconds"])
     logger.info(
         "warm start %.3f -> final %.3f (stderr %.3f) on %d held-out prompts; %.1f samples/s (%s)",
         summary["warmstart_accuracy"], summary["final_accuracy"], summary["accuracy_stderr"],

@@ -150,6 +150,9 @@ class DispatchConfig(StrictModel):
     )
 
 
+MAX_REAL_INSTANCES = 64  # engines that run a model; the emulated engine goes to 1024
+
+
 class GenerationConfig(StrictModel):
     """The Stream Generation Service (SGS) and its engine."""
 
@@ -196,7 +199,10 @@ class GenerationConfig(StrictModel):
         "(one-host emulation of a generation site; empty = unpinned).",
     )
     seed: int = Field(0, ge=0, description="Engine sampling seed.")
-    instances: int = Field(1, ge=1, le=64, description="SGS instances (engine processes, data-parallel units).")
+    instances: int = Field(
+        1, ge=1, le=1024,
+        description="SGS instances (engine processes, data-parallel units); more than 64 only on the emulated engine.",
+    )
     step_delay_ms: list[Annotated[float, Field(ge=0.0, le=60_000.0)]] = Field(
         default_factory=list,
         description="Injected delay per engine poll, per instance, 0 to 60000 ms (straggler emulation; empty = none).",
@@ -245,6 +251,9 @@ class GenerationConfig(StrictModel):
 
     @model_validator(mode="after")
     def _emulation_iff_emulated(self) -> GenerationConfig:
+        if self.instances > MAX_REAL_INSTANCES and self.engine != "emulated":
+            raise ValueError(f"generation.instances {self.instances}: more than {MAX_REAL_INSTANCES} instances run on "
+                             "the emulated engine only (an emulated fleet)")
         if self.engine == "emulated" and self.emulation is None:
             raise ValueError("generation.engine 'emulated' needs generation.emulation (profile, lengths, time_scale)")
         if self.engine != "emulated" and self.emulation is not None:

@@ -71,3 +71,38 @@ class EmulationConfig(StrictModel):
         description="Modelled seconds to install a weight version (None: the profile's k2, one read of the "
         "weights at HBM bandwidth: a lower bound).",
     )
+
+
+class TrainerEmulationConfig(StrictModel):
+    """``trainer.emulation``: what the emulated learner (``trainer.backend: emulated``) models.
+
+    Each ``backward`` takes the time the allocator's training model (``allocator.training``)
+    predicts for the micro-batches it is handed on ``gpus`` GPUs of kind ``gpu`` with the parallel
+    configuration ``parallel``; ``step`` takes the per-step terms (the optimizer's fixed time, the
+    data-parallel gradient exchange). Durations are scaled by ``generation.emulation.time_scale``.
+    EMULATED: a prediction, never a measurement."""
+
+    gpu: str = Field(
+        "cpu-local", min_length=1,
+        description="GPU kind the learner models: H800, H100, H20 (scheduling.hardware) or cpu-local (this machine's "
+        "cores, timed by the measured profile allocator/profiles/cpu-local-braid-tiny-train.json).",
+    )
+    gpus: int = Field(1, ge=1, le=100_000, description="GPUs the modelled learner trains on.")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per node (tensor parallelism stays in a node).")
+    inter_node_gbps: float = Field(200.0, gt=0, le=1e5, description="Inter-node bandwidth per GPU, Gbit/s.")
+    model: str | None = Field(
+        None, min_length=1,
+        description="Declared model whose FLOPs and weights are modelled: a name in "
+        "services/generation/scheduling/models.py (qwen2.5-7b, qwen2.5-32b, qwen2.5-72b, braid-tiny); None = the "
+        "run's own checkpoint (its config.json).",
+    )
+    train_profile: str | None = Field(
+        None, min_length=1,
+        description="Step-time profile (`braid profile-train`) path, or 'roofline'; None = the shipped profile of "
+        "gpu x model x algorithm when there is one, else the roofline (MFU 0.40).",
+    )
+    parallel: str = Field(
+        "auto", pattern=r"^(auto|dp\d+-tp\d+-pp\d+)$",
+        description="Parallel configuration 'dpD-tpT-ppP' (D x T x P = gpus), or auto: the allocator's fastest that "
+        "fits in memory for an iteration of max_new_tokens-long responses.",
+    )

@@ -112,7 +112,12 @@ class RewardConfig(StrictModel):
     kind: str = Field(
         "rule",
         description="Reward kind (services.reward.registry.REWARD_KINDS; checked when a run is prepared): rule "
-        "(replay, exact) or model (a learned classifier).",
+        "(replay, exact), model (a learned classifier) or emulated (EMULATED runs: correct with probability rate).",
+    )
+    rate: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="kind emulated: the probability that a sample is correct (reward 1; else 0), drawn from a hash "
+        "of the sample (services.reward.emulated). Emulation measures time, never learning.",
     )
     model_path: str | None = Field(
         None,

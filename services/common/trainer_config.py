@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, model_validator
 
+from services.common.emulation_config import TrainerEmulationConfig
 from services.common.lora_config import LoraConfig
 from services.common.strict import StrictModel
 
@@ -169,10 +170,15 @@ class TrainerConfig(StrictModel):
         "losing no trajectory), inline (in the trainer process), auto (process with one rank on the CPU, "
         "inline otherwise: a child learner on a GPU is not verified yet).",
     )
-    backend: Literal["torch", "megatron"] = Field(
+    backend: Literal["torch", "megatron", "emulated"] = Field(
         "torch",
         description="What trains the policy (services.trainer.backends): torch (the Hugging Face model, FSDP2 when "
-        "ranks > 1) or megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names).",
+        "ranks > 1), megatron (a megatron-core GPTModel converted from it; weights pushed back under HF names) or "
+        "emulated (EMULATED: no optimizer step, each step takes the allocator's predicted time: trainer.emulation).",
+    )
+    emulation: TrainerEmulationConfig | None = Field(
+        None, description="The emulated learner's GPUs, model and parallel configuration (backend 'emulated' only; "
+        "None there: one cpu-local core and the run's own model)."
     )
     lora: LoraConfig | None = Field(
         None,
@@ -182,7 +188,10 @@ class TrainerConfig(StrictModel):
     )
 
     def learner_in_process(self) -> bool:
-        """Whether the learner runs in a process of its own (``learner``, ``auto`` resolved)."""
+        """Whether the learner runs in a process of its own (``learner``, ``auto`` resolved); the
+        emulated learner computes nothing and runs inline."""
+        if self.backend == "emulated":
+            return False
         if self.learner == "auto":
             return self.ranks == 1 and self.device == "cpu"
         return self.learner == "process"
@@ -194,6 +203,11 @@ class TrainerConfig(StrictModel):
         if self.ranks > 1 and self.learner == "process":
             raise ValueError("trainer.learner process needs trainer.ranks 1: the data-parallel ranks are the "
                              "launcher's processes, led by rank 0 through their process group")
+        if self.backend != "emulated" and self.emulation is not None:
+            raise ValueError(f"trainer.emulation is read only by trainer.backend 'emulated', not {self.backend!r}")
+        if self.backend == "emulated" and (self.ranks > 1 or self.lora is not None or self.learner == "process"):
+            raise ValueError("trainer.backend emulated models its GPUs (trainer.emulation.gpus): it runs inline, one "
+                             "rank, no LoRA")
         if self.ranks > 1 and self.backend == "megatron":
             raise ValueError("trainer.backend megatron trains one rank today (its data parallelism is not wired up)")
         if self.lora is not None and self.backend == "megatron":

@@ -56,7 +56,13 @@ from services.generation.emulation import load_lengths, request_rng, synthetic_t
 from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
 from services.generation.scheduling.cost import InstanceSpec
 from services.generation.scheduling.instance_model import Job, SteppedInstance
-from services.generation.scheduling.profiles import Profile, load_profile, shipped_profile
+from services.generation.scheduling.profiles import (
+    Profile,
+    ProfileError,
+    derive_profile,
+    load_profile,
+    shipped_profile,
+)
 
 
 @dataclass
@@ -68,9 +74,28 @@ class _Req:
 
 
 def resolve_profile(name: str) -> Profile:
-    """A profile by shipped name (``allocator/profiles/<name>.json``) or path (``ProfileError`` names it)."""
+    """A profile by shipped name (``allocator/profiles/<name>.json``), path, or ``KIND:MODEL[:tpN]``
+    (derived from the kind's spec sheet at tensor parallelism N: ``H20:qwen2.5-7b:tp4``);
+    ``ProfileError`` names what is wrong."""
     is_path = name.endswith(".json") or "/" in name
+    if not is_path and ":" in name:
+        return derived_profile(name)
     return load_profile(Path(name) if is_path else shipped_profile(name))
+
+
+def derived_profile(name: str) -> Profile:
+    """``KIND:MODEL[:tpN]`` as a roofline-derived profile (``scheduling.profiles.derive_profile``)."""
+    parts = name.split(":")
+    tp = None
+    if len(parts) == 3 and parts[2].startswith("tp") and parts[2][2:].isdigit() and int(parts[2][2:]) >= 1:
+        tp = int(parts[2][2:])
+    elif len(parts) != 2:
+        raise ProfileError(f"profile {name!r}: a derived profile is KIND:MODEL or KIND:MODEL:tpN "
+                           "(e.g. H20:qwen2.5-7b:tp4)")
+    try:
+        return derive_profile(parts[0], parts[1], tp)
+    except ValueError as err:
+        raise ProfileError(f"profile {name!r}: {err}") from None
 
 
 class EmulatedEngine(Engine):

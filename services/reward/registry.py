@@ -32,6 +32,14 @@ def _rule(cfg: RunConfig) -> RewardFunction:
     return RuleReward(cfg.agentic)
 
 
+@REWARD_KINDS.register("emulated")
+def _emulated(cfg: RunConfig) -> RewardFunction:
+    from services.reward.emulated import EmulatedReward
+
+    extra = (cfg.task.dataset.name,) if cfg.task.kind == "dataset" and cfg.task.dataset is not None else ()
+    return EmulatedReward(cfg.reward.rate, extra)
+
+
 @REWARD_KINDS.register("model")
 def _model(cfg: RunConfig) -> RewardFunction:
     path = check_model_dir(cfg.reward.model_path)

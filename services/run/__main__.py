@@ -165,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         training_site=ns.training_site, tls=tls,
     )
     policy = load_policy(ns.model, cfg.model.chat_template)
+    if cfg.trainer.backend == "emulated":  # EMULATED: waits out the allocator's predicted step times
+        from services.trainer.emulated import EmulatedLearner
+
+        learner = EmulatedLearner(cfg, policy, ns.model)
     rewards = None if cfg.agentic.enabled else single_turn_rewards(cfg, ns.reward_membership, run_dir)
     trainer = RLTrainer(cfg, policy, clients, run_dir, transport=transport, parallel=parallel, rewards=rewards,
                         learner=learner)
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval_prompts": after.prompts,
         "eval_fingerprint": trainer.eval_fingerprint(),
         "samples_per_second": samples / rl_seconds,
+        "trained_samples": samples,
         "rl_seconds": rl_seconds,
         "rl_started_at": t0,
         "final_weight_version": trainer.version,
@@ -226,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_info": cpu.to_json(),
         **recovery_summary(run_dir, ns.attempt),
     }
+    if cfg.trainer.backend == "emulated":  # its times are predictions: labelled, never mixed with measured ones
+        scale = trainer.learner.time_scale
+        summary["emulated"] = {**trainer.learner.summary(), "modelled_rl_seconds": rl_seconds / scale,
+                               "modelled_samples_per_second": samples / rl_seconds * scale}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if trainer.rollout is not None:
         trainer.rollout.close()

@@ -213,6 +213,8 @@ class TrainerRuntime(HeldOut):
             "t_end": t_end,
             **(extra or {}),
         }
+        if getattr(self.learner, "synthetic", False):  # EMULATED: wall seconds are modelled seconds x this
+            row["emulated_time_scale"] = self.learner.time_scale
         self.timeline["generation"].append([k, acc.gen_first_start, acc.gen_last_finish])
         self.timeline["training"].extend([[k, s, e] for s, e in st.busy])
         with self.metrics_path.open("a") as f:

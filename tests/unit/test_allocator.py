@@ -218,8 +218,11 @@ def test_rl_training_takes_a_plan_for_the_local_cluster(tmp_path):
     plan = plan_files(ROOT / "deploy/clusters/local-cpu.yaml", "braid-tiny", TINY)
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     assert load_plan(str(tmp_path / "plan.json")) == plan
-    assert plan_overrides(plan) == [f"generation.instances={plan['gen_instances']}"]
-    assert plan_overrides({**plan, "model": "qwen2.5-7b"}) == []  # a GPU plan is only recorded
+    from services.common.config import load_config
+
+    real = load_config(ROOT / "deploy/configs/default.yaml")
+    assert plan_overrides(plan, real) == [f"generation.instances={plan['gen_instances']}"]
+    assert plan_overrides({**plan, "model": "qwen2.5-7b"}, real) == []  # a GPU plan is only recorded
     with pytest.raises(ConfigError, match="missing fields"):
         load_plan({"model": "braid-tiny"})
 

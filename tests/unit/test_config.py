@@ -85,7 +85,7 @@ def test_cli_refuses_invalid_config_before_starting_anything(capsys, tmp_path):
     ("generation.pools=[{name: a, hardware: A100, instances: [0]}]",
      "generation.pools.0.hardware: unknown hardware 'A100'; known: ['H100', 'H20', 'H800', 'cpu-local']"),
     ("agentic.env=chess", "agentic.env: unknown environment kind 'chess'; registered: ['calculator', 'walk']"),
-    ("reward.kind=oracle", "reward.kind: unknown reward kind 'oracle'; registered: ['model', 'rule']"),
+    ("reward.kind=oracle", "reward.kind: unknown reward kind 'oracle'; registered: ['emulated', 'model', 'rule']"),
 ])
 def test_unknown_registry_keys_fail_when_a_run_is_prepared(override, fragment, capsys):
     from flows.cli import main
@@ -238,16 +238,25 @@ def test_a_ranker_store_nothing_reads_is_refused(overrides, refused):
             load_config(None, overrides)
 
 
-def test_a_run_on_the_emulated_engine_is_refused_until_its_learner_is_emulated_too(capsys):
-    """Synthetic tokens must never reach a real trainer or a held-out score: braid run and braid eval
-    refuse the emulated engine (the engine itself, in an SGS, is the contract suite's)."""
+EMULATED_ENGINE = ["generation.engine=emulated",
+                   "generation.emulation={profile: cpu-local-braid-tiny, lengths: {distribution: fixed, tokens: 8}}"]
+
+
+@pytest.mark.parametrize("missing", ["trainer.backend", "reward.kind"])
+def test_an_emulated_run_emulates_the_engine_the_learner_and_the_reward_together(capsys, missing):
+    """Synthetic tokens must never reach a real trainer or a real reward: braid run and braid config
+    refuse a run that emulates some of the three parts, naming which are real."""
     from flows.cli import main
     from flows.registries import check_run
 
-    emulated = ["generation.engine=emulated",
-                "generation.emulation={profile: cpu-local-braid-tiny, lengths: {distribution: fixed, tokens: 8}}"]
-    cfg = load_config(None, emulated)  # the schema accepts it: an SGS may serve it
-    with pytest.raises(ConfigError, match="synthetic tokens"):
+    parts = {"trainer.backend": "trainer.backend=emulated", "reward.kind": "reward.kind=emulated"}
+    overrides = [*EMULATED_ENGINE, *(v for k, v in parts.items() if k != missing)]
+    cfg = load_config(None, overrides)  # the schema accepts it: an SGS may serve it
+    with pytest.raises(ConfigError, match=rf"{missing} '(torch|rule)'"):
         check_run(cfg)
-    assert main(["config", *[a for o in emulated for a in ("--set", o)]]) == 2
-    assert "synthetic tokens" in capsys.readouterr().err
+    assert main(["config", *[a for o in overrides for a in ("--set", o)]]) == 2
+    assert "EMULATED run sets all three" in capsys.readouterr().err
+    full = load_config(None, [*EMULATED_ENGINE, *parts.values()])
+    assert check_run(full).trainer.backend == "emulated"
+    with pytest.raises(ConfigError, match=r"trainer\.emulation is read only by trainer\.backend 'emulated'"):
+        load_config(None, ["trainer.emulation={gpu: H800, gpus: 8}"])

@@ -36,6 +36,9 @@ def test_iteration_line_reads_as_a_sentence():
            "samples_per_s": 3.21, "staleness_mean": 0.5, "iteration_time_s": 4.56}
     assert iteration_line(row, 10) == ("iteration 3/10: reward 0.457, accuracy 0.250, loss -0.0123, mean length 12.3, "
                                        "3.2 samples/s, staleness 0.50, 4.6 s")
+    emulated = iteration_line({**row, "emulated_time_scale": 0.02}, 10)
+    assert emulated.startswith("EMULATED iteration 3/10")
+    assert emulated.endswith("4.6 s of wall time; modelled 0.06 samples/s, 228.0 s")
 
 
 def test_follow_formats_levels_and_exit_status():

@@ -9,6 +9,7 @@ agentic run, the reward pool (``flows.reward_pool``) and the trainer, through
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -129,17 +130,43 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+BUSY_FLAG = 0.8  # a loop or the machine this busy may have set an EMULATED run's pace
+
+
 def record_process_cpu(summary_path: Path, cpu_s: float, wall_s: float) -> None:
     """Add ``process_cpu`` to the run's summary: the CPU every process of the run used (SGS, trainer,
     learner, relays, router, reward and environment workers), per sample the trainer handled. On an
-    EMULATED run no model computes, so this is the control plane's own cost."""
+    EMULATED run no model computes, so this is the control plane's own cost, and ``control_plane``
+    flags the run when the orchestrator loop or the machine's cores were busy enough
+    (``BUSY_FLAG``) to have set its pace rather than the modelled fleet."""
     if not summary_path.is_file():
         return
     summary = json.loads(summary_path.read_text())
     samples = summary.get("trained_samples") or 0
-    summary["process_cpu"] = {"cpu_s": cpu_s, "wall_s": wall_s, "cores_busy": cpu_s / wall_s if wall_s else 0.0,
+    cores = os.cpu_count() or 1
+    busy = cpu_s / wall_s if wall_s else 0.0
+    summary["process_cpu"] = {"cpu_s": cpu_s, "wall_s": wall_s, "cores_busy": busy, "cores": cores,
                               "cpu_s_per_sample": cpu_s / samples if samples else None, "samples": samples}
+    if "emulated" in summary:
+        summary["control_plane"] = control_plane(summary_path.parent / "metrics.jsonl", busy / cores)
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def control_plane(metrics: Path, machine_busy: float) -> dict:
+    """The orchestrator loop's measured share of each iteration's wall time, and whether the control
+    plane may have distorted an EMULATED run's figures (``flagged``, with why)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    loop = [r["orchestrator_busy"] for r in rows if "orchestrator_busy" in r]
+    ticks = [r["orchestrator_tick_cpu_ms_max"] for r in rows if "orchestrator_tick_cpu_ms_max" in r]
+    why = []
+    if loop and max(loop) >= BUSY_FLAG:
+        why.append(f"the orchestrator loop was busy {max(loop):.0%} of an iteration's wall time")
+    if machine_busy >= BUSY_FLAG:
+        why.append(f"the run's processes kept {machine_busy:.0%} of the machine's cores busy")
+    return {"orchestrator_busy_mean": sum(loop) / len(loop) if loop else None,
+            "orchestrator_busy_max": max(loop) if loop else None,
+            "orchestrator_tick_cpu_ms_max": max(ticks) if ticks else None,
+            "machine_busy": machine_busy, "flagged": bool(why), "why": why}
 
 
 def dialled(sup: Supervisor, fronts: list[tuple[str, str | None]]) -> list[str]:

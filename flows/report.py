@@ -263,7 +263,24 @@ def _emulated_lines(summary: dict) -> list[str]:
         f"Modelled: {emu['modelled_samples_per_second']:.2f} samples/s, {emu['modelled_rl_seconds']:.1f} s of RL, "
         f"{emu['predicted_step_s_mean']:.2f} s per training step (predicted).",
         "",
+        *_control_plane_lines(summary),
     ]
+
+
+def _control_plane_lines(summary: dict) -> list[str]:
+    """The control plane's measured cost beside an EMULATED run's figures, and its flag."""
+    cp, cpu = summary.get("control_plane"), summary.get("process_cpu")
+    if cp is None or cpu is None:
+        return []
+    loop = cp["orchestrator_busy_mean"]
+    looped = (f"; orchestrator loop busy {loop:.0%} of wall time on average (max {cp['orchestrator_busy_max']:.0%})"
+              if loop is not None else "")
+    line = (f"Control plane (measured on this machine): {cpu['cpu_s']:.1f} CPU-s over every process, "
+            f"{cpu['cpu_s_per_sample'] * 1000:.1f} CPU-ms per trained sample, {cpu['cores_busy']:.2f} of "
+            f"{cpu['cores']} cores busy{looped}.")
+    flag = (["", f"**FLAGGED**: the control plane may have set this run's pace ({'; '.join(cp['why'])}): its modelled "
+             "figures are a lower bound on the fleet's."] if cp["flagged"] else [])
+    return [line, *flag, ""]
 
 
 def final_lines(summary: dict) -> list[str]:

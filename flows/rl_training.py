@@ -247,7 +247,7 @@ def rl_training(
     overrides = list(overrides or [])
     extra = (plan_overrides(allocation, resolve_config(config, config_path, overrides))
              if allocation is not None else [])
-    run_dir = prepare_run(config, config_path, overrides + extra)
+    run_dir = prepare_run(config, config_path, extra + overrides)  # the caller's overrides have the last word
     if allocation is not None:
         (Path(run_dir) / "allocation_plan.json").write_text(json.dumps(allocation, indent=2) + "\n")
     logger.info("run directory: %s", Path(run_dir).resolve())
@@ -262,6 +262,10 @@ def rl_training(
         logger.info("EMULATED run (time scale %g): modelled %.2f samples/s, %.1f s of modelled RL time; tokens are "
                     "synthetic and the accuracy is the declared reward rate (emulation measures time, never learning)",
                     emu["time_scale"], emu["modelled_samples_per_second"], emu["modelled_rl_seconds"])
+        cp = summary.get("control_plane") or {}
+        if cp.get("flagged"):
+            logger.warning("FLAGGED: the control plane may have set this EMULATED run's pace (%s); its modelled "
+                           "figures are a lower bound on the fleet's", "; ".join(cp["why"]))
     logger.info(
         "warm start %.3f -> final %.3f (stderr %.3f) on %d held-out prompts; %.1f samples/s (%s)",
         summary["warmstart_accuracy"], summary["final_accuracy"], summary["accuracy_stderr"],

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from services.common.types import SampleRecord
 from services.rollout.handoff import Handoff, StepOrder
@@ -63,6 +64,37 @@ def drain(events: queue.Queue, timeout: float, handle: Callable[[tuple], None]) 
             return
 
 
+@dataclass
+class LoopClock:
+    """The orchestrator loop's own cost between two hand-overs: its ticks, the rollout thread's CPU
+    in them (``time.thread_time``: waits excluded) and the wall time since the last hand-over. On
+    an EMULATED run this is the control plane's share: ``busy`` near 1 means the loop, not the
+    modelled fleet, set the pace."""
+
+    ticks: int = 0
+    cpu_s: float = 0.0
+    longest_cpu_s: float = 0.0
+    since: float = field(default_factory=time.perf_counter)
+
+    def tick(self, run: Callable[[], None]) -> None:
+        c0 = time.thread_time()
+        run()
+        spent = time.thread_time() - c0
+        self.ticks += 1
+        self.cpu_s += spent
+        self.longest_cpu_s = max(self.longest_cpu_s, spent)
+
+    def take(self) -> dict[str, float]:
+        """This interval's metrics; the clock starts the next one."""
+        wall = time.perf_counter() - self.since
+        out = {"orchestrator_ticks": self.ticks, "orchestrator_cpu_s": self.cpu_s,
+               "orchestrator_busy": self.cpu_s / wall if wall > 0 else 0.0,
+               "orchestrator_tick_cpu_ms_mean": 1000 * self.cpu_s / self.ticks if self.ticks else 0.0,
+               "orchestrator_tick_cpu_ms_max": 1000 * self.longest_cpu_s}
+        self.ticks, self.cpu_s, self.longest_cpu_s, self.since = 0, 0.0, 0.0, time.perf_counter()
+        return out
+
+
 class GroupLifecycle:
     """The iteration loop over the staleness manager; subclasses are the workflows.
 
@@ -86,6 +118,7 @@ class GroupLifecycle:
         self.counts: Counter[str] = Counter()
         self.failures_of: dict[str, int] = {}  # occupied group -> its samples whose reward failed (trained as 0)
         self.handoff = Handoff()
+        self.clock = LoopClock()
 
     def start_head(self) -> None:
         """The head trainer over the (possibly restored) manager; sequential holds every backward
@@ -152,7 +185,7 @@ class GroupLifecycle:
             for k in range(first, iterations):
                 while not self.mgr.ready():
                     self._see_published(0.0)
-                    self.tick()
+                    self.clock.tick(self.tick)
                     self._check_learner()
                 self.before_step()
                 self._hand_over(k)
@@ -217,7 +250,7 @@ class GroupLifecycle:
         failures = sum(self.failures_of.pop(key, 0) for key in keys)  # among the samples this step trains
         extra = {"eta": self.eta, "buffer_version": result.buffer_version,
                  **staleness_metrics(result.entries, self.eta), **self.step_metrics(result, keys, groups)}
-        extra |= dict(sorted(self.counts.items()))
+        extra |= dict(sorted(self.counts.items())) | self.clock.take()
         # the state a checkpoint of the step's version holds, copied now: this thread goes on changing it
         due = self.rt.recovery_due(result.buffer_version + 1)
         self.handoff.step(StepOrder(k, result, groups, staleness, failures, extra, self.busy_intervals(),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import sys
 import time
 from pathlib import Path
@@ -229,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "breakdown": (cfg.task.dataset.group_field or "none") if cfg.task.kind == "dataset" else "steps",
         "cpu": cpu.line(),  # the trainer's CPU: times and CPU numerics depend on it (services/common/cpu.py)
         "cpu_info": cpu.to_json(),
+        "trainer_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
         **recovery_summary(run_dir, ns.attempt),
     }
     if cfg.trainer.backend == "emulated":  # its times are predictions: labelled, never mixed with measured ones

@@ -99,10 +99,11 @@ def _replay(cfg: dict):
     return ReplayLengths.load(rep["file"], cfg["generation"]["max_new_tokens"], rep["seed"], rep["estimates"])
 
 
-def simulate_run_launched(run_dir: Path, variant: str, profile) -> list[float]:
+def simulate_run_launched(run_dir: Path, variant: str, profile, cores: float | None = 1) -> list[float]:
     """Simulated generation span of each step on the orchestrator's launch path (``MODEL``): groups
     start as earlier ones free room, placed by the run's live dispatcher (None for ``pick``), whose
-    books carry from step to step as in the run (s, uncalibrated)."""
+    books carry from step to step as in the run (s, uncalibrated). ``cores``: the instances share
+    that many (None: each its own accelerator, as an emulated fleet's)."""
     from allocator.launch_sim import SimGroup, simulate_launched
     from services.common.config import RunConfig
     from services.generation.scheduling.dispatch import NEEDS_COST
@@ -126,7 +127,7 @@ def simulate_run_launched(run_dir: Path, variant: str, profile) -> list[float]:
         ests = GroupDispatcher.given([replay.estimate(p) for p in prompts])
         groups = [SimGroup(p, PROMPT_TOKENS, (replay.length(p),) * size, e) for p, e in zip(prompts, ests, strict=True)]
         spans.append(simulate_launched(groups, spec, gen.instances, capacity=capacity, admission=gen.admission,
-                                       dispatcher=dispatcher, cores=1).makespan_s)
+                                       dispatcher=dispatcher, cores=cores).makespan_s)
     return spans
 
 

@@ -47,7 +47,7 @@ from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
-from services.rollout.fleet import Fleet
+from services.rollout.keeper import FleetKeeper
 from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
@@ -105,7 +105,7 @@ class AgenticRunner(GroupLifecycle):
         self.router = getattr(rollout.generator, "router", None)
         rt.publisher.push_errors_fatal = False  # a failed push loses that instance (``_readmit``)
         # readmission and scale-out membership (the generator's router's slots)
-        self.fleet = Fleet(rt, self.router, self.counts) if self.router is not None else None
+        self.fleet = FleetKeeper(rt, self.router, self.counts) if self.router is not None else None
         self.latest: tuple[int, object] = (rt.version, rt.start_snapshot)
         self.start_head()
 
@@ -126,7 +126,7 @@ class AgenticRunner(GroupLifecycle):
     def _readmit(self) -> None:
         """An instance whose weights can no longer arrive is lost (its turns run elsewhere); a lost one
         that answers again (restarted by the launcher) takes the newest weights and serves again;
-        instances join and leave with scale-out (``fleet.Fleet``)."""
+        instances join and leave with scale-out (``keeper.FleetKeeper``)."""
         if self.fleet is None:
             return
         for i, pusher in enumerate(self.rt.publisher.pushers):

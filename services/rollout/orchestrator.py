@@ -54,7 +54,7 @@ from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
 from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
-from services.rollout.fleet import Fleet
+from services.rollout.keeper import FleetKeeper
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.modes import instance_capacity
@@ -170,7 +170,7 @@ class Orchestrator(GroupLifecycle):
                                      incoming=self.repack.incoming)
         self.alive = self.router.alive  # the same list: a lost instance is marked there
         self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
-        self.fleet = Fleet(trainer, self.router, self.counts, on_join=self._slot_added)
+        self.fleet = FleetKeeper(trainer, self.router, self.counts, on_join=self._slot_added)
         replay = trainer.cfg.forced_length_replay
         self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
                        if replay.file else None)
@@ -250,7 +250,7 @@ class Orchestrator(GroupLifecycle):
                                 eligible=self._eligible(self.groups[p.group].problem.task))
 
     def _slot_added(self, i: int) -> None:
-        """A joining instance's slot (``fleet.Fleet``): the per-instance lists grow with it."""
+        """A joining instance's slot (``keeper.FleetKeeper``): the per-instance lists grow with it."""
         self.launched.append(0)
         if self.dispatcher is not None:
             self.dispatcher.work.append(0.0)

@@ -1,6 +1,6 @@
 """Generate a fixed set of prompts once across the SGS instances (the held-out evaluation).
 
-Each prompt goes where the ``InstanceRouter`` places it (the least loaded live instance, counting
+Each prompt goes where a fleet table's pick places it (``fleet.Fleet.acquire``: the least loaded live instance, counting
 the samples it asks for), so the shares are as even as round robin and a GRPO group stays on one
 instance; one Generate call per instance runs on a background thread and the samples are
 yielded in completion order. A failed call fails the whole collection, naming the instance.
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerationClient
-from services.rollout.routing import InstanceRouter
+from services.rollout.fleet import Fleet
 
 _END = object()
 
@@ -22,10 +22,12 @@ _END = object()
 def collect(
     clients: list[GenerationClient], prompts: list[PromptSpec], params: GenerateParams
 ) -> Iterator[SampleRecord]:
-    router = InstanceRouter(len(clients), capacity=1 << 30, versions=lambda: [0] * len(clients))
+    fleet = Fleet(capacity=1 << 30)  # a table of its own (issue 53: evaluation should pick on the run's)
+    for k, client in enumerate(clients):
+        fleet.join(f"{client.address}#{k}", live=True, version=0)
     shares: dict[int, list[PromptSpec]] = {}
     for spec in prompts:
-        inst = router.acquire(None, lambda v: True, need=params.samples_per_prompt)
+        inst = fleet.acquire(None, lambda v: True, need=params.samples_per_prompt)
         shares.setdefault(inst.index, []).append(spec)
     events: queue.Queue = queue.Queue()
 

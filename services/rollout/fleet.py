@@ -13,7 +13,8 @@ instance keeps its row, so indices held by callers stay valid). A row holds:
   incarnation;
 - **capacity and load**: ``capacity`` (most samples in flight), ``inflight`` (samples reserved or
   running), ``incoming`` (samples a repack is moving there), ``work`` (estimated output tokens
-  outstanding, for the dispatch policies), ``placed`` (picks counted);
+  outstanding, for the dispatch policies), ``placed`` (picks counted: ``acquire`` by default,
+  ``reserve`` when asked);
 - **epoch**: the incarnation, bumped whenever the instance is lost or comes back. A reservation
   carries the epoch it was made in; releasing it in a later epoch does nothing (the loss already
   zeroed that load), so a call that returns after its instance was lost and readmitted cannot
@@ -227,29 +228,29 @@ class Fleet:
     # ------------------------------------------------------------------ capacity and load
     def acquire(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1, *,
                 eligible: Collection[int] | None = None, pools: Collection[str] | None = None,
-                prefer: int | None = None, slack: int = 0) -> Reservation | None:
+                prefer: int | None = None, slack: int = 0, count: bool = True) -> Reservation | None:
         """Pick with ``routing.pick_instance`` and book ``need`` samples there, atomically; None when
         no live instance has room (and, for ``v_traj``, a routable version). ``pools``: only the rows of
-        these pools (affinity), intersected with ``eligible``."""
+        these pools (affinity), intersected with ``eligible``; ``count``: counted in ``placed``."""
         with self._lock:
             allowed = self._allowed(eligible, pools)
             inst = pick_instance(v_traj, [r.view() for r in self._rows], can_reserve, need, allowed, prefer, slack)
             if inst is None:
                 return None
-            return self._book(self._rows[inst.index], need)
+            return self._book(self._rows[inst.index], need, count)
 
-    def reserve(self, i: int, need: int, *, min_version: int | None = None,
-                over: bool = False) -> Reservation | None:
+    def reserve(self, i: int, need: int, *, min_version: int | None = None, over: bool = False,
+                count: bool = False) -> Reservation | None:
         """Book ``need`` samples on ``i`` chosen from an earlier snapshot; None when it is no longer live,
         has no room (unless ``over``: work the caller must place there, e.g. a planned migration) or is
-        older than ``min_version``."""
+        older than ``min_version``; ``count``: counted in ``placed`` (a group launched there)."""
         with self._lock:
             row = self._row(i)
             if row.state not in ROUTABLE or (min_version is not None and row.version < min_version):
                 return None
             if not over and row.load + need > row.capacity:
                 return None
-            return self._book(row, need)
+            return self._book(row, need, count)
 
     def release(self, res: Reservation, samples: int | None = None) -> bool:
         """Hand back ``samples`` of ``res`` (all by default); False (nothing changed) when the instance
@@ -288,10 +289,10 @@ class Fleet:
         in_pools = {r.index for r in self._rows if r.pool in pools}
         return in_pools if eligible is None else in_pools.intersection(eligible)
 
-    def _book(self, row: Instance, need: int) -> Reservation:
+    def _book(self, row: Instance, need: int, count: bool) -> Reservation:
         if need < 1:
             raise FleetError(f"a reservation needs at least one sample, got {need}")
-        self._put(replace(row, inflight=row.inflight + need, placed=row.placed + 1))
+        self._put(replace(row, inflight=row.inflight + need, placed=row.placed + int(count)))
         return Reservation(row.index, need, row.version, row.epoch)
 
     def _row(self, i: int, *states: State) -> Instance:

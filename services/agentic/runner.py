@@ -28,7 +28,7 @@ from services.agentic.protocol import StepOutcome
 from services.agentic.sessions import EnvRequestError, SessionTable
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
-from services.rollout.fleet import Fleet, Reservation
+from services.rollout.fleet import Fleet, Reservation, fleet_of
 
 Mode = Literal["trajectory", "batch"]
 
@@ -169,7 +169,9 @@ class SgsGenerator:
         self.executor = executor
         self.temperature, self.tag, self.on_sample = temperature, tag, on_sample
         self.eligible = eligible  # (task, clients) -> the client indices that may serve it (hardware affinity)
-        self.fleet = fleet if fleet is not None else own_fleet(self.clients)
+        if fleet is None:  # a table of its own
+            fleet = fleet_of([getattr(c, "address", f"client-{k}") for k, c in enumerate(self.clients)], 1 << 30)
+        self.fleet = fleet
         if len(self.fleet) != len(self.clients):
             raise ValueError(f"the fleet table has {len(self.fleet)} rows for {len(self.clients)} SGS clients")
         self._last: OrderedDict[str, int] = OrderedDict()
@@ -229,14 +231,6 @@ class SgsGenerator:
             raise
         finally:
             self.fleet.release(booked)  # nothing when the instance was lost since (a new incarnation)
-
-
-def own_fleet(clients) -> Fleet:
-    """A table of ``clients`` alone (see ``SgsGenerator``): each live at version 0, no capacity bound."""
-    fleet = Fleet(capacity=1 << 30)
-    for k, client in enumerate(clients):
-        fleet.join(getattr(client, "address", f"client-{k}"), live=True, version=0)
-    return fleet
 
 
 class PolicyCodec:

@@ -312,11 +312,19 @@ class Fleet:
         self._changed.notify_all()
 
 
+def fleet_of(addresses: list[str], capacity: int, version: int = 0) -> Fleet:
+    """A table of instances present from the start, each live at ``version``, in the given order."""
+    fleet = Fleet(capacity)
+    for address in addresses:
+        fleet.join(address, live=True, version=version)
+    return fleet
+
+
 def evaluation_pick(fleet: Fleet, version: int, need: int) -> Reservation | None:
     """An evaluation share's pick on the run's own table: a live instance at ``version`` or newer with
     room for ``need`` samples beside the training work it holds; None while every one is full (the
     caller waits for a release) or older."""
-    return fleet.acquire(version, _any_version, need)
+    return fleet.acquire(version, _any_version, need, count=False)  # a share, not a group launched there
 
 
 def _any_version(version: int) -> bool:

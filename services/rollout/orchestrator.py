@@ -54,11 +54,11 @@ from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
 from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
-from services.rollout.fleet import HOLDS_WORK, Fleet, Reservation
+from services.rollout.fleet import HOLDS_WORK, Reservation
 from services.rollout.keeper import FleetKeeper
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle, drain
-from services.rollout.modes import instance_capacity
+from services.rollout.modes import engines_behind, fleet_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
@@ -99,15 +99,6 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
     its interval only when it finishes: count each call still open as busy from its launch
     (admitted work) to ``t_end``, so an iteration is not called idle while work is in flight."""
     return [(c.launched, t_end) for st in groups for c in st.calls if c.open]
-
-
-def engines_behind(cfg, addresses: int) -> int:
-    """Engine instances behind each SGS address: 1 when the trainer dials the instances, all of
-    them (the most scale-out may add) when it dials one router in front of them."""
-    if not cfg.uses_router:
-        return 1
-    total = cfg.scaleout.max_instances if cfg.scaleout.enabled else cfg.generation.instances
-    return max(1, -(-total // max(1, addresses)))
 
 
 def dispatches(cfg, behind: int) -> bool:
@@ -160,16 +151,17 @@ class Orchestrator(GroupLifecycle):
         self.pushers = trainer.publisher.pushers
         trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
         self.behind = engines_behind(trainer.cfg, len(trainer.clients))
-        self.capacity = instance_capacity(tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
-                                          trainer.cfg.generation.max_inflight, self.behind)
+        self.capacity = fleet_capacity(trainer.cfg, len(trainer.clients))
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.gen_busy: list[tuple[float, float]] = []
-        # the one table of the instances (``fleet.Fleet``): health, offered version, load, groups launched
-        self.fleet = Fleet(self.capacity)
-        for client, pusher in zip(trainer.clients, self.pushers, strict=True):
-            self.fleet.join(client.address, live=True, version=pusher.offered)
+        # the run's table of the instances (``fleet.Fleet``; evaluation picks on it too): health, offered
+        # version, load, groups launched
+        self.fleet = trainer.fleet
+        assert len(self.fleet) == len(self.pushers) and self.fleet.capacity == self.capacity
+        for i, pusher in enumerate(self.pushers):  # a resumed run offered its version already
+            self.fleet.record_version(i, pusher.offered)
         self.repack = Repacker.from_config(tc.repack)
         self.repack.on_change = self.fleet.set_incoming  # migrations count on their destination's load
         self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
@@ -491,7 +483,8 @@ class Orchestrator(GroupLifecycle):
 
     def shutdown(self) -> None:
         """Cancel work for buffers that will not be trained; bring every live instance to the newest
-        version; lost instances leave the trainer's client list (evaluation uses the others)."""
+        version; lost instances' pushers leave the publisher (its ``wait`` would wait for them; the
+        table's rows stay, and evaluation picks among the live ones)."""
         # an instance that died with nothing in flight has not been noticed yet: ask every one now,
         # or the final offer (a unary PullWeights) and evaluation would fail on it
         try:
@@ -502,7 +495,6 @@ class Orchestrator(GroupLifecycle):
             state.complete = True
             self._cancel_calls(state)
         live = [i for i, ok in enumerate(self._up()) if ok]
-        self.rt.clients[:] = [self.rt.clients[i] for i in live]
         self.rt.publisher.pushers[:] = [self.pushers[i] for i in live]
         self.rt.publisher.clients[:] = [self.rt.publisher.clients[i] for i in live]
         version, state = self.latest

@@ -28,7 +28,7 @@ from services.agentic.protocol import StepOutcome
 from services.agentic.sessions import EnvRequestError, SessionTable
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
-from services.rollout.routing import InstanceRouter
+from services.rollout.fleet import Fleet, Reservation, fleet_of
 
 Mode = Literal["trajectory", "batch"]
 
@@ -139,13 +139,20 @@ class LocalEnv:
 
 class SgsGenerator:
     """An ``ActionGenerator`` over SGS clients (instances, or one router): one Generate call (one
-    sample) per turn, on the instance the rollout's ``InstanceRouter`` picks
-    (``services.rollout.routing``): the least busy, preferring the instance that served the
-    trajectory's previous turn (its prefix is cached there) unless that one is busier than the least
-    busy by more than ``STICKY_SLACK`` calls; ``eligible`` narrows the choice to the instances of
-    the task's pool (hardware affinity, when it talks to instances directly; a router applies it
-    itself). Every prompt carries the task tag (the environment kind). A cancelled turn (a
-    redundant trajectory no longer wanted) cancels its call on the SGS too."""
+    sample) per turn, on the instance the fleet table picks and books (``services.rollout.fleet``:
+    ``Fleet.acquire``, the staleness-aware pick every workflow uses): the least busy, preferring the
+    instance that served the trajectory's previous turn (its prefix is cached there) unless that one
+    is busier than the least busy by more than ``STICKY_SLACK`` calls; ``eligible`` narrows the
+    choice to the instances of the task's pool (hardware affinity, when it talks to instances
+    directly; a router applies it itself). Every prompt carries the task tag (the environment kind). A cancelled turn (a
+    redundant trajectory no longer wanted) cancels its call on the SGS too. A turn's booking is
+    released when its call returns; one that returns after its instance was lost (and perhaps
+    readmitted) releases nothing: the loss began a new incarnation of the row.
+
+    ``fleet``: the run's table, one row per client in order (instances that join at run time get
+    rows and clients together, ``keeper.FleetKeeper``); by default a table of its own, every client
+    live at version 0 with room for any number of turns (the SGS holds a turn until its instance
+    has ``min_weight_version``, and the rollout's concurrency bounds what is in flight)."""
 
     STICKY_SLACK = 2
     STICKY_MEMORY = 65536  # trajectories whose last instance is remembered
@@ -153,7 +160,7 @@ class SgsGenerator:
 
     def __init__(self, clients, executor: Executor, *, temperature: float = 0.0, tag: str = "agentic",
                  on_sample: Callable[[SampleRecord], None] | None = None,
-                 eligible: Callable[[str, int], list[int]] | None = None) -> None:
+                 eligible: Callable[[str, int], list[int]] | None = None, fleet: Fleet | None = None) -> None:
         # the caller's list itself: instances that join at run time (scale-out) are appended to it
         self.clients = (clients if isinstance(clients, list)
                         else list(clients) if isinstance(clients, tuple) else [clients])
@@ -162,51 +169,49 @@ class SgsGenerator:
         self.executor = executor
         self.temperature, self.tag, self.on_sample = temperature, tag, on_sample
         self.eligible = eligible  # (task, clients) -> the client indices that may serve it (hardware affinity)
-        # the SGS holds a turn until its instance has min_weight_version, so any version is routable;
-        # the rollout's concurrency, not a per-instance capacity, bounds what is in flight
-        self.router = InstanceRouter(len(self.clients), capacity=1 << 30, versions=lambda: [0] * len(self.clients))
+        if fleet is None:  # a table of its own
+            fleet = fleet_of([getattr(c, "address", f"client-{k}") for k, c in enumerate(self.clients)], 1 << 30)
+        self.fleet = fleet
+        if len(self.fleet) != len(self.clients):
+            raise ValueError(f"the fleet table has {len(self.fleet)} rows for {len(self.clients)} SGS clients")
         self._last: OrderedDict[str, int] = OrderedDict()
         self.lost_turns = 0  # turns re-run elsewhere because their instance went away
 
-    @property
-    def inflight(self) -> list[int]:
-        return self.router.inflight
-
-    def pick(self, trajectory_id: str, task: str = "") -> int:
-        """The client for the next turn of ``trajectory_id`` (counted in flight until its call returns)."""
+    def pick(self, trajectory_id: str, task: str = "") -> Reservation:
+        """The client for the next turn of ``trajectory_id``, booked (in flight until ``release``)."""
         eligible = self.eligible(task, len(self.clients)) if self.eligible is not None else None
         prev = self._last.get(trajectory_id)
-        inst = self.router.acquire(None, lambda v: True, eligible=eligible, prefer=prev, slack=self.STICKY_SLACK)
+        inst = self.fleet.acquire(None, lambda v: True, eligible=eligible, prefer=prev, slack=self.STICKY_SLACK)
         if inst is None:
             raise RuntimeError(f"{trajectory_id}: no live SGS instance may serve task {task!r}")
         self._last[trajectory_id] = inst.index
         self._last.move_to_end(trajectory_id)
         while len(self._last) > self.STICKY_MEMORY:
             self._last.popitem(last=False)
-        return inst.index
+        return inst
 
     async def generate(self, request_id: str, context: tuple[int, ...], max_new_tokens: int, *, min_version: int = 0,
                        task: str = "") -> SampleRecord:
-        """The turn's sample. An instance that went away (UNAVAILABLE) is marked lost in the router
+        """The turn's sample. An instance that went away (UNAVAILABLE) is marked lost in the table
         and the turn runs again elsewhere from the same context (nothing of the trajectory is lost);
         with no instance alive it waits ``LOST_WAIT_S`` for one to be readmitted."""
         params = GenerateParams(samples_per_prompt=1, max_new_tokens=max_new_tokens, min_weight_version=min_version,
                                 temperature=self.temperature, tag=self.tag)
         deadline = time.monotonic() + self.LOST_WAIT_S
         while True:
-            if not self.router.live():
+            if not self.fleet.live():
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{request_id}: every SGS instance is gone")
                 await asyncio.sleep(0.2)
                 continue
-            i = self.pick(request_id.rsplit("/t", 1)[0], task)
+            booked = self.pick(request_id.rsplit("/t", 1)[0], task)
             try:
-                samples = await self._call(i, request_id, context, task, params)
+                samples = await self._call(booked, request_id, context, task, params)
                 break
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
-                self.router.lose(i)
+                self.fleet.mark_lost(booked.index, f"{request_id}: {err.details()}")
                 self.lost_turns += 1
         if len(samples) != 1:
             raise RuntimeError(f"{request_id}: the SGS returned {len(samples)} samples for one")
@@ -214,18 +219,18 @@ class SgsGenerator:
             self.on_sample(samples[0])
         return samples[0]
 
-    async def _call(self, i: int, request_id: str, context: tuple[int, ...], task: str,
+    async def _call(self, booked: Reservation, request_id: str, context: tuple[int, ...], task: str,
                     params: GenerateParams) -> list[SampleRecord]:
         call = None
         try:
-            call = self.clients[i].start([PromptSpec(request_id, context, task=task)], params)
+            call = self.clients[booked.index].start([PromptSpec(request_id, context, task=task)], params)
             return await asyncio.get_running_loop().run_in_executor(self.executor, list, call)
         except asyncio.CancelledError:
             if call is not None:
                 call.cancel()
             raise
         finally:
-            self.router.returned(i)
+            self.fleet.release(booked)  # nothing when the instance was lost since (a new incarnation)
 
 
 class PolicyCodec:

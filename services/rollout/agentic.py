@@ -47,7 +47,8 @@ from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
-from services.rollout.fleet import Fleet
+from services.rollout.fleet import HOLDS_WORK
+from services.rollout.keeper import FleetKeeper
 from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumeResult
@@ -101,11 +102,13 @@ class AgenticRunner(GroupLifecycle):
         self.log = TrajectoryLog(rt.run_dir / "trajectories.jsonl") if self.a.log_trajectories else None
         if rt.runner_state is not None and "episodes" in rt.runner_state:  # resumed from a recovery checkpoint
             self.episodes.restore(rt.runner_state["episodes"])
-        # lost instances: the generator re-runs their turns elsewhere; they come back when restarted
-        self.router = getattr(rollout.generator, "router", None)
+        # the generator's fleet table (``SgsGenerator``; None for a generator of another kind): lost
+        # instances' turns re-run elsewhere; they come back when restarted
+        self.fleet = getattr(rollout.generator, "fleet", None)
         rt.publisher.push_errors_fatal = False  # a failed push loses that instance (``_readmit``)
-        # readmission and scale-out membership (the generator's router's slots)
-        self.fleet = Fleet(rt, self.router, self.counts) if self.router is not None else None
+        # readmission and scale-out membership (the table's rows)
+        self.keeper = FleetKeeper(rt, self.fleet, self.counts) if self.fleet is not None else None
+        self._record_offered()
         self.latest: tuple[int, object] = (rt.version, rt.start_snapshot)
         self.start_head()
 
@@ -122,18 +125,30 @@ class AgenticRunner(GroupLifecycle):
 
     def published(self, out: Published) -> None:
         self.latest = (out.version, out.snapshot)
+        self._record_offered()
+
+    def _record_offered(self) -> None:
+        """The table's versions are what each instance was offered (every version, on the learner's
+        step): a readmitted instance ranks with the others, not behind them."""
+        if self.fleet is None:
+            return
+        pushers = self.rt.publisher.pushers  # a joining instance's pusher is added before its row
+        for row in self.fleet.snapshot().rows:
+            self.fleet.record_version(row.index, pushers[row.index].offered)
 
     def _readmit(self) -> None:
         """An instance whose weights can no longer arrive is lost (its turns run elsewhere); a lost one
         that answers again (restarted by the launcher) takes the newest weights and serves again;
-        instances join and leave with scale-out (``fleet.Fleet``)."""
-        if self.fleet is None:
+        instances join and leave with scale-out (``keeper.FleetKeeper``)."""
+        if self.keeper is None:
             return
+        rows = self.fleet.snapshot()
         for i, pusher in enumerate(self.rt.publisher.pushers):
-            if self.router.alive[i] and pusher.error is not None:
-                self.router.lose(i)  # counted in router.losses (the generator marks the ones it finds)
+            if rows[i].state in HOLDS_WORK and pusher.error is not None:
+                # counted in fleet.losses (the generator marks the ones it finds)
+                self.fleet.mark_lost(i, f"weight push failed: {pusher.error}")
                 log.warning("SGS instance %d lost: weight push failed: %s", i, pusher.error)
-        self.fleet.poll(self.latest)
+        self.keeper.poll(self.latest)
 
     def before_step(self) -> None:
         if self.a.interaction == "trajectory":
@@ -319,9 +334,9 @@ class AgenticRunner(GroupLifecycle):
             self.log.write(result.buffer_version + 1, result.buffer_version, kept)
         for key in keys:
             self.groups.pop(key)
-        lost = {} if self.router is None else {"instances_lost": self.router.losses,
-                                               "instance_turns": list(self.router.placed),
-                                               "turns_rerun": getattr(self.rollout.generator, "lost_turns", 0)}
+        lost = {} if self.fleet is None else {"instances_lost": self.fleet.losses,
+                                              "instance_turns": [r.placed for r in self.fleet.snapshot().rows],
+                                              "turns_rerun": getattr(self.rollout.generator, "lost_turns", 0)}
         return consumed_metrics(kept) | {"interaction": self.a.interaction, **lost}
 
     def shutdown(self) -> None:

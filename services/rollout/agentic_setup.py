@@ -31,8 +31,9 @@ EXTRA_THREADS = 16  # beyond the concurrency: evaluation, session closes
 
 
 def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str],
-                  scorer: Callable[[ThreadPoolExecutor], Scorer]) -> Rollout:
-    """``scorer(executor)``: the reward scorer, its blocking calls on the rollout's thread pool."""
+                  scorer: Callable[[ThreadPoolExecutor], Scorer], fleet=None) -> Rollout:
+    """``scorer(executor)``: the reward scorer, its blocking calls on the rollout's thread pool;
+    ``fleet``: the run's table of ``clients`` (``services.rollout.fleet``; default: the generator's own)."""
     a = cfg.agentic
     executor = ThreadPoolExecutor(max_workers=2 * a.concurrency + EXTRA_THREADS, thread_name_prefix="agentic")
     envs = EnvPool.connect(env_addresses, executor)
@@ -41,7 +42,7 @@ def build_rollout(cfg: RunConfig, policy, clients, env_addresses: list[str],
     eligible = ((lambda task, n: eligible_instances(task, cfg.generation, range(n)))
                 if direct and cfg.generation.affinity else None)
     generator = SgsGenerator(clients, executor, temperature=cfg.generation.temperature, tag="agentic",
-                             eligible=eligible)
+                             eligible=eligible, fleet=fleet)
     if a.agent is not None:  # episodes played by the user's agent through the OpenAI-compatible gateway
         from services.gateway.setup import agent_rollout
 

@@ -35,6 +35,27 @@ def streams_training(tc: ModeSettings) -> bool:
     return tc.mode != "sequential"
 
 
+def engines_behind(cfg, addresses: int) -> int:
+    """Engine instances behind each SGS address: 1 when the trainer dials the instances, all of
+    them (the most scale-out may add) when it dials one router in front of them."""
+    if not cfg.uses_router:
+        return 1
+    total = cfg.scaleout.max_instances if cfg.scaleout.enabled else cfg.generation.instances
+    return max(1, -(-total // max(1, addresses)))
+
+
+def fleet_capacity(cfg, addresses: int) -> int:
+    """Samples one SGS address takes at once, the fleet table's capacity for every workflow's picks
+    (training and evaluation alike). Single-turn: ``instance_capacity``. Multi-turn: twice the
+    rollout's concurrency (a turn per trajectory of training and of an evaluation beside it): the
+    rollout's concurrency bounds what is in flight, and the SGS queues what its engine cannot admit."""
+    if cfg.agentic.enabled:
+        return 2 * cfg.agentic.concurrency
+    tc = cfg.trainer
+    return instance_capacity(tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
+                             cfg.generation.max_inflight, engines_behind(cfg, addresses))
+
+
 def instance_capacity(per_group: int, max_inflight_groups: int, engine_max_inflight: int, behind: int = 1) -> int:
     """Samples the orchestrator keeps in flight on one SGS address (``behind`` engine instances
     when it is a router), the same rule in every mode: the engine's admission

@@ -54,14 +54,15 @@ from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint
 from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
-from services.rollout.fleet import Fleet
+from services.rollout.fleet import HOLDS_WORK, Reservation
+from services.rollout.keeper import FleetKeeper
 from services.rollout.length_replay import ReplayLengths
 from services.rollout.lifecycle import GroupLifecycle, drain
-from services.rollout.modes import instance_capacity
+from services.rollout.modes import engines_behind, fleet_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
 from services.rollout.repack import Repacker
 from services.rollout.rewards import Outcome
-from services.rollout.routing import InstanceRouter, InstanceView, instances_to_sync, pull_on_completion
+from services.rollout.routing import InstanceView, instances_to_sync, pick_instance, pull_on_completion
 from services.rollout.staleness import ConsumeResult
 from services.run.runtime import Published, TrainerRuntime
 from services.tasks.source import TaskItem
@@ -79,6 +80,7 @@ class _Call:
     open: int = 0  # samples not yet returned
     tag: str = ""  # the Generate request tag (what an Interrupt names)
     launched: float = 0.0  # when the orchestrator started the call (time.time())
+    booked: Reservation | None = None  # its samples on the fleet table (released as they return)
 
 
 @dataclass
@@ -97,15 +99,6 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
     its interval only when it finishes: count each call still open as busy from its launch
     (admitted work) to ``t_end``, so an iteration is not called idle while work is in flight."""
     return [(c.launched, t_end) for st in groups for c in st.calls if c.open]
-
-
-def engines_behind(cfg, addresses: int) -> int:
-    """Engine instances behind each SGS address: 1 when the trainer dials the instances, all of
-    them (the most scale-out may add) when it dials one router in front of them."""
-    if not cfg.uses_router:
-        return 1
-    total = cfg.scaleout.max_instances if cfg.scaleout.enabled else cfg.generation.instances
-    return max(1, -(-total // max(1, addresses)))
 
 
 def dispatches(cfg, behind: int) -> bool:
@@ -158,19 +151,21 @@ class Orchestrator(GroupLifecycle):
         self.pushers = trainer.publisher.pushers
         trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
         self.behind = engines_behind(trainer.cfg, len(trainer.clients))
-        self.capacity = instance_capacity(tc.group_size + tc.redundancy_samples, tc.max_inflight_groups,
-                                          trainer.cfg.generation.max_inflight, self.behind)
-        self.launched = [0] * len(self.pushers)  # groups started on each instance (resumes not counted)
+        self.capacity = fleet_capacity(trainer.cfg, len(trainer.clients))
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.gen_busy: list[tuple[float, float]] = []
+        # the run's table of the instances (``fleet.Fleet``; evaluation picks on it too): health, offered
+        # version, load, groups launched
+        self.fleet = trainer.fleet
+        assert len(self.fleet) == len(self.pushers) and self.fleet.capacity == self.capacity
+        for i, pusher in enumerate(self.pushers):  # a resumed run offered its version already
+            self.fleet.record_version(i, pusher.offered)
         self.repack = Repacker.from_config(tc.repack)
-        self.router = InstanceRouter(len(self.pushers), self.capacity, lambda: [p.offered for p in self.pushers],
-                                     incoming=self.repack.incoming)
-        self.alive = self.router.alive  # the same list: a lost instance is marked there
+        self.repack.on_change = self.fleet.set_incoming  # migrations count on their destination's load
         self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
-        self.fleet = Fleet(trainer, self.router, self.counts, on_join=self._slot_added)
+        self.keeper = FleetKeeper(trainer, self.fleet, self.counts, on_join=self._slot_added)
         replay = trainer.cfg.forced_length_replay
         self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
                        if replay.file else None)
@@ -194,7 +189,7 @@ class Orchestrator(GroupLifecycle):
             self.rt.problems[key] = problem
 
     def tick(self) -> None:
-        self.fleet.poll(self.latest)
+        self.keeper.poll(self.latest)
         self._sync()
         self._repack()
         self._route()
@@ -204,26 +199,36 @@ class Orchestrator(GroupLifecycle):
     def checkpoint_state(self) -> dict:
         return checkpoint.capture(self)
 
+    def _holds_work(self, i: int) -> bool:
+        """Whether instance ``i`` is up (live, or draining what it holds): not joining, lost or removed."""
+        return self.fleet.snapshot()[i].state in HOLDS_WORK
+
+    def _up(self) -> list[bool]:
+        """``_holds_work`` of every instance, from one snapshot."""
+        return [r.state in HOLDS_WORK for r in self.fleet.snapshot().rows]
+
     def _sync(self) -> None:
         for i, pusher in enumerate(self.pushers):  # an instance whose weights can no longer arrive
-            if self.alive[i] and pusher.error is not None:  # would wait forever for its offered version
+            if self._holds_work(i) and pusher.error is not None:  # would wait forever for its offered version
                 self._lose_instance(i, f"weight push failed: {pusher.error}")
         version, state = self.latest
         idle_only = pull_on_completion(self.tc.partial_rollout)
-        for i in instances_to_sync(self.router.views(), version, self.mgr.can_reserve, idle_only):
+        for i in instances_to_sync(self.fleet.views(), version, self.mgr.can_reserve, idle_only):
             try:
                 self.pushers[i].offer(version, state)
             except RuntimeError as err:  # its push thread failed since the check above
                 self._lose_instance(i, str(err))
                 continue
+            self.fleet.record_version(i, self.pushers[i].offered)
             self.counts["syncs"] += 1
 
     def _repack(self) -> None:
         """Snapshot the instances when due; carry out the repack plan (Interrupt on each source)."""
-        plan = self.repack.check(self.rt.clients, self.alive, self._lose_instance, force=self.stepped)
+        plan = self.repack.check(self.rt.clients, self._up(), self._lose_instance, force=self.stepped)
         self.stepped = False
         for m in plan:
-            if not (self.alive[m.source] and self.alive[m.destination] and self.router.open[m.destination]):
+            rows = self.fleet.snapshot()
+            if not (rows[m.source].state in HOLDS_WORK and rows[m.destination].state == "live"):
                 continue
             calls = [c for st in self.groups.values() if not st.complete for c in st.calls
                      if c.instance == m.source and c.open and c.handle is not None and not c.handle.cancelled]
@@ -242,16 +247,15 @@ class Orchestrator(GroupLifecycle):
     def _resume_target(self, p: Partial) -> InstanceView | None:
         """A migrated trajectory resumes on its planned destination when that is still routable;
         any other trajectory (or a migration whose destination is gone) where routing says."""
-        views = self.router.views()
+        views = self.fleet.views()
         dst = self.repack.destination(p.key)
         if dst is not None and views[dst].alive and views[dst].version >= p.version:
             return views[dst]
-        return self.router.pick(p.version, self.mgr.can_reserve,
-                                eligible=self._eligible(self.groups[p.group].problem.task))
+        return pick_instance(p.version, views, self.mgr.can_reserve,
+                             eligible=self._eligible(self.groups[p.group].problem.task))
 
     def _slot_added(self, i: int) -> None:
-        """A joining instance's slot (``fleet.Fleet``): the per-instance lists grow with it."""
-        self.launched.append(0)
+        """A joining instance's row (``keeper.FleetKeeper``): the dispatcher's work list grows with it."""
         if self.dispatcher is not None:
             self.dispatcher.work.append(0.0)
 
@@ -262,7 +266,7 @@ class Orchestrator(GroupLifecycle):
         gen = self.rt.cfg.generation
         if not gen.affinity or self.behind > 1:
             return None
-        return eligible_instances(task, gen, range(len(self.alive)))
+        return eligible_instances(task, gen, range(len(self.fleet)))
 
     # ------------------------------------------------------------------ routing
     def _route(self) -> None:
@@ -275,22 +279,21 @@ class Orchestrator(GroupLifecycle):
                 self._launch_resume(p, inst)
         self.resume = waiting
         g = self.tc.group_size + self.tc.redundancy_samples
-        batch: list[tuple[TaskItem, InstanceView]] = []  # the groups this round starts, where the pick put them
-        while (inst := self.router.pick(None, self.mgr.can_reserve, need=g,
-                                        eligible=self._eligible(self.prompts.peek().task))) is not None:
+        batch: list[tuple[TaskItem, Reservation]] = []  # the groups this round starts, where the pick put them
+        while (inst := self.fleet.acquire(None, self.mgr.can_reserve, need=g, count=False,
+                                          eligible=self._eligible(self.prompts.peek().task))) is not None:
             problem = self.prompts.take()
             self.mgr.reserve(problem.prompt_id, inst.version)  # V_traj = the picked instance's version
-            self.router.started(inst.index, g)  # booked: the next pick sees it
-            batch.append((problem, inst))
-        for _, inst in batch:
-            self.router.returned(inst.index, g)
+            batch.append((problem, inst))  # booked: the next pick sees it
+        for _, inst in batch:  # placement may move it; the launch books it where it goes
+            self.fleet.release(inst)
         specs = self.rt.prompt_specs([p for p, _ in batch])  # encoded once: placement and launch share them
         targets, estimates = self._placement(batch, specs, g)
         for (problem, inst), spec in zip(batch, specs, strict=True):
             key = problem.prompt_id
             self._launch_group(problem, spec, targets.get(key, inst.index), inst.version, estimates.get(key))
 
-    def _placement(self, batch: list[tuple[TaskItem, InstanceView]], specs: list[PromptSpec],
+    def _placement(self, batch: list[tuple[TaskItem, Reservation]], specs: list[PromptSpec],
                    g: int) -> tuple[dict[str, int], dict]:
         """With a length estimator: where the dispatch policy puts this round's groups, and their
         estimates (``services.rollout.dispatching``); otherwise where the pick put them."""
@@ -302,14 +305,13 @@ class Orchestrator(GroupLifecycle):
                   for p, s, e in zip(problems, specs, estimates, strict=True)]
         targets = self.dispatcher.plan_round(groups, [inst for _, inst in batch],
                                              [self._eligible(p.task) for p in problems],
-                                             self.router.views(), self.capacity)
+                                             self.fleet.views(), self.capacity)
         return targets, {p.prompt_id: e for p, e in zip(problems, estimates, strict=True) if e is not None}
 
     def _launch_group(
         self, problem: TaskItem, spec: PromptSpec, index: int, v_traj: int, estimate: float | None
     ) -> None:
         key = problem.prompt_id
-        self.launched[index] += 1
         forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
         state = _GroupState(problem, v_traj, forced=forced, estimate=estimate)
         self.groups[key] = state
@@ -323,7 +325,7 @@ class Orchestrator(GroupLifecycle):
         params = GenerateParams(n, 0, v_traj, tag=call.tag, interruptible=self.tc.partial_rollout)
         if self.dispatcher is not None:
             self.dispatcher.launched(index, estimate, n)
-        self._start(call, [spec], params, state)
+        self._start(call, [spec], params, state, group=True)
 
     def _launch_resume(self, p: Partial, inst: InstanceView) -> None:
         state = self.groups[p.group]
@@ -339,10 +341,13 @@ class Orchestrator(GroupLifecycle):
         self.counts["resumed"] += 1
         self._start(call, [spec], params, state)
 
-    def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState) -> None:
+    def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState,
+               group: bool = False) -> None:
+        """Book the call's samples on its instance (``group``: a new group, counted there) and start it."""
         call.open = len(call.keys)
         call.launched = time.time()
-        self.router.started(call.instance, call.open)
+        call.booked = self.fleet.reserve(call.instance, call.open, over=True, count=group)
+        assert call.booked is not None, f"instance {call.instance} was picked live on this thread"
         call.handle = self.rt.clients[call.instance].start(prompts, params)
         state.calls.append(call)
         threading.Thread(target=self._read, args=(call,), name=f"call-{call.keys[0]}", daemon=True).start()
@@ -370,7 +375,7 @@ class Orchestrator(GroupLifecycle):
         if state is None or state.complete or call.handle.cancelled:
             return  # surplus of a finished, aborted or cancelled group
         call.open -= 1
-        self.router.returned(call.instance)
+        self.fleet.release(call.booked, 1)
         if self.dispatcher is not None:
             self.dispatcher.finished(call.instance, state.estimate,
                                      0 if s.finish_reason == "interrupted" else len(s.token_ids))
@@ -390,12 +395,12 @@ class Orchestrator(GroupLifecycle):
         unavailable = isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE
         if not unavailable:
             raise RuntimeError(f"SGS instance {call.instance} ({address}) failed: {exc}") from exc
-        if self.alive[call.instance]:
+        if self._holds_work(call.instance):
             self._lose_instance(call.instance, f"{address}: {exc.details()}")
 
     def _lose_instance(self, i: int, why: str) -> None:
         """Mark instance ``i`` dead and resume its trajectories elsewhere from their recorded tokens."""
-        self.fleet.lost(i)
+        self.keeper.lost(i, why)
         log.warning("SGS instance %d lost (%s); resuming its trajectories elsewhere", i, why)
         for state in self.groups.values():
             for call in state.calls:
@@ -434,7 +439,7 @@ class Orchestrator(GroupLifecycle):
         for call in state.calls:
             if call.open and call.handle is not None and not call.handle.cancelled:
                 call.handle.cancel()
-                self.router.returned(call.instance, call.open)
+                self.fleet.release(call.booked, call.open)
                 if self.dispatcher is not None:
                     for _ in range(call.open):
                         self.dispatcher.finished(call.instance, state.estimate, 0)
@@ -457,12 +462,13 @@ class Orchestrator(GroupLifecycle):
         entries = result.entries
         for key in keys:
             self.groups.pop(key, None)
+        rows = self.fleet.snapshot().rows
         return {
             "inherent_staleness_mean": sum(e.inherent_staleness for e in entries) / len(entries),
-            "instance_versions": [p.offered for p in self.pushers],
-            "instance_groups": list(self.launched),
+            "instance_versions": [r.version for r in rows],
+            "instance_groups": [r.placed for r in rows],  # groups launched there (resumes not counted)
             # by the address the trainer dials: False = lost (its trajectories resumed elsewhere)
-            "instances_alive": {c.address: ok for c, ok in zip(self.rt.clients, self.alive, strict=True)},
+            "instances_alive": {r.address: r.state in HOLDS_WORK for r in rows},
             **self.repack.metrics(),
             **(self.dispatcher.metrics() if self.dispatcher is not None else {}),
         }
@@ -477,18 +483,18 @@ class Orchestrator(GroupLifecycle):
 
     def shutdown(self) -> None:
         """Cancel work for buffers that will not be trained; bring every live instance to the newest
-        version; lost instances leave the trainer's client list (evaluation uses the others)."""
+        version; lost instances' pushers leave the publisher (its ``wait`` would wait for them; the
+        table's rows stay, and evaluation picks among the live ones)."""
         # an instance that died with nothing in flight has not been noticed yet: ask every one now,
         # or the final offer (a unary PullWeights) and evaluation would fail on it
         try:
-            self.repack.snapshot(self.rt.clients, self.alive, self._lose_instance)
+            self.repack.snapshot(self.rt.clients, self._up(), self._lose_instance)
         except RuntimeError as err:  # every instance is gone: keep the error that ended the run, if any
             log.error("at shutdown: %s", err)
         for state in self.groups.values():
             state.complete = True
             self._cancel_calls(state)
-        live = [i for i, ok in enumerate(self.alive) if ok]
-        self.rt.clients[:] = [self.rt.clients[i] for i in live]
+        live = [i for i, ok in enumerate(self._up()) if ok]
         self.rt.publisher.pushers[:] = [self.pushers[i] for i in live]
         self.rt.publisher.clients[:] = [self.rt.publisher.clients[i] for i in live]
         version, state = self.latest

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -52,6 +53,8 @@ class Repacker:
     kv_means: list[float] = field(default_factory=list)  # mean KV use over live instances, per snapshot
     overheads: list[float] = field(default_factory=list)  # Interrupt -> resume launch, seconds
     counts: Counter = field(default_factory=Counter)
+    # told the samples in transit to each destination whenever they change (the fleet's ``set_incoming``)
+    on_change: Callable[[Counter], None] | None = None
 
     @classmethod
     def from_config(cls, cfg) -> Repacker:
@@ -104,6 +107,7 @@ class Repacker:
         now = time.time()
         for k in keys:
             self.moving[k] = _Move(m.source, m.destination, now)
+        self._changed()
         n = client.interrupt(tags)
         self.counts["repacks"] += 1
         self.counts["migrations_sent"] += len(keys)
@@ -118,12 +122,18 @@ class Repacker:
         """The trajectory resumed on ``instance``: its migration ends (overhead recorded)."""
         m = self.moving.pop(key, None)
         if m is not None:
+            self._changed()
             self.overheads.append(time.time() - m.issued)
             self.counts["migrated" if instance == m.destination else "migrated_elsewhere"] += 1
 
     def forget(self, key: str) -> None:
         """The trajectory's group ended (complete, aborted) before it resumed."""
-        self.moving.pop(key, None)
+        if self.moving.pop(key, None) is not None:
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.incoming())
 
     def metrics(self) -> dict:
         """Per iteration: mean KV use of the snapshots and the migration overheads (then reset);

@@ -26,8 +26,7 @@ StaleFlow §5.3 / Appendix D, reduced to what Braid's instances need:
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 
@@ -84,89 +83,3 @@ def instances_to_sync(
         i.index for i in instances
         if i.alive and i.version < newest and (i.inflight == 0 or (not idle_only and not can_reserve(i.version)))
     ]
-
-
-class InstanceRouter:
-    """The one place that picks an SGS instance, for every workflow: a single-turn group, a resumed
-    or migrated trajectory, a multi-turn trajectory's next turn, an evaluation share. It keeps what
-    the picks need — samples in flight per instance, which instances are alive — and asks
-    ``pick_instance`` (staleness-aware, capacity, affinity, stickiness). ``versions()``: the version
-    new work on each instance runs with (the weights offered to it); ``incoming()``: samples on
-    their way to each, by instance index (repack migrations: the repacker's ``Counter``), counted in
-    its load. Thread-safe: a multi-turn run picks from its event loop's thread."""
-
-    def __init__(self, n: int, capacity: int, versions: Callable[[], list[int]],
-                 incoming: Callable[[], Mapping[int, int]] | None = None) -> None:
-        self.capacity = capacity
-        self.versions, self.incoming = versions, incoming
-        self.inflight = [0] * n
-        self.alive = [True] * n
-        self.open = [True] * n  # takes new work (False: leaving the run, its work still completes)
-        self.placed = [0] * n  # picks counted by ``acquire`` (multi-turn turns, evaluation shares)
-        self.losses = 0  # times an instance was lost
-        self._lock = threading.RLock()  # ``acquire`` picks (``views``) under it
-
-    def views(self) -> list[InstanceView]:
-        """One view per instance that both the router and ``versions()`` know: a joining instance's
-        weights publisher may list it before ``add`` gives it a slot here (another thread picks
-        meanwhile), and an instance without a slot is not routable yet."""
-        extra = self.incoming() if self.incoming is not None else {}
-        with self._lock:
-            versions = self.versions()
-            return [InstanceView(i, versions[i], self.inflight[i] + extra.get(i, 0), self.capacity,
-                                 self.alive[i] and self.open[i])
-                    for i in range(min(len(versions), len(self.inflight)))]
-
-    def pick(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1, eligible: Collection[int] | None = None,
-             prefer: int | None = None, slack: int = 0) -> InstanceView | None:
-        return pick_instance(v_traj, self.views(), can_reserve, need, eligible, prefer, slack)
-
-    def acquire(self, v_traj: int | None, can_reserve: CanReserve, need: int = 1,
-                eligible: Collection[int] | None = None, prefer: int | None = None,
-                slack: int = 0) -> InstanceView | None:
-        """``pick`` and count ``need`` samples on its choice, atomically (concurrent pickers)."""
-        with self._lock:
-            inst = self.pick(v_traj, can_reserve, need, eligible, prefer, slack)
-            if inst is not None:
-                self.inflight[inst.index] += need
-                self.placed[inst.index] += 1
-            return inst
-
-    def started(self, i: int, n: int) -> None:
-        with self._lock:
-            self.inflight[i] += n
-
-    def returned(self, i: int, n: int = 1) -> None:
-        with self._lock:
-            self.inflight[i] -= n
-
-    def lose(self, i: int) -> None:
-        """Instance ``i`` is gone: nothing runs there any more."""
-        with self._lock:
-            self.losses += int(self.alive[i])
-            self.alive[i] = False
-            self.inflight[i] = 0
-
-    def readmit(self, i: int) -> None:
-        """Instance ``i`` is back (restarted, at the newest weights): routable again, nothing in flight."""
-        with self._lock:
-            self.alive[i] = True
-            self.inflight[i] = 0
-
-    def live(self) -> list[int]:
-        """The instances that take new work."""
-        return [i for i, ok in enumerate(self.alive) if ok and self.open[i]]
-
-    def add(self, alive: bool = False) -> int:
-        """A new slot (a joining instance: not routable until ``readmit``); its index."""
-        with self._lock:
-            self.inflight.append(0)
-            self.placed.append(0)
-            self.alive.append(alive)
-            self.open.append(True)
-            return len(self.alive) - 1
-
-    def close(self, i: int) -> None:
-        """Instance ``i`` leaves: no new work; what it holds still completes."""
-        with self._lock:
-            self.open[i] = False

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     resumed = trainer.open_recovery(ns.attempt, ns.died_at, started_at)
     if cfg.agentic.enabled:  # after recovery: a restarted trainer's SGS clients shift versions on the wire
-        trainer.rollout = build_agentic(cfg, policy, trainer.clients, envs, ns.reward_membership)
+        trainer.rollout = build_agentic(cfg, policy, trainer.clients, envs, ns.reward_membership, trainer.fleet)
 
     def progress(k: int, row: dict) -> None:
         logging.info(

@@ -32,6 +32,8 @@ from pathlib import Path
 from services.common.config import RunConfig
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.rollout.collect import collect
+from services.rollout.fleet import HOLDS_WORK, fleet_of
+from services.rollout.modes import fleet_capacity
 from services.rollout.rewards import Outcome
 from services.run.evaluate import EvalResult, score
 from services.tasks.source import TaskItem, build_task
@@ -55,6 +57,9 @@ class HeldOut:
         self.cfg = cfg
         self.policy = policy
         self.clients = clients
+        # the run's one table of its instances, rows index for index with ``clients``: training routes
+        # on it and evaluation picks on it (real versions and capacity, ``collect``)
+        self.fleet = fleet_of([c.address for c in clients], fleet_capacity(cfg, len(clients)))
         self.rewards = rewards
         self.version = 0
         self.task = build_task(cfg.task, cfg.eval)
@@ -89,8 +94,10 @@ class HeldOut:
             return evaluate(self, self._rollout(), self.agentic_eval, tag)
         t0 = time.time()
         self.publisher.wait(self.version)
+        for i in self.fleet.snapshot().in_state(*HOLDS_WORK):  # what ``wait`` saw staged on every live one
+            self.fleet.record_version(i, self.version)
         params = GenerateParams(1, 0, self.version, tag=tag, seed=self.cfg.eval.seed)  # seeded: see the docstring
-        stream = collect(self.clients, self.prompt_specs(self.eval_set), params)
+        stream = collect(self.clients, self.prompt_specs(self.eval_set), params, self.fleet)
         pending = []
         for sample in stream:  # scored as they stream in
             pending.append((sample, self.score(sample)))
@@ -147,9 +154,10 @@ def tokenizer_policy(path: str | Path, chat_template: bool):
     return Policy(model=None, tokenizer=tok, chat_template=chat_template)
 
 
-def build_agentic(cfg: RunConfig, policy, clients, env_workers: list[str], reward_membership: str):
+def build_agentic(cfg: RunConfig, policy, clients, env_workers: list[str], reward_membership: str, fleet=None):
     """The rollout machinery of an agentic run (``services.rollout.agentic_setup``): rewards from
-    the reward pool whose membership file the launcher keeps."""
+    the reward pool whose membership file the launcher keeps; ``fleet``: the run's table of
+    ``clients`` (the turns pick on it)."""
     from services.agentic.rollout import ServiceScorer
     from services.reward.client import RewardPool
     from services.rollout.agentic_setup import build_rollout
@@ -157,7 +165,7 @@ def build_agentic(cfg: RunConfig, policy, clients, env_workers: list[str], rewar
     def scorer(executor):
         return ServiceScorer(RewardPool.from_config(cfg.reward, membership=Path(reward_membership)), executor)
 
-    return build_rollout(cfg, policy, clients, env_workers, scorer)
+    return build_rollout(cfg, policy, clients, env_workers, scorer, fleet)
 
 
 def single_turn_rewards(cfg: RunConfig, reward_membership: str, run_dir: Path):

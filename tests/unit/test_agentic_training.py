@@ -178,6 +178,70 @@ def test_generator_tags_prompts_with_the_task_and_keeps_to_its_pool():
     assert [p.task for p, _ in clients[0].asked] == ["walk"]  # the default pool
 
 
+class _Held(list):
+    """A call whose samples arrive once ``gate`` is set."""
+
+    def __init__(self, samples, gate) -> None:
+        super().__init__(samples)
+        self.gate = gate
+
+    def __iter__(self):
+        assert self.gate.wait(10)
+        return super().__iter__()
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_a_turn_returning_after_its_instance_was_lost_releases_nothing():
+    """docs/fleet.md's defect: a turn whose call returns after its instance was lost drove the
+    instance's in-flight count to -1, and after a readmission under-counted the new incarnation.
+    The loss starts a new epoch of the row; the late turn's release is ignored."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from services.agentic.runner import SgsGenerator
+
+    gate = threading.Event()
+
+    class Held(_FakeClient):
+        def start(self, prompts, params):
+            return _Held(super().start(prompts, params), gate)
+
+    with ThreadPoolExecutor(4) as ex:
+        gen = SgsGenerator([Held()], ex)
+
+        async def late_return():
+            turn = asyncio.ensure_future(gen.generate("g/0/t0", (1, 2), 4))
+            while gen.fleet.snapshot()[0].inflight == 0:  # its call is out
+                await asyncio.sleep(0.001)
+            gen.fleet.mark_lost(0, "UNAVAILABLE")  # the rollout thread's loss (a failed weight push)
+            assert gen.fleet.snapshot()[0].inflight == 0
+            gen.fleet.mark_live(0, version=1)  # restarted and readmitted
+            newer = gen.pick("h/0")  # the new incarnation's first turn
+            gate.set()
+            await turn  # the old turn returns now
+            return newer
+
+        newer = asyncio.run(late_return())
+        assert gen.fleet.snapshot()[0].inflight == 1  # was 0: the late return took the newer turn's count
+        assert gen.fleet.release(newer) and gen.fleet.snapshot()[0].inflight == 0
+
+        gate.clear()
+
+        async def lost_for_good():
+            turn = asyncio.ensure_future(gen.generate("g/1/t0", (1, 2), 4))
+            while gen.fleet.snapshot()[0].inflight == 0:
+                await asyncio.sleep(0.001)
+            gen.fleet.mark_lost(0, "UNAVAILABLE")
+            gate.set()
+            await turn
+
+        asyncio.run(lost_for_good())
+        assert gen.fleet.snapshot()[0].inflight == 0  # was -1
+
+
 def test_service_scorer_sends_the_transcript_and_turns_failures_into_drops():
     import asyncio
     from concurrent.futures import ThreadPoolExecutor

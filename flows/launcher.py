@@ -8,9 +8,6 @@ agentic run, the reward pool (``flows.reward_pool``) and the trainer, through
 
 from __future__ import annotations
 
-import json
-import os
-import resource
 import time
 from pathlib import Path
 
@@ -27,6 +24,7 @@ from flows.processes import (
     supervise_trainer,
 )
 from flows.reward_pool import RewardPoolController
+from flows.run_cpu import SteadyCpu, children_cpu_s, record_process_cpu
 
 
 def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 0.5, *, on_finish=None,
@@ -44,6 +42,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
 
     cfg = check_registries(load_config(run_dir / "config.json"))  # benchmarks write config.json themselves
     cpu0, wall0 = children_cpu_s(), time.time()
+    steady = SteadyCpu(run_dir / "metrics.jsonl")
     sup = Supervisor(run_dir, cfg.trainer.recovery.max_restarts)  # a dead relay or router is started again
     config = str(run_dir / "config.json")
     controller = None
@@ -100,6 +99,7 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         start = _trainer_starter(sup, cfg, base + (["--relays", ",".join(relays)] if relays else []), fronts)
 
         def tick() -> bool:
+            steady.poll(sup.services)
             if controller is not None:
                 controller.poll()
             if rewards is not None:
@@ -120,53 +120,8 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
         if rewards is not None:
             rewards.close()
         sup.stop_all()
-    record_process_cpu(run_dir / "summary.json", children_cpu_s() - cpu0, time.time() - wall0)
+    record_process_cpu(run_dir / "summary.json", children_cpu_s() - cpu0, time.time() - wall0, steady)
     return run_dir / "summary.json"
-
-
-def children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's children that have ended and been waited for."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-BUSY_FLAG = 0.8  # a loop or the machine this busy may have set an EMULATED run's pace
-
-
-def record_process_cpu(summary_path: Path, cpu_s: float, wall_s: float) -> None:
-    """Add ``process_cpu`` to the run's summary: the CPU every process of the run used (SGS, trainer,
-    learner, relays, router, reward and environment workers), per sample the trainer handled. On an
-    EMULATED run no model computes, so this is the control plane's own cost, and ``control_plane``
-    flags the run when the orchestrator loop or the machine's cores were busy enough
-    (``BUSY_FLAG``) to have set its pace rather than the modelled fleet."""
-    if not summary_path.is_file():
-        return
-    summary = json.loads(summary_path.read_text())
-    samples = summary.get("trained_samples") or 0
-    cores = os.cpu_count() or 1
-    busy = cpu_s / wall_s if wall_s else 0.0
-    summary["process_cpu"] = {"cpu_s": cpu_s, "wall_s": wall_s, "cores_busy": busy, "cores": cores,
-                              "cpu_s_per_sample": cpu_s / samples if samples else None, "samples": samples}
-    if "emulated" in summary:
-        summary["control_plane"] = control_plane(summary_path.parent / "metrics.jsonl", busy / cores)
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-
-
-def control_plane(metrics: Path, machine_busy: float) -> dict:
-    """The orchestrator loop's measured share of each iteration's wall time, and whether the control
-    plane may have distorted an EMULATED run's figures (``flagged``, with why)."""
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
-    loop = [r["orchestrator_busy"] for r in rows if "orchestrator_busy" in r]
-    ticks = [r["orchestrator_tick_cpu_ms_max"] for r in rows if "orchestrator_tick_cpu_ms_max" in r]
-    why = []
-    if loop and max(loop) >= BUSY_FLAG:
-        why.append(f"the orchestrator loop was busy {max(loop):.0%} of an iteration's wall time")
-    if machine_busy >= BUSY_FLAG:
-        why.append(f"the run's processes kept {machine_busy:.0%} of the machine's cores busy")
-    return {"orchestrator_busy_mean": sum(loop) / len(loop) if loop else None,
-            "orchestrator_busy_max": max(loop) if loop else None,
-            "orchestrator_tick_cpu_ms_max": max(ticks) if ticks else None,
-            "machine_busy": machine_busy, "flagged": bool(why), "why": why}
 
 
 def dialled(sup: Supervisor, fronts: list[tuple[str, str | None]]) -> list[str]:

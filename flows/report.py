@@ -39,14 +39,16 @@ def plot_learning(rows: list[dict], summary: dict, path: Path) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(f"Learning curve ({summary['mode']})")
+    emulated = "EMULATED: synthetic tokens, reward at a declared rate; " if "emulated" in summary else ""
+    ax.set_title(f"Learning curve ({emulated}{summary['mode']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12) -> None:
-    """Generation vs training per iteration over wall time (StreamRL Figure 5 style)."""
+def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12, time_scale: float | None = None) -> None:
+    """Generation vs training per iteration over wall time (StreamRL Figure 5 style); an EMULATED
+    run's (``time_scale``) says so and labels the axis in wall seconds (modelled = wall / scale)."""
     gen = [g for g in timeline["generation"] if g[0] < max_iterations]
     train = [t for t in timeline["training"] if t[0] < max_iterations]
     if not gen:
@@ -61,8 +63,10 @@ def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12) -> None:
     for k, start, end in train:
         ax.barh(0, end - start, left=start - t0, height=0.6, color=colors[int(k) % 20], edgecolor="black", lw=0.4)
     ax.set_yticks([0, 1.02], ["training", "generation"])
-    ax.set_xlabel("seconds since the first iteration's generation started (labels: iteration)")
-    ax.set_title(f"Stage timeline, first {min(max_iterations, len(gen))} iterations")
+    ax.set_xlabel("seconds since the first iteration's generation started (labels: iteration)"
+                  + (f"; EMULATED wall seconds, modelled = wall / {time_scale:g}" if time_scale else ""))
+    shown = min(max_iterations, len(gen))
+    ax.set_title(("EMULATED " if time_scale else "") + f"Stage timeline, first {shown} iterations")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -305,7 +309,8 @@ def final_lines(summary: dict) -> list[str]:
 def write_report(run_dir: Path) -> Path:
     rows, timeline, summary = _load(run_dir)
     plot_learning(rows, summary, run_dir / "learning_curve.png")
-    plot_timeline(timeline, run_dir / "timeline.png")
+    plot_timeline(timeline, run_dir / "timeline.png",
+                  time_scale=summary["emulated"]["time_scale"] if "emulated" in summary else None)
     plot_staleness(rows, run_dir / "staleness.png")
     plot_lengths(rows, run_dir / "lengths.png")
     path = run_dir / "report.md"

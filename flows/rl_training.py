@@ -210,13 +210,15 @@ def _plan_section(rd: Path) -> str:
 def report(run_dir: str) -> str:
     rd = Path(run_dir)
     path = write_report(rd)
+    emulated = " (EMULATED: times of an emulation, modelled = wall / time scale)" if is_emulated(
+        load_config(rd / "config.json")) else ""
     create_markdown_artifact(
         embed_images(path.read_text(), rd) + _plan_section(rd), key="rl-training-report",
-        description=f"Braid run {rd.name}",
+        description=f"Braid run {rd.name}{emulated}",
     )
     create_table_artifact(
         metrics_table(read_metrics(rd / "metrics.jsonl")), key="rl-training-metrics",
-        description=f"Per-iteration metrics of Braid run {rd.name}",
+        description=f"Per-iteration metrics of Braid run {rd.name}{emulated}",
     )
     return str(path)
 

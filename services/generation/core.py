@@ -104,8 +104,12 @@ class GenerationCore:
     def __init__(
         self, engine: Engine, *, max_inflight: int, default_max_new_tokens: int, version: int = 0,
         admission: str = "fcfs", on_finished: Callable[[SampleRecord], None] | None = None,
+        instance: int | None = None,
     ) -> None:
+        """``instance``: its index when the process serves several (``--instances``): it names the core's
+        thread and prefixes its log lines."""
         self.engine = engine
+        self.label = "" if instance is None else f"instance {instance}: "
         self.max_inflight = max_inflight
         self.default_max_new_tokens = default_max_new_tokens
         self.version = version
@@ -121,15 +125,23 @@ class GenerationCore:
         self._calls = itertools.count()
         self._stage_lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sgs-core", daemon=True)
+        name = "sgs-core" if instance is None else f"sgs-core-{instance}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ------------------------------------------------------------------ API (any thread)
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        self.request_stop()
+        self.join()
+
+    def request_stop(self) -> None:
+        """Tell the core thread to end (``join`` waits for it): many cores stop at once."""
         self._stop.set()
-        self._thread.join(timeout=30)
+
+    def join(self, timeout_s: float = 30.0) -> None:
+        self._thread.join(timeout=timeout_s)
 
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
@@ -196,7 +208,7 @@ class GenerationCore:
                     for out in self.engine.poll(timeout=0.005):
                         self._deliver(out)
         except BaseException as exc:  # recorded and surfaced to every caller and the supervisor
-            log.exception("SGS core failed")
+            log.exception("%sSGS core failed", self.label)
             self.error = exc
         finally:
             self._close_all()
@@ -254,7 +266,7 @@ class GenerationCore:
             self.version = version
             if self.pending_version == version:
                 self.pending_version = -1
-        log.info("installed weight version %d", version)
+        log.info("%sinstalled weight version %d", self.label, version)
 
     def _admit(self) -> None:
         if self._pending_state is not None:

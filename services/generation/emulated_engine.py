@@ -49,10 +49,11 @@ from pathlib import Path
 import torch
 
 from services.common.config import GenerationConfig
+from services.common.emulation_config import EmulationConfig
 from services.common.lora import LoraConfig
 from services.common.weights import TensorSpec, dtype_name
-from services.generation.checkpoint import inspect_checkpoint, tensor_specs
-from services.generation.emulation import load_lengths, request_rng, synthetic_tokens
+from services.generation.checkpoint import CheckpointInfo, inspect_checkpoint, tensor_specs
+from services.generation.emulation import LengthSampler, load_lengths, request_rng, synthetic_tokens
 from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
 from services.generation.scheduling.cost import InstanceSpec
 from services.generation.scheduling.instance_model import Job, SteppedInstance
@@ -84,16 +85,14 @@ class EmulatedEngine(Engine):
         if emu is None:
             raise ValueError("generation.engine 'emulated' needs generation.emulation (profile, lengths, time_scale): "
                              "it replays a latency profile and output lengths instead of running a model")
-        info = inspect_checkpoint(model_path)
+        info, self.profile, self._lengths = _assets(model_path, emu)
         self.vocab_size, self.max_positions, self._eos = info.vocab_size, info.max_positions, info.eos_ids
-        self.profile = resolve_profile(emu.profile)
         cost = self.profile.step_cost_model()
         cost = replace(cost, k4=cost.k4 + step_delay_s)  # a straggler: each step that much slower
         self._capacity_tokens = cfg.num_blocks * cfg.page_size
         self.spec = InstanceSpec(cost, self._capacity_tokens, cfg.max_inflight, self.profile.watermark)
         self.time_scale = emu.time_scale
         self._reload_s = self.profile.step_cost.k2 if emu.reload_s is None else emu.reload_s
-        self._lengths = load_lengths(emu)
         self._specs = _specs(model_path, adapter)
         self._gen = random.Random(cfg.seed)
         self._clock = time.monotonic  # waits are real: Event.wait on the same monotonic clock
@@ -285,7 +284,18 @@ def check_state(state: dict[str, torch.Tensor], specs: dict[str, TensorSpec]) ->
                              f"takes {want.dtype} {want.shape}")
 
 
-_SPECS: dict[tuple[str, str], dict[str, TensorSpec]] = {}  # many instances of one checkpoint share one table
+# Many instances in one process (``--instances``) share one read of the checkpoint, profile and trace, and one table.
+_ASSETS: dict[tuple[str, str], tuple[CheckpointInfo, Profile, LengthSampler]] = {}
+_SPECS: dict[tuple[str, str], dict[str, TensorSpec]] = {}
+
+
+def _assets(model_path: str, emu: EmulationConfig) -> tuple[CheckpointInfo, Profile, LengthSampler]:
+    """The checkpoint's facts, the latency profile and the length sampler (all read-only once built)."""
+    key = (str(Path(model_path).resolve()), emu.model_dump_json())
+    if key not in _ASSETS:
+        _ASSETS[key] = (inspect_checkpoint(model_path), resolve_profile(emu.profile), load_lengths(emu))
+    return _ASSETS[key]
+
 
 
 def _specs(model_path: str, adapter: LoraConfig | None) -> dict[str, TensorSpec]:

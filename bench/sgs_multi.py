@@ -1,14 +1,17 @@
 """What one SGS process serving N emulated instances costs (``python -m services.generation --instances N``).
 
 For each N: start one process of N emulated instances (the tiny policy of
-``deploy/configs/smoke.yaml``, profile ``H20-qwen2.5-7b`` in real time, every sample ``LENGTH``
-tokens); measure its start-up (wall seconds until its port file lists every port, and its CPU
-seconds by then), its CPU share idle (``IDLE_S`` seconds, nothing asked), then its CPU share and
-RSS under a steady load: one client thread per instance keeping one Generate call of ``SAMPLES``
-samples open on it at all times (``services.generation.client.GenerationClient``), for ``LOAD_S``
-seconds after ``WARM_S`` of warm-up. CPU share = the server process's user + system CPU seconds
-(every thread) / wall seconds; 100% = one core. The client threads run in this process, on the
-same cores. EMULATED: the instances compute nothing; this measures the SGS's own control plane.
+``deploy/configs/smoke.yaml``, profile ``H20-qwen2.5-7b`` at ``TIME_SCALE``: a step of ~7 ms takes
+~35 ms; every sample ``LENGTH`` tokens); measure its start-up (wall seconds until its port file
+lists every port, and its CPU seconds by then), its CPU share idle (``IDLE_S`` seconds, nothing
+asked), then its CPU share and RSS under a steady load: one client thread per instance keeping one
+Generate call of ``SAMPLES`` samples open on it at all times
+(``services.generation.client.GenerationClient``), for ``LOAD_S`` seconds after ``WARM_S`` of
+warm-up: about 1.1 samples/s per instance (8 samples every ~7 s), what an instance of a few dozen
+sequences of ~1000 tokens at 30 ms a step finishes. CPU share = the server process's user +
+system CPU seconds (every thread) / wall seconds; 100% = one core. The client threads run in this
+process, on the same cores. EMULATED: the instances compute nothing; this measures the SGS's own
+control plane.
 
 Not a result of record (it writes no ``bench/results`` file); it prints JSON, or writes it with ``--out``.
 
@@ -32,7 +35,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROFILE, LENGTH, SAMPLES, MAX_INFLIGHT = "H20-qwen2.5-7b", 200, 8, 16
+PROFILE, TIME_SCALE, LENGTH, SAMPLES, MAX_INFLIGHT = "H20-qwen2.5-7b", 5.0, 200, 8, 16
 IDLE_S, WARM_S, LOAD_S = 10.0, 3.0, 10.0
 START_TIMEOUT_S = 300.0
 
@@ -45,7 +48,7 @@ def prepare(work: Path) -> tuple[Path, Path]:
     base = ROOT / "deploy/configs/smoke.yaml"
     model = work / "policy"
     save_policy(build_policy(load_config(base).model), model)
-    emulation = f"{{profile: {PROFILE}, lengths: {{distribution: fixed, tokens: {LENGTH}}}, time_scale: 1.0}}"
+    emulation = f"{{profile: {PROFILE}, lengths: {{distribution: fixed, tokens: {LENGTH}}}, time_scale: {TIME_SCALE}}}"
     cfg = load_config(base, ["generation.engine=emulated", f"generation.emulation={emulation}",
                              f"generation.max_new_tokens={LENGTH + 56}", f"generation.max_inflight={MAX_INFLIGHT}"])
     write_config(cfg, work / "config.json")
@@ -97,7 +100,8 @@ def measure(n: int, model: Path, config: Path, work: Path) -> dict:
     while not port_file.exists():
         if popen.poll() is not None or time.monotonic() - t0 > START_TIMEOUT_S:
             popen.kill()
-            raise RuntimeError(f"{n} instances did not start:\n{(work / f'sgs-{n}.log').read_text()[-3000:]}")
+            log_tail = (work / f"sgs-{n}.log").read_text()[-3000:]
+            raise RuntimeError(f"{n} instances did not start (exit code {popen.poll()}):\n{log_tail}")
         time.sleep(0.02)
     row: dict = {"instances": n, "startup_s": round(time.monotonic() - t0, 2), "startup_cpu_s": round(cpu_s(proc), 2)}
     addresses = [f"127.0.0.1:{p}" for p in port_file.read_text().split()]
@@ -111,6 +115,7 @@ def measure(n: int, model: Path, config: Path, work: Path) -> dict:
         time.sleep(WARM_S)
         before, t1 = sum(counts), time.monotonic()
         row["loaded_cpu_pct"] = round(100 * share(proc, LOAD_S), 1)
+        row["load_average"] = round(os.getloadavg()[0], 1)  # the machine is shared: how busy it was
         row["loaded_samples_per_s"] = round((sum(counts) - before) / (time.monotonic() - t1), 1)
         row["loaded_rss_mib"] = round(proc.memory_info().rss / 2**20, 1)
         row["threads"] = proc.num_threads()
@@ -137,8 +142,8 @@ def main() -> None:
         for n in (int(x) for x in ns.instances.split(",")):
             rows.append(measure(n, model, config, work))
             print(json.dumps(rows[-1]), flush=True)
-    result = {"profile": PROFILE, "length": LENGTH, "samples_per_call": SAMPLES, "idle_s": IDLE_S, "load_s": LOAD_S,
-              "cpus": os.cpu_count(), "rows": rows}
+    result = {"profile": PROFILE, "time_scale": TIME_SCALE, "length": LENGTH, "samples_per_call": SAMPLES,
+              "idle_s": IDLE_S, "load_s": LOAD_S, "cpus": os.cpu_count(), "rows": rows}
     if ns.out:
         Path(ns.out).write_text(json.dumps(result, indent=2) + "\n")
 

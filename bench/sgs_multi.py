@@ -2,11 +2,12 @@
 
 For each N: start one process of N emulated instances (the tiny policy of
 ``deploy/configs/smoke.yaml``, profile ``H20-qwen2.5-7b`` at ``TIME_SCALE``: a step of ~7 ms takes
-~35 ms; every sample ``LENGTH`` tokens); measure its start-up (wall seconds until its port file
+~35 ms; sample lengths uniform in ``LENGTHS``); measure its start-up (wall seconds until its port file
 lists every port, and its CPU seconds by then), its CPU share idle (``IDLE_S`` seconds, nothing
 asked), then its CPU share and RSS under a steady load: one client thread per instance keeping one
 Generate call of ``SAMPLES`` samples open on it at all times
-(``services.generation.client.GenerationClient``), for ``LOAD_S`` seconds after ``WARM_S`` of
+(``services.generation.client.GenerationClient``), the threads' first calls spread over
+``WARM_S`` seconds so that completions are spread as in a run, for ``LOAD_S`` seconds after that
 warm-up: about 1.1 samples/s per instance (8 samples every ~7 s), what an instance of a few dozen
 sequences of ~1000 tokens at 30 ms a step finishes. CPU share = the server process's user +
 system CPU seconds (every thread) / wall seconds; 100% = one core. The client threads run in this
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -35,8 +37,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROFILE, TIME_SCALE, LENGTH, SAMPLES, MAX_INFLIGHT = "H20-qwen2.5-7b", 5.0, 200, 8, 16
-IDLE_S, WARM_S, LOAD_S = 10.0, 3.0, 10.0
+PROFILE, TIME_SCALE, LENGTHS, SAMPLES, MAX_INFLIGHT = "H20-qwen2.5-7b", 5.0, (100, 300), 8, 16
+IDLE_S, WARM_S, LOAD_S = 10.0, 8.0, 20.0
 START_TIMEOUT_S = 300.0
 
 
@@ -48,9 +50,10 @@ def prepare(work: Path) -> tuple[Path, Path]:
     base = ROOT / "deploy/configs/smoke.yaml"
     model = work / "policy"
     save_policy(build_policy(load_config(base).model), model)
-    emulation = f"{{profile: {PROFILE}, lengths: {{distribution: fixed, tokens: {LENGTH}}}, time_scale: {TIME_SCALE}}}"
+    lengths = f"{{distribution: uniform, low: {LENGTHS[0]}, high: {LENGTHS[1]}}}"
+    emulation = f"{{profile: {PROFILE}, lengths: {lengths}, time_scale: {TIME_SCALE}}}"
     cfg = load_config(base, ["generation.engine=emulated", f"generation.emulation={emulation}",
-                             f"generation.max_new_tokens={LENGTH + 56}", f"generation.max_inflight={MAX_INFLIGHT}"])
+                             f"generation.max_new_tokens={LENGTHS[1]}", f"generation.max_inflight={MAX_INFLIGHT}"])
     write_config(cfg, work / "config.json")
     return model, work / "config.json"
 
@@ -75,9 +78,10 @@ def load(addresses: list[str], stop: threading.Event, counts: list[int]) -> list
     def run(k: int, address: str) -> None:
         client = GenerationClient(address, timeout_s=120)
         prompts = [PromptSpec(f"p{j}", (1, 4, 5, 6)) for j in range(SAMPLES)]
+        stop.wait(random.Random(k).uniform(0.0, WARM_S))  # spread the first calls
         try:
             while not stop.is_set():
-                counts[k] += sum(1 for _ in client.generate(prompts, GenerateParams(max_new_tokens=LENGTH + 50)))
+                counts[k] += sum(1 for _ in client.generate(prompts, GenerateParams(max_new_tokens=LENGTHS[1])))
         finally:
             client.close()
 
@@ -142,7 +146,7 @@ def main() -> None:
         for n in (int(x) for x in ns.instances.split(",")):
             rows.append(measure(n, model, config, work))
             print(json.dumps(rows[-1]), flush=True)
-    result = {"profile": PROFILE, "time_scale": TIME_SCALE, "length": LENGTH, "samples_per_call": SAMPLES,
+    result = {"profile": PROFILE, "time_scale": TIME_SCALE, "lengths": LENGTHS, "samples_per_call": SAMPLES,
               "idle_s": IDLE_S, "load_s": LOAD_S, "cpus": os.cpu_count(), "rows": rows}
     if ns.out:
         Path(ns.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -24,7 +24,9 @@ without using the CPU. Its times are predictions, never measurements; its tokens
   after the step in progress); a cancel or interrupt takes effect at the last finished step and
   returns the tokens of the steps finished by then. ``poll`` waits on an event until an output is
   ready or its timeout passes, and at least until the step in progress ends (an in-process
-  engine's poll runs a step). ``close`` ends any wait.
+  engine's poll runs a step), unless ``wake`` (the SGS core has new work) or ``close`` ends it.
+  Its core polls with a long timeout (``poll_wait_s``) and so wakes only when an output is due or
+  work arrives: hundreds of idle or busy instances in one process cost little CPU.
 - **Lengths** (``services.generation.emulation.LengthSampler``): drawn at submit; ``ignore_eos``
   forces ``max_new_tokens``; a longer draw is cut to ``max_new_tokens`` (finish ``length``), a
   shorter one ends with EOS (``stop``). A seeded request (``Sampling.seed``) draws its length and
@@ -78,6 +80,7 @@ class EmulatedEngine(Engine):
     name = "emulated"
     supports_interrupt = True
     synthetic = True  # token ids and log-probs are made up: never train on them
+    poll_wait_s = 1.0  # poll returns when an output is due or wake() is called; this only bounds a wait
 
     def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
                  adapter: LoraConfig | None = None) -> None:
@@ -98,6 +101,7 @@ class EmulatedEngine(Engine):
         self._clock = time.monotonic  # waits are real: Event.wait on the same monotonic clock
         self._lock = threading.RLock()  # kv_usage is read from RPC threads; the rest from the core thread
         self._closed = threading.Event()  # set by close(): ends any wait
+        self._woken = threading.Event()  # set by wake() (and close()): ends a poll's wait
         self._reset()
 
     def _reset(self) -> None:
@@ -199,8 +203,18 @@ class EmulatedEngine(Engine):
                     seg = self._inst.open()
                     assert seg is not None
                     wake = min(wake, self._wall(seg.end_s))
-            self._closed.wait(max(0.0, wake - now))
+            if self._woken.wait(max(0.0, wake - now)):
+                # the caller has work: hand out what is due now. A wake() after this clear() is not
+                # lost to the caller: it follows an inbox item the caller reads before it polls again.
+                self._woken.clear()
+                with self._lock:
+                    now = self._clock()
+                    self._sync(now)
+                    return self._take(now)
         return []
+
+    def wake(self) -> None:
+        self._woken.set()
 
     def _step_end(self, now: float) -> float:
         """Wall time at which the decode step in progress at ``now`` ends (the open segment's)."""
@@ -221,12 +235,14 @@ class EmulatedEngine(Engine):
 
     def _drop(self, request_id: str) -> EngineOutput | None:
         """Take a request out at the last finished step; its output so far (None if not held)."""
+        now = self._clock()
+        self._sync(now)  # first: a request whose segment ended by now has finished, running no more
         r = self._reqs.pop(request_id, None)
         if r is None:  # finished: its output may still wait for its time to come
             done = next((o for _, o in self._ready if o.request_id == request_id), None)
             self._ready = deque(item for item in self._ready if item[1].request_id != request_id)
             return done
-        self._cut(self._clock(), round_up=False)
+        self._cut(now, round_up=False)
         k = self._inst.remove(request_id) or 0
         self._open()
         tokens, logprobs = synthetic_tokens(r.rng, k, self.vocab_size, self._eos, False)
@@ -267,6 +283,7 @@ class EmulatedEngine(Engine):
 
     def close(self) -> None:
         self._closed.set()
+        self._woken.set()
         with self._lock:
             self._reset()
 

@@ -120,6 +120,38 @@ def test_waiting_uses_next_to_no_cpu(tiny_checkpoint):
         engine.close()
 
 
+def test_wake_ends_a_long_poll_and_close_any_poll(tiny_checkpoint):
+    """The SGS core polls this engine with a long timeout (``poll_wait_s``): ``wake`` (new work in
+    the core's inbox) ends the wait at once, handing out only what is due; ``close`` ends it too."""
+    engine = make(tiny_checkpoint, scale=1.0)
+    try:
+        engine.submit("long", [1, 4, 5], 200, ignore_eos=True)  # ~1.4 s of modelled steps
+        threading.Timer(0.1, engine.wake).start()
+        t0 = time.monotonic()
+        assert engine.poll(engine.poll_wait_s) == []
+        assert 0.05 < time.monotonic() - t0 < 0.5
+        threading.Timer(0.1, engine.close).start()
+        t0 = time.monotonic()
+        assert engine.poll(5.0) == [] and time.monotonic() - t0 < 0.5
+    finally:
+        engine.close()
+
+
+def test_a_cancel_or_interrupt_after_an_unpolled_finish(tiny_checkpoint):
+    """A request whose last step passed before anyone polled has finished: a cancel drops its
+    output, an interrupt returns all of it (the engine brings its model up to now first)."""
+    engine = make(tiny_checkpoint, scale=0.1)
+    try:
+        engine.submit("a", [1, 4, 5], 5, ignore_eos=True)
+        engine.submit("b", [1, 4, 6], 5, ignore_eos=True)
+        time.sleep(0.2)  # both finished ~4 ms in; nobody polled
+        engine.cancel("a")
+        assert [(rid, len(o.token_ids)) for rid, o in engine.interrupt(["b"]).items()] == [("b", 5)]
+        assert engine.poll(0.01) == []
+    finally:
+        engine.close()
+
+
 def test_kv_usage_is_honest_and_a_weight_reload_takes_the_modelled_time(tiny_checkpoint, tmp_path):
     cfg = GenerationConfig(engine="emulated", num_blocks=64, page_size=32, max_inflight=64,
                            emulation={"profile": H20, "lengths": LENGTHS, "time_scale": 1.0, "reload_s": 0.3})

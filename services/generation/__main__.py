@@ -19,7 +19,7 @@ import sys
 from services.common.certs import add_tls_args, tls_from_args
 from services.common.entry import add_serve_args, check_port, setup_logging
 
-MAX_INSTANCES = 1024  # instances one process may serve (emulated: a few hundred fit a core)
+MAX_INSTANCES = 256  # instances one process may serve (emulated; measured up to this many: bench/sgs_multi.py)
 
 
 def _int_list(flag: str, text: str) -> list[int]:

@@ -163,7 +163,14 @@ def _progress_bar(total: int):
 def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[object, str, float]:
     """Start the SGS, reward (and environment) workers for ``cfg`` serving ``model``; score the
     held-out set; stop them. Returns (the ``EvalResult``, the held-out fingerprint, seconds)."""
-    from flows.processes import Supervisor, router_enabled, start_env_workers, start_instances, start_router
+    from flows.processes import (
+        Supervisor,
+        instances_per_process,
+        router_enabled,
+        start_env_workers,
+        start_instances,
+        start_router,
+    )
     from flows.reward_pool import RewardPoolController
     from services.generation.client import GenerationClient
     from services.run.heldout import HeldOut, build_agentic, single_turn_rewards
@@ -174,7 +181,8 @@ def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[object, str, 
     t0 = time.time()
     try:
         launched = pool.launch()  # their start-up overlaps the SGS's
-        addresses = start_instances(sup, out, str(model), cfg.generation.instances, cfg.generation.threads)
+        addresses = start_instances(sup, out, str(model), cfg.generation.instances, cfg.generation.threads,
+                                    per_process=instances_per_process(cfg.generation))
         if router_enabled(cfg):
             addresses = [start_router(sup, out, str(model), addresses)]
         envs = start_env_workers(sup, out, cfg.agentic.workers) if cfg.agentic.enabled else []

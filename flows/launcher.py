@@ -14,7 +14,10 @@ from pathlib import Path
 from flows.processes import (
     Service,
     Supervisor,
-    restartable_instance,
+    instance_groups,
+    instance_service,
+    instances_per_process,
+    restartable_group,
     router_enabled,
     start_env_workers,
     start_instances,
@@ -61,34 +64,38 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
                          data_path=w.data_path)
             if w.transport == "relay" else []
         )
+        per_process = instances_per_process(cfg.generation)  # several per process: the emulated engine only
         addresses = start_instances(
             sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate,
-            relays=relays,
+            relays=relays, per_process=per_process,
         )
+        groups = instance_groups(0, len(addresses), per_process)
         routed = router_enabled(cfg)
-        # a dead instance is started again on its port (behind the router too: it dials the same
-        # address again; under scale-out the router's membership replaces instances instead)
+        # a dead process is started again with its instances on their ports (behind the router too: it
+        # dials the same addresses again; under scale-out the router's membership replaces instances instead)
         if not (routed and cfg.scaleout.enabled):
-            def start_one(i: int, port: int) -> None:
-                start_instances(sup, run_dir, checkpoint, 1, cfg.generation.threads, tolerate_exit=tolerate,
-                                relays=relays, first=i, base_port=port - i)
+            def start_group(first: int, ports: list[int]) -> None:
+                start_instances(sup, run_dir, checkpoint, len(ports), cfg.generation.threads, tolerate_exit=tolerate,
+                                relays=relays, first=first, ports=ports, per_process=len(ports))
 
-            for i, address in enumerate(addresses):
-                restartable_instance(sup, i, int(address.rsplit(":", 1)[1]), start_one)
+            for group in groups:
+                restartable_group(sup, group.start, [int(addresses[i].rsplit(":", 1)[1]) for i in group], start_group)
         router = (start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled)
                   if routed else None)
         if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
             from flows.scaleout import FileMembership, ProcessUnits, ScaleoutController
 
             by_name = {svc.name: svc for svc in sup.services}
-            members = [(a, by_name[f"sgs-{i}"]) for i, a in enumerate(addresses)]  # all of them may leave
-            units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays)
+            # all of them may leave (a process serving several stops when the last of them has left)
+            members = [(a, by_name[instance_service(i, groups)]) for i, a in enumerate(addresses)]
+            units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays, members)
             # through the router when there is one, else the trainer's orchestrator (its membership file)
             membership = router if routed else FileMembership(run_dir, addresses)
             controller = ScaleoutController(run_dir, cfg, membership, addresses, units, members)
         if routed:  # the trainer talks to the router only; it dispatches and merges
             addresses = [router]
-        fronts = [(addresses[0], None)] if routed else [(a, f"sgs-{i}") for i, a in enumerate(addresses)]
+        fronts = [(addresses[0], None)] if routed else \
+            [(a, instance_service(i, groups)) for i, a in enumerate(addresses)]
         if front is not None:
             fronts = [(front(a), name) for a, name in fronts]
         base = ["--config", config, "--model", checkpoint, "--run-dir", str(run_dir)]

@@ -8,6 +8,11 @@ after a grace period. ``start_relays``, ``start_instances``, ``start_router`` an
 run; ``flows.launcher`` (one host), ``flows.site_services`` (one site of a deployment) and
 ``flows.scaleout`` (units added at run time) use them; ``start_env_workers`` the environment
 workers of an agentic run.
+
+SGS instances run one per process (``sgs-i``), or, with the emulated engine,
+``generation.emulation.instances_per_process`` per process (``sgs-i-j`` serves instances i..j,
+each on its own port): ``instance_groups`` cuts them, ``instance_service`` names the process of
+an instance, ``restartable_group`` starts a dead one again with all its instances on their ports.
 """
 
 from __future__ import annotations
@@ -219,43 +224,85 @@ def start_relays(sup: Supervisor, run_dir: Path, n: int, *, keep: int, shm: bool
     ]
 
 
+def instances_per_process(gen_cfg) -> int:
+    """SGS instances one process serves for ``generation`` config ``gen_cfg``: the emulated engine's
+    ``emulation.instances_per_process``; 1 for the other engines (vllm and hf hold a model each)."""
+    if gen_cfg.engine == "emulated" and gen_cfg.emulation is not None:
+        return gen_cfg.emulation.instances_per_process
+    return 1
+
+
+def instance_groups(first: int, n: int, per_process: int) -> list[range]:
+    """The instances each SGS process serves: ``first .. first + n - 1`` cut in order into
+    ceil(n / per_process) runs of ``per_process`` (the last one shorter when it does not divide)."""
+    if n < 0 or per_process < 1:
+        raise ValueError(f"instance_groups needs n >= 0 and per_process >= 1, got {n}, {per_process}")
+    return [range(start, min(start + per_process, first + n)) for start in range(first, first + n, per_process)]
+
+
+def group_service(group: range) -> str:
+    """The supervised process (and its log and port files) serving ``group``: ``sgs-i`` for one
+    instance, ``sgs-i-j`` for instances i..j."""
+    return f"sgs-{group.start}" if len(group) == 1 else f"sgs-{group.start}-{group[-1]}"
+
+
+def instance_service(i: int, groups: list[range]) -> str:
+    """The name of the process serving instance ``i`` (``groups`` as ``instance_groups`` cut them)."""
+    group = next((g for g in groups if i in g), None)
+    if group is None:
+        raise KeyError(f"instance {i} is in none of the groups {groups}")
+    return group_service(group)
+
+
 def start_instances(
     sup: Supervisor, run_dir: Path, checkpoint: str, n: int, threads: int, *, tolerate_exit: bool = False,
     host: str = "127.0.0.1", base_port: int = 0, config: Path | None = None, relays: list[str] | None = None,
-    first: int = 0, cpus: list[int] | None = None, tls: tuple[str, str] | None = None,
+    first: int = 0, cpus: list[int] | None = None, tls: tuple[str, str] | None = None, per_process: int = 1,
+    ports: list[int] | None = None,
 ) -> list[str]:
-    """Start ``n`` SGS instance processes (``sgs-i`` for i = ``first`` ...) and return their
-    ``host:port`` addresses. With ``tolerate_exit`` the run survives the death of some (not all)
-    instances. Instance ``i`` binds ``host:base_port + i`` (``base_port`` 0: any free port);
-    ``config`` defaults to the run directory's ``config.json``. With ``relays``, instance i pulls
-    weights from relay ``i % len(relays)``; ``cpus`` pins them (default: ``generation.cpus``);
-    ``tls`` = (`braid certs` directory, site): they serve mutual TLS."""
-    config_path = str(config or run_dir / "config.json")
+    """Start ``n`` SGS instances (i = ``first`` ...) and return their ``host:port`` addresses in
+    instance order. With ``tolerate_exit`` the run survives the death of some (not all) of their
+    processes. Instance ``i`` binds ``host:base_port + i`` (``base_port`` 0: any free port), or
+    ``ports[i - first]`` when ``ports`` is given (a restart on the ports they had); ``config``
+    defaults to the run directory's ``config.json``. With ``relays``, instance i pulls weights from
+    relay ``i % len(relays)``; ``cpus`` pins them (default: ``generation.cpus``); ``tls`` = (`braid
+    certs` directory, site): they serve mutual TLS. ``per_process`` (``instances_per_process``):
+    each process serves up to that many (``instance_groups``; more than one for the emulated engine
+    only), named by ``group_service``; ``instance_service`` finds the one serving an instance."""
+    if ports is not None and len(ports) != n:
+        raise ValueError(f"start_instances: {len(ports)} ports for {n} instances")
+    ports = ports or [base_port + i if base_port else 0 for i in range(first, first + n)]
+    common = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint, "--host", host]
+    common += ["--cpus", ",".join(map(str, cpus))] if cpus else []
+    common += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
     port_files = []
-    for i in range(first, first + n):
-        port_file = run_dir / f"sgs-{i}.port"
+    for group in instance_groups(first, n, per_process):
+        name = group_service(group)
+        port_file = run_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
-        port = base_port + i if base_port else 0
-        args = ["--config", config_path, "--model", checkpoint, "--host", host, "--port", str(port),
-                "--port-file", str(port_file), "--instance", str(i)]
-        args += ["--relay", relays[i % len(relays)]] if relays else []
-        args += ["--cpus", ",".join(map(str, cpus))] if cpus else []
-        args += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
-        sup.start(f"sgs-{i}", "services.generation", args, threads=threads, tolerate_exit=tolerate_exit)
+        own = ports[group.start - first:group.stop - first]
+        args = [*common, "--port-file", str(port_file), "--instance", str(group.start)]
+        args += ["--port", str(own[0])] if len(group) == 1 else \
+            ["--instances", str(len(group)), "--ports", ",".join(map(str, own))]
+        if relays:  # the process deals its list round-robin from its first instance: instance i gets relays[i % R]
+            args += ["--relay", ",".join(relays[i % len(relays)] for i in group[:len(relays)])]
+        sup.start(name, "services.generation", args, threads=threads, tolerate_exit=tolerate_exit)
         port_files.append(port_file)
-    return [f"{host}:{sup.wait_for_file(p, SGS_READY_TIMEOUT_S)}" for p in port_files]
+    return [f"{host}:{port}" for p in port_files for port in sup.wait_for_file(p, SGS_READY_TIMEOUT_S).split()]
 
 
-def restartable_instance(sup: Supervisor, i: int, port: int, start_one: Callable[[int, int], object]) -> None:
-    """Mark SGS instance ``sgs-i`` as a server the supervisor starts again on ``port`` when it dies
-    (``start_one(i, port)``: ``start_instances`` for that one, marked again each time); the rollout
-    orchestrator readmits an instance that answers again (``services.rollout.readmit``)."""
+def restartable_group(sup: Supervisor, first: int, ports: list[int],
+                      start_group: Callable[[int, list[int]], object]) -> None:
+    """Mark the process serving instances ``first .. first + len(ports) - 1`` (one process: see
+    ``group_service``) as a server the supervisor starts again on ``ports`` when it dies
+    (``start_group(first, ports)``: ``start_instances`` for those, in one process, marked again each
+    time); the rollout orchestrator readmits an instance that answers again (``services.rollout.readmit``)."""
 
     def again() -> None:
-        start_one(i, port)
-        restartable_instance(sup, i, port, start_one)
+        start_group(first, ports)
+        restartable_group(sup, first, ports, start_group)
 
-    sup.restartable(f"sgs-{i}", again)
+    sup.restartable(group_service(range(first, first + len(ports))), again)
 
 
 def start_env_worker(sup: Supervisor, run_dir: Path, name: str, *, config: Path | None = None, host: str = "127.0.0.1",

@@ -36,6 +36,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -56,10 +57,16 @@ class Units(Protocol):
 
 
 class ProcessUnits:
-    """Added instances as child processes of the launcher's ``Supervisor`` (one host)."""
+    """Added instances as child processes of the launcher's ``Supervisor`` (one host), one each.
 
-    def __init__(self, sup, run_dir: Path, cfg, checkpoint: str, relays: list[str]) -> None:
+    ``members``: the run's own instances the controller may remove, (address, its process's
+    ``Service``); a process serving several (``--instances``, the emulated engine) is stopped
+    when the last of them has left, not before."""
+
+    def __init__(self, sup, run_dir: Path, cfg, checkpoint: str, relays: list[str],
+                 members: list[tuple[str, object]] = ()) -> None:
         self.sup, self.run_dir, self.cfg, self.checkpoint, self.relays = sup, run_dir, cfg, checkpoint, relays
+        self.serving = Counter(handle.name for _, handle in members)  # instances still served, by process name
 
     def start(self, index: int) -> tuple[str, object, dict]:
         from flows.processes import start_instances
@@ -67,9 +74,15 @@ class ProcessUnits:
         cpus = self.cfg.scaleout.cpus or self.cfg.generation.cpus
         (address,) = start_instances(self.sup, self.run_dir, self.checkpoint, 1, self.cfg.generation.threads,
                                      first=index, cpus=cpus, relays=self.relays or None)
-        return address, self.sup.services[-1], {"cpus": cpus}
+        handle = self.sup.services[-1]
+        self.serving[handle.name] += 1
+        return address, handle, {"cpus": cpus}
 
     def stop(self, handle: object) -> None:
+        self.serving[handle.name] -= 1
+        if self.serving[handle.name] > 0:
+            log.info("%s still serves %d instances: it runs on", handle.name, self.serving[handle.name])
+            return
         handle.expect_exit = True  # a clean exit is no longer a failure
         handle.proc.terminate()
 

@@ -38,6 +38,9 @@ from pydantic import Field
 
 from flows.processes import (
     Supervisor,
+    instance_groups,
+    instance_service,
+    instances_per_process,
     router_enabled,
     start_env_workers,
     start_instances,
@@ -143,14 +146,18 @@ def _serve_site(
     tls = (sites.tls.dir, s.name) if sites.tls.enabled else None
     routed = router_enabled(config)
     relay = _site_relay(sup, rd, s, sites, config) if config.weights.transport == "relay" else None
+    per_process = instances_per_process(config.generation)  # several per process: the emulated engine only
     instances = start_instances(
         sup, rd, checkpoint, config.generation.instances, config.generation.threads,
         tolerate_exit=config.generation.instances > 1,
         host=s.host, base_port=s.sgs_port, config=cfg_path, relays=[relay[0]] if relay else None,
         tls=None if routed else tls,  # behind the router, instances are reached from this site only
+        per_process=per_process,
     )
     role = "instance" if routed else "front"
-    rows = [{"role": role, "address": a, "log": str(rd / f"sgs-{i}.log")} for i, a in enumerate(instances)]
+    groups = instance_groups(0, len(instances), per_process)
+    rows = [{"role": role, "address": a, "log": str(rd / f"{instance_service(i, groups)}.log")}
+            for i, a in enumerate(instances)]
     if routed:
         router = start_router(sup, rd, checkpoint, instances, host=s.host, port=s.router_port, config=cfg_path, tls=tls,
                               restartable=not config.scaleout.enabled)

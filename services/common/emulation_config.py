@@ -66,6 +66,13 @@ class EmulationConfig(StrictModel):
         1.0, gt=0, le=1000,
         description="Every modelled duration is multiplied by this (0.05: a 60 s step passes in 3 s).",
     )
+    instances_per_process: int = Field(
+        64, ge=1, le=256,
+        description="SGS instances one process serves (`python -m services.generation --instances`): the "
+        "launcher starts ceil(generation.instances / this) processes, each instance on its own port. They "
+        "share one interpreter (one import of torch, one RPC thread pool): 256 add ~60 MiB to one's memory "
+        "(bench/sgs_multi.py). A process that dies takes all its instances down (a restart brings them back).",
+    )
     reload_s: float | None = Field(
         None, ge=0, le=3600,
         description="Modelled seconds to install a weight version (None: the profile's k2, one read of the "

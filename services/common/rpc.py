@@ -25,10 +25,13 @@ def message_options(max_bytes: int) -> list[tuple[str, object]]:
     return [("grpc.max_receive_message_length", max_bytes), ("grpc.max_send_message_length", max_bytes)]
 
 
-def new_server(*, workers: int, thread_name_prefix: str, max_message_bytes: int) -> grpc.Server:
-    """An unstarted server with ``workers`` RPC threads, malformed requests rejected, messages capped."""
+def new_server(*, workers: int, thread_name_prefix: str, max_message_bytes: int,
+               executor: futures.ThreadPoolExecutor | None = None) -> grpc.Server:
+    """An unstarted server with ``workers`` RPC threads, malformed requests rejected, messages capped.
+    ``executor``: a pool the caller owns and may share between servers (grpcio never shuts a
+    server's pool down), used instead of a pool of ``workers`` threads of its own."""
     return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix),
+        executor or futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix),
         interceptors=[MalformedRequests()],
         options=message_options(max_message_bytes),
     )

@@ -3,47 +3,79 @@
 Serves plaintext on ``--host:--port``; with ``--tls-dir DIR --tls-site NAME`` (both or neither)
 the port serves mutual TLS only, with ``DIR/ca.pem`` and ``DIR/NAME.pem``/``.key`` (``braid
 certs``), for callers at other sites. Missing files stop it at start, naming them.
+
+One process serves instance ``--instance I``, or with ``--instances N`` (engine ``emulated``
+only) instances I .. I+N-1, each a separate SGS on its own port (``services.generation.instances``):
+instance I+k binds ``--port`` + k (0: any free port), or the k-th of ``--ports P0,P1,...``; it pulls
+from the k-th relay of ``--relay A,B,...`` round-robin; ``--port-file`` lists the bound ports one
+per line in instance order once all of them serve.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from services.common.certs import add_tls_args, tls_from_args
-from services.common.entry import add_serve_args, publish_port, serve_until_signal, setup_logging
+from services.common.entry import add_serve_args, check_port, setup_logging
+
+MAX_INSTANCES = 256  # instances one process may serve (emulated; measured up to this many: bench/sgs_multi.py)
 
 
-def _cpu_list(text: str) -> list[int]:
+def _int_list(flag: str, text: str) -> list[int]:
     try:
-        cpus = [int(c) for c in text.split(",") if c.strip()]
+        values = [int(c) for c in text.split(",") if c.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--cpus must be comma-separated CPU ids, got {text!r}") from None
-    if any(c < 0 for c in cpus):
-        raise argparse.ArgumentTypeError(f"--cpus must be >= 0, got {text!r}")
-    return cpus
+        raise argparse.ArgumentTypeError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if any(c < 0 for c in values):
+        raise argparse.ArgumentTypeError(f"{flag} must be >= 0, got {text!r}")
+    return values
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="braid-sgs", description="Stream Generation Service (gRPC)")
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
     parser.add_argument("--model", required=True, help="local checkpoint dir to serve")
-    add_serve_args(parser)
-    parser.add_argument("--instance", type=int, default=0, help="instance index (selects generation.step_delay_ms)")
-    parser.add_argument("--relay", default="", help="this instance's local weight relay host:port (PullWeights)")
+    add_serve_args(parser, port_file_help="write the bound port(s) here once serving, one line per instance")
+    parser.add_argument("--instance", type=int, default=0,
+                        help="instance index (the first one with --instances; selects generation.step_delay_ms)")
+    parser.add_argument("--instances", type=int, default=1,
+                        help="serve this many instances, each on its own port (engine 'emulated' only)")
+    parser.add_argument("--ports", type=lambda t: _int_list("--ports", t), default=None,
+                        help="one port per instance, comma-separated (0 = any free; overrides --port)")
+    parser.add_argument("--relay", default="",
+                        help="local weight relay host:port (PullWeights); a comma list is dealt round-robin")
     parser.add_argument(
-        "--cpus", default=None, type=_cpu_list,
+        "--cpus", default=None, type=lambda t: _int_list("--cpus", t),
         help="CPU ids to pin to, e.g. 0,1 (overrides generation.cpus; scale-out places added instances)",
     )
     add_tls_args(parser)
     return parser
 
 
+def _ports(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> list[int]:
+    """Each instance's port, checked (``parser.error`` on a bad count or range)."""
+    if not 1 <= ns.instances <= MAX_INSTANCES:
+        parser.error(f"--instances must be in [1, {MAX_INSTANCES}], got {ns.instances}")
+    if ns.ports is not None:
+        if len(ns.ports) != ns.instances:
+            parser.error(f"--ports lists {len(ns.ports)} ports for {ns.instances} instances")
+        for port in ns.ports:
+            check_port(parser, port, "--ports")
+        return ns.ports
+    check_port(parser, ns.port)
+    if ns.port:
+        check_port(parser, ns.port + ns.instances - 1, f"--port + --instances - 1 ({ns.port} + {ns.instances} - 1)")
+    from services.generation.instances import instance_ports
+
+    return instance_ports(ns.port, ns.instances)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     tls = tls_from_args(parser, ns)
+    ports = _ports(parser, ns)
     setup_logging("sgs")
 
     from services.common.affinity import pin_cpus
@@ -51,70 +83,19 @@ def main(argv: list[str] | None = None) -> int:
 
     run_cfg = load_config(ns.config)
     cfg = run_cfg.generation
+    if ns.instances > 1 and cfg.engine != "emulated":
+        parser.error(f"--instances {ns.instances}: only generation.engine 'emulated' serves several instances in one "
+                     f"process; engine {cfg.engine!r} holds a model per instance: start one process per instance")
     cpus = cfg.cpus if ns.cpus is None else ns.cpus
-    pin_cpus(cpus, f"SGS instance {ns.instance}")  # before torch creates its threads
+    what = f"SGS instance {ns.instance}" if ns.instances == 1 else \
+        f"SGS instances {ns.instance}..{ns.instance + ns.instances - 1}"
+    pin_cpus(cpus, what)  # before torch creates its threads
 
-    from services.generation.core import GenerationCore
-    from services.generation.engine import create_engine
-    from services.generation.server import GenerationServicer, create_server
+    from services.generation.instances import serve
 
-    # trainer.lora set: the trainer pushes adapters only, and this instance serves base + adapter.
-    engine = create_engine(cfg.engine, ns.model, cfg, step_delay_s=cfg.delay_of(ns.instance) / 1000.0,
-                           adapter=run_cfg.trainer.lora)
-    genlog = None
-    if cfg.genlog:
-        from services.generation.genlog_writer import GenLogWriter
-
-        genlog = GenLogWriter(cfg.genlog, ns.model, ns.instance)
-    core = GenerationCore(
-        engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens, admission=cfg.admission,
-        on_finished=genlog.record if genlog else None,
-    )
-    relay = None
-    if ns.relay:
-        from services.weights.client import RelayClient
-
-        relay = RelayClient(ns.relay, max_message_mb=run_cfg.weights.max_message_mb,
-                            data_path=run_cfg.weights.data_path)
-    servicer = GenerationServicer(
-        core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions, relay=relay,
-        relay_streams=run_cfg.weights.streams, pull_wait_s=run_cfg.weights.pull_wait_s,
-    )
-    # One thread per open call (synchronous gRPC): a streaming Generate call holds its thread while
-    # it waits, so with fewer threads than open calls, control calls (PullWeights, Health) queue
-    # behind Generate calls that wait for the very weights PullWeights would bring: a deadlock seen
-    # in bounded mode with partial rollout (one call per resumed sample). Callers keep at most
-    # ``max_inflight`` samples, hence calls, per instance open; 16 threads more serve control calls.
-    server, port = create_server(servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb,
-                                 workers=cfg.max_inflight + 16, tls=tls)
-    core.start()
-    server.start()
-    if relay is not None and run_cfg.weights.sgs_auto_pull_s > 0:
-        servicer.start_auto_pull(run_cfg.weights.sgs_auto_pull_s)
-    publish_port(ns.port_file, port)
-    logging.info("serving on %s:%d (engine %s%s%s)", ns.host, port, engine.name,
-                 f", LoRA adapter rank {run_cfg.trainer.lora.rank}" if run_cfg.trainer.lora else "",
-                 ", mutual TLS" if tls else "")
-
-    def failed() -> int | None:
-        if not core.alive():
-            logging.error("generation core died: %r", core.error)
-            return 1
-        if genlog is not None and genlog.error is not None:
-            logging.error("generation log failed: %r", genlog.error)
-            return 1
-        return None
-
-    if (code := serve_until_signal(0.5, failed)) is not None:
-        server.stop(grace=1).wait()
-        return code
-    server.stop(grace=2).wait()
-    core.stop()
-    engine.close()
-    if genlog is not None:
-        genlog.close()
-        genlog.check()
-    return 0
+    relays = [r.strip() for r in ns.relay.split(",") if r.strip()]
+    return serve(run_cfg, ns.model, ns.instance, ports, host=ns.host, relays=relays, tls=tls,
+                 port_file=ns.port_file)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ pass of the loop:
 4. polls the engine and routes each finished output to its call's queue at once, so the RPC
    layer streams it while the rest of the batch is still running.
 
+Wake-ups: an idle core blocks on its inbox; a busy one in ``engine.poll`` for up to the engine's
+``poll_wait_s`` (vLLM, hf: 5 ms, a step; emulated: until its next output is due). Every inbox
+item (submit, cancel, weights, interrupt, stop) is followed by ``engine.wake()``, which ends that
+poll early, so a long poll never delays new work and an idle or waiting core costs no CPU.
+
 A call with a ``seed`` (``GenerateParams.seed``: evaluations) gives each of its samples a seed of
 its own, derived from the call's seed and the sample's prompt id and index (``request_seed``); the
 engine samples that request from its own generator, so the same seed, prompt and weights give the
@@ -49,6 +54,10 @@ from services.generation.engine import Engine, EngineOutput, Sampling
 from services.generation.scheduling.admission import AdmissionQueue
 
 log = logging.getLogger("braid.sgs")
+
+# An idle core waits on its inbox this long at most: every inbox item (stop() included) ends the wait
+# at once, so this bounds only how long a lost wake-up could go unnoticed.
+IDLE_WAIT_S = 1.0
 
 
 def request_seed(seed: int, prompt_id: str, sample_index: int) -> int:
@@ -104,8 +113,12 @@ class GenerationCore:
     def __init__(
         self, engine: Engine, *, max_inflight: int, default_max_new_tokens: int, version: int = 0,
         admission: str = "fcfs", on_finished: Callable[[SampleRecord], None] | None = None,
+        instance: int | None = None,
     ) -> None:
+        """``instance``: its index when the process serves several (``--instances``): it names the core's
+        thread and prefixes its log lines."""
         self.engine = engine
+        self.label = "" if instance is None else f"instance {instance}: "
         self.max_inflight = max_inflight
         self.default_max_new_tokens = default_max_new_tokens
         self.version = version
@@ -121,15 +134,24 @@ class GenerationCore:
         self._calls = itertools.count()
         self._stage_lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sgs-core", daemon=True)
+        name = "sgs-core" if instance is None else f"sgs-core-{instance}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     # ------------------------------------------------------------------ API (any thread)
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        self.request_stop()
+        self.join()
+
+    def request_stop(self) -> None:
+        """Tell the core thread to end (``join`` waits for it): many cores stop at once."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._post("stop", None)
+
+    def join(self, timeout_s: float = 30.0) -> None:
+        self._thread.join(timeout=timeout_s)
 
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
@@ -144,12 +166,17 @@ class GenerationCore:
             for p in prompts
             for i in range(params.samples_per_prompt)
         ]
-        self._inbox.put(("seqs", seqs))
+        self._post("seqs", seqs)
         return call
 
     def cancel(self, call: Call) -> None:
         call.cancelled = True
-        self._inbox.put(("cancel", call))
+        self._post("cancel", call)
+
+    def _post(self, kind: str, payload: object) -> None:
+        """Put an item on the inbox and wake the core from a poll in progress."""
+        self._inbox.put((kind, payload))
+        self.engine.wake()
 
     def interrupt(self, tags: set[str], timeout_s: float = 30.0) -> int:
         """Interrupt every running or queued sample of the calls tagged ``tags`` (on the core
@@ -157,7 +184,7 @@ class GenerationCore:
         if not self.engine.supports_interrupt:
             raise NotImplementedError(f"engine {self.engine.name!r} cannot interrupt requests")
         done: queue.Queue = queue.Queue()
-        self._inbox.put(("interrupt", (frozenset(tags), done)))
+        self._post("interrupt", (frozenset(tags), done))
         return done.get(timeout=timeout_s)
 
     def newest_version(self) -> int:
@@ -170,7 +197,7 @@ class GenerationCore:
             if version <= max(self.version, self.pending_version):
                 raise ValueError(f"version {version} is not newer than {max(self.version, self.pending_version)}")
             self.pending_version = version
-            self._inbox.put(("weights", (version, state)))
+            self._post("weights", (version, state))
 
     def health(self) -> HealthSnapshot:
         return HealthSnapshot(
@@ -193,17 +220,17 @@ class GenerationCore:
                 self._maybe_install()
                 self._admit()
                 if self._running:
-                    for out in self.engine.poll(timeout=0.005):
+                    for out in self.engine.poll(timeout=self.engine.poll_wait_s):
                         self._deliver(out)
         except BaseException as exc:  # recorded and surfaced to every caller and the supervisor
-            log.exception("SGS core failed")
+            log.exception("%sSGS core failed", self.label)
             self.error = exc
         finally:
             self._close_all()
 
     def _take_inbox(self, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -216,6 +243,7 @@ class GenerationCore:
                 self._pending_state = payload[1]
             elif kind == "interrupt":
                 self._interrupt(*payload)
+            # "stop": only a wake-up; the loop sees _stop set
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -254,7 +282,7 @@ class GenerationCore:
             self.version = version
             if self.pending_version == version:
                 self.pending_version = -1
-        log.info("installed weight version %d", version)
+        log.info("%sinstalled weight version %d", self.label, version)
 
     def _admit(self) -> None:
         if self._pending_state is not None:

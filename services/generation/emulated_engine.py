@@ -24,7 +24,9 @@ without using the CPU. Its times are predictions, never measurements; its tokens
   after the step in progress); a cancel or interrupt takes effect at the last finished step and
   returns the tokens of the steps finished by then. ``poll`` waits on an event until an output is
   ready or its timeout passes, and at least until the step in progress ends (an in-process
-  engine's poll runs a step). ``close`` ends any wait.
+  engine's poll runs a step), unless ``wake`` (the SGS core has new work) or ``close`` ends it.
+  Its core polls with a long timeout (``poll_wait_s``) and so wakes only when an output is due or
+  work arrives: hundreds of idle or busy instances in one process cost little CPU.
 - **Lengths** (``services.generation.emulation.LengthSampler``): drawn at submit; ``ignore_eos``
   forces ``max_new_tokens``; a longer draw is cut to ``max_new_tokens`` (finish ``length``), a
   shorter one ends with EOS (``stop``). A seeded request (``Sampling.seed``) draws its length and
@@ -49,10 +51,11 @@ from pathlib import Path
 import torch
 
 from services.common.config import GenerationConfig
+from services.common.emulation_config import EmulationConfig
 from services.common.lora import LoraConfig
 from services.common.weights import TensorSpec, dtype_name
-from services.generation.checkpoint import inspect_checkpoint, tensor_specs
-from services.generation.emulation import load_lengths, request_rng, synthetic_tokens
+from services.generation.checkpoint import CheckpointInfo, inspect_checkpoint, tensor_specs
+from services.generation.emulation import LengthSampler, load_lengths, request_rng, synthetic_tokens
 from services.generation.engine import Engine, EngineOutput, Sampling, check_fits
 from services.generation.scheduling.cost import InstanceSpec
 from services.generation.scheduling.instance_model import Job, SteppedInstance
@@ -102,6 +105,7 @@ class EmulatedEngine(Engine):
     name = "emulated"
     supports_interrupt = True
     synthetic = True  # token ids and log-probs are made up: never train on them
+    poll_wait_s = 1.0  # poll returns when an output is due or wake() is called; this only bounds a wait
 
     def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
                  adapter: LoraConfig | None = None) -> None:
@@ -109,21 +113,20 @@ class EmulatedEngine(Engine):
         if emu is None:
             raise ValueError("generation.engine 'emulated' needs generation.emulation (profile, lengths, time_scale): "
                              "it replays a latency profile and output lengths instead of running a model")
-        info = inspect_checkpoint(model_path)
+        info, self.profile, self._lengths = _assets(model_path, emu)
         self.vocab_size, self.max_positions, self._eos = info.vocab_size, info.max_positions, info.eos_ids
-        self.profile = resolve_profile(emu.profile)
         cost = self.profile.step_cost_model()
         cost = replace(cost, k4=cost.k4 + step_delay_s)  # a straggler: each step that much slower
         self._capacity_tokens = cfg.num_blocks * cfg.page_size
         self.spec = InstanceSpec(cost, self._capacity_tokens, cfg.max_inflight, self.profile.watermark)
         self.time_scale = emu.time_scale
         self._reload_s = self.profile.step_cost.k2 if emu.reload_s is None else emu.reload_s
-        self._lengths = load_lengths(emu)
         self._specs = _specs(model_path, adapter)
         self._gen = random.Random(cfg.seed)
         self._clock = time.monotonic  # waits are real: Event.wait on the same monotonic clock
         self._lock = threading.RLock()  # kv_usage is read from RPC threads; the rest from the core thread
         self._closed = threading.Event()  # set by close(): ends any wait
+        self._woken = threading.Event()  # set by wake() (and close()): ends a poll's wait
         self._reset()
 
     def _reset(self) -> None:
@@ -225,8 +228,18 @@ class EmulatedEngine(Engine):
                     seg = self._inst.open()
                     assert seg is not None
                     wake = min(wake, self._wall(seg.end_s))
-            self._closed.wait(max(0.0, wake - now))
+            if self._woken.wait(max(0.0, wake - now)):
+                # the caller has work: hand out what is due now. A wake() after this clear() is not
+                # lost to the caller: it follows an inbox item the caller reads before it polls again.
+                self._woken.clear()
+                with self._lock:
+                    now = self._clock()
+                    self._sync(now)
+                    return self._take(now)
         return []
+
+    def wake(self) -> None:
+        self._woken.set()
 
     def _step_end(self, now: float) -> float:
         """Wall time at which the decode step in progress at ``now`` ends (the open segment's)."""
@@ -247,12 +260,14 @@ class EmulatedEngine(Engine):
 
     def _drop(self, request_id: str) -> EngineOutput | None:
         """Take a request out at the last finished step; its output so far (None if not held)."""
+        now = self._clock()
+        self._sync(now)  # first: a request whose segment ended by now has finished, running no more
         r = self._reqs.pop(request_id, None)
         if r is None:  # finished: its output may still wait for its time to come
             done = next((o for _, o in self._ready if o.request_id == request_id), None)
             self._ready = deque(item for item in self._ready if item[1].request_id != request_id)
             return done
-        self._cut(self._clock(), round_up=False)
+        self._cut(now, round_up=False)
         k = self._inst.remove(request_id) or 0
         self._open()
         tokens, logprobs = synthetic_tokens(r.rng, k, self.vocab_size, self._eos, False)
@@ -293,6 +308,7 @@ class EmulatedEngine(Engine):
 
     def close(self) -> None:
         self._closed.set()
+        self._woken.set()
         with self._lock:
             self._reset()
 
@@ -310,7 +326,18 @@ def check_state(state: dict[str, torch.Tensor], specs: dict[str, TensorSpec]) ->
                              f"takes {want.dtype} {want.shape}")
 
 
-_SPECS: dict[tuple[str, str], dict[str, TensorSpec]] = {}  # many instances of one checkpoint share one table
+# Many instances in one process (``--instances``) share one read of the checkpoint, profile and trace, and one table.
+_ASSETS: dict[tuple[str, str], tuple[CheckpointInfo, Profile, LengthSampler]] = {}
+_SPECS: dict[tuple[str, str], dict[str, TensorSpec]] = {}
+
+
+def _assets(model_path: str, emu: EmulationConfig) -> tuple[CheckpointInfo, Profile, LengthSampler]:
+    """The checkpoint's facts, the latency profile and the length sampler (all read-only once built)."""
+    key = (str(Path(model_path).resolve()), emu.model_dump_json())
+    if key not in _ASSETS:
+        _ASSETS[key] = (inspect_checkpoint(model_path), resolve_profile(emu.profile), load_lengths(emu))
+    return _ASSETS[key]
+
 
 
 def _specs(model_path: str, adapter: LoraConfig | None) -> dict[str, TensorSpec]:

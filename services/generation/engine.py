@@ -106,6 +106,18 @@ class Engine(ABC):
     def poll(self, timeout: float) -> list[EngineOutput]:
         """Outputs finished since the last poll, in completion order; waits up to ``timeout``."""
 
+    # How long the SGS core lets one ``poll`` wait while requests run. Short for an engine whose poll
+    # runs a step (vLLM, hf): the core looks at its inbox between steps. An engine that returns from
+    # ``poll`` as soon as an output is due and that ``wake`` interrupts waits long (emulated): its
+    # core then wakes only for outputs and new work, which matters with hundreds in one process.
+    poll_wait_s: float = 0.005
+
+    def wake(self) -> None:
+        """End the ``poll`` in progress, or the next one, early: the core has new work in its inbox
+        (a submit, cancel, weight version, interrupt or stop). Any thread may call it. Default:
+        nothing (the core polls every ``poll_wait_s`` anyway)."""
+        return None
+
     @abstractmethod
     def cancel(self, request_id: str) -> None:
         """Drop a queued or running request (no output is produced for it)."""

@@ -16,6 +16,7 @@ import logging
 import math
 import queue
 import threading
+from concurrent import futures
 
 import grpc
 
@@ -208,7 +209,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             context.abort(_WEIGHT_CODES[err.kind], str(_explained(err, specs)))
         except ValueError as err:  # lost a race with a newer version
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        log.info("staged weight version %d (%d bytes)", version, assembler.bytes)
+        log.info("%sstaged weight version %d (%d bytes)", self.core.label, version, assembler.bytes)
         return pb.UpdateAck(version=version, staged=True, bytes=assembler.bytes, tensors=len(state))
 
     def PullWeights(self, request: pb.PullWeightsRequest, context: grpc.ServicerContext) -> pb.UpdateAck:
@@ -242,8 +243,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 self.core.stage_weights(pulled.version, pulled.state)
             except ValueError as err:  # lost a race with a newer UpdateWeights
                 raise WeightError("precondition", str(err)) from None
-        log.info("pulled and staged weight version %d from relay %s (%s%s)", pulled.version, self.relay.address,
-                 pulled.path, ", into a pre-faulted buffer" if pulled.prefaulted else "")
+        log.info("%spulled and staged weight version %d from relay %s (%s%s)", self.core.label, pulled.version,
+                 self.relay.address, pulled.path, ", into a pre-faulted buffer" if pulled.prefaulted else "")
         if pulled.path == "tcp":  # over the network: fault in the next version's buffer now, off the next pull's path
             threading.Thread(target=self._reserve_next, args=(pulled.manifest.total_bytes,), name="sgs-reserve",
                              daemon=True).start()
@@ -253,7 +254,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
     def _reserve_next(self, nbytes: int) -> None:
         with self._pull_lock:  # never while a pull receives; a pull waiting here gets the buffer
             self.relay.reserve(nbytes)
-        log.info("pre-faulted a %d-byte receive buffer for the next pull", nbytes)
+        log.info("%spre-faulted a %d-byte receive buffer for the next pull", self.core.label, nbytes)
 
     def _pull_at_least(self, version: int, wait_s: float):
         """Pull ``version`` from the relay, or its newest when ``version`` was already evicted
@@ -270,8 +271,8 @@ class GenerationServicer(pb_grpc.GenerationServicer):
             pulled = self.relay.pull(-1, streams=self.relay_streams, wait_s=0.0, specs=specs)
             if pulled.version < version:
                 raise err from None
-            log.info("version %d is no longer held by relay %s: took its newest, %d", version, self.relay.address,
-                     pulled.version)
+            log.info("%sversion %d is no longer held by relay %s: took its newest, %d", self.core.label, version,
+                     self.relay.address, pulled.version)
             return pulled
 
     def start_auto_pull(self, period_s: float) -> None:
@@ -293,10 +294,10 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 if self.relay.versions(timeout_s=5).latest > self.core.newest_version():
                     self.pull_and_stage(-1, 0.0)
             except WeightError as err:  # e.g. a version of other tensors than this instance serves
-                log.warning("auto-pull from relay %s failed: %s", self.relay.address,
+                log.warning("%sauto-pull from relay %s failed: %s", self.core.label, self.relay.address,
                             _explained(err, self.core.engine.param_specs()))
             except (RelayError, grpc.RpcError) as err:  # the relay may be restarting: retry next period
-                log.warning("auto-pull from relay %s failed: %s", self.relay.address, err)
+                log.warning("%sauto-pull from relay %s failed: %s", self.core.label, self.relay.address, err)
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return convert.health_to_pb(self.core.health())
@@ -321,10 +322,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
 
 def create_server(
     servicer: pb_grpc.GenerationServicer, address: str, *, max_message_mb: int, workers: int = 16,
-    tls: TlsFiles | None = None,
+    tls: TlsFiles | None = None, executor: futures.ThreadPoolExecutor | None = None,
 ) -> tuple[grpc.Server, int]:
     """Build a server bound to ``address`` (port 0 picks a free port); returns (server, port).
-    With ``tls`` the port serves mutual TLS only: a client needs a certificate from the same CA."""
-    server = new_server(workers=workers, thread_name_prefix="sgs-rpc", max_message_bytes=max_message_mb * MB)
+    With ``tls`` the port serves mutual TLS only: a client needs a certificate from the same CA.
+    ``executor``: run its calls on this pool (shared by the instances of one process) instead of
+    a pool of ``workers`` threads of its own."""
+    server = new_server(workers=workers, thread_name_prefix="sgs-rpc", max_message_bytes=max_message_mb * MB,
+                        executor=executor)
     pb_grpc.add_GenerationServicer_to_server(servicer, server)
     return server, bind(server, address, tls)

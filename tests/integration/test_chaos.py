@@ -81,6 +81,42 @@ def test_a_restarted_trainer_dials_the_instances_that_run_or_are_about_to_run_ag
         procs["sgs-0"].wait()
 
 
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md): two SGS process starts, ~20 CPU-seconds
+def test_a_dead_process_of_several_emulated_instances_comes_back_with_all_of_them_on_their_ports(
+        tmp_path, tiny_checkpoint):
+    """Three emulated instances, two per process (``sgs-0-1``, ``sgs-2``), marked restartable as the
+    launcher marks them: killing ``sgs-0-1`` brings both its instances back on their addresses."""
+    from flows.processes import instance_groups, restartable_group, start_instances
+    from services.common.config import load_config, write_config
+    from services.generation.client import GenerationClient
+
+    emulation = "{profile: H20-qwen2.5-7b, lengths: {distribution: fixed, tokens: 4}, instances_per_process: 2}"
+    write_config(load_config(ROOT / "deploy/configs/smoke.yaml", ["generation.engine=emulated",
+                                                                  f"generation.emulation={emulation}"]),
+                 tmp_path / "config.json")
+    sup = Supervisor(tmp_path, max_restarts=1)
+    try:
+        addresses = start_instances(sup, tmp_path, str(tiny_checkpoint), 3, 1, tolerate_exit=True, per_process=2)
+        assert [s.name for s in sup.services] == ["sgs-0-1", "sgs-2"]
+
+        def start_group(first: int, ports: list[int]) -> None:
+            start_instances(sup, tmp_path, str(tiny_checkpoint), len(ports), 1, tolerate_exit=True, first=first,
+                            ports=ports, per_process=len(ports))
+
+        for group in instance_groups(0, 3, 2):
+            restartable_group(sup, group.start, [int(addresses[i].rsplit(":", 1)[1]) for i in group], start_group)
+        dead = sup.services[0]
+        dead.proc.kill()
+        dead.proc.wait()
+        sup.check()  # starts sgs-0-1 again, waiting until both its instances serve
+        assert sup.restarts == {"sgs-0-1": 1} and sup.services[-1].name == "sgs-0-1"
+        for address in addresses:
+            with GenerationClient(address) as client:
+                assert client.health().engine == "emulated"
+    finally:
+        sup.stop_all()
+
+
 @pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
 def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_checkpoint):
     s = Scenario("pair", "bounded", ("master_relay", "trainer"))

@@ -1,8 +1,9 @@
 """The emulated engine's own checks (``generation.engine: emulated``; the shared behaviour checks are
 in ``test_engine_contract.py``): the makespan of a forced-length batch is the instance model's
 prediction x ``time_scale``, a changed time scale scales it, the KV cache running out preempts,
-waiting uses next to no CPU, weight reloads take the modelled time, and a missing or broken
-configuration stops it at start with a clear error."""
+waiting uses next to no CPU, ``wake`` ends a long poll, weight reloads take the modelled time, a
+missing or broken configuration stops it at start with a clear error, and one SGS process serves
+several emulated instances independently (``--instances``)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,38 @@ def test_waiting_uses_next_to_no_cpu(tiny_checkpoint):
         engine.close()
 
 
+def test_wake_ends_a_long_poll_and_close_any_poll(tiny_checkpoint):
+    """The SGS core polls this engine with a long timeout (``poll_wait_s``): ``wake`` (new work in
+    the core's inbox) ends the wait at once, handing out only what is due; ``close`` ends it too."""
+    engine = make(tiny_checkpoint, scale=1.0)
+    try:
+        engine.submit("long", [1, 4, 5], 200, ignore_eos=True)  # ~1.4 s of modelled steps
+        threading.Timer(0.1, engine.wake).start()
+        t0 = time.monotonic()
+        assert engine.poll(engine.poll_wait_s) == []
+        assert 0.05 < time.monotonic() - t0 < 0.5
+        threading.Timer(0.1, engine.close).start()
+        t0 = time.monotonic()
+        assert engine.poll(5.0) == [] and time.monotonic() - t0 < 0.5
+    finally:
+        engine.close()
+
+
+def test_a_cancel_or_interrupt_after_an_unpolled_finish(tiny_checkpoint):
+    """A request whose last step passed before anyone polled has finished: a cancel drops its
+    output, an interrupt returns all of it (the engine brings its model up to now first)."""
+    engine = make(tiny_checkpoint, scale=0.1)
+    try:
+        engine.submit("a", [1, 4, 5], 5, ignore_eos=True)
+        engine.submit("b", [1, 4, 6], 5, ignore_eos=True)
+        time.sleep(0.2)  # both finished ~4 ms in; nobody polled
+        engine.cancel("a")
+        assert [(rid, len(o.token_ids)) for rid, o in engine.interrupt(["b"]).items()] == [("b", 5)]
+        assert engine.poll(0.01) == []
+    finally:
+        engine.close()
+
+
 def test_kv_usage_is_honest_and_a_weight_reload_takes_the_modelled_time(tiny_checkpoint, tmp_path):
     cfg = GenerationConfig(engine="emulated", num_blocks=64, page_size=32, max_inflight=64,
                            emulation={"profile": H20, "lengths": LENGTHS, "time_scale": 1.0, "reload_s": 0.3})
@@ -173,31 +206,48 @@ def test_a_missing_or_broken_configuration_stops_the_engine_at_start(tiny_checkp
             engine="emulated", emulation={"profile": H20, "lengths": str(bad)}))
 
 
-def test_an_sgs_process_serves_the_emulated_engine(tmp_path, tiny_checkpoint):
-    """The real SGS (gRPC service, core, weight assembler) over the emulated engine: samples stream
-    out with their lengths, a weight version pushed over gRPC against its ``param_specs`` installs."""
+def test_one_sgs_process_serves_three_emulated_instances_independently(tmp_path, tiny_checkpoint):
+    """The real SGS (gRPC service, core, weight assembler) over the emulated engine, three instances
+    in one process (``--instances 3``: one interpreter start for all, as the launcher groups them):
+    the port file lists three ports; each answers Health and streams samples with their lengths by
+    itself; a weight version pushed to one installs there only; SIGTERM ends the process cleanly."""
     import torch
 
+    from services.common.config import load_config, write_config
     from services.common.types import GenerateParams, PromptSpec
+    from services.generation.checkpoint import tensor_specs
     from services.generation.client import GenerationClient
-    from tests.conftest import start_sgs, stop_sgs
+    from tests.conftest import ROOT, spawn_service, stop_service
 
     emulation = "{profile: H20-qwen2.5-7b, lengths: {distribution: uniform, low: 1, high: 30}, time_scale: 0.5}"
-    proc = start_sgs(tmp_path, tiny_checkpoint, ["generation.engine=emulated", f"generation.emulation={emulation}",
-                                                 "generation.forced_lengths=true"])
-    client = GenerationClient(proc.address)
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", ["generation.engine=emulated",
+                                                          f"generation.emulation={emulation}",
+                                                          "generation.forced_lengths=true"])
+    write_config(cfg, tmp_path / "config.json")
+    proc, ports = spawn_service(
+        ["services.generation", "--config", str(tmp_path / "config.json"), "--model", str(tiny_checkpoint),
+         "--instance", "4", "--instances", "3", "--port-file", str(tmp_path / "sgs.port")],
+        tmp_path / "sgs.port", tmp_path / "sgs.log", what="SGS of 3 instances")
+    clients = [GenerationClient(f"127.0.0.1:{p}") for p in ports]
     try:
-        client.wait_ready()
-        assert client.health().engine == "emulated"
+        assert len(set(ports)) == 3
+        assert [c.wait_ready().engine for c in clients] == ["emulated"] * 3
         specs = [PromptSpec(f"p{i}", (1, 4, 5), forced_length=n) for i, n in enumerate((40, 5, 20))]
-        got = [(s.prompt_id, len(s.token_ids), s.finish_reason) for s in client.generate(specs, GenerateParams())]
-        assert got == [("p1", 5, "length"), ("p2", 20, "length"), ("p0", 40, "length")]
-        state = {k: torch.zeros(s.shape) for k, s in
-                 EmulatedEngine(str(tiny_checkpoint), GenerationConfig(
-                     engine="emulated", emulation={"profile": H20, "lengths": LENGTHS})).param_specs().items()}
-        assert client.update_weights(state, version=1).staged
-        after = list(client.generate([PromptSpec("q", (1, 4))], GenerateParams(max_new_tokens=8, min_weight_version=1)))
+        streams = [c.generate(specs, GenerateParams()) for c in clients]  # all three at once
+        for stream in streams:
+            got = [(s.prompt_id, len(s.token_ids), s.finish_reason) for s in stream]
+            assert got == [("p1", 5, "length"), ("p2", 20, "length"), ("p0", 40, "length")]
+        assert [c.health().finished for c in clients] == [3, 3, 3]
+        state = {k: torch.zeros(s.shape) for k, s in tensor_specs(tiny_checkpoint, torch.float32).items()}
+        assert clients[1].update_weights(state, version=1).staged
+        after = list(clients[1].generate([PromptSpec("q", (1, 4))],
+                                         GenerateParams(max_new_tokens=8, min_weight_version=1)))
         assert [s.weight_version for s in after] == [1] and 1 <= len(after[0].token_ids) <= 8
+        assert [c.health().weight_version for c in clients] == [0, 1, 0]
+        assert [s.weight_version for s in clients[2].generate([PromptSpec("r", (1, 4))], GenerateParams())] == [0]
     finally:
-        client.close()
-        assert stop_sgs(proc) == 0, proc.log.read_text()[-3000:]
+        for c in clients:
+            c.close()
+        assert stop_service(proc, 30) == 0, (tmp_path / "sgs.log").read_text()[-3000:]
+    log = (tmp_path / "sgs.log").read_text()
+    assert "serving instances 4..6" in log and "instance 5: installed weight version 1" in log, log[-3000:]

@@ -142,6 +142,27 @@ def test_scale_in_never_removes_instances_the_controller_did_not_add(tmp_path):
         local.close()
 
 
+def test_a_process_serving_several_instances_stops_when_the_last_of_them_has_left(tmp_path):
+    """Scale-in removes one instance at a time; an emulated process serving several (``--instances``)
+    must keep serving the others until every one of them has left."""
+    from types import SimpleNamespace
+
+    from flows.scaleout import ProcessUnits
+
+    def process(name: str) -> SimpleNamespace:
+        stopped: list[str] = []
+        return SimpleNamespace(name=name, expect_exit=False, stopped=stopped,
+                               proc=SimpleNamespace(terminate=lambda: stopped.append(name)))
+
+    shared, single = process("sgs-0-1"), process("sgs-2")
+    units = ProcessUnits(None, tmp_path, None, "ckpt", [], [("a:1", shared), ("a:2", shared), ("a:3", single)])
+    units.stop(single)
+    units.stop(shared)
+    assert (single.stopped, shared.stopped, shared.expect_exit) == (["sgs-2"], [], False)
+    units.stop(shared)
+    assert (shared.stopped, shared.expect_exit) == (["sgs-0-1"], True)
+
+
 def test_generation_time_is_net_of_overlap_with_the_previous_iteration():
     from allocator.scaleout import generation_time
 

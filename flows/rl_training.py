@@ -80,8 +80,15 @@ def prepare_run(config: RunConfig | None, config_path: str | None, overrides: li
 
 @task(name="warm-start", retries=0)
 def warm_start(run_dir: str) -> str:
-    """Run the cached SFT warm start in a child process (its progress bar goes to the terminal)."""
+    """The cached SFT warm start, or one trained in a child process (its progress bar goes to the
+    terminal); a cached one is found here without starting that process (it imports torch)."""
     out = Path(run_dir) / "warmstart.path"
+    from services.policy.warmcache import cached_warmstart
+
+    cached = cached_warmstart(load_config(Path(run_dir) / "config.json"))
+    if cached is not None:
+        out.write_text(str(cached.resolve()) + "\n")
+        return str(cached.resolve())
     cmd = [sys.executable, "-m", "services.policy.warmstart", "--config", str(Path(run_dir) / "config.json"),
            "--out", str(out)]
     proc = subprocess.run(cmd, env=child_env(2), stderr=None, stdout=subprocess.PIPE, text=True)

@@ -14,7 +14,6 @@ Held-out evaluation prompts are excluded from the demonstrations.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import shutil
@@ -31,50 +30,9 @@ from services.common.config import RunConfig, WarmstartConfig
 from services.common.progress import progress_interval
 from services.policy.batch import length_buckets, pack, token_logprobs
 from services.policy.model import Policy, build_policy, load_policy, save_policy
+from services.policy.warmcache import cache_key, cached_warmstart, task_identity, warmstart_dir  # noqa: F401
 from services.policy.warmcheck import AccuracyCheck, Check
 from services.tasks.arith import ProblemSampler, demonstration, eval_problems
-
-
-def cache_key(cfg: RunConfig) -> str:
-    model = cfg.model.model_dump(mode="json", exclude=set() if cfg.model.chat_template else {"chat_template"})
-    if cfg.model.path:
-        from services.policy.importer import imported_dir, is_gguf_spec
-
-        if is_gguf_spec(cfg.model.path):  # the file's content, not its name
-            model["path"] = str(imported_dir(cfg.model.path, cfg.cache_dir))
-    if cfg.warmstart.steps == 0:  # no demonstrations: the warm start is the base model as it is
-        return hashlib.sha256(json.dumps({"model": model, "format": 1}, sort_keys=True).encode()).hexdigest()[:16]
-    payload = {
-        "model": model,
-        "task": task_identity(cfg),
-        "warmstart": cfg.warmstart.model_dump(mode="json"),
-        "eval": cfg.eval.model_dump(mode="json"),
-        "format": 1,
-    }
-    if cfg.agentic.enabled:  # multi-turn demonstrations of the environment's expert instead
-        a = cfg.agentic
-        payload["agentic"] = {"env": a.env, a.env: getattr(a, a.env).model_dump(mode="json"), "max_turns": a.max_turns}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def task_identity(cfg: RunConfig) -> dict:
-    """What determines the demonstrations: the count-down distribution, or the dataset's settings
-    and the content of its files."""
-    if cfg.task.kind != "dataset":
-        return cfg.task.distribution()
-    assert cfg.task.dataset is not None
-    ds = cfg.task.dataset
-    files = [f for f in (ds.train, ds.heldout) if f]
-    return {**ds.model_dump(mode="json"), "seed": cfg.task.seed, "sha256": [_file_digest(Path(f)) for f in files]}
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
 
 Demos = tuple[list[list[int]], list[list[int]], list[tuple[int, ...]] | None]  # prompts, completions, loss masks
 
@@ -241,8 +199,8 @@ def _sft_step(policy: Policy, opt: torch.optim.Optimizer, demos: Demos, micro_ba
 
 def ensure_warmstart(cfg: RunConfig, *, progress: bool = True) -> Path:
     """Return the warm-start checkpoint dir, training it first if it is not cached."""
-    out = Path(cfg.cache_dir) / f"warmstart-{cache_key(cfg)}"
-    if (out / "warmstart.json").is_file():
+    out = warmstart_dir(cfg)
+    if cached_warmstart(cfg) is not None:
         return out
     torch.set_num_threads(max(1, torch.get_num_threads()))
     policy = base_policy(cfg)

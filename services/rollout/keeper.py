@@ -33,11 +33,10 @@ log = logging.getLogger("braid.rollout")
 class FleetKeeper:
     ALL_LOST_WAIT_S = 120.0  # how long every instance may be gone (restarting) before the run fails
 
-    def __init__(self, rt, fleet: Fleet, counts: Counter, on_join=None) -> None:
+    def __init__(self, rt, fleet: Fleet, counts: Counter) -> None:
         self.rt, self.fleet, self.counts = rt, fleet, counts
         self.readmission = Readmission(rt.publisher)
         self.membership = MembershipFile(rt.run_dir)
-        self.on_join = on_join  # called with the new row's index (the caller's per-instance lists grow)
         self.held: dict[int, int] = {}  # draining row -> samples it held when it began to leave
         self.all_lost_at: float | None = None
 
@@ -95,6 +94,4 @@ class FleetKeeper:
         self.rt.publisher.add(client)
         i = self.fleet.join(address)  # joining: not routable until it has the newest weights
         assert i == len(self.rt.clients) - 1, f"row {i} of {address} is not its connection's index"
-        if self.on_join is not None:
-            self.on_join(i)
         log.info("SGS instance %d (%s) joins", i, address)

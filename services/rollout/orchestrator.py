@@ -112,7 +112,7 @@ def dispatches(cfg, behind: int) -> bool:
     return behind <= 1 and bool(gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES)
 
 
-def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispatcher | None:
+def build_dispatcher(trainer: TrainerRuntime, behind: int) -> GroupDispatcher | None:
     """The dispatch policy over new groups when the orchestrator dials the instances (however many:
     more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
     true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
@@ -130,11 +130,11 @@ def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispa
     clients = trainer.clients  # the list itself: it is edited in place when instances join or leave
     probe = (lambda i: clients[i].kv_state()) if gen.dispatch.policy == "least_tokens" else None
     if not gen.ranker_dir:
-        return GroupDispatcher(gen, n, lambda: None, spec, probe=probe)
+        return GroupDispatcher(gen, lambda: None, spec, probe=probe)
     from ranker.store import RankerWatcher
 
     watcher = RankerWatcher(gen.ranker_dir)
-    return GroupDispatcher(gen, n, watcher.get, spec, version=lambda: watcher.name, probe=probe)
+    return GroupDispatcher(gen, watcher.get, spec, version=lambda: watcher.name, probe=probe)
 
 
 class Orchestrator(GroupLifecycle):
@@ -164,8 +164,8 @@ class Orchestrator(GroupLifecycle):
             self.fleet.record_version(i, pusher.offered)
         self.repack = Repacker.from_config(tc.repack)
         self.repack.on_change = self.fleet.set_incoming  # migrations count on their destination's load
-        self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
-        self.keeper = FleetKeeper(trainer, self.fleet, self.counts, on_join=self._slot_added)
+        self.dispatcher = build_dispatcher(trainer, self.behind)
+        self.keeper = FleetKeeper(trainer, self.fleet, self.counts)
         replay = trainer.cfg.forced_length_replay
         self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
                        if replay.file else None)
@@ -254,11 +254,6 @@ class Orchestrator(GroupLifecycle):
         return pick_instance(p.version, views, self.mgr.can_reserve,
                              eligible=self._eligible(self.groups[p.group].problem.task))
 
-    def _slot_added(self, i: int) -> None:
-        """A joining instance's row (``keeper.FleetKeeper``): the dispatcher's work list grows with it."""
-        if self.dispatcher is not None:
-            self.dispatcher.work.append(0.0)
-
     def _eligible(self, task: str) -> list[int] | None:
         """The instances a task may use (``generation.affinity``: RollArt's hardware affinity), None
         = any; the pick takes the live ones among them (a pool whose instances are all restarting
@@ -323,8 +318,6 @@ class Orchestrator(GroupLifecycle):
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))
         params = GenerateParams(n, 0, v_traj, tag=call.tag, interruptible=self.tc.partial_rollout)
-        if self.dispatcher is not None:
-            self.dispatcher.launched(index, estimate, n)
         self._start(call, [spec], params, state, group=True)
 
     def _launch_resume(self, p: Partial, inst: InstanceView) -> None:
@@ -343,10 +336,12 @@ class Orchestrator(GroupLifecycle):
 
     def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState,
                group: bool = False) -> None:
-        """Book the call's samples on its instance (``group``: a new group, counted there) and start it."""
+        """Book the call's samples on its instance (``group``: a new group, counted there, each sample
+        with its estimated work) and start it."""
         call.open = len(call.keys)
         call.launched = time.time()
-        call.booked = self.fleet.reserve(call.instance, call.open, over=True, count=group)
+        work = (state.estimate or 0.0) if group and self.dispatcher is not None else 0.0
+        call.booked = self.fleet.reserve(call.instance, call.open, over=True, count=group, work=work)
         assert call.booked is not None, f"instance {call.instance} was picked live on this thread"
         call.handle = self.rt.clients[call.instance].start(prompts, params)
         state.calls.append(call)
@@ -377,8 +372,7 @@ class Orchestrator(GroupLifecycle):
         call.open -= 1
         self.fleet.release(call.booked, 1)
         if self.dispatcher is not None:
-            self.dispatcher.finished(call.instance, state.estimate,
-                                     0 if s.finish_reason == "interrupted" else len(s.token_ids))
+            self.dispatcher.finished(state.estimate, 0 if s.finish_reason == "interrupted" else len(s.token_ids))
         pkey = call.keys[0] if len(call.keys) == 1 else f"{call.group}/{s.sample_index}"
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
@@ -439,10 +433,7 @@ class Orchestrator(GroupLifecycle):
         for call in state.calls:
             if call.open and call.handle is not None and not call.handle.cancelled:
                 call.handle.cancel()
-                self.fleet.release(call.booked, call.open)
-                if self.dispatcher is not None:
-                    for _ in range(call.open):
-                        self.dispatcher.finished(call.instance, state.estimate, 0)
+                self.fleet.release(call.booked, call.open)  # and their estimated work
                 call.open = 0
         for p in self.partial.drop_group(state.problem.prompt_id):
             self.resume = [r for r in self.resume if r.key != p.key]

@@ -181,11 +181,13 @@ class Fleet:
             self._put(replace(row, state="live", version=version, staged=version, inflight=0, incoming=0,
                               work=0.0, epoch=row.epoch + 1))
 
-    def mark_lost(self, i: int, why: str = "") -> bool:
-        """Instance ``i`` is gone: nothing runs there any more; False when it was lost (or gone) already."""
+    def mark_lost(self, i: int, why: str = "", *, epoch: int | None = None) -> bool:
+        """Instance ``i`` is gone: nothing runs there any more; False when it was lost (or gone) already,
+        or, with ``epoch``, when the failure was seen in an earlier incarnation than the row's (a weight
+        push or call that began before a loss and readmission does not lose the new incarnation)."""
         with self._lock:
             row = self._row(i)
-            if row.state in ("lost", "removed"):
+            if row.state in ("lost", "removed") or (epoch is not None and row.epoch != epoch):
                 return False
             self._losses += 1
             self._put(replace(row, state="lost", inflight=0, incoming=0, work=0.0, epoch=row.epoch + 1, why=why))

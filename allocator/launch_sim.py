@@ -15,10 +15,12 @@ t = 0, instances empty) through the same objects the live orchestrator uses:
 
 - the launch order: ``AdmissionQueue("lpt")`` over the groups' estimates when a dispatcher and
   LPT admission are configured (the orchestrator's rule), else the task's order;
-- each routing round: ``routing.pick_instance`` books each next group on the least-loaded instance
-  with room, then the live ``GroupDispatcher.plan_round`` (the configured policy, its recent-length
-  window, estimate errors and outstanding-work books, which persist across calls as in a run)
-  moves groups among instances with room;
+- each routing round: ``Fleet.acquire`` (``routing.pick_instance``) books each next group on the
+  least-loaded instance with room, then the live ``GroupDispatcher.plan_round`` (the configured
+  policy, its recent-length window and estimate errors, which persist across calls as in a run)
+  moves groups among instances with room; each group's samples and estimated work are booked on
+  the instances' table (``fleet.Fleet``, a pure table of the simulator's own) and released as they
+  finish;
 - each instance: ``SteppedInstance`` (the continuous-batching model of ``run_instance``), admitting
   its samples in its admission order with their group's estimate;
 - the instances share ``cores`` cores by processor sharing (k busy instances each run at
@@ -36,7 +38,7 @@ from services.generation.scheduling import InstanceSpec, Job, Order
 from services.generation.scheduling.admission import AdmissionQueue
 from services.generation.scheduling.instance_model import SteppedInstance
 from services.rollout.dispatching import GroupDispatcher, NewGroup
-from services.rollout.routing import InstanceView, pick_instance
+from services.rollout.fleet import Fleet, Reservation, fleet_of
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,10 @@ class LaunchResult:
 
 
 class _Launcher:
-    """The orchestrator's side: the groups not yet started, the samples in flight per instance."""
+    """The orchestrator's side: the groups not yet started, and the instances' table (``fleet.Fleet``:
+    samples in flight and estimated work, booked per group and released per sample, as in a run)."""
 
-    def __init__(self, groups: Sequence[SimGroup], n: int, capacity: int, dispatcher: GroupDispatcher | None,
+    def __init__(self, groups: Sequence[SimGroup], fleet: Fleet, dispatcher: GroupDispatcher | None,
                  admission: Order) -> None:
         self.by_key = {g.key: g for g in groups}
         if len(self.by_key) != len(groups):
@@ -71,49 +74,44 @@ class _Launcher:
             "lpt" if dispatcher is not None and admission == "lpt" else "fcfs", lambda g: g.estimate)
         queue.extend(list(groups))
         self.waiting = list(queue)
-        self.capacity, self.dispatcher = capacity, dispatcher
-        self.inflight = [0] * n
+        self.fleet, self.dispatcher = fleet, dispatcher
+        self.booked: dict[str, Reservation] = {}  # group -> its samples on its instance
         self.left: dict[str, int] = {}  # group -> samples not finished
         self.result = LaunchResult(0.0, launch_order=[g.key for g in self.waiting])
 
-    def views(self) -> list[InstanceView]:
-        return [InstanceView(i, 0, x, self.capacity) for i, x in enumerate(self.inflight)]
-
     def route(self) -> dict[int, list[SimGroup]]:
-        """One routing round: the groups that start now, by instance."""
-        before = self.views()
-        booked = list(before)
-        batch: list[tuple[SimGroup, InstanceView]] = []
+        """One routing round (the orchestrator's ``_route``): the groups that start now, by instance."""
+        batch: list[tuple[SimGroup, Reservation]] = []
         while self.waiting:
             g = self.waiting[0]
-            inst = pick_instance(None, booked, lambda _v: True, need=len(g.lengths))
+            inst = self.fleet.acquire(None, lambda _v: True, need=len(g.lengths), count=False)
             if inst is None:
                 break
             self.waiting.pop(0)
             batch.append((g, inst))
-            booked[inst.index] = InstanceView(inst.index, 0, inst.inflight + len(g.lengths), self.capacity)
+        for _, inst in batch:  # placement may move it; the launch books it where it goes
+            self.fleet.release(inst)
         targets: dict[str, int] = {}
         if self.dispatcher is not None and batch:
             new = [NewGroup(g.key, g.prompt_tokens, g.estimate, len(g.lengths)) for g, _ in batch]
-            targets = self.dispatcher.plan_round(new, [inst for _, inst in batch], [None] * len(batch), before,
-                                                 self.capacity)
+            targets = self.dispatcher.plan_round(new, [inst for _, inst in batch], [None] * len(batch),
+                                                 self.fleet.views(), self.fleet.capacity)
         out: dict[int, list[SimGroup]] = {}
         for g, inst in batch:
             i = targets.get(g.key, inst.index)
             out.setdefault(i, []).append(g)
-            self.inflight[i] += len(g.lengths)
+            work = (g.estimate or 0.0) if self.dispatcher is not None else 0.0
+            self.booked[g.key] = self.fleet.reserve(i, len(g.lengths), over=True, count=True, work=work)
             self.left[g.key] = len(g.lengths)
             self.result.instance_of[g.key] = i
-            if self.dispatcher is not None:
-                self.dispatcher.launched(i, g.estimate, len(g.lengths))
         return out
 
     def finished(self, instance: int, seq_id: str, t: float) -> None:
         key, _, j = seq_id.rpartition("/")
         g = self.by_key[key]
         if self.dispatcher is not None:
-            self.dispatcher.finished(instance, g.estimate, g.lengths[int(j)])
-        self.inflight[instance] -= 1
+            self.dispatcher.finished(g.estimate, g.lengths[int(j)])
+        self.fleet.release(self.booked[key], 1)
         self.left[key] -= 1
         if self.left[key] == 0:
             self.result.finish_s[key] = t
@@ -125,11 +123,12 @@ def _jobs(g: SimGroup) -> list[Job]:
 
 def simulate_launched(groups: Sequence[SimGroup], spec: InstanceSpec, n_instances: int, *, capacity: int,
                       admission: Order, dispatcher: GroupDispatcher | None = None,
-                      cores: float | None = None) -> LaunchResult:
+                      cores: float | None = None, fleet: Fleet | None = None) -> LaunchResult:
     """Run ``groups`` (all ready at t = 0) through the launch path on ``n_instances`` instances of
     ``spec`` holding at most ``capacity`` samples each; ``dispatcher``: the live dispatcher (None:
     the orchestrator's least-loaded pick alone). A ``least_tokens`` dispatcher's probe is pointed
-    at the simulated instances for the call."""
+    at the simulated instances for the call. ``fleet``: the instances' table (None: a table of its
+    own, ``n_instances`` empty rows at version 0 with room for ``capacity`` samples each)."""
     if n_instances < 1:
         raise ValueError(f"n_instances must be >= 1, got {n_instances}")
     if not groups:
@@ -138,8 +137,13 @@ def simulate_launched(groups: Sequence[SimGroup], spec: InstanceSpec, n_instance
         raise ValueError(f"a group larger than the capacity ({capacity} samples) can never start")
     if cores is not None and cores <= 0:
         raise ValueError(f"cores must be > 0, got {cores}")
+    if fleet is None:
+        fleet = fleet_of([f"sim-{i}" for i in range(n_instances)], capacity)
+    elif len(fleet) != n_instances or fleet.capacity != capacity:
+        raise ValueError(f"the fleet has {len(fleet)} rows of capacity {fleet.capacity}, "
+                         f"not {n_instances} of {capacity}")
     insts = [SteppedInstance(spec, admission) for _ in range(n_instances)]
-    launcher = _Launcher(groups, n_instances, capacity, dispatcher, admission)
+    launcher = _Launcher(groups, fleet, dispatcher, admission)
     saved = dispatcher.probe if dispatcher is not None else None
     if dispatcher is not None:
         dispatcher.probe = lambda i: (insts[i].kv_tokens / spec.kv_capacity_tokens, insts[i].queued)

@@ -102,7 +102,7 @@ def _replay(cfg: dict):
 def simulate_run_launched(run_dir: Path, variant: str, profile, cores: float | None = 1) -> list[float]:
     """Simulated generation span of each step on the orchestrator's launch path (``MODEL``): groups
     start as earlier ones free room, placed by the run's live dispatcher (None for ``pick``), whose
-    books carry from step to step as in the run (s, uncalibrated). ``cores``: the instances share
+    length history carries from step to step as in the run (s, uncalibrated). ``cores``: the instances share
     that many (None: each its own accelerator, as an emulated fleet's)."""
     from allocator.launch_sim import SimGroup, simulate_launched
     from services.common.config import RunConfig
@@ -120,7 +120,7 @@ def simulate_run_launched(run_dir: Path, variant: str, profile, cores: float | N
         raise ValueError(f"{run_dir}: redundant samples (a group done before all its samples are) are not modelled")
     size = tc.group_size
     capacity = instance_capacity(size, tc.max_inflight_groups, gen.max_inflight)
-    dispatcher = (GroupDispatcher(gen, gen.instances, lambda: None, spec if gen.dispatch.policy in NEEDS_COST else None)
+    dispatcher = (GroupDispatcher(gen, lambda: None, spec if gen.dispatch.policy in NEEDS_COST else None)
                   if dispatches(cfg, 1) else None)
     spans = []
     for prompts in step_groups(run_dir):

@@ -195,7 +195,8 @@ def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[object, str, 
         closing += [rewards] if rewards is not None else []
         held = HeldOut(cfg, policy, clients, rewards)
         if cfg.agentic.enabled:
-            held.rollout = build_agentic(cfg, policy, clients, envs, str(pool.membership))
+            # the turns pick on the HeldOut's table (real capacity), as training's and single-turn evaluation do
+            held.rollout = build_agentic(cfg, policy, clients, envs, str(pool.membership), held.fleet)
             closing.append(held.rollout)
             print(f"braid eval: playing {held.eval_size} held-out episodes", file=sys.stderr)
             result = held.evaluate("eval-checkpoint")

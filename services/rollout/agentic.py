@@ -47,7 +47,6 @@ from services.agentic.training import to_sample
 from services.agentic.trajectory import Dropped, Trajectory
 from services.common.types import SampleRecord
 from services.rollout.agentic_report import TrajectoryLog, consumed_metrics
-from services.rollout.fleet import HOLDS_WORK
 from services.rollout.keeper import FleetKeeper
 from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.rewards import Outcome
@@ -105,10 +104,10 @@ class AgenticRunner(GroupLifecycle):
         # the generator's fleet table (``SgsGenerator``; None for a generator of another kind): lost
         # instances' turns re-run elsewhere; they come back when restarted
         self.fleet = getattr(rollout.generator, "fleet", None)
-        rt.publisher.push_errors_fatal = False  # a failed push loses that instance (``_readmit``)
-        # readmission and scale-out membership (the table's rows)
+        rt.publisher.push_errors_fatal = False  # a failed push loses that instance (on the table, at once)
+        # readmission and scale-out membership (the table's rows); the publisher offers by the same table
+        # (the run's: ``build_agentic(..., trainer.fleet)``) and records the version each instance was offered
         self.keeper = FleetKeeper(rt, self.fleet, self.counts) if self.fleet is not None else None
-        self._record_offered()
         self.latest: tuple[int, object] = (rt.version, rt.start_snapshot)
         self.start_head()
 
@@ -125,30 +124,13 @@ class AgenticRunner(GroupLifecycle):
 
     def published(self, out: Published) -> None:
         self.latest = (out.version, out.snapshot)
-        self._record_offered()
-
-    def _record_offered(self) -> None:
-        """The table's versions are what each instance was offered (every version, on the learner's
-        step): a readmitted instance ranks with the others, not behind them."""
-        if self.fleet is None:
-            return
-        pushers = self.rt.publisher.pushers  # a joining instance's pusher is added before its row
-        for row in self.fleet.snapshot().rows:
-            self.fleet.record_version(row.index, pushers[row.index].offered)
 
     def _readmit(self) -> None:
-        """An instance whose weights can no longer arrive is lost (its turns run elsewhere); a lost one
-        that answers again (restarted by the launcher) takes the newest weights and serves again;
-        instances join and leave with scale-out (``keeper.FleetKeeper``)."""
-        if self.keeper is None:
-            return
-        rows = self.fleet.snapshot()
-        for i, pusher in enumerate(self.rt.publisher.pushers):
-            if rows[i].state in HOLDS_WORK and pusher.error is not None:
-                # counted in fleet.losses (the generator marks the ones it finds)
-                self.fleet.mark_lost(i, f"weight push failed: {pusher.error}")
-                log.warning("SGS instance %d lost: weight push failed: %s", i, pusher.error)
-        self.keeper.poll(self.latest)
+        """A lost instance (its turn failed UNAVAILABLE, or its weight push failed: either marks its row
+        at once) is noticed; one that answers again (restarted by the launcher) takes the newest weights
+        and serves again; instances join and leave with scale-out (``keeper.FleetKeeper``)."""
+        if self.keeper is not None:
+            self.keeper.poll(self.latest)
 
     def before_step(self) -> None:
         if self.a.interaction == "trajectory":

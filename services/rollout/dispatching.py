@@ -5,8 +5,9 @@ When the orchestrator dials the SGS instances and a length estimator is configur
 ``generation.dispatch.policy`` — the same pure functions the SGS router and the simulators call
 (``services.generation.scheduling.dispatch``), each group whole — over the instances the
 staleness protocol allows them (those of the version they were reserved at, in the task's pool),
-given each instance's samples in flight and estimated outstanding work, the recent output lengths
-and the estimator's recent errors (estimate -> actual). Each group's estimate travels with its
+given each instance's samples in flight and estimated outstanding work (the fleet table's ``work``,
+read from the views), the recent output lengths and the estimator's recent errors (estimate ->
+actual). Each group's estimate travels with its
 prompt, so the instance admits the longest first (LPT); ``GroupEstimates`` also puts each batch of
 prompts in LPT order before any of it starts (a step's long groups start while the instances have
 room). Without an estimator the orchestrator's staleness-aware least-loaded pick stands, unless a
@@ -51,7 +52,7 @@ class NewGroup:
 
 
 class GroupDispatcher:
-    def __init__(self, gen, n: int, estimator: Callable[[], LengthEstimator | None],
+    def __init__(self, gen, estimator: Callable[[], LengthEstimator | None],
                  spec: InstanceSpec | None = None, version: Callable[[], str | None] | None = None,
                  probe: Callable[[int], tuple[float, int] | None] | None = None) -> None:
         self.cfg, self.dcfg = gen, gen.dispatch
@@ -60,7 +61,6 @@ class GroupDispatcher:
         self.probe = probe
         self.kv_tokens = gen.num_blocks * gen.page_size
         self.version = version  # the estimator's name (a ranker store's live version), for the metrics
-        self.work = [0.0] * n  # estimated output tokens outstanding per instance
         self.lengths = LengthWindow(self.dcfg.length_window)
         self.pairs: deque[tuple[float, float]] = deque(maxlen=self.dcfg.length_window)
         self.failures = 0  # estimator calls that raised
@@ -101,7 +101,7 @@ class GroupDispatcher:
         lengths = self.lengths.distribution(self.dcfg.min_history)  # sorted once per round
         mean = lengths.mean() if lengths is not None else 0.0
         measured = self.dcfg.policy == "least_tokens"
-        loads = tuple(InstanceLoad(k, v.inflight, self.work[v.index],
+        loads = tuple(InstanceLoad(k, v.inflight, v.work,
                                    self.tokens_in_flight(v.index, v.inflight, mean) if measured else 0.0)
                       for k, v in enumerate(candidates))
         pairs = list(self.pairs)
@@ -117,12 +117,10 @@ class GroupDispatcher:
         self.placed += len(groups)
         return {key: candidates[k].index for key, k in plan.assignment.items()}
 
-    def launched(self, instance: int, estimate: float | None, samples: int) -> None:
-        self.work[instance] += (estimate or 0.0) * samples
-
-    def finished(self, instance: int, estimate: float | None, length: int) -> None:
-        """A sample placed with ``estimate`` on ``instance`` finished with ``length`` tokens."""
-        self.work[instance] = max(0.0, self.work[instance] - (estimate or 0.0))
+    def finished(self, estimate: float | None, length: int) -> None:
+        """A sample placed with ``estimate`` finished with ``length`` tokens (the recent lengths and the
+        estimator's errors). Its estimated work is the fleet table's: booked with the group's samples
+        (``Fleet.reserve(work=estimate)``) and released with each one."""
         if length > 0:
             self.lengths.add(length)
             if estimate is not None:

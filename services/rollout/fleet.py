@@ -13,8 +13,9 @@ instance keeps its row, so indices held by callers stay valid). A row holds:
   incarnation;
 - **capacity and load**: ``capacity`` (most samples in flight), ``inflight`` (samples reserved or
   running), ``incoming`` (samples a repack is moving there), ``work`` (estimated output tokens
-  outstanding, for the dispatch policies), ``placed`` (picks counted: ``acquire`` by default,
-  ``reserve`` when asked);
+  outstanding, for the dispatch policies: booked with the samples, ``reserve(work=)``, and released
+  with them, so a loss zeroes it and a late release cannot touch the next incarnation), ``placed``
+  (picks counted: ``acquire`` by default, ``reserve`` when asked);
 - **epoch**: the incarnation, bumped whenever the instance is lost or comes back. A reservation
   carries the epoch it was made in; releasing it in a later epoch does nothing (the loss already
   zeroed that load), so a call that returns after its instance was lost and readmitted cannot
@@ -76,7 +77,7 @@ class Instance:
 
     def view(self) -> InstanceView:
         """What ``routing.pick_instance`` and the dispatch policies read."""
-        return InstanceView(self.index, self.version, self.load, self.capacity, self.state in ROUTABLE)
+        return InstanceView(self.index, self.version, self.load, self.capacity, self.state in ROUTABLE, self.work)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class Reservation:
     samples: int
     version: int  # the instance's version when booked (a new trajectory's V_traj)
     epoch: int
+    work: float = 0.0  # estimated output tokens per sample, counted in the row's ``work`` while booked
 
 
 @dataclass(frozen=True)
@@ -179,11 +181,13 @@ class Fleet:
             self._put(replace(row, state="live", version=version, staged=version, inflight=0, incoming=0,
                               work=0.0, epoch=row.epoch + 1))
 
-    def mark_lost(self, i: int, why: str = "") -> bool:
-        """Instance ``i`` is gone: nothing runs there any more; False when it was lost (or gone) already."""
+    def mark_lost(self, i: int, why: str = "", *, epoch: int | None = None) -> bool:
+        """Instance ``i`` is gone: nothing runs there any more; False when it was lost (or gone) already,
+        or, with ``epoch``, when the failure was seen in an earlier incarnation than the row's (a weight
+        push or call that began before a loss and readmission does not lose the new incarnation)."""
         with self._lock:
             row = self._row(i)
-            if row.state in ("lost", "removed"):
+            if row.state in ("lost", "removed") or (epoch is not None and row.epoch != epoch):
                 return False
             self._losses += 1
             self._put(replace(row, state="lost", inflight=0, incoming=0, work=0.0, epoch=row.epoch + 1, why=why))
@@ -240,21 +244,22 @@ class Fleet:
             return self._book(self._rows[inst.index], need, count)
 
     def reserve(self, i: int, need: int, *, min_version: int | None = None, over: bool = False,
-                count: bool = False) -> Reservation | None:
+                count: bool = False, work: float = 0.0) -> Reservation | None:
         """Book ``need`` samples on ``i`` chosen from an earlier snapshot; None when it is no longer live,
         has no room (unless ``over``: work the caller must place there, e.g. a planned migration) or is
-        older than ``min_version``; ``count``: counted in ``placed`` (a group launched there)."""
+        older than ``min_version``; ``count``: counted in ``placed`` (a group launched there); ``work``:
+        each sample's estimated output tokens, outstanding on ``i`` until released (the dispatch policies)."""
         with self._lock:
             row = self._row(i)
             if row.state not in ROUTABLE or (min_version is not None and row.version < min_version):
                 return None
             if not over and row.load + need > row.capacity:
                 return None
-            return self._book(row, need, count)
+            return self._book(row, need, count, work)
 
     def release(self, res: Reservation, samples: int | None = None) -> bool:
-        """Hand back ``samples`` of ``res`` (all by default); False (nothing changed) when the instance
-        was lost or readmitted since it was booked."""
+        """Hand back ``samples`` of ``res`` (all by default) and their estimated work; False (nothing
+        changed) when the instance was lost or readmitted since it was booked."""
         n = res.samples if samples is None else samples
         if not 0 <= n <= res.samples:
             raise FleetError(f"release of {n} samples from a reservation of {res.samples}")
@@ -264,7 +269,7 @@ class Fleet:
                 return False
             if n > row.inflight:
                 raise FleetError(f"instance {res.index} holds {row.inflight} samples, {n} released")
-            self._put(replace(row, inflight=row.inflight - n))
+            self._put(replace(row, inflight=row.inflight - n, work=max(0.0, row.work - n * res.work)))
             return True
 
     def set_incoming(self, counts: Mapping[int, int]) -> None:
@@ -275,13 +280,6 @@ class Fleet:
                 if row.incoming != n and row.state in HOLDS_WORK:
                     self._put(replace(row, incoming=n))
 
-    def add_work(self, i: int, tokens: float) -> None:
-        """Estimated output tokens outstanding on ``i`` change by ``tokens`` (never below 0)."""
-        with self._lock:
-            row = self._row(i)
-            if row.state in HOLDS_WORK:
-                self._put(replace(row, work=max(0.0, row.work + tokens)))
-
     # ------------------------------------------------------------------ internals (lock held)
     def _allowed(self, eligible: Collection[int] | None, pools: Collection[str] | None) -> Collection[int] | None:
         if pools is None:
@@ -289,11 +287,12 @@ class Fleet:
         in_pools = {r.index for r in self._rows if r.pool in pools}
         return in_pools if eligible is None else in_pools.intersection(eligible)
 
-    def _book(self, row: Instance, need: int, count: bool) -> Reservation:
-        if need < 1:
-            raise FleetError(f"a reservation needs at least one sample, got {need}")
-        self._put(replace(row, inflight=row.inflight + need, placed=row.placed + int(count)))
-        return Reservation(row.index, need, row.version, row.epoch)
+    def _book(self, row: Instance, need: int, count: bool, work: float = 0.0) -> Reservation:
+        if need < 1 or work < 0:
+            raise FleetError(f"a reservation needs at least one sample and no negative work, got {need}, {work}")
+        self._put(replace(row, inflight=row.inflight + need, placed=row.placed + int(count),
+                          work=row.work + need * work))
+        return Reservation(row.index, need, row.version, row.epoch, work)
 
     def _row(self, i: int, *states: State) -> Instance:
         if not 0 <= i < len(self._rows):

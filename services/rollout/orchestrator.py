@@ -112,7 +112,7 @@ def dispatches(cfg, behind: int) -> bool:
     return behind <= 1 and bool(gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES)
 
 
-def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispatcher | None:
+def build_dispatcher(trainer: TrainerRuntime, behind: int) -> GroupDispatcher | None:
     """The dispatch policy over new groups when the orchestrator dials the instances (however many:
     more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
     true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
@@ -130,11 +130,11 @@ def build_dispatcher(trainer: TrainerRuntime, n: int, behind: int) -> GroupDispa
     clients = trainer.clients  # the list itself: it is edited in place when instances join or leave
     probe = (lambda i: clients[i].kv_state()) if gen.dispatch.policy == "least_tokens" else None
     if not gen.ranker_dir:
-        return GroupDispatcher(gen, n, lambda: None, spec, probe=probe)
+        return GroupDispatcher(gen, lambda: None, spec, probe=probe)
     from ranker.store import RankerWatcher
 
     watcher = RankerWatcher(gen.ranker_dir)
-    return GroupDispatcher(gen, n, watcher.get, spec, version=lambda: watcher.name, probe=probe)
+    return GroupDispatcher(gen, watcher.get, spec, version=lambda: watcher.name, probe=probe)
 
 
 class Orchestrator(GroupLifecycle):
@@ -148,24 +148,22 @@ class Orchestrator(GroupLifecycle):
         self.max_new = trainer.cfg.generation.max_new_tokens
         self.partial = PartialResponsePool()
         self.events: queue.Queue = queue.Queue()
-        self.pushers = trainer.publisher.pushers
-        trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (``_sync``)
+        self.publisher = trainer.publisher
+        trainer.publisher.push_errors_fatal = False  # a failed push loses that instance (on the table, at once)
         self.behind = engines_behind(trainer.cfg, len(trainer.clients))
         self.capacity = fleet_capacity(trainer.cfg, len(trainer.clients))
         self.groups: dict[str, _GroupState] = {}
         self.resume: list[Partial] = []
         self.latest: tuple[int, object] = (trainer.version, trainer.start_snapshot)  # (version, transport snapshot)
         self.gen_busy: list[tuple[float, float]] = []
-        # the run's table of the instances (``fleet.Fleet``; evaluation picks on it too): health, offered
-        # version, load, groups launched
+        # the run's table of the instances (``fleet.Fleet``; evaluation picks on it too, the publisher offers
+        # by it and records what it offered): health, offered version, load, groups launched
         self.fleet = trainer.fleet
-        assert len(self.fleet) == len(self.pushers) and self.fleet.capacity == self.capacity
-        for i, pusher in enumerate(self.pushers):  # a resumed run offered its version already
-            self.fleet.record_version(i, pusher.offered)
+        assert self.publisher.fleet is self.fleet and self.fleet.capacity == self.capacity
         self.repack = Repacker.from_config(tc.repack)
         self.repack.on_change = self.fleet.set_incoming  # migrations count on their destination's load
-        self.dispatcher = build_dispatcher(trainer, len(self.pushers), self.behind)
-        self.keeper = FleetKeeper(trainer, self.fleet, self.counts, on_join=self._slot_added)
+        self.dispatcher = build_dispatcher(trainer, self.behind)
+        self.keeper = FleetKeeper(trainer, self.fleet, self.counts, on_lost=self._resume_lost)
         replay = trainer.cfg.forced_length_replay
         self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
                        if replay.file else None)
@@ -208,19 +206,13 @@ class Orchestrator(GroupLifecycle):
         return [r.state in HOLDS_WORK for r in self.fleet.snapshot().rows]
 
     def _sync(self) -> None:
-        for i, pusher in enumerate(self.pushers):  # an instance whose weights can no longer arrive
-            if self._holds_work(i) and pusher.error is not None:  # would wait forever for its offered version
-                self._lose_instance(i, f"weight push failed: {pusher.error}")
+        """Offer the newest weights where routing says (the publisher records each offer on the row; an
+        instance whose push failed is lost on the table already, and ``keeper.notice`` resumes its work)."""
         version, state = self.latest
         idle_only = pull_on_completion(self.tc.partial_rollout)
         for i in instances_to_sync(self.fleet.views(), version, self.mgr.can_reserve, idle_only):
-            try:
-                self.pushers[i].offer(version, state)
-            except RuntimeError as err:  # its push thread failed since the check above
-                self._lose_instance(i, str(err))
-                continue
-            self.fleet.record_version(i, self.pushers[i].offered)
-            self.counts["syncs"] += 1
+            if self.publisher.offer_to(i, version, state):
+                self.counts["syncs"] += 1
 
     def _repack(self) -> None:
         """Snapshot the instances when due; carry out the repack plan (Interrupt on each source)."""
@@ -253,11 +245,6 @@ class Orchestrator(GroupLifecycle):
             return views[dst]
         return pick_instance(p.version, views, self.mgr.can_reserve,
                              eligible=self._eligible(self.groups[p.group].problem.task))
-
-    def _slot_added(self, i: int) -> None:
-        """A joining instance's row (``keeper.FleetKeeper``): the dispatcher's work list grows with it."""
-        if self.dispatcher is not None:
-            self.dispatcher.work.append(0.0)
 
     def _eligible(self, task: str) -> list[int] | None:
         """The instances a task may use (``generation.affinity``: RollArt's hardware affinity), None
@@ -323,8 +310,6 @@ class Orchestrator(GroupLifecycle):
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))
         params = GenerateParams(n, 0, v_traj, tag=call.tag, interruptible=self.tc.partial_rollout)
-        if self.dispatcher is not None:
-            self.dispatcher.launched(index, estimate, n)
         self._start(call, [spec], params, state, group=True)
 
     def _launch_resume(self, p: Partial, inst: InstanceView) -> None:
@@ -343,11 +328,17 @@ class Orchestrator(GroupLifecycle):
 
     def _start(self, call: _Call, prompts: list[PromptSpec], params: GenerateParams, state: _GroupState,
                group: bool = False) -> None:
-        """Book the call's samples on its instance (``group``: a new group, counted there) and start it."""
+        """Book the call's samples on its instance (``group``: a new group, counted there, each sample
+        with its estimated work) and start it."""
         call.open = len(call.keys)
         call.launched = time.time()
-        call.booked = self.fleet.reserve(call.instance, call.open, over=True, count=group)
-        assert call.booked is not None, f"instance {call.instance} was picked live on this thread"
+        work = (state.estimate or 0.0) if group and self.dispatcher is not None else 0.0
+        call.booked = self.fleet.reserve(call.instance, call.open, over=True, count=group, work=work)
+        if call.booked is None:  # lost since the pick (a weight push failed on its pusher's thread): elsewhere
+            moved = [p for p in map(self.partial.get, call.keys) if p not in self.resume]
+            self.resume.extend(moved)
+            self.counts["recovered"] += len(moved)
+            return
         call.handle = self.rt.clients[call.instance].start(prompts, params)
         state.calls.append(call)
         threading.Thread(target=self._read, args=(call,), name=f"call-{call.keys[0]}", daemon=True).start()
@@ -377,8 +368,7 @@ class Orchestrator(GroupLifecycle):
         call.open -= 1
         self.fleet.release(call.booked, 1)
         if self.dispatcher is not None:
-            self.dispatcher.finished(call.instance, state.estimate,
-                                     0 if s.finish_reason == "interrupted" else len(s.token_ids))
+            self.dispatcher.finished(state.estimate, 0 if s.finish_reason == "interrupted" else len(s.token_ids))
         pkey = call.keys[0] if len(call.keys) == 1 else f"{call.group}/{s.sample_index}"
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
@@ -399,9 +389,13 @@ class Orchestrator(GroupLifecycle):
             self._lose_instance(call.instance, f"{address}: {exc.details()}")
 
     def _lose_instance(self, i: int, why: str) -> None:
-        """Mark instance ``i`` dead and resume its trajectories elsewhere from their recorded tokens."""
+        """Mark instance ``i`` dead (this thread saw it go); ``_resume_lost`` follows."""
         self.keeper.lost(i, why)
-        log.warning("SGS instance %d lost (%s); resuming its trajectories elsewhere", i, why)
+
+    def _resume_lost(self, i: int) -> None:
+        """Instance ``i`` was lost (``keeper.notice``, once per loss, whichever thread marked it): resume its
+        trajectories elsewhere from their recorded tokens."""
+        log.warning("SGS instance %d lost; resuming its trajectories elsewhere", i)
         for state in self.groups.values():
             for call in state.calls:
                 if call.instance == i and call.handle is not None and not call.handle.cancelled:
@@ -439,10 +433,7 @@ class Orchestrator(GroupLifecycle):
         for call in state.calls:
             if call.open and call.handle is not None and not call.handle.cancelled:
                 call.handle.cancel()
-                self.fleet.release(call.booked, call.open)
-                if self.dispatcher is not None:
-                    for _ in range(call.open):
-                        self.dispatcher.finished(call.instance, state.estimate, 0)
+                self.fleet.release(call.booked, call.open)  # and their estimated work
                 call.open = 0
         for p in self.partial.drop_group(state.problem.prompt_id):
             self.resume = [r for r in self.resume if r.key != p.key]
@@ -483,8 +474,8 @@ class Orchestrator(GroupLifecycle):
 
     def shutdown(self) -> None:
         """Cancel work for buffers that will not be trained; bring every live instance to the newest
-        version; lost instances' pushers leave the publisher (its ``wait`` would wait for them; the
-        table's rows stay, and evaluation picks among the live ones)."""
+        version (the publisher offers to, and the end of the run waits for, the rows that hold work;
+        evaluation picks among the live ones)."""
         # an instance that died with nothing in flight has not been noticed yet: ask every one now,
         # or the final offer (a unary PullWeights) and evaluation would fail on it
         try:
@@ -494,10 +485,6 @@ class Orchestrator(GroupLifecycle):
         for state in self.groups.values():
             state.complete = True
             self._cancel_calls(state)
-        live = [i for i, ok in enumerate(self._up()) if ok]
-        self.rt.publisher.pushers[:] = [self.pushers[i] for i in live]
-        self.rt.publisher.clients[:] = [self.rt.publisher.clients[i] for i in live]
         version, state = self.latest
         if state is not None:
-            for p in self.rt.publisher.pushers:
-                p.offer(version, state)
+            self.publisher.offer(version, state)

@@ -37,6 +37,7 @@ class InstanceView:
     inflight: int  # samples running or queued there
     capacity: int  # most samples in flight
     alive: bool = True
+    work: float = 0.0  # estimated output tokens outstanding there (the dispatch policies' load)
 
 
 CanReserve = Callable[[int], bool]

@@ -73,7 +73,8 @@ class TrainerRuntime(HeldOut):
         self.learner = learner
         self.run_dir = run_dir
         self.sampler = self.task.sampler
-        self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport)  # evaluation waits for its version
+        # evaluation waits for its version; the table says whom to offer to and wait for (a failed push loses its row)
+        self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport, fleet=self.fleet)
         self.gen_busy: list[tuple[float, float]] = []
         self.metrics_path = run_dir / "metrics.jsonl"
         # recovery (services.run.resume): set by ``open_recovery``

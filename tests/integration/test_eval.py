@@ -123,3 +123,30 @@ def test_braid_eval_refuses_bad_input_with_exit_2_and_one_line(finished_run, tmp
     assert main(["eval", "--model", str(model), "--config", config, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("braid eval: ") and "\n" not in err and "Traceback" not in err, err
+
+
+def test_braid_eval_of_an_agentic_config_plays_its_turns_on_the_held_out_table(tiny_checkpoint, tmp_path, capsys,
+                                                                               monkeypatch):
+    """An agentic config's ``braid eval``: the generator picks on the HeldOut's table (real capacity,
+    the table single-turn evaluation picks on), not on a table of its own."""
+    from services.common.config import load_config, write_config
+    from services.run import heldout
+
+    agentic = ["agentic.enabled=true", "agentic.workers=2", "agentic.concurrency=16", "eval.prompts=8",
+               "agentic.max_turns=6"]
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, *agentic])
+    write_config(cfg, tmp_path / "config.json")
+    built = []
+    real = heldout.build_agentic
+
+    def build_agentic(*args):
+        built.append(real(*args))
+        return built[-1]
+
+    monkeypatch.setattr(heldout, "build_agentic", build_agentic)
+    got = braid_eval(tiny_checkpoint, tmp_path, tmp_path / "eval", capsys)
+    assert got["prompts"] == 8 and got["breakdown_by"] == "difficulty" and got["reward_failures"] == 0
+    (rollout,) = built
+    fleet = rollout.generator.fleet
+    assert fleet.capacity == 2 * cfg.agentic.concurrency  # the HeldOut's (modes.fleet_capacity), not 1 << 30
+    assert sum(r.placed for r in fleet.snapshot().rows) > 0 and all(r.inflight == 0 for r in fleet.snapshot().rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from services.common.config import load_config
 from services.rollout.dispatching import GroupDispatcher, NewGroup
+from services.rollout.fleet import fleet_of
 from services.rollout.routing import InstanceView
 
 
@@ -19,9 +20,9 @@ class Broken:
         raise ValueError("no model")
 
 
-def _dispatcher(estimator, n=3, policy="lpt"):
+def _dispatcher(estimator, policy="lpt"):
     gen = load_config(None, [f"generation.dispatch.policy={policy}"]).generation
-    return GroupDispatcher(gen, n, lambda: estimator)
+    return GroupDispatcher(gen, lambda: estimator)
 
 
 def test_lpt_spreads_the_longest_groups_over_the_instances_of_their_version():
@@ -34,9 +35,31 @@ def test_lpt_spreads_the_longest_groups_over_the_instances_of_their_version():
     t = d.plan_round(groups, first, [None] * 4, views, capacity=100)
     assert t["g0"] != t["g1"] and {t["g0"], t["g1"]} == {0, 1}  # the two long ones apart
     assert set(t.values()) <= {0, 1}  # never instance 2: it runs version 0, not the groups' V_traj
-    for g in groups:
-        d.launched(t[g.key], g.estimate, g.samples)
-    assert sum(d.work) == 2 * sum(est)
+    fleet = fleet_of(["a", "b", "c"], 100)  # each group's samples book their estimated work on the table
+    booked = [fleet.reserve(t[g.key], g.samples, work=g.estimate) for g in groups]
+    assert sum(r.work for r in fleet.snapshot().rows) == 2 * sum(est)
+    assert [v.work for v in fleet.views()][2] == 0.0 and sum(v.work for v in fleet.views()) == 2 * sum(est)
+    for res in booked:
+        fleet.release(res, 1)  # one sample of each returned: its estimate is no longer outstanding
+    assert sum(r.work for r in fleet.snapshot().rows) == sum(est)
+
+
+def test_the_policy_reads_each_instances_outstanding_work_from_its_view():
+    d = _dispatcher(Lengths(), policy="lpt")
+    views = [InstanceView(0, 0, 2, 100, work=500.0), InstanceView(1, 0, 2, 100, work=20.0)]
+    assert d.plan_round([NewGroup("g", 4, 10.0, 2)], [views[0]], [None], views, capacity=100) == {"g": 1}
+
+
+def test_a_loss_zeroes_an_instances_work_and_a_late_release_leaves_its_next_incarnation_alone():
+    fleet = fleet_of(["a"], 100)
+    res = fleet.reserve(0, 4, work=30.0)
+    assert fleet.snapshot()[0].work == 120.0
+    fleet.mark_lost(0, "gone")
+    fleet.mark_live(0, 1)
+    again = fleet.reserve(0, 2, work=10.0)
+    assert not fleet.release(res, 4)  # the old incarnation's samples came back late
+    assert fleet.snapshot()[0].work == 20.0
+    assert fleet.release(again) and fleet.snapshot()[0].work == 0.0
 
 
 def test_placement_respects_pools_and_capacity():
@@ -51,16 +74,15 @@ def test_a_failing_estimator_costs_estimates_only_and_finished_samples_feed_the_
     d = _dispatcher(Broken())
     assert d.estimates(["a", "b"]) == [None, None] and d.failures == 1
     assert _dispatcher(None).estimates(["a"]) == [None]
-    d.launched(0, 30.0, 2)
-    d.finished(0, 30.0, 25)
-    d.finished(0, 30.0, 0)  # cancelled: releases its work, adds no length
-    assert d.work[0] == 0.0 and len(d.lengths) == 1 and list(d.pairs) == [(30.0, 25.0)]
+    d.finished(30.0, 25)
+    d.finished(30.0, 0)  # cancelled: adds no length
+    assert len(d.lengths) == 1 and list(d.pairs) == [(30.0, 25.0)]
 
 
 def test_metrics_name_the_ranker_version_the_groups_were_placed_with():
     gen = load_config(None, []).generation
     live = {"name": None}
-    d = GroupDispatcher(gen, 2, lambda: Lengths(), version=lambda: live["name"])
+    d = GroupDispatcher(gen, lambda: Lengths(), version=lambda: live["name"])
     assert d.metrics()["ranker_version"] is None
     live["name"] = "r-2"  # the store's watcher swapped rankers
     assert d.metrics()["ranker_version"] == "r-2"
@@ -71,9 +93,9 @@ def test_least_tokens_places_by_the_tokens_each_instance_reports():
     gen = load_config(None, ["generation.dispatch.policy=least_tokens", "generation.dispatch.min_history=2",
                              "generation.num_blocks=100", "generation.page_size=10"]).generation
     state = {0: (0.9, 0), 1: (0.1, 2), 2: None}  # instance 2 does not answer
-    d = GroupDispatcher(gen, 3, lambda: None, probe=state.get)
+    d = GroupDispatcher(gen, lambda: None, probe=state.get)
     for n in (40, 60):
-        d.finished(0, None, n)  # mean recent length 50
+        d.finished(None, n)  # mean recent length 50
     assert d.tokens_in_flight(0, 8, 50.0) == 900.0  # 90% of 1000 KV tokens
     assert d.tokens_in_flight(1, 8, 50.0) == 100.0 + 2 * 50.0  # its KV plus two queued samples at the mean
     assert d.tokens_in_flight(2, 3, 50.0) == 150.0  # no answer: its outstanding samples at the mean
@@ -136,7 +158,7 @@ def test_one_instance_without_a_router_estimates_with_the_ranker_store(tmp_path)
     cfg = load_config(None, [f"generation.ranker_dir={tmp_path / 'store'}"])
     assert cfg.generation.instances == 1 and not cfg.uses_router
     trainer = SimpleNamespace(cfg=cfg, clients=[None], model_dir=None)  # what build_dispatcher reads
-    d = build_dispatcher(trainer, 1, engines_behind(cfg, 1))
+    d = build_dispatcher(trainer, engines_behind(cfg, 1))
     assert d is not None
     items = [_Item("a", "x"), _Item("b", "x" * 40), _Item("c", "x" * 8)]
     assert [p.prompt_id for p in GroupEstimates(d).launch_order(lambda n: items)(3)] == ["b", "c", "a"]

@@ -96,3 +96,22 @@ def test_a_lost_instance_is_readmitted_at_its_offered_version_unless_it_is_leavi
     assert (rows[0].state, rows[0].version, rows[0].epoch) == ("live", 7, 2)  # lost, then a new incarnation
     assert rows[2].state == "removed" and acks(tmp_path)["h:2"] == {"state": "drained", "held": 0}
     assert k.counts == Counter(instances_lost=2, instances_readmitted=1, instances_left=1)
+
+
+def test_a_loss_marked_on_another_thread_is_noticed_once_and_handed_to_on_lost(tmp_path):
+    """A weight pusher's thread (or the multi-turn generator's loop) marks the row; the keeper's
+    thread notices it at its next poll: counted once, its work resumed (``on_lost``), then readmitted."""
+    import threading
+
+    k = keeper(tmp_path)
+    seen = []
+    k.on_lost = seen.append
+    pusher = threading.Thread(target=k.fleet.mark_lost, args=(1, "weight push failed: refused"))
+    pusher.start()
+    pusher.join()
+    k.poll((3, object()))  # noticed, then readmitted (it answers, and stages version 3)
+    k.poll((3, object()))
+    assert seen == [1] and k.fleet.snapshot()[1].state == "live"
+    assert k.counts == Counter(instances_lost=1, instances_readmitted=1)
+    assert k.lost(1, "UNAVAILABLE") and seen == [1, 1]  # the next incarnation's loss: noticed at once
+    assert not k.lost(1, "again") and seen == [1, 1] and k.counts["instances_lost"] == 2

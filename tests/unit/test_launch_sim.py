@@ -10,6 +10,7 @@ from allocator.launch_sim import SimGroup, simulate_launched
 from services.common.config import load_config
 from services.generation.scheduling import InstanceSpec, Job, StepCost, run_instance
 from services.rollout.dispatching import GroupDispatcher
+from services.rollout.fleet import fleet_of
 
 UNIT = StepCost(k1=0.0, k2=0.0, k3=0.0, k4=1.0, kv_bytes_per_token=1.0)  # one second per step, whatever the batch
 SPEC = InstanceSpec(UNIT, kv_capacity_tokens=10**9, max_batch=64)
@@ -19,9 +20,9 @@ def group(key: str, length: int, samples: int = 2, estimate: float | None = None
     return SimGroup(key, 4, (length,) * samples, estimate)
 
 
-def dispatcher(policy: str, n: int = 2) -> GroupDispatcher:
+def dispatcher(policy: str) -> GroupDispatcher:
     gen = load_config(None, [f"generation.dispatch.policy={policy}"]).generation
-    return GroupDispatcher(gen, n, lambda: None)
+    return GroupDispatcher(gen, lambda: None)
 
 
 def test_one_instance_with_room_for_everything_is_run_instance():
@@ -64,15 +65,23 @@ def test_instances_sharing_one_core_take_turns():
 
 
 def test_the_dispatchers_books_are_those_of_a_run():
-    """The live dispatcher learns the finished lengths and clears its outstanding work, so it can
-    carry over to the next step as in a run; a least_tokens probe is restored afterwards."""
+    """The live dispatcher learns the finished lengths, so it can carry over to the next step as in a
+    run; each group's samples and estimated work are booked on the instances' table and released as
+    they finish; a least_tokens probe is restored afterwards."""
     d = dispatcher("least_tokens")
     probe = d.probe
-    simulate_launched([group("a", 6, samples=4), group("b", 9, samples=4)], SPEC, 2, capacity=8, admission="fcfs",
-                      dispatcher=d)
-    assert d.work == [0.0, 0.0]
+    seen = []
+    place = d.place
+    d.place = lambda groups, candidates: seen.append([v.work for v in candidates]) or place(groups, candidates)
+    fleet = fleet_of(["a", "b"], 4)
+    res = simulate_launched([group("a", 6, samples=4, estimate=5.0), group("b", 9, samples=4, estimate=7.0),
+                             group("c", 3, samples=4, estimate=2.0)], SPEC, 2, capacity=4, admission="fcfs",
+                            dispatcher=d, fleet=fleet)
+    assert res.instance_of == {"a": 0, "b": 1, "c": 0}
+    assert seen == [[0.0, 0.0], [0.0, 7.0 * 4]]  # c is placed when a finished, beside b's booked work
+    assert [(r.inflight, r.work, r.placed) for r in fleet.snapshot().rows] == [(0, 0.0, 2), (0, 0.0, 1)]
     dist = d.lengths.distribution(1)
-    assert len(dist) == 8 and dist.quantile(0.0) == 6.0 and dist.quantile(1.0) == 9.0
+    assert len(dist) == 12 and dist.quantile(0.0) == 3.0 and dist.quantile(1.0) == 9.0
     assert d.probe is probe
 
 
@@ -83,3 +92,5 @@ def test_bad_input_is_refused():
         simulate_launched([], SPEC, 2, capacity=2, admission="fcfs")
     with pytest.raises(ValueError, match="unique"):
         simulate_launched([group("a", 5), group("a", 6)], SPEC, 2, capacity=2, admission="fcfs")
+    with pytest.raises(ValueError, match="rows"):
+        simulate_launched([group("a", 5)], SPEC, 2, capacity=2, admission="fcfs", fleet=fleet_of(["x"], 2))

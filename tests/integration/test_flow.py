@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ from ranker.store import RankerStore, RankerWatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = str(ROOT / "deploy/configs/smoke.yaml")
+EMULATED = str(ROOT / "deploy/configs/emulated.yaml")
+EMULATED_CLUSTER = str(ROOT / "deploy/clusters/emulated-32xH20-8xH800.yaml")
 FIXTURE = ROOT / "tests/fixtures/ranker_small.jsonl"
 
 
@@ -98,6 +101,41 @@ def _check_artifacts() -> None:
         for key in ("rl-training-progress", "rl-training-report"):
             found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
             assert found, key
+
+
+def test_an_emulated_32_instance_fleet_runs_one_step_through_braid_run(prefect_api, tmp_path, capsys):
+    """`braid run --cluster`: the allocator plans 32 H20 instances and H800 training for the EMULATED
+    config, and the plan runs through the rl_training flow: one SGS process serves the 32 instances,
+    the emulated learner steps, every sample is trained once within the staleness bound, and every
+    record says EMULATED (issue 53: under 60 s on a quiet 2-core machine, 2026-11-29)."""
+    from flows.cli import main
+    from services.common.config import load_config
+    from services.run.ledger import check_ledger
+
+    runs = tmp_path / "runs"
+    t0 = time.perf_counter()
+    code = main(["run", "--config", EMULATED, "--cluster", EMULATED_CLUSTER, "--run-id", "fleet",
+                 *[a for o in (f"runs_dir={runs}", f"cache_dir={tmp_path / 'cache'}", "trainer.iterations=3",
+                               "eval.prompts=8") for a in ("--set", o)]])
+    wall = time.perf_counter() - t0
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    assert "DP32xTP1" in out.out  # the plan, printed before the run
+    run_dir = runs / "fleet"
+    cfg = load_config(run_dir / "config.json")
+    assert cfg.generation.instances == 32 and cfg.trainer.backend == "emulated" and cfg.trainer.emulation.gpu == "H800"
+    assert (run_dir / "sgs-0-31.log").is_file()  # one emulator process, 32 SGS endpoints
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["emulated"]["label"] == "EMULATED" and summary["final_weight_version"] == 3
+    assert summary["emulated"]["steps"] == 3 and summary["control_plane"]["orchestrator_busy_max"] is not None
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in rows] == [1, 2, 3] and max(r["staleness_max"] for r in rows) <= 1
+    assert all(r["emulated_time_scale"] == cfg.generation.emulation.time_scale for r in rows)
+    ledger = check_ledger(run_dir / "ledger.jsonl", 3, cfg.trainer.prompts_per_iteration)
+    assert not (ledger.missing_steps or ledger.duplicate_samples or ledger.wrong_group_counts), ledger
+    assert ledger.consumed_samples == 3 * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    assert "EMULATED" in (run_dir / "report.md").read_text().splitlines()[0]
+    assert wall < 120, f"an emulated 32-instance run took {wall:.0f} s through braid run"
 
 
 @pytest.mark.long  # `make test-long` (docs/testing.md); the fast tier keeps the one_step flow

@@ -65,16 +65,21 @@ def instance_ports(base: int, n: int) -> list[int]:
     return [base + k if base else 0 for k in range(n)]
 
 
-def build_instance(
-    run_cfg: RunConfig, model: str, index: int, address: str, *, relay: str = "", tls: TlsFiles | None = None,
-    executor: futures.ThreadPoolExecutor | None = None, on_finished=None, labelled: bool = False,
-) -> Instance:
-    """Instance ``index``: its engine, core, servicer and a bound (unstarted) server at ``address``.
-    ``labelled``: its thread and log lines name it (a process of several)."""
+def create_instance_engine(run_cfg: RunConfig, model: str, index: int) -> Engine:
+    """The engine of instance ``index`` (its straggler delay: ``generation.step_delay_ms``)."""
     cfg = run_cfg.generation
     # trainer.lora set: the trainer pushes adapters only, and this instance serves base + adapter.
-    engine = create_engine(cfg.engine, model, cfg, step_delay_s=cfg.delay_of(index) / 1000.0,
-                           adapter=run_cfg.trainer.lora)
+    return create_engine(cfg.engine, model, cfg, step_delay_s=cfg.delay_of(index) / 1000.0,
+                         adapter=run_cfg.trainer.lora)
+
+
+def build_instance(
+    run_cfg: RunConfig, engine: Engine, index: int, address: str, *, relay: str = "", tls: TlsFiles | None = None,
+    executor: futures.ThreadPoolExecutor | None = None, on_finished=None, labelled: bool = False,
+) -> Instance:
+    """Instance ``index`` over ``engine``: its core, servicer and a bound (unstarted) server at
+    ``address``. ``labelled``: its thread and log lines name it (a process of several)."""
+    cfg = run_cfg.generation
     core = GenerationCore(
         engine, max_inflight=cfg.max_inflight, default_max_new_tokens=cfg.max_new_tokens, admission=cfg.admission,
         on_finished=on_finished, instance=index if labelled else None,
@@ -109,16 +114,17 @@ def serve(
     if n > 1:
         executor = futures.ThreadPoolExecutor(max_workers=n * rpc_workers(cfg.max_inflight),
                                               thread_name_prefix="sgs-rpc")
+    engines = [create_instance_engine(run_cfg, model, first + k) for k in range(n)]
     genlog = None
-    if cfg.genlog:
+    if cfg.genlog:  # after the engines: its thread imports transformers, which must not race the engine's import
         from services.generation.genlog_writer import GenLogWriter
 
         genlog = GenLogWriter(cfg.genlog, model, first)
     instances = [
-        build_instance(run_cfg, model, first + k, f"{host}:{port}", relay=relays[k % len(relays)] if relays else "",
+        build_instance(run_cfg, engine, first + k, f"{host}:{port}", relay=relays[k % len(relays)] if relays else "",
                        tls=tls, executor=executor, on_finished=genlog.recorder(first + k) if genlog else None,
                        labelled=n > 1)
-        for k, port in enumerate(ports)
+        for k, (engine, port) in enumerate(zip(engines, ports, strict=True))
     ]
     for inst in instances:
         inst.core.start()

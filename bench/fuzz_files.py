@@ -248,14 +248,22 @@ class Plan(Kind):
 
     def strategy(self):
         seed_ = {"model": "braid-tiny", "gen_gpus": 2, "train_gpus": 1, "gen_instances": 2, "cluster": "local-cpu"}
-        return document([seed_, {**seed_, "model": "qwen2.5-7b", "gen_instances": 8}], json.dumps)
+        emulated = {**seed_, "model": "qwen2.5-7b", "gen_gpus": 32, "gen_instances": 8, "train_gpus": 8,
+                    "train_kind": "H800", "train_parallel": "DP4xTP2xPP1", "cross_site_weight_transfer_s": 1.5,
+                    "emulation": {"gen_profile": "H20:qwen2.5-7b:tp4", "gen_tensor_parallel": 4,
+                                  "train_gpus_per_node": 8, "train_inter_node_gbps": 200.0, "train_profile": None}}
+        return document([seed_, {**seed_, "model": "qwen2.5-7b", "gen_instances": 8}, emulated], json.dumps)
 
     def read(self, path):
         from flows.rl_training import load_plan, plan_overrides
         from services.common.config import ConfigError, load_config
 
-        return refusal(lambda: load_config(ROOT / "deploy/configs/smoke.yaml", plan_overrides(load_plan(str(path)))),
-                       ConfigError)
+        def run_both() -> None:  # a real run takes its instances; an EMULATED one the whole planned fleet
+            for config in ("smoke.yaml", "emulated.yaml"):
+                cfg = load_config(ROOT / "deploy/configs" / config)
+                load_config(ROOT / "deploy/configs" / config, plan_overrides(load_plan(str(path)), cfg))
+
+        return refusal(run_both, ConfigError)
 
 
 class Cluster(Kind):

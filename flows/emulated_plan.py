@@ -83,13 +83,16 @@ def emulated_overrides(plan: dict, page_size: int) -> list[str]:
     if "emulation" not in plan:
         raise ConfigError("this allocation plan predates emulation (no 'emulation' field): plan it again with "
                           "`braid allocate --json` or `braid run --cluster`")
-    emu = plan["emulation"]
-    profile = resolve_profile(emu["gen_profile"])
-    dp, tp, pp = _parallel(plan["train_parallel"])
-    reload_s = profile.step_cost.k2 + plan.get("cross_site_weight_transfer_s", 0.0)
-    trainer = {"gpu": plan["train_kind"], "gpus": plan["train_gpus"], "model": plan["model"],
-               "parallel": f"dp{dp}-tp{tp}-pp{pp}", "gpus_per_node": emu["train_gpus_per_node"],
-               "inter_node_gbps": emu["train_inter_node_gbps"], "train_profile": emu["train_profile"]}
+    try:
+        emu = plan["emulation"]
+        profile = resolve_profile(str(emu["gen_profile"]))
+        dp, tp, pp = _parallel(str(plan["train_parallel"]))
+        reload_s = profile.step_cost.k2 + float(plan.get("cross_site_weight_transfer_s", 0.0))
+        trainer = {"gpu": plan["train_kind"], "gpus": plan["train_gpus"], "model": plan["model"],
+                   "parallel": f"dp{dp}-tp{tp}-pp{pp}", "gpus_per_node": emu["train_gpus_per_node"],
+                   "inter_node_gbps": emu["train_inter_node_gbps"], "train_profile": emu["train_profile"]}
+    except (KeyError, TypeError, ValueError) as err:  # ProfileError is a ValueError
+        raise ConfigError(f"allocation plan: its emulation fields do not describe a fleet: {err!r}") from None
     flow = "{" + ", ".join(f"{k}: {v}" for k, v in trainer.items() if v is not None) + "}"
     return [f"generation.instances={plan['gen_instances']}",
             f"generation.emulation.profile={emu['gen_profile']}",
@@ -100,6 +103,8 @@ def emulated_overrides(plan: dict, page_size: int) -> list[str]:
 
 
 def _parallel(label: str) -> tuple[int, int, int]:
-    """``DP6xTP1xPP4`` -> (6, 1, 4)."""
+    """``DP6xTP1xPP4`` -> (6, 1, 4) (``ValueError`` for anything else)."""
     parts = {p[:2].lower(): int(p[2:]) for p in label.split("x")}
+    if not parts or set(parts) - {"dp", "tp", "pp"} or min(parts.values()) < 1:
+        raise ValueError(f"train_parallel {label!r} is not DPdxTPtxPPp")
     return parts.get("dp", 1), parts.get("tp", 1), parts.get("pp", 1)

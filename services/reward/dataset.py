@@ -230,6 +230,7 @@ class DatasetReward:
     """The rule reward of dataset tasks ``tasks``, from ``reward.terms`` and ``reward.python_path``."""
 
     kind: ClassVar[str] = "rule"
+    judges: ClassVar[bool] = True
 
     def __init__(self, cfg: RewardConfig, tasks: Sequence[str]) -> None:
         if isinstance(tasks, str) or not tasks:

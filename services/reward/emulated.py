@@ -19,6 +19,7 @@ from services.reward.protocol import RewardRequest, Scored, check_request
 
 class EmulatedReward:
     kind: ClassVar[str] = "emulated"
+    judges: ClassVar[bool] = False  # a declared rate: it never reads the answer
 
     def __init__(self, rate: float, extra_tasks: tuple[str, ...] = ()) -> None:
         if not 0.0 <= rate <= 1.0:

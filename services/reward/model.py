@@ -91,6 +91,7 @@ def save_classifier(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, 
 
 class ClassifierReward:
     kind: ClassVar[str] = "model"
+    judges: ClassVar[bool] = True
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, tasks: Sequence[str],
                  max_tokens: int) -> None:

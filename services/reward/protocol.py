@@ -72,6 +72,7 @@ class RewardFunction(Protocol):
     for the caller's mistakes (anything else is a bug of the worker)."""
 
     kind: ClassVar[str]
+    judges: ClassVar[bool]  # whether the reward depends on the answer (False: the EMULATED kind's declared rate)
 
     def score(self, request: RewardRequest) -> Scored: ...
 

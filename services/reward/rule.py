@@ -35,6 +35,7 @@ _SHOWN = 64  # characters of a text quoted in an error
 
 class RuleReward:
     kind: ClassVar[str] = "rule"
+    judges: ClassVar[bool] = True
 
     def __init__(self, agentic: AgenticConfig, dataset: DatasetReward | None = None) -> None:
         self.agentic = agentic

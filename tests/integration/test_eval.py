@@ -125,6 +125,7 @@ def test_braid_eval_refuses_bad_input_with_exit_2_and_one_line(finished_run, tmp
     assert err.startswith("braid eval: ") and "\n" not in err and "Traceback" not in err, err
 
 
+@pytest.mark.long  # `make test-long`; the fast tier keeps the single-turn evaluation picks (tests/unit/test_collect.py)
 def test_braid_eval_of_an_agentic_config_plays_its_turns_on_the_held_out_table(tiny_checkpoint, tmp_path, capsys,
                                                                                monkeypatch):
     """An agentic config's ``braid eval``: the generator picks on the HeldOut's table (real capacity,

@@ -110,6 +110,7 @@ def judge_count(n: int, run_dir: Path) -> dict:
         "predicted_train_step_s": summary["emulated"]["predicted_step_s_mean"],
         "cpu_ms_per_sample": 1000 * steady["cpu_s_per_sample"] if steady else None,
         "cores_busy": steady.get("cores_busy"), "cpu_ms_per_sample_with_startup": 1000 * cpu["cpu_s_per_sample"],
+        "busiest_process": next(iter((steady.get("by_process") or {}).items()), None),
         "orchestrator_cpu_ms_per_sample": 1000 * sum(r["orchestrator_cpu_s"] for r in rows) / max(1, sum(
             r["samples"] for r in rows)),
         "orchestrator_busy_mean": statistics.fmean(busy), "orchestrator_busy_max": max(busy),
@@ -150,16 +151,17 @@ def markdown(res: dict) -> str:
         f"Time scale {res['time_scale']:g}; one group of 8 per instance per step; one_step. The control plane "
         + (f"**saturates at {sat} instances**" if sat else "**kept up at every count**")
         + f" (weak-scaling efficiency < {KEEPS_UP:.0%} or orchestrator loop busy >= {BUSY:.0%}).", "",
-        "| instances | samples/s | efficiency | CPU-ms/sample (all / loop) | cores busy | loop busy mean / max "
-        "| trainer RSS MB | largest RSS MB | staleness max | lost |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| instances | samples/s | efficiency | CPU-ms/sample (all / loop) | cores busy | busiest process (cores) "
+        "| loop busy mean / max | trainer RSS MB | largest RSS MB | staleness max | lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in res["counts"]:
         all_cpu = f"{c['cpu_ms_per_sample']:.1f}" if c["cpu_ms_per_sample"] is not None else "-"
         busy = f"{c['cores_busy']:.2f}" if c["cores_busy"] is not None else "-"
+        top = f"{c['busiest_process'][0]} ({c['busiest_process'][1]:.2f})" if c["busiest_process"] else "-"
         lines.append(
             f"| {c['instances']} | {c['samples_per_s']:.1f} | {c['efficiency']:.2f} "
-            f"| {all_cpu} / {c['orchestrator_cpu_ms_per_sample']:.2f} | {busy} | "
+            f"| {all_cpu} / {c['orchestrator_cpu_ms_per_sample']:.2f} | {busy} | {top} | "
             f"{c['orchestrator_busy_mean']:.0%} / {c['orchestrator_busy_max']:.0%} | {c['trainer_max_rss_mb']:.0f} | "
             f"{c['largest_rss_mb']:.0f} | {c['staleness_max']} | {c['lost_samples']} |")
     return "\n".join([*lines, "", provenance_line(res["provenance"]), ""])

@@ -5,7 +5,8 @@
 - ``SteadyCpu``: the run's live processes' CPU (``/proc/<pid>/stat``: user + system, and their
   reaped children's) read on each launcher tick, kept at the first and the last tick on which
   ``metrics.jsonl`` had a new row: the CPU between the first iteration's end and the last's, per
-  sample trained in between, without start-up, evaluation or shut-down.
+  sample trained in between, without start-up, evaluation or shut-down, and each process's share
+  (``by_process``: which one set the pace when the control plane saturates).
 - ``record_process_cpu`` adds both to ``summary.json`` (``process_cpu``) and, on an EMULATED run,
   ``control_plane``: the orchestrator loop's share of wall time, and a flag when the loop or the
   machine's cores were at least ``BUSY_FLAG`` busy (the run's modelled figures are then a lower
@@ -49,17 +50,19 @@ class SteadyCpu:
         self.first: tuple[float, float, int] | None = None  # (cpu s, wall s, samples so far)
         self.last: tuple[float, float, int] | None = None
         self._samples = 0
+        self._by: tuple[dict[str, float], dict[str, float]] = ({}, {})  # each process's CPU at first, at last
 
     def poll(self, services: Iterable) -> None:
         rows = self._new_rows()
         if not rows:
             return
         self._samples += sum(int(r.get("samples", 0)) for r in rows)
-        point = (sum(proc_cpu_s(s.proc.pid) for s in services if s.proc.poll() is None), time.time(), self._samples)
+        by = {s.name: proc_cpu_s(s.proc.pid) for s in services if s.proc.poll() is None}
+        point = (sum(by.values()), time.time(), self._samples)
         if self.first is None:
-            self.first = point
+            self.first, self._by = point, (by, by)
         else:
-            self.last = point
+            self.last, self._by = point, (self._by[0], by)
 
     def _new_rows(self) -> list[dict]:
         if not self.metrics.is_file():
@@ -72,8 +75,11 @@ class SteadyCpu:
         if self.first is None or self.last is None or self.last[2] <= self.first[2]:
             return None
         cpu, wall, samples = (b - a for a, b in zip(self.first, self.last, strict=True))
+        first, last = self._by
+        by = {name: (last[name] - first[name]) / wall for name in last if name in first and wall > 0}
         return {"cpu_s": cpu, "wall_s": wall, "samples": samples, "cpu_s_per_sample": cpu / samples,
-                "cores_busy": cpu / wall if wall > 0 else 0.0}
+                "cores_busy": cpu / wall if wall > 0 else 0.0,
+                "by_process": dict(sorted(by.items(), key=lambda kv: -kv[1]))}  # cores each kept busy
 
 
 def record_process_cpu(summary_path: Path, cpu_s: float, wall_s: float, steady: SteadyCpu | None = None) -> None:

@@ -118,6 +118,7 @@ def test_control_calls_are_served_while_max_inflight_calls_wait_for_weights(tmp_
         relay.stop()
 
 
+@pytest.mark.long  # `make test-long`; the fast tier keeps the shared-memory pull and the data channel's unit tests
 def test_sgs_pulling_over_the_network_prefaults_its_next_receive_buffer(tmp_path: Path, tiny_checkpoint):
     """A relay without shared memory (as on another host): the SGS pulls over the data channel,
     then faults in the next version's buffer off the pull's path; the next pull lands in it."""

@@ -39,19 +39,17 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.dispatch_train_sim import simulate_run_launched, step_spans  # noqa: E402
+from bench.fleet import CONFIG, run_emulated  # noqa: E402
 from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key  # noqa: E402
 
-CONFIG = ROOT / "deploy/configs/emulated.yaml"
 RUNS = ROOT / "bench/runs/control_plane"
 KEEPS_UP = 0.9
 BUSY = 0.8
@@ -68,22 +66,7 @@ def overrides(n: int, ns, lengths_file: Path) -> list[str]:
 
 
 def run_count(n: int, ns, lengths: list[int]) -> Path:
-    from flows.launcher import run_processes
-    from services.common.config import load_config, write_config
-    from services.policy.warmstart import ensure_warmstart
-
-    run_dir = RUNS / f"n{n}"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    (run_dir / "lengths.json").write_text(json.dumps(lengths))
-    cfg = load_config(CONFIG, overrides(n, ns, run_dir / "lengths.json"))
-    write_config(cfg, run_dir / "config.json")
-    (run_dir / "metrics.jsonl").write_text("")
-    checkpoint = str(ensure_warmstart(cfg, progress=False).resolve())
-    t0 = time.perf_counter()
-    run_processes(run_dir, checkpoint)
-    print(f"{n} instances: emulated run in {time.perf_counter() - t0:.1f} s", flush=True)
-    return run_dir
+    return run_emulated(RUNS / f"n{n}", lengths, lambda f: overrides(n, ns, f))
 
 
 def judge_count(n: int, run_dir: Path) -> dict:

@@ -46,7 +46,7 @@ class SteadyCpu:
 
     def __init__(self, metrics: Path) -> None:
         self.metrics = metrics
-        self.rows = 0
+        self.offset = 0  # bytes of metrics.jsonl read so far (each tick reads only what was appended)
         self.first: tuple[float, float, int] | None = None  # (cpu s, wall s, samples so far)
         self.last: tuple[float, float, int] | None = None
         self._samples = 0
@@ -67,9 +67,12 @@ class SteadyCpu:
     def _new_rows(self) -> list[dict]:
         if not self.metrics.is_file():
             return []
-        lines = [x for x in self.metrics.read_text().splitlines() if x.strip()]
-        new, self.rows = lines[self.rows:], len(lines)
-        return [json.loads(x) for x in new]
+        with self.metrics.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[:data.rfind(b"\n") + 1]  # a row being written is read on a later tick
+        self.offset += len(complete)
+        return [json.loads(x) for x in complete.splitlines() if x.strip()]
 
     def result(self) -> dict | None:
         if self.first is None or self.last is None or self.last[2] <= self.first[2]:

@@ -47,6 +47,7 @@ class SteadyCpu:
     def __init__(self, metrics: Path) -> None:
         self.metrics = metrics
         self.offset = 0  # bytes of metrics.jsonl read so far (each tick reads only what was appended)
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file read so far
         self.first: tuple[float, float, int] | None = None  # (cpu s, wall s, samples so far)
         self.last: tuple[float, float, int] | None = None
         self._samples = 0
@@ -65,9 +66,17 @@ class SteadyCpu:
             self.last, self._by = point, (self._by[0], by)
 
     def _new_rows(self) -> list[dict]:
-        if not self.metrics.is_file():
+        """Rows appended since the last tick. A run rolled back to its recovery checkpoint replaces the
+        file with its kept rows (services/run/resume.py ``rewind_metrics``): read again from the start,
+        and count the samples of the rows kept, never those of the iterations that run again."""
+        try:
+            f = self.metrics.open("rb")
+        except OSError:
             return []
-        with self.metrics.open("rb") as f:
+        with f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino) != self._file or st.st_size < self.offset:
+                self._file, self.offset, self._samples = (st.st_dev, st.st_ino), 0, 0
             f.seek(self.offset)
             data = f.read()
         complete = data[:data.rfind(b"\n") + 1]  # a row being written is read on a later tick

@@ -48,3 +48,21 @@ def test_an_emulated_run_is_flagged_when_its_loop_or_the_machine_set_the_pace(tm
     record_process_cpu(summary, cpu_s=4.0 * cores, wall_s=4.0)  # every core busy throughout
     done = json.loads(summary.read_text())
     assert done["process_cpu"]["cpu_s_per_sample"] == 0.25 * cores and done["control_plane"]["flagged"]
+
+
+def test_steady_cpu_follows_a_run_rolled_back_to_its_checkpoint(tmp_path):
+    """The resumed trainer replaces metrics.jsonl with the checkpoint's rows, then appends: the reader
+    never lands inside a row (the launcher died on a JSONDecodeError here) and counts each kept row once."""
+    metrics = tmp_path / "metrics.jsonl"
+    me = SimpleNamespace(name="trainer", proc=SimpleNamespace(pid=os.getpid(), poll=lambda: None))
+    steady = SteadyCpu(metrics)
+    metrics.write_text(_row(16) + _row(16) + _row(16) + '{"samples": 1')  # killed while writing a row
+    steady.poll([me])
+    tmp = tmp_path / "metrics.jsonl.tmp"
+    tmp.write_text(_row(16) + _row(16, busy=0.25) * 3)  # rewound to one row, then more than before appended
+    tmp.replace(metrics)
+    steady.poll([me])
+    assert steady._samples == 64
+    metrics.write_text(_row(8))  # shorter in place: read again from the start
+    steady.poll([me])
+    assert steady._samples == 8

@@ -85,6 +85,25 @@ def smollm2(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="session")
+def smoke_cache(tmp_path_factory) -> Path:
+    """A ``cache_dir`` holding ``smoke.yaml``'s SFT warm start, made once per test session: the runs
+    of the smoke config in different tests find it there (building it took ~12 s of each such test).
+    Under pytest-xdist the workers share it; the first to take the lock builds it."""
+    import fcntl
+
+    from services.common.config import load_config
+    from services.policy.warmstart import ensure_warmstart
+
+    shared = os.environ.get("PYTEST_XDIST_WORKER")
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.mktemp("smoke")
+    cache = root / "smoke-cache"
+    with (root / "smoke-cache.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # ensure_warmstart writes NAME.tmp then renames: one builder at a time
+        ensure_warmstart(load_config(ROOT / "deploy/configs/smoke.yaml", [f"cache_dir={cache}"]), progress=False)
+    return cache
+
+
+@pytest.fixture(scope="session")
 def prefect_api():
     """One temporary Prefect API for every test that runs a flow in-process (starting one costs
     ~9 s on 2 cores; the flow runs of different tests never share state)."""

@@ -10,11 +10,15 @@ instant and a bad flag fails before any model loads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from services.common.atomic import write_text_atomic
 
@@ -56,3 +60,18 @@ def serve_until_signal(interval_s: float, check: Callable[[], int | None] | None
         if check is not None and (code := check()) is not None:
             return code
     return None
+
+
+def exit_process(code: int | None) -> NoReturn:
+    """End a service process whose ``main`` returned: logs and standard streams flushed, then
+    ``os._exit(code)``, without the interpreter's finalization. By then the process closed what it
+    owns (servers stopped, engines closed, files and shared memory written or removed); tearing
+    down the modules of torch, transformers and vLLM still took 2-5 s of CPU per process here
+    (3.5-4.6 s for a process that imported vLLM, measured with ``os._exit`` against a normal exit),
+    while the launcher waited for it at the end of every run. ``atexit`` handlers do not run: a
+    service must not leave work to them (a ``main`` that raises exits the normal way)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing left to say on it
+            stream.flush()
+    os._exit(code or 0)

@@ -14,10 +14,9 @@ per line in instance order once all of them serve.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from services.common.certs import add_tls_args, tls_from_args
-from services.common.entry import add_serve_args, check_port, setup_logging
+from services.common.entry import add_serve_args, check_port, exit_process, setup_logging
 
 MAX_INSTANCES = 256  # instances one process may serve (emulated; measured up to this many: bench/sgs_multi.py)
 
@@ -99,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

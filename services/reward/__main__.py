@@ -14,7 +14,14 @@ import argparse
 import logging
 import sys
 
-from services.common.entry import add_serve_args, check_port, publish_port, serve_until_signal, setup_logging
+from services.common.entry import (
+    add_serve_args,
+    check_port,
+    exit_process,
+    publish_port,
+    serve_until_signal,
+    setup_logging,
+)
 
 STOP_GRACE_S = 2.0
 
@@ -66,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

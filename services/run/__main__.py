@@ -16,13 +16,13 @@ import argparse
 import json
 import logging
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
 from services.common.certs import TlsFiles, site_files
 from services.common.cpu import cpu_info
+from services.common.entry import exit_process
 
 
 def tls_files(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
@@ -252,4 +252,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -21,11 +21,12 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from typing import NoReturn
 
 import torch
+
+from services.common.entry import exit_process
 
 log = logging.getLogger("braid.trainer")
 # Followers wait for the leader's next command while it generates: a long wait is normal.
@@ -76,10 +77,7 @@ def shutdown(code: int = 0) -> NoReturn:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_process(code)
 
 
 def shard(model: torch.nn.Module, ctx: ParallelContext, device: torch.device) -> None:

@@ -25,14 +25,14 @@ OVERRIDES = ["trainer.checkpoint_every=2", "weights.transport=direct"]  # direct
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> tuple[Path, Path, dict]:
+def finished_run(tmp_path_factory, smoke_cache) -> tuple[Path, Path, dict]:
     """(run dir, warm-start checkpoint, summary) of a 2-iteration smoke run on the fast engine."""
     from services.common.config import load_config
     from services.policy.warmstart import ensure_warmstart
 
     tmp = tmp_path_factory.mktemp("eval-run")
-    overrides = [f"cache_dir={tmp / 'cache'}", *OVERRIDES]
-    # the run's warm start, made here (the flow's warm-start task runs the same function in a child process)
+    overrides = [f"cache_dir={smoke_cache}", *OVERRIDES]
+    # the session's warm start of smoke.yaml (the flow's warm-start task finds the same one)
     warm = ensure_warmstart(load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, *overrides]), progress=False)
     run_dir = tmp / "run"
     run_dir.mkdir()

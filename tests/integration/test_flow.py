@@ -23,12 +23,13 @@ EMULATED_CLUSTER = str(ROOT / "deploy/clusters/emulated-32xH20-8xH800.yaml")
 FIXTURE = ROOT / "tests/fixtures/ranker_small.jsonl"
 
 
-def _run(tmp_path: Path, mode: str, extra: tuple[str, ...] = (), kl: bool = True) -> tuple[dict, Path]:
+def _run(tmp_path: Path, mode: str, extra: tuple[str, ...] = (), kl: bool = True,
+         cache: Path | None = None) -> tuple[dict, Path]:
     from flows.rl_training import rl_training
 
     overrides = [
         f"runs_dir={tmp_path / 'runs'}",
-        f"cache_dir={tmp_path / 'cache'}",
+        f"cache_dir={cache or tmp_path / 'cache'}",
         f"run_id={mode}",
         f"trainer.mode={mode}",
         *(["trainer.kl_coef=0.01"] if kl else []),  # every group is trained (none skipped), so training time is real
@@ -46,7 +47,7 @@ def _spans(timeline: dict, lane: str) -> dict[int, tuple[float, float]]:
     return spans
 
 
-def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path):
+def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path, smoke_cache):
     # one iteration's 16 samples fill the engine (max_inflight), so iteration 1 generates after iteration 0,
     # 48 tokens a sample at >= 10 ms an engine step (>= 0.5 s): longer than the reward service's round trips
     # between a batch's last sample and its first backward (~0.1 s under a heavy CPU load; the tiny model's
@@ -54,7 +55,7 @@ def test_one_step_flow_runs_end_to_end_and_overlaps_stages(prefect_api, tmp_path
     # trained with a LoRA adapter (trainer.lora): every version the relay carries and vLLM serves is the adapter
     _, run_dir = _run(tmp_path, "one_step", ("generation.max_inflight=16", "generation.step_delay_ms=[10]",
                                                   "generation.forced_lengths=true", "forced_length_ramp.start=48",
-                                                  "trainer.lora.rank=8", "trainer.lr=0.001"))
+                                                  "trainer.lora.rank=8", "trainer.lr=0.001"), cache=smoke_cache)
     for name in ("config.json", "metrics.jsonl", "timeline.json", "summary.json", "report.md", "learning_curve.png",
                  "timeline.png"):
         assert (run_dir / name).is_file(), name

@@ -6,23 +6,27 @@ within 5% of the real engine's: the median over >= 3 interleaved rounds of the p
 (emulated / real - 1, the two engines of one round paired), for every trace.
 
 - **Model**: ``deploy/configs/default.yaml``'s policy (braid-tiny, random init), saved once.
-- **Profile**: ``braid profile`` (``allocator.profiler.run_profile``) measured first, in this run,
-  with vLLM pinned to ``--cpu`` (one torch thread) and the default config's generation settings,
-  which both engines then run with; each grid point the median of ``--profile-repeats`` (3)
-  interleaved measurements (identical measurements here differed by up to 30%; the first record,
-  8514b3b, used one). The emulated engine replays it: no other calibration.
+- **Profile**: ``braid profile`` (``allocator.profiler.run_profile``) measured in each round, just
+  before the round's two engines, with vLLM pinned to ``--cpu`` (one torch thread) and the default
+  config's generation settings, which both engines then run with; each grid point the median of
+  ``--profile-repeats`` (3) interleaved measurements. The round's emulated engine replays the
+  round's profile: no other calibration. (Identical measurements here differ by up to 30% within a
+  minute: the records before 0843173 measured one profile per run, so its error was shared by
+  every round and the median of the rounds could not shrink it.)
 - **Traces** (forced lengths, EOS ignored, capped at ``--cap``; ``--n`` requests, all submitted at
   once): ``arith``, the task's long tail (``bench/engine.py``'s ``sample_workload``); ``mmlu-pro``,
   response lengths of ``--trace-model`` in ``../shared/data/mmlu-pro-cot`` (characters /
   chars-per-token, times ``--mmlu-scale`` so a CPU round stays short; the shape is kept), drawn with
   the seed. Prompts are the arith prompts for both traces (the same prompt lengths).
 - **Rounds**: each round runs both engines, each in a subprocess of its own pinned to ``--cpu``, in
-  rotating order; each worker runs one untimed warm-up batch, then each trace once.
+  rotating order; each worker runs one untimed warm-up batch, then each trace ``--repeats`` (3)
+  times in turn; the round's figure for an engine and trace is the median of its repeats (the
+  records before 0843173 ran each trace once: a 1-3 s batch whose time varied by 30% here).
 
 EMULATED: the emulated engine's times are the profile's predictions, never measurements; they are
 reported beside the measured ones and never in their column.
 
-    python bench/emulation.py [--rounds 3] [--n 64] [--cap 256] [--cpu 1] [--data ../shared/data]
+    python bench/emulation.py [--rounds 5] [--repeats 3] [--n 64] [--cap 256] [--cpu 1] [--data ../shared/data]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from bench.engine import engine_round, machine_load, pinned_env, rotation, run_m
 from bench.report_io import (  # noqa: E402
     QUICK_OUT,
     RecordParser,
+    of_record_or_scratch,
     provenance,
     provenance_line,
     results_dir,
@@ -58,6 +63,8 @@ TRACES = ("arith", "mmlu-pro")
 TARGET_ERROR = 0.05  # declared before the run: |median error| <= 5% for throughput and makespan, each trace
 MARK = "EMULATION_BENCH_RESULT "
 MMLU = "mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz"
+# written by bench/fleet.py, bench/control_plane.py and bench/emulation_run.py: kept as they were
+OTHER_BENCHES = ("fleet_vs_sim", "control_plane", "real_run")
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -110,11 +117,10 @@ def markdown(result: dict) -> str:
     lines = ["# Emulation fidelity: the emulated engine against vLLM-CPU on one core", "",
              f"{provenance_line(p)} Command: `{p['command']}`.", "",
              f"Targets (declared in `bench/emulation.py` before the run): |median error| <= "
-             f"{TARGET_ERROR:.0%} for throughput and makespan on each trace. {result['rounds']} interleaved rounds; "
+             f"{TARGET_ERROR:.0%} for throughput and makespan on each trace. {result['rounds']} interleaved rounds, "
+             f"each engine's figure the median of {result.get('repeats', 1)} runs of the trace; "
              f"{w['n']} requests a trace, all at once, forced lengths capped at {w['cap']}; both engines pinned "
-             f"to CPU {w['cpu']}, one thread. The profile was measured by `braid profile` in this run "
-             f"(each point the median of {result['profile'].get('repeats', 1)} interleaved measurements; fit "
-             f"relative RMSE {result['profile']['fit_rel_rmse']:.3f}).", "",
+             f"to CPU {w['cpu']}, one thread. {_profile_line(result['profile'])}", "",
              "**EMULATED** columns are the profile's predictions, not measurements.", "",
              "| trace | vLLM tokens/s (measured) | EMULATED tokens/s | throughput error | vLLM makespan s (measured) "
              "| EMULATED makespan s | makespan error | met |", "|---|---|---|---|---|---|---|---|"]
@@ -126,6 +132,14 @@ def markdown(result: dict) -> str:
             f"| {_c(r['EMULATED']['tokens_per_s'])} | {_e(te)} | {_c(r['measured_vllm']['makespan_s'], '{:.2f}')} "
             f"| {_c(r['EMULATED']['makespan_s'], '{:.2f}')} | {_e(me)} | {met} |")
     return "\n".join([*lines, ""])
+
+
+def _profile_line(p: dict) -> str:
+    fit = p["fit_rel_rmse"]
+    fit = f"{fit['median']:.3f} [{fit['min']:.3f}-{fit['max']:.3f}]" if isinstance(fit, dict) else f"{fit:.3f}"
+    when = "in each round, before its engines" if p.get("per_round") else "once, in this run"
+    return (f"The profile was measured by `braid profile` {when} (each point the median of "
+            f"{p.get('repeats', 1)} interleaved measurements; fit relative RMSE {fit}).")
 
 
 def _c(s: dict, fmt: str = "{:.0f}") -> str:
@@ -154,21 +168,32 @@ def worker(ns: argparse.Namespace) -> dict:
     try:
         first = wl["traces"][TRACES[0]]
         engine_round(engine, wl["prompts"], first, "warmup")
-        return {trace: engine_round(engine, wl["prompts"], wl["traces"][trace], trace) for trace in TRACES}
+        runs: dict[str, list[dict]] = {trace: [] for trace in TRACES}
+        for k in range(ns.repeats):  # the traces in turn, so a slow minute falls on both
+            for trace in TRACES:
+                runs[trace].append(engine_round(engine, wl["prompts"], wl["traces"][trace], f"{trace}-{k}"))
+        return {trace: median_run(got) for trace, got in runs.items()}
     finally:
         engine.close()
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median time (its tokens/s with it), every repeat's time beside it."""
+    ordered = sorted(runs, key=lambda r: r["last_sample_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "repeats_s": [r["last_sample_s"] for r in runs],
+            "lengths_ok": all(r["lengths_ok"] for r in runs)}
 
 
 # ---------------------------------------------------------------- orchestration
 def run_worker(engine: str, ns: argparse.Namespace, model: str, workload: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", engine, "--model", model,
-           "--workload", workload, "--cpu", str(ns.cpu)]
+           "--workload", workload, "--cpu", str(ns.cpu), "--repeats", str(ns.repeats)]
     return run_marked(cmd, ns.cpu, MARK, engine)
 
 
-def measure_profile(ns: argparse.Namespace, tmp: Path, model: str) -> dict:
+def measure_profile(ns: argparse.Namespace, tmp: Path, model: str, name: str = "profile") -> dict:
     """``braid profile`` on the pinned CPU with vLLM, as a subprocess; the profile's path and fit."""
-    out = tmp / "profile.json"
+    out = tmp / f"{name}.json"
     cmd = [sys.executable, "-m", "flows.cli", "profile", "--config", str(CONFIG), "--model", model, "--out", str(out),
            "--hardware", f"cpu-local-core{ns.cpu}", "--repeats", str(ns.profile_repeats),
            *(["--quick"] if ns.quick_profile else [])]
@@ -210,30 +235,35 @@ def bench(ns: argparse.Namespace) -> dict:
     samples = [machine_load()]
     with tempfile.TemporaryDirectory(prefix="braid-emulation-bench-") as tmp:
         model, workload, summary = build_workload(ns, Path(tmp))
-        profile = measure_profile(ns, Path(tmp), model)
-        workload["profile"] = profile["path"]
-        (Path(tmp) / "workload.json").write_text(json.dumps(workload))
         rounds: list[dict] = []
+        profiles: list[dict] = []
         for r in range(ns.rounds):
+            samples.append({"before": f"round {r} profile", **machine_load()})
+            profiles.append(measure_profile(ns, Path(tmp), model, f"profile-{r}"))
+            workload["profile"] = profiles[-1]["path"]
+            (Path(tmp) / f"workload-{r}.json").write_text(json.dumps(workload))
             got: dict[str, dict] = {}
             for e in rotation(ENGINES, r):
                 samples.append({"before": f"round {r} {e}", **machine_load()})
-                got[e] = run_worker(e, ns, model, str(Path(tmp) / "workload.json"))
+                got[e] = run_worker(e, ns, model, str(Path(tmp) / f"workload-{r}.json"))
                 cells = (f"{t} {got[e][t]['tokens_per_s']:.0f} tok/s {got[e][t]['last_sample_s']:.2f} s"
                          for t in TRACES)
                 print(f"round {r} {e}: " + ", ".join(cells), flush=True)
             rounds.append(got)
     samples.append(machine_load())
-    record = {k: v for k, v in summary.items() if k != "lengths"} | {"rounds": ns.rounds}
+    record = {k: v for k, v in summary.items() if k != "lengths"} | {"rounds": ns.rounds, "repeats": ns.repeats}
+    profile = {"per_round": True, "repeats": ns.profile_repeats, "quick": ns.quick_profile,
+               "fit_rel_rmse": spread([p["fit_rel_rmse"] for p in profiles]), "rounds": profiles}
     return {"provenance": provenance(Path(__file__), record, CONFIG, ",".join(ENGINES)), "rounds": ns.rounds,
-            "workload": summary, "profile": profile, "traces": summarise(rounds), "raw": rounds,
+            "repeats": ns.repeats, "workload": summary, "profile": profile, "traces": summarise(rounds), "raw": rounds,
             "load_samples": samples, "shared": any(x["pytest_processes"] for x in samples),
             "labels": "EMULATED figures are predictions of the measured profile, never measurements"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = RecordParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3, help="each trace this many times a round and engine (median)")
     ap.add_argument("--n", type=int, default=64, help="requests a trace, submitted at once")
     ap.add_argument("--cap", type=int, default=256, help="longest forced length")
     ap.add_argument("--seed", type=int, default=0)
@@ -258,9 +288,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     if ns.quick:
-        ns.rounds, ns.n, ns.quick_profile, ns.profile_repeats = 1, 32, True, 1
+        ns.rounds, ns.n, ns.quick_profile, ns.profile_repeats, ns.repeats = 1, 32, True, 1, 1
     result = bench(ns)
-    print(write_results(results_dir(ns.out, ns.quick), "emulation", result, markdown))
+    out = of_record_or_scratch(results_dir(ns.out, ns.quick), result)
+    old = json.loads((out / "emulation.json").read_text()) if (out / "emulation.json").is_file() else {}
+    result |= {k: old[k] for k in OTHER_BENCHES if k in old}
+    print(write_results(out, "emulation", result, markdown))
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.emulation import ENGINES, TARGET_ERROR, TRACES, errors, markdown, summarise, verdict
+from bench.emulation import ENGINES, TARGET_ERROR, TRACES, errors, markdown, median_run, summarise, verdict
 
 
 def test_errors_pair_the_rounds_and_keep_each():
@@ -43,3 +43,19 @@ def test_the_summary_keeps_measured_and_emulated_apart_and_the_table_says_which_
               "rounds": 3, "profile": {"fit_rel_rmse": 0.02}, "traces": summarise([_round(1.2)] * 3)}
     text = markdown(result)
     assert "EMULATED" in text and "**missed**" in text and "+20.0%" in text
+
+
+def test_a_round_takes_the_median_repeat_and_the_table_says_the_profile_was_measured_each_round():
+    runs = [{"last_sample_s": t, "tokens_per_s": 100 / t, "lengths_ok": ok} for t, ok in ((2.0, True), (1.0, True),
+                                                                                          (3.0, False))]
+    got = median_run(runs)
+    assert got["last_sample_s"] == 2.0 and got["tokens_per_s"] == 50.0 and got["repeats_s"] == [2.0, 1.0, 3.0]
+    assert not got["lengths_ok"]  # one repeat with a wrong length spoils the round
+    result = {"provenance": {"commit": "0" * 40, "dirty": False, "config_hash": "h", "date": "d", "command": "c",
+                             "versions": {}, "machine": {"cpu": "cpu", "cores": 2, "mem_gb": 8.0}},
+              "workload": {"n": 64, "cap": 256, "cpu": 1, "mean_length": dict.fromkeys(TRACES, 50.0)},
+              "rounds": 5, "repeats": 3, "traces": summarise([_round(1.01)] * 5),
+              "profile": {"per_round": True, "repeats": 3,
+                          "fit_rel_rmse": {"median": 0.05, "min": 0.04, "max": 0.08, "n": 5}}}
+    text = markdown(result)
+    assert "in each round, before its engines" in text and "0.050 [0.040-0.080]" in text and "median of 3 runs" in text

@@ -46,3 +46,22 @@ def test_one_pass_is_the_single_measurement_and_zero_is_refused():
     assert engine.tags == ["m0-r0"] and m.seconds >= 0
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         measure_grid(engine, [(4, 8, 16)], repeats=0)
+
+
+def test_the_fit_keeps_each_batchs_own_latency_out_of_the_step_cost():
+    """A batch's submission and the poll that sees it end cost once per measurement: fitted apart
+    (``per_batch``), they no longer inflate every step (short batches made the step 30% dearer here)."""
+    from allocator.profiler import DEFAULT_BATCHES, DEFAULT_LENGTHS, Measurement, fit_step_cost
+
+    k4, k3, per_seq, per_batch = 0.008, 0.0002, 0.0007, 0.012
+
+    def seconds(bs: int, n: int) -> float:
+        return n * (max(k3, k3 * bs) + k4) + per_seq * bs + per_batch
+
+    ms = [Measurement(bs, 8, n, seconds(bs, n)) for n in DEFAULT_LENGTHS for bs in DEFAULT_BATCHES]
+    coef, err = fit_step_cost(ms)
+    assert err < 1e-3
+    assert coef["per_batch"] == pytest.approx(per_batch, rel=0.02)
+    assert coef["k4"] == pytest.approx(k4, rel=0.02)
+    # the prompts are all 8 tokens long: what a sequence costs is shared between its two terms
+    assert coef["prefill_per_token"] * 8 + coef["per_sequence"] == pytest.approx(per_seq, rel=0.05)

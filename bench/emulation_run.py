@@ -15,9 +15,11 @@ real round measured and nothing else:
 - ``reward.kind: emulated`` at the real round's mean reward.
 
 Compared (declared before the run): a round's steady iterations (the first left out) of each run,
-``iteration_time_s``, ``gen_time_s`` and ``train_time_s`` (means) and trained samples per second
-(trained samples / the iterations' time); per round the error emulated / real - 1, and the median
-over ``--rounds`` (>= 3) rounds with the spread. Reported beside the fidelity targets, with **no
+``iteration_time_s``, ``gen_time_s`` and ``train_time_s`` (means) and samples per second (the
+samples the iterations consumed / their time); per round the error emulated / real - 1, and the
+median over ``--rounds`` (>= 3) rounds with the spread. Beside them each side's trained fraction:
+the real reward is correlated within a prompt's group (a group whose rewards are all equal is not
+trained), the emulated rate is drawn per sample, so the emulated learner trains more of each batch. Reported beside the fidelity targets, with **no
 target of its own**: the emulation gives each instance and the learner a device of its own (as on
 GPUs) while the real run's instances, learner, reward and orchestrator share this machine's cores,
 so the emulation is expected to run faster by about the contention the real run's ``process_cpu``
@@ -67,7 +69,8 @@ def steady(rows: list[dict]) -> dict:
     if not rows:
         raise ValueError("a run needs at least 2 iterations: the first is left out")
     out = {m: statistics.fmean(r[m] for r in rows) for m in METRICS[:3]}
-    out["samples_per_s"] = sum(r["trained_samples"] for r in rows) / sum(r["iteration_time_s"] for r in rows)
+    out["samples_per_s"] = sum(r["samples"] for r in rows) / sum(r["iteration_time_s"] for r in rows)
+    out["trained_fraction"] = sum(r["trained_samples"] for r in rows) / sum(r["samples"] for r in rows)
     out["iterations"] = len(rows)
     return out
 
@@ -105,6 +108,10 @@ def markdown(res: dict) -> str:
         e = c["error"]
         lines.append(f"| {m} | {_c(c['measured_real'])} | {_c(c['EMULATED'])} | {e['median']:+.1%} "
                      f"[{e['min']:+.1%}, {e['max']:+.1%}] |")
+    frac = {side: statistics.median(r[side]["steady"].get("trained_fraction", 1.0) for r in res["rounds_detail"])
+            for side in ("real", "emulated")}
+    lines += ["", f"Trained fraction of each batch (median over rounds): real {frac['real']:.2f}, EMULATED "
+              f"{frac['emulated']:.2f} (a group whose rewards are all equal is not trained)."]
     busy = [r["real"]["cores_busy"] for r in res["rounds_detail"] if r["real"].get("cores_busy") is not None]
     if busy:
         lines += ["", f"The real runs' processes kept {statistics.median(busy):.2f} of {res['cores']} cores busy "

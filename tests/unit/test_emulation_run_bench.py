@@ -10,14 +10,15 @@ from bench.emulation_run import CONFIG, METRICS, base_overrides, compare, emulat
 
 
 def _rows(it: float, gen: float, train: float, n: int = 4) -> list[dict]:
-    first = {"iteration_time_s": 99.0, "gen_time_s": 99.0, "train_time_s": 99.0, "trained_samples": 1}
-    return [first] + [{"iteration_time_s": it, "gen_time_s": gen, "train_time_s": train, "trained_samples": 256}] * n
+    first = {"iteration_time_s": 99.0, "gen_time_s": 99.0, "train_time_s": 99.0, "samples": 1, "trained_samples": 1}
+    return [first] + [{"iteration_time_s": it, "gen_time_s": gen, "train_time_s": train, "samples": 256,
+                       "trained_samples": 192}] * n
 
 
 def test_steady_leaves_the_first_iteration_out_and_counts_samples_over_the_iterations_time():
     got = steady(_rows(2.0, 1.5, 0.5))
     assert got["iteration_time_s"] == 2.0 and got["train_time_s"] == 0.5 and got["iterations"] == 4
-    assert got["samples_per_s"] == pytest.approx(128.0)
+    assert got["samples_per_s"] == pytest.approx(128.0) and got["trained_fraction"] == 0.75
     with pytest.raises(ValueError, match="at least 2"):
         steady(_rows(1, 1, 1, n=0))
 

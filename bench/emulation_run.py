@@ -19,12 +19,13 @@ Compared (declared before the run): a round's steady iterations (the first left 
 samples the iterations consumed / their time); per round the error emulated / real - 1, and the
 median over ``--rounds`` (>= 3) rounds with the spread. Beside them each side's trained fraction:
 the real reward is correlated within a prompt's group (a group whose rewards are all equal is not
-trained), the emulated rate is drawn per sample, so the emulated learner trains more of each batch. Reported beside the fidelity targets, with **no
-target of its own**: the emulation gives each instance and the learner a device of its own (as on
-GPUs) while the real run's instances, learner, reward and orchestrator share this machine's cores,
-so the emulation is expected to run faster by about the contention the real run's ``process_cpu``
-shows (kept beside each round). Each round runs real first, then its emulation (the emulation
-replays the real round's lengths and reward, so the order cannot rotate).
+trained), the emulated rate is drawn per sample, so the emulated learner trains more of each batch.
+Reported beside the fidelity targets, with **no target of its own**: the emulation gives each
+instance and the learner a device of its own (as on GPUs) while the real run's instances, learner,
+reward and orchestrator share this machine's cores, so the emulation is expected to run faster by
+about the contention the real run's ``process_cpu`` shows (kept beside each round). Each round runs
+real first, then its emulation (the emulation replays the real round's lengths and reward, so the
+order cannot rotate).
 
 EMULATED: the emulated run's times are the profiles' predictions, never measurements.
 

@@ -345,8 +345,11 @@ class ScaleoutConfig(StrictModel):
         False,
         description="Run the scale-out controller: add/remove SGS instances as delta = T_gen - T_train moves.",
     )
-    min_instances: int = Field(1, ge=1, le=64, description="Never scale in below this many SGS instances.")
-    max_instances: int = Field(4, ge=1, le=64, description="Never scale out beyond this many SGS instances.")
+    min_instances: int = Field(1, ge=1, le=1024, description="Never scale in below this many SGS instances.")
+    max_instances: int = Field(
+        4, ge=1, le=1024,
+        description="Never scale out beyond this many SGS instances (more than 64 only on the emulated engine).",
+    )
     window: int = Field(
         2, ge=1, le=1000,
         description="Iterations averaged (at the current instance count) before a decision.",
@@ -495,6 +498,9 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _scaleout_fits(self) -> RunConfig:
         so = self.scaleout
+        if so.enabled and so.max_instances > MAX_REAL_INSTANCES and self.generation.engine != "emulated":
+            raise ValueError(f"scaleout.max_instances {so.max_instances}: more than {MAX_REAL_INSTANCES} instances run "
+                             "on the emulated engine only (an emulated fleet)")
         if so.enabled and not so.min_instances <= self.generation.instances <= so.max_instances:
             raise ValueError(
                 f"generation.instances ({self.generation.instances}) must lie in "

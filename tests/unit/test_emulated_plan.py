@@ -65,3 +65,12 @@ def test_only_an_emulated_run_is_planned_and_a_plan_without_emulation_is_refused
         emulated_overrides(old, 32)
     with pytest.raises(ConfigError, match="no such cluster file"):
         plan_for_run(load_config(EMULATED), "nope.yaml")
+
+
+def test_more_than_64_instances_and_a_scale_out_past_64_are_an_emulated_fleets_only():
+    big = ["scaleout.enabled=true", "scaleout.min_instances=32", "scaleout.max_instances=256"]
+    assert load_config(EMULATED, big).scaleout.max_instances == 256
+    with pytest.raises(ConfigError, match=r"scaleout\.max_instances 256: more than 64 instances run on the emulated"):
+        load_config(ROOT / "deploy/configs/default.yaml", [*big, "generation.instances=32"])
+    with pytest.raises(ConfigError, match=r"generation\.instances 65: more than 64"):
+        load_config(ROOT / "deploy/configs/default.yaml", ["generation.instances=65"])

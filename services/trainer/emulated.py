@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from services.common.emulation_config import TrainerEmulationConfig
 from services.common.weights import TensorSpec, WeightStream, dtype_name
-from services.trainer.learner import Group, StepStats
+from services.trainer.algorithms import ObjectiveParams, get_algorithm
+from services.trainer.learner import Group, StepStats, group_fate
 
 if TYPE_CHECKING:
     from allocator.memory import ParallelConfig
@@ -167,6 +168,11 @@ class EmulatedLearner:
         self.policy = policy
         self.model = policy.model  # what evaluation and the final checkpoint read: the run's own, unchanged
         self.time_model = build_time_model(cfg, model_dir)
+        tc = cfg.trainer
+        # which groups a real learner would train: the same rule (no KL reference: kl_coef 0)
+        self._algo, self._objective = tc.algorithm, get_algorithm(tc.algorithm.name)
+        self._params = ObjectiveParams.from_config(tc)
+        self._skip_zero = tc.skip_zero_advantage_groups and tc.kl_coef == 0
         emu = cfg.generation.emulation
         self.time_scale = emu.time_scale if emu is not None else 1.0
         self._sleep = sleep
@@ -181,7 +187,7 @@ class EmulatedLearner:
 
     def backward(self, groups: list[Group]) -> None:
         t0 = time.time()
-        lengths = [len(s.prompt_token_ids) + len(s.token_ids) for g in groups for s in g.samples]
+        lengths = [len(s.prompt_token_ids) + len(s.token_ids) for g in self._trained(groups) for s in g.samples]
         seconds = self.time_model.backward_s(lengths)
         self._wait(seconds)
         cur = self.current
@@ -192,6 +198,19 @@ class EmulatedLearner:
         self.stats.trained_samples += len(lengths)
         self.stats.micro_batches += 1 if lengths else 0
         self.stats.busy.append((t0, time.time()))
+
+    def _trained(self, groups: list[Group]) -> list[Group]:
+        """The groups the real learner would compute (``group_fate``), the others counted as it counts them."""
+        kept = []
+        for group in groups:
+            fate, _ = group_fate(group, self._algo, self._objective, self._params, self._skip_zero)
+            if fate == "filtered":
+                self.stats.filtered_groups += 1
+            elif fate == "zero":
+                self.stats.zero_adv_groups += 1
+            else:
+                kept.append(group)
+        return kept
 
     def step(self) -> float:
         """Wait out the step's own terms; the gradient norm of an emulated step is 0 (nothing trains)."""

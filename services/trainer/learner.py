@@ -67,6 +67,20 @@ class StepStats:
     busy: list[tuple[float, float]] = field(default_factory=list)
 
 
+def group_fate(group: Group, algo, objective, params: ObjectiveParams, skip_zero: bool) -> tuple[str, list[float]]:
+    """What a learner does with a complete group: ``filtered`` (DAPO's dynamic sampling: its rewards
+    are all equal), ``zero`` (an all-zero advantage with ``skip_zero``, i.e.
+    ``trainer.skip_zero_advantage_groups`` and no KL term: no gradient, no compute) or ``train`` with
+    its per-sample signal. The real learner and the emulated one (``services.trainer.emulated``)
+    both ask it, so an EMULATED step prices the groups a real one would train."""
+    if algo.dynamic_sampling and not dapo_keep_group(group.rewards):
+        return "filtered", []
+    signal = objective.group_signal(torch.tensor(group.rewards, dtype=torch.float32), params)
+    if skip_zero and objective.signal_is_advantage and bool((signal == 0).all()):
+        return "zero", []
+    return "train", signal.tolist()
+
+
 class Learner:
     """``parallel``: this rank of a data-parallel trainer (``services.trainer.parallel``; the process
     group is up): the model is sharded over the ranks, and each call is made by every rank on its
@@ -122,16 +136,16 @@ class Learner:
         t0 = time.time()
         chosen: list[tuple[SampleRecord, float]] = []
         for group in groups:
-            if self.algo.dynamic_sampling and not dapo_keep_group(group.rewards):
+            fate, signal = group_fate(group, self.algo, self.objective, self.params,
+                                      self.skip_zero_adv and self.ref is None)
+            if fate == "filtered":
                 self.stats.filtered_groups += 1
                 continue
             self._normaliser += self._weight(group.samples)
-            signal = self.objective.group_signal(torch.tensor(group.rewards, dtype=torch.float32), self.params)
-            if (self.skip_zero_adv and self.objective.signal_is_advantage and self.ref is None
-                    and bool((signal == 0).all())):
+            if fate == "zero":
                 self.stats.zero_adv_groups += 1  # no gradient without a KL term: skip the compute
                 continue
-            chosen.extend(zip(group.samples, signal.tolist(), strict=True))
+            chosen.extend(zip(group.samples, signal, strict=True))
         lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s, _ in chosen]
         buckets = length_buckets(lengths, self.cfg.trainer.micro_batch_tokens)
         # data parallel: every rank makes as many passes as the busiest (agreed before any pass)

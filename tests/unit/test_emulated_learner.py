@@ -34,14 +34,17 @@ def _learner(overrides: list[str] | None = None) -> tuple[EmulatedLearner, list[
 def test_backward_and_step_wait_out_the_allocators_prediction_at_the_time_scale():
     learner, slept = _learner()
     tm, scale = learner.time_model, learner.time_scale
-    groups = [Group([_sample(12, n) for n in (100, 400, 900)], [1.0, 0.0, 1.0]), Group([_sample(12, 50)], [0.0])]
+    # the second group's rewards are all equal: no advantage, no KL term, so the real learner skips it
+    groups = [Group([_sample(12, n) for n in (100, 400, 900)], [1.0, 0.0, 1.0]),
+              Group([_sample(12, 50), _sample(12, 70)], [0.0, 0.0])]
     learner.begin()
     learner.backward(groups)
     learner.backward([])
     assert learner.step() == 0.0
-    lengths = [112, 412, 912, 62]
+    lengths = [112, 412, 912]
     assert slept == pytest.approx([tm.backward_s(lengths) * scale, tm.step_s() * scale])
-    assert learner.stats.trained_samples == 4 and learner.stats.micro_batches == 1
+    assert learner.stats.trained_samples == 3 and learner.stats.micro_batches == 1
+    assert learner.stats.zero_adv_groups == 1
     (step,) = learner.modelled
     assert step.to_json()["predicted_s"] == pytest.approx(tm.backward_s(lengths) + tm.step_s())
     assert step.tokens == sum(lengths) and step.calls == 2
@@ -101,3 +104,16 @@ def test_the_emulated_reward_follows_its_rate_and_is_a_function_of_the_sample():
         EmulatedReward(0.3).score(_request(1, task="nope"))
     with pytest.raises(ValueError, match="probability"):
         EmulatedReward(1.5)
+
+
+def test_the_emulated_learner_prices_the_groups_the_real_one_trains():
+    """The same rule as the real learner (``group_fate``): with a KL term every group is trained;
+    with DAPO's dynamic sampling an all-equal group is filtered before anything else."""
+    equal = [Group([_sample(12, 40), _sample(12, 60)], [1.0, 1.0])]
+    for overrides, trained, zero, filtered in (([], 0, 1, 0), (["trainer.kl_coef=0.01"], 2, 0, 0),
+                                               (["trainer.algorithm.dynamic_sampling=true"], 0, 0, 1)):
+        learner, slept = _learner(overrides)
+        learner.begin()
+        learner.backward(equal)
+        st = learner.stats
+        assert (st.trained_samples, st.zero_adv_groups, st.filtered_groups) == (trained, zero, filtered), overrides

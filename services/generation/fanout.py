@@ -17,7 +17,8 @@ left ``members()`` while the version was on its way (drained, then stopped) is n
 ``bring_up(client)`` gives a joining instance the newest version the router has forwarded (the
 ``pull`` version from its relay, or a replay of the last ``push`` stream, which the router then
 keeps in memory: ``keep_last``) under the same lock as ``push``/``pull``, so no version slips
-between its bring-up and its first fan-out.
+between its bring-up and its first fan-out. ``on_staged(clients, version)`` hears of every
+version that reached all its members (the router takes a lost instance back then).
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ class FanoutError(RuntimeError):
 class WeightFanout:
     def __init__(
         self, clients: list[GenerationClient] | Callable[[], list[GenerationClient]], timeout_s: float = 600,
-        *, keep_last: bool = False,
+        *, keep_last: bool = False, on_staged: Callable[[list[GenerationClient], int], None] | None = None,
     ) -> None:
         self.members = clients if callable(clients) else (lambda: clients)
+        self.on_staged = on_staged
         self.timeout_s = timeout_s
         self.keep_last = keep_last
         self.lock = threading.Lock()  # one version at a time; bring-ups wait for it
@@ -66,15 +68,16 @@ class WeightFanout:
             acks = self._push(_recording(chunks, kept))
             if kept is not None:
                 self.last_push, self.last_pull = kept, None
+            self._staged(acks)
             return acks
 
-    def bring_up(self, client: GenerationClient, wait_s: float, join: Callable[[], None]) -> int:
-        """Give a joining instance the newest version forwarded so far, then ``join()`` it (still
-        under the lock: the next version includes it); return that version (0: none was forwarded
-        yet, it serves the checkpoint it started from). Raises ``FanoutError``."""
+    def bring_up(self, client: GenerationClient, wait_s: float, join: Callable[[int], None]) -> int:
+        """Give a joining instance the newest version forwarded so far, then ``join(version)`` it
+        (still under the lock: the next version includes it); return that version (0: none was
+        forwarded yet, it serves the checkpoint it started from). Raises ``FanoutError``."""
         with self.lock:
             version = self._catch_up(client, wait_s)
-            join()
+            join(version)
             return version
 
     def _catch_up(self, client: GenerationClient, wait_s: float) -> int:
@@ -134,7 +137,13 @@ class WeightFanout:
             self.clients = self.members()
             acks = self._pull(version, wait_s)
             self.last_pull, self.last_push = min(a.version for a in acks), None
+            self._staged(acks)
             return acks
+
+    def _staged(self, acks: list[pb.UpdateAck]) -> None:
+        """Every member still a member acknowledged (a failure raised before this): tell ``on_staged``."""
+        if self.on_staged is not None and acks:
+            self.on_staged(self.clients, min(a.version for a in acks))
 
     def _pull(self, version: int, wait_s: float) -> list[pb.UpdateAck]:
 

@@ -2,20 +2,21 @@
 
 Same contract and status codes as an instance (``server.py``): INVALID_ARGUMENT for malformed
 requests (validated here, before anything is dispatched), RESOURCE_EXHAUSTED for oversized
-messages (transport), FAILED_PRECONDITION for a prompt whose task has no open instance in its
+messages (transport), FAILED_PRECONDITION for a prompt whose task has no instance routed to in its
 pool (``generation.affinity``, docs/affinity.md; nothing is dispatched), and an instance's own
-status when it fails or refuses (e.g. UNAVAILABLE when an instance is down, FAILED_PRECONDITION /
-DATA_LOSS for a refused weight version), with the instance named in the message. Weight
-versions reach the instances through ``fanout.WeightFanout``: ``UpdateWeights`` streams them
-through the router (direct transport), ``PullWeights`` tells each instance to pull from its own
-relay (relay transport).
+status when it fails or refuses (e.g. UNAVAILABLE when an instance is down, or when every instance
+that may run a request is lost; FAILED_PRECONDITION / DATA_LOSS for a refused weight version),
+with the instance named in the message. Weight versions reach the instances through
+``fanout.WeightFanout``: ``UpdateWeights`` streams them through the router (direct transport),
+``PullWeights`` tells each instance to pull from its own relay (relay transport); a version that
+reached a lost instance makes it live again.
 
 ``AddInstance`` / ``RemoveInstance`` change the instance set at run time (dynamic DP
 scale-out, docs/scaleout.md): INVALID_ARGUMENT for a malformed address or wait, ALREADY_EXISTS
-for an instance already routed to, UNAVAILABLE when the new instance does not answer,
-NOT_FOUND for an unknown one, FAILED_PRECONDITION for removing the last instance (or the last
-of a pool that ``generation.affinity`` routes tasks to), DEADLINE_EXCEEDED when a removed
-instance's in-flight work outlasts the wait.
+for an instance already routed to (or joining, or still leaving), UNAVAILABLE when the new
+instance does not answer, NOT_FOUND for an unknown one, FAILED_PRECONDITION for removing the last
+instance (or the last of a pool that ``generation.affinity`` routes tasks to), DEADLINE_EXCEEDED
+when a removed instance's in-flight work outlasts the wait (it keeps draining; a retry waits again).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from services.common.config import GenerationConfig
 from services.generation import convert
 from services.generation.client import GenerationClient
 from services.generation.fanout import FanoutError, WeightFanout
-from services.generation.router import InstanceFailed, MembershipError, RouterCore
+from services.generation.router import InstanceFailed, RouterCore
+from services.generation.router_members import MembershipError
 from services.generation.scheduling.pools import AffinityError
 from services.generation.server import MAX_WAIT_S, RequestError, pull_problem, validate_request
 from services.proto import braid_pb2 as pb
@@ -50,7 +52,9 @@ class RouterServicer(pb_grpc.GenerationServicer):
         self.max_positions = max_positions
         self.drain_timeout_s = drain_timeout_s
         # keep_weights: the last pushed version stays in memory for instances that join later
-        self.fanout = WeightFanout(core.weight_clients, keep_last=keep_weights)
+        # the router takes a lost instance back once a version reached it (on_staged)
+        self.fanout = WeightFanout(core.members.weight_clients, keep_last=keep_weights,
+                                   on_staged=core.members.staged)
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)
@@ -62,6 +66,8 @@ class RouterServicer(pb_grpc.GenerationServicer):
             call = self.core.start(prompts, params)
         except AffinityError as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except InstanceFailed as err:  # every instance that may run it is lost
+            context.abort(err.code, str(err))
         context.add_callback(call.cancel)
         try:
             for sample in self.core.results(call, context.is_active):
@@ -95,7 +101,7 @@ class RouterServicer(pb_grpc.GenerationServicer):
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         try:
-            return convert.health_to_pb(self.core.health())
+            return convert.health_to_pb(self.core.members.health())
         except grpc.RpcError as err:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"an instance did not answer Health: {err.details()}")
 
@@ -118,23 +124,24 @@ class RouterServicer(pb_grpc.GenerationServicer):
             client.close()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.address} is an SGS router, not an instance")
         try:
-            version = self.core.add_instance(client, lambda c, join: self.fanout.bring_up(c, wait_s, join))
+            version = self.core.members.add_instance(client, lambda c, join: self.fanout.bring_up(c, wait_s, join))
         except (MembershipError, FanoutError) as err:
             client.close()
             context.abort(err.code, f"cannot add {request.address}: {err}")
-        log.info("instance %s added at weight version %d; %d instances", request.address, version,
-                 len(self.core.slots()))
-        return pb.InstanceReply(instances=self.core.addresses(), weight_version=version)
+        instances = self.core.members.addresses()
+        log.info("instance %s added at weight version %d; %d instances", request.address, version, len(instances))
+        return pb.InstanceReply(instances=instances, weight_version=version)
 
     def RemoveInstance(self, request: pb.InstanceRequest, context: grpc.ServicerContext) -> pb.InstanceReply:
         wait_s = _checked(request, context, default_wait_s=self.drain_timeout_s)
         try:
-            drained = self.core.remove_instance(request.address, wait_s)
+            drained = self.core.members.remove_instance(request.address, wait_s)
         except MembershipError as err:
             context.abort(err.code, f"cannot remove {request.address}: {err}")
+        instances = self.core.members.addresses()
         log.info("instance %s removed after finishing %d sequences; %d instances", request.address, drained,
-                 len(self.core.slots()))
-        return pb.InstanceReply(instances=self.core.addresses(), drained=drained)
+                 len(instances))
+        return pb.InstanceReply(instances=instances, drained=drained)
 
 
 

@@ -276,12 +276,16 @@ def test_a_task_without_a_pool_is_refused_and_a_pool_keeps_its_last_instance(poo
     assert [s.prompt_id for s in client.generate(mixed[:1], GenerateParams())] == ["ok"]  # still serving
 
 
-def test_lost_instance_is_reported_as_unavailable(stack):
-    client, instances, _ = stack
+def test_lost_instance_is_reported_as_unavailable_and_takes_no_more_work(stack):
+    client, instances, timeline = stack
     stop_sgs(instances[0])
     with pytest.raises(grpc.RpcError) as err:
         list(client.generate(_prompts([3] * 4), GenerateParams(samples_per_prompt=2)))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "instance" in err.value.details()
+    # the router marked it lost on its table: the next request runs on the instance left
+    samples = list(client.generate(_prompts([3] * 4), GenerateParams(samples_per_prompt=2)))
+    assert len(samples) == 8
+    assert [json.loads(x) for x in timeline.read_text().splitlines() if '"dispatch"' in x][-1]["per_instance"] == [0, 8]
 
 
 @pytest.mark.parametrize("mode, policy, transport", [

@@ -12,7 +12,8 @@ import pytest
 
 from services.common.config import load_config
 from services.generation.fanout import FanoutError, WeightFanout
-from services.generation.router import MembershipError, RouterCore, _Seq
+from services.generation.router import RouterCore
+from services.generation.router_members import MembershipError
 from services.proto import braid_pb2 as pb
 from tests.conftest import ROOT
 
@@ -45,18 +46,22 @@ def _core(*addresses: str) -> RouterCore:
 
 def test_a_draining_instance_still_gets_new_versions_until_it_is_drained():
     core = _core("a:1", "b:2")
-    core._outstanding[1] = 1  # b holds one sequence (e.g. waiting for the next version)
+    members = core.members
+    held = core.fleet.reserve(1, 1, over=True)  # b holds one sequence (e.g. waiting for the next version)
     with pytest.raises(MembershipError) as err:
-        core.remove_instance("b:2", timeout_s=0.01)
+        members.remove_instance("b:2", timeout_s=0.01)
     assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert [c.address for c in core.active_clients()] == ["a:1"]  # no new work for b
-    assert [c.address for c in core.weight_clients()] == ["a:1", "b:2"]  # but the next version, yes
-    fanout = WeightFanout(core.weight_clients)
+    assert members.addresses() == ["a:1"] and core.fleet.live() == [0]  # no new work for b
+    assert [c.address for c in members.weight_clients()] == ["a:1", "b:2"]  # but the next version, yes
+    fanout = WeightFanout(members.weight_clients, on_staged=members.staged)
     assert [a.version for a in fanout.pull(5, wait_s=1.0)] == [5, 5]
-    core._finished(1, _Seq("w", None, 0, None))  # its last sequence came back
-    assert [c.address for c in core.weight_clients()] == ["a:1"]
+    assert [r.staged for r in core.fleet.snapshot().rows] == [5, 5]
+    core.fleet.release(held)  # its last sequence came back
+    assert [c.address for c in members.weight_clients()] == ["a:1"]
     fanout.pull(6, wait_s=1.0)
     assert core.clients[1].pulled == [5]
+    assert members.remove_instance("b:2", timeout_s=0.01) == 0  # the removal, retried, finishes
+    assert [r.state for r in core.fleet.snapshot().rows] == ["live", "removed"]
 
 
 def test_an_instance_that_left_while_the_version_was_on_its_way_does_not_fail_it():

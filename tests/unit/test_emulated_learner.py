@@ -112,7 +112,7 @@ def test_the_emulated_learner_prices_the_groups_the_real_one_trains():
     equal = [Group([_sample(12, 40), _sample(12, 60)], [1.0, 1.0])]
     for overrides, trained, zero, filtered in (([], 0, 1, 0), (["trainer.kl_coef=0.01"], 2, 0, 0),
                                                (["trainer.algorithm.dynamic_sampling=true"], 0, 0, 1)):
-        learner, slept = _learner(overrides)
+        learner, _ = _learner(overrides)
         learner.begin()
         learner.backward(equal)
         st = learner.stats

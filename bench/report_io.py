@@ -56,6 +56,11 @@ def commit_status() -> tuple[str, str]:
     return git("rev-parse", "HEAD") or "unknown", "unknown" if status is None else status
 
 
+# The commit a benchmark's run started on (``RecordParser.parse_args``). A commit made while it runs
+# changes code its later processes import: ``provenance`` then marks the result dirty (never of record).
+STARTED_ON: dict[str, str] = {}
+
+
 class RecordParser(argparse.ArgumentParser):
     """A benchmark's command line, plus ``--allow-dirty``. A run of record (no ``--quick``, no other
     ``--out``) refuses to start on a dirty tree: it must measure a commit (``bench/record.py``).
@@ -71,7 +76,8 @@ class RecordParser(argparse.ArgumentParser):
         dest = next((d for d in ("out", "out_dir") if hasattr(ns, d)), None)
         chosen = getattr(ns, dest) if dest else None
         of_record = not getattr(ns, "quick", False) and (not chosen or Path(chosen).resolve() == RESULTS)
-        _, status = commit_status()
+        commit, status = commit_status()
+        STARTED_ON["commit"] = commit  # ``provenance`` checks the run still measures it
         if of_record and status:
             paths = "git cannot tell" if status == "unknown" else f"{len(status.splitlines())} paths differ"
             if not ns.allow_dirty:
@@ -91,9 +97,11 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
     mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
                   if ln.startswith("MemTotal"))
     commit, status = commit_status()
+    started = STARTED_ON.get("commit", commit)
     source = os.environ.get("BRAID_SOURCE_COMMIT")
     rel = str(script.resolve().relative_to(ROOT))
-    return {"commit": commit, "dirty": bool(status), "engine": engine, "script": rel,
+    moved = {"commit_at_end": commit} if started != commit else {}  # a commit landed during the run
+    return {"commit": started, "dirty": bool(status) or bool(moved), **moved, "engine": engine, "script": rel,
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
             # the measured path's git ids at this commit (bench/record.py): what makes the result stale later
             "code": code_ids(measured_paths(rel)) if not source else None,

@@ -225,3 +225,18 @@ def test_results_other_benchmarks_wrote_do_not_make_the_tree_dirty(monkeypatch):
     assert report_io.commit_status() == ("abc", "")
     status = "M bench/results/chaos.json\n M services/rollout/publisher.py"
     assert report_io.commit_status() == ("abc", " M services/rollout/publisher.py")
+
+
+def test_a_commit_made_during_a_run_makes_its_result_dirty(monkeypatch, tmp_path):
+    """The run started on one commit and HEAD moved before it wrote its result: its later processes may
+    have imported the new code, so it is measured on neither commit (dirty: scratch, never of record)."""
+    monkeypatch.setattr(report_io, "STARTED_ON", {})
+    head = {"commit": "abc"}
+    monkeypatch.setattr(report_io, "commit_status", lambda: (head["commit"], ""))
+    _parser().parse_args([])
+    script = ROOT / "bench" / "record.py"
+    assert report_io.provenance(script, {})["dirty"] is False
+    head["commit"] = "def"  # committed while the benchmark ran
+    prov = report_io.provenance(script, {})
+    assert prov["dirty"] is True and prov["commit"] == "abc" and prov["commit_at_end"] == "def"
+    assert of_record_or_scratch(RESULTS, {"provenance": prov}) == SCRATCH

@@ -1,15 +1,16 @@
 """Results of record pinned to the code they measured.
 
 Every provenance block a benchmark writes (``bench/report_io.provenance``) names its script and
-records ``code``: the git object id, at the measured commit, of each path on the script's
-measured path (``measured_paths``: the bench modules it imports, the project's code the runs it
-starts execute, the lock). A result is **fresh** when its tree was clean, its script's recorded
-hash is the script's at its commit, and every path on its measured path still has the recorded
-id at HEAD (a block written before ``code`` existed: the ids of its script's measured path at its
-commit, read from git). Anything else is **stale**, and bench/README.md (the benchmarks' page, linked
-from the README) must say so: its stale table (between ``<!--stale-begin-->`` and ``<!--stale-end-->``)
-lists exactly the results files that are not fresh, each with the reasons. ``tests/unit/test_record.py``
-holds that page to it, and fails on a planted mismatch.
+records ``code``: the git object id, at the measured commit, of each path on the script's measured
+path (``measured_paths``: the bench modules it imports, the project's code the runs it starts
+execute, the lock files, and what it runs without importing: ``RUNS``). A result is **fresh** when
+its tree was clean, its script's recorded hash is the script's at its commit, and every path on its
+measured path still has the recorded id at HEAD (a block written before ``code`` existed: the ids of
+its script's measured path at its commit, read from git). Anything else is **stale**, and
+bench/README.md (the benchmarks' page, linked from the README) must say so: its stale table (between
+``<!--stale-begin-->`` and ``<!--stale-end-->``) lists exactly the results files that are not fresh,
+each with the reasons. ``tests/unit/test_record.py`` holds that page to it, and fails on a planted
+mismatch.
 
     python bench/record.py            # every results file: fresh, or why not
     python bench/record.py --write    # rewrite bench/README.md's stale table from the results
@@ -30,13 +31,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "bench" / "README.md"  # the page with the stale table
 # what any benchmark's outcome depends on besides its own imports: the locked packages
-ALWAYS = ("requirements.lock", "pyproject.toml")
+ALWAYS = ("requirements.lock", "requirements-models.lock", "pyproject.toml")
 # benchmarks that start Braid's services or flows as processes run code they never import: all of it
 STACK = ("services", "flows", "allocator", "ranker", "deploy")
 # benchmarks that start no process (simulators, fits over recorded data): their imports and the data they read
 PURE = {"bench/allocator.py": ("allocator", "deploy/clusters", "deploy/workloads"),
         "bench/coordination_sim.py": ("allocator", "bench/profiles"),
         "bench/ranker.py": ("ranker",)}
+# what a benchmark runs without importing it (scripts it starts, tests it runs, files it loads by name)
+RUNS = {"bench/chaos.py": ("tests/integration/test_bounded.py",),
+        "bench/e2e.py": ("bench/trl_peer.py",),
+        "bench/trl_fair.py": ("bench/trl_peer.py", "bench/trl_fair_peer.py"),
+        "bench/gateway.py": ("examples",)}
 PACKAGES = ("bench", "services", "flows", "allocator", "ranker")
 # how results are written and judged, not what they measure
 NOT_MEASURED = ("bench/report_io.py", "bench/record.py", "bench/headlines.py")
@@ -89,7 +95,7 @@ def import_closure(script: str) -> set[str]:
 @functools.cache  # judged once per script, not once per provenance block (callers never mutate it)
 def measured_paths(script: str) -> list[str]:
     """What ``script``'s results depend on, as repository paths (files and directories)."""
-    paths = (set(import_closure(script)) - set(NOT_MEASURED)) | set(ALWAYS)
+    paths = (set(import_closure(script)) - set(NOT_MEASURED)) | set(ALWAYS) | set(RUNS.get(script, ()))
     whole = PURE.get(script, STACK)
     return sorted({p for p in paths if not p.startswith(tuple(f"{d}/" for d in whole))} | set(whole))
 

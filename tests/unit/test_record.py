@@ -240,3 +240,17 @@ def test_a_commit_made_during_a_run_makes_its_result_dirty(monkeypatch, tmp_path
     prov = report_io.provenance(script, {})
     assert prov["dirty"] is True and prov["commit"] == "abc" and prov["commit_at_end"] == "def"
     assert of_record_or_scratch(RESULTS, {"provenance": prov}) == SCRATCH
+
+
+def test_what_a_benchmark_runs_without_importing_it_is_on_its_measured_path():
+    """The test chaos runs, TRL's side of the peer benchmarks, the examples a benchmark loads by name
+    and both lock files: a change to any of them stales the results that ran them."""
+    from bench.record import ALWAYS, RUNS
+
+    assert "tests/integration/test_bounded.py" in measured_paths("bench/chaos.py")
+    assert {"bench/trl_peer.py", "bench/trl_fair_peer.py"} <= set(measured_paths("bench/trl_fair.py"))
+    assert "examples" in measured_paths("bench/gateway.py")
+    assert "requirements-models.lock" in ALWAYS and "requirements-models.lock" in measured_paths("bench/allocator.py")
+    for script, paths in RUNS.items():
+        assert (ROOT / script).is_file(), script
+        assert all((ROOT / p).exists() for p in paths), paths

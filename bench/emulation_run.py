@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine import pinned_env  # noqa: E402
+from bench.fleet import run_config as launch  # noqa: E402
 from bench.report_io import (  # noqa: E402
     RecordParser,
     of_record_or_scratch,
@@ -127,20 +127,9 @@ def _c(s: dict) -> str:
 # ---------------------------------------------------------------- mechanism
 def run_config(run_dir: Path, overrides: list[str]) -> list[dict]:
     """One run of ``CONFIG`` with ``overrides`` through the launcher (every process real); its rows."""
-    from flows.launcher import run_processes
-    from services.common.config import load_config, write_config
-    from services.policy.warmstart import ensure_warmstart
+    from flows.artifacts import read_metrics
 
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    cfg = load_config(CONFIG, overrides)
-    write_config(cfg, run_dir / "config.json")
-    (run_dir / "metrics.jsonl").write_text("")
-    checkpoint = str(ensure_warmstart(cfg, progress=False).resolve())
-    t0 = time.perf_counter()
-    run_processes(run_dir, checkpoint)
-    print(f"{run_dir.name}: run in {time.perf_counter() - t0:.1f} s ({run_dir})", flush=True)
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return read_metrics(launch(CONFIG, run_dir, lambda _: overrides) / "metrics.jsonl")
 
 
 def measure_profiles(ns, out: Path) -> tuple[Path, Path]:

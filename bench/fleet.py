@@ -83,24 +83,31 @@ def overrides(ns, round_: int, lengths_file: Path) -> list[str]:
             f"forced_length_replay.seed={round_}", "eval.prompts=8", f"runs_dir={RUNS}", f"cache_dir={ROOT / '.cache'}"]
 
 
-def run_emulated(run_dir: Path, lengths: list[int], overrides_of) -> Path:
-    """One EMULATED run of ``CONFIG`` through the launcher (every process real) in a fresh
-    ``run_dir``, replaying ``lengths`` (``overrides_of(lengths file)``: the run's overrides)."""
+def run_config(config: Path, run_dir: Path, overrides_of, lengths: list[int] | None = None) -> Path:
+    """One run of ``config`` through the launcher (every process real) in a fresh ``run_dir``;
+    ``lengths`` (when given) is written to the run's replay file first, whose path
+    ``overrides_of`` gets (it returns the run's overrides)."""
     from flows.launcher import run_processes
     from services.common.config import load_config, write_config
     from services.policy.warmstart import ensure_warmstart
 
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    (run_dir / "lengths.json").write_text(json.dumps(lengths))
-    cfg = load_config(CONFIG, overrides_of(run_dir / "lengths.json"))
+    if lengths is not None:
+        (run_dir / "lengths.json").write_text(json.dumps(lengths))
+    cfg = load_config(config, overrides_of(run_dir / "lengths.json"))
     write_config(cfg, run_dir / "config.json")
     (run_dir / "metrics.jsonl").write_text("")
     checkpoint = str(ensure_warmstart(cfg, progress=False).resolve())
     t0 = time.perf_counter()
     run_processes(run_dir, checkpoint)
-    print(f"{run_dir.name}: emulated run in {time.perf_counter() - t0:.1f} s ({run_dir})", flush=True)
+    print(f"{run_dir.name}: run in {time.perf_counter() - t0:.1f} s ({run_dir})", flush=True)
     return run_dir
+
+
+def run_emulated(run_dir: Path, lengths: list[int], overrides_of) -> Path:
+    """One EMULATED run of ``CONFIG`` replaying ``lengths`` (``overrides_of(lengths file)``: its overrides)."""
+    return run_config(CONFIG, run_dir, overrides_of, lengths)
 
 
 def run_round(ns, round_: int, lengths: list[int]) -> Path:

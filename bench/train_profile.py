@@ -74,6 +74,8 @@ TARGET = 0.20
 # Issue 53: the emulated learner (trainer.backend emulated) against the real learner's steps, with the
 # profile measured in this run (as bench/emulation.py measures the engine's): median abs. error <= this.
 EMULATED_LEARNER_TARGET = 0.10
+EMULATED_LABEL = ("EMULATED: emulated_learner and every emulated*_s are the emulated learner's predictions, never "
+                  "measurements; measured_s and measured_runs are the real learner's measured steps")
 QUIET_LOAD = 1.5  # --wait-quiet: one core for the learner, half of the other for everything else
 MMLU_MODELS = ("Meta-Llama-3_1-8B-Instruct", "Meta-Llama-3_1-70B-Instruct", "mathstral-7B", "Mistral-7B-Instruct-v0.2",
                "Qwen1.5-7B-Chat", "Phi-3-mini-4k-instruct", "Yi-6b-Chat", "gemma-7b")
@@ -473,6 +475,7 @@ def run(ns: argparse.Namespace) -> dict:
                                   "time from the batch's lengths (braid allocate's training model with the measured "
                                   "profile) vs the median of the learner's measured steps",
         "target": TARGET, "passed": planned["median_abs_rel_error"] <= TARGET,
+        "emulated": True, "labels": EMULATED_LABEL,  # the emulated learner's figures are predictions
         **emulated_verdict(rows, ns.repeats, fresh is not None),
         "errors": {"planned": planned, "exact": summarise(rows, ns.repeats, "exact_s"),
                    "unpadded": summarise(rows, ns.repeats, "unpadded_s"),

@@ -7,7 +7,6 @@ other thread is held out by the table's lock).
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import Counter
 
@@ -127,15 +126,6 @@ def test_versions_only_grow_and_a_stale_reservation_is_not_released_twice():
 
 
 # ---------------------------------------------------------------------- the bug class
-@pytest.fixture
-def fine_switching():
-    """Threads switch every 10 us (CPython's default is 5 ms), so the two sides interleave many times."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
-
-
 def test_a_join_racing_a_pick(fine_switching):
     """ac10530: a picker on another thread saw a row list and a version list of different lengths
     while an instance joined. On the table a join adds the whole row under the lock: every

@@ -8,7 +8,6 @@ per call, a removal on its own thread, dispatchers on theirs. Waits that must no
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 
@@ -119,15 +118,6 @@ def _wait(done) -> None:
     while not done():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
-
-
-@pytest.fixture
-def fine_switching():
-    """Threads switch every 10 us (CPython's default is 5 ms), so the two sides interleave many times."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
 
 
 def test_an_instance_removed_while_a_dispatch_plans_on_it_gets_none_of_that_work():

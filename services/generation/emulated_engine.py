@@ -31,7 +31,13 @@ without using the CPU. Its times are predictions, never measurements; its tokens
   forces ``max_new_tokens``; a longer draw is cut to ``max_new_tokens`` (finish ``length``), a
   shorter one ends with EOS (``stop``). A seeded request (``Sampling.seed``) draws its length and
   tokens from a generator of its own seed and prompt; an unseeded one from a generator seeded by a
-  draw of the engine's (``generation.seed``), which every unseeded request advances.
+  draw of the engine's (``generation.seed``), which every unseeded request advances. An
+  **interrupted** request (partial rollout, migration) keeps its length across the interrupt: the
+  tokens it returns (prompt + output so far) key what it had left in a process-wide table
+  (``REMAINING``), and a request submitted with exactly those tokens as its prompt (its resume, on
+  any instance of the process) generates that remainder rather than a fresh draw, so interrupting
+  never reshapes the trace's tail. A resume in another process (only with more instances than one
+  process hosts, ``--instances``) cannot be told from a new request and draws afresh.
 - **Weights**: ``param_specs`` from the checkpoint's config on the meta device (no weights read;
   an adapter's tensors with ``adapter``); ``load_weights`` checks names, shapes and dtypes exactly
   and takes the modelled reload time (``emulation.reload_s``, default the profile's ``k2``).
@@ -41,6 +47,7 @@ without using the CPU. Its times are predictions, never measurements; its tokens
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 import time
@@ -74,6 +81,36 @@ class _Req:
     length: int  # tokens it will generate
     stop: bool  # ends at EOS (else at max_new_tokens: "length")
     rng: random.Random
+    prompt: tuple[int, ...] = ()
+
+
+class Remaining:
+    """What interrupted requests had left to generate, by the tokens they returned (one table per
+    process, ``REMAINING``: a resume may land on any instance of the process). Bounded: the oldest
+    entries go first."""
+
+    LIMIT = 65536
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[bytes, tuple[int, bool]] = {}
+
+    @staticmethod
+    def key(tokens: list[int] | tuple[int, ...]) -> bytes:
+        return hashlib.blake2b(",".join(map(str, tokens)).encode(), digest_size=16).digest()
+
+    def put(self, tokens: list[int], left: int, stop: bool) -> None:
+        with self._lock:
+            self._left[self.key(tokens)] = (max(1, left), stop)
+            while len(self._left) > self.LIMIT:
+                self._left.pop(next(iter(self._left)))
+
+    def take(self, prompt: list[int]) -> tuple[int, bool] | None:
+        with self._lock:
+            return self._left.pop(self.key(prompt), None)
+
+
+REMAINING = Remaining()
 
 
 def resolve_profile(name: str) -> Profile:
@@ -185,9 +222,13 @@ class EmulatedEngine(Engine):
                 raise ValueError(f"request {request_id} is already running")
             seed = sampling.seed if sampling.seed is not None else self._gen.getrandbits(64)
             rng = request_rng(seed, prompt)
-            drawn = max_new_tokens if ignore_eos else self._lengths.draw(rng)
-            stop = drawn < max_new_tokens
-            self._reqs[request_id] = _Req(request_id, min(drawn, max_new_tokens), stop, rng)
+            left = None if ignore_eos else REMAINING.take(prompt)
+            if left is not None:  # a resume: what it had left when interrupted
+                drawn, stop = left[0], left[1] and left[0] <= max_new_tokens
+            else:
+                drawn = max_new_tokens if ignore_eos else self._lengths.draw(rng)
+                stop = drawn < max_new_tokens
+            self._reqs[request_id] = _Req(request_id, min(drawn, max_new_tokens), stop, rng, tuple(prompt))
             now = self._clock()
             self._cut(now, round_up=True)
             if self._inst.running == 0 and self._inst.queued == 0:  # idle: the work clock restarts now
@@ -258,8 +299,9 @@ class EmulatedEngine(Engine):
         with self._lock:
             self._drop(request_id)
 
-    def _drop(self, request_id: str) -> EngineOutput | None:
-        """Take a request out at the last finished step; its output so far (None if not held)."""
+    def _drop(self, request_id: str, resumes: bool = False) -> EngineOutput | None:
+        """Take a request out at the last finished step; its output so far (None if not held).
+        ``resumes``: it will be resumed (an interrupt), so what it has left is remembered."""
         now = self._clock()
         self._sync(now)  # first: a request whose segment ended by now has finished, running no more
         r = self._reqs.pop(request_id, None)
@@ -271,13 +313,15 @@ class EmulatedEngine(Engine):
         k = self._inst.remove(request_id) or 0
         self._open()
         tokens, logprobs = synthetic_tokens(r.rng, k, self.vocab_size, self._eos, False)
+        if resumes and k < r.length:  # what it has left goes with the tokens it returns (its resume finds it)
+            REMAINING.put([*r.prompt, *tokens], r.length - k, r.stop)
         return EngineOutput(request_id, tokens, logprobs, "interrupted")
 
     def interrupt(self, request_ids: list[str]) -> dict[str, EngineOutput]:
         outputs = {}
         with self._lock:
             for rid in request_ids:
-                out = self._drop(rid)
+                out = self._drop(rid, resumes=True)
                 tokens, logprobs = (out.token_ids, out.logprobs) if out is not None else ([], [])
                 outputs[rid] = EngineOutput(rid, tokens, logprobs, "interrupted")
         return outputs

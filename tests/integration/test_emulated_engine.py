@@ -15,6 +15,7 @@ import pytest
 from services.common.config import GenerationConfig
 from services.generation.emulated_engine import EmulatedEngine
 from services.generation.emulation import TraceError
+from services.generation.engine import Sampling
 from services.generation.scheduling.instance_model import Job, run_instance
 from services.generation.scheduling.profiles import ProfileError
 
@@ -151,6 +152,31 @@ def test_a_cancel_or_interrupt_after_an_unpolled_finish(tiny_checkpoint):
         assert engine.poll(0.01) == []
     finally:
         engine.close()
+
+
+def test_an_interrupted_request_resumes_with_what_it_had_left(tiny_checkpoint):
+    """Partial rollout or migration never reshapes the trace: a resume (prompt + the tokens the
+    interrupt returned) generates exactly the rest of the interrupted request's drawn length, on any
+    instance of the process, and ends the way the draw did; an unrelated prompt still draws afresh."""
+    lengths = {"distribution": "uniform", "low": 200, "high": 300}
+    cfg = GenerationConfig(engine="emulated", num_blocks=256, page_size=32, max_inflight=64,
+                           emulation={"profile": H20, "lengths": lengths, "time_scale": 0.05})
+    first, second = EmulatedEngine(str(tiny_checkpoint), cfg), EmulatedEngine(str(tiny_checkpoint), cfg)
+    try:
+        prompt = [1, 4, 7, 9]
+        first.submit("a", prompt, 400, sampling=Sampling(seed=11))
+        drawn = first._reqs["a"].length
+        time.sleep(0.05)  # ~2 ms of modelled work per step at this scale: a few dozen steps
+        out = first.interrupt(["a"])["a"]
+        k = len(out.token_ids)
+        assert out.finish_reason == "interrupted" and 0 < k < drawn
+        second.submit("a#1", prompt + list(out.token_ids), 400 - k)
+        assert second._reqs["a#1"].length == drawn - k and second._reqs["a#1"].stop
+        second.submit("b", [1, 4, 7, 8], 400)
+        assert 200 <= second._reqs["b"].length <= 300
+    finally:
+        first.close()
+        second.close()
 
 
 def test_kv_usage_is_honest_and_a_weight_reload_takes_the_modelled_time(tiny_checkpoint, tmp_path):

@@ -457,8 +457,15 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _router_mode(self) -> RunConfig:
         tc = self.trainer
+        staleflow = tc.coordination.policy == "staleflow"
         moving = [name for name, on in (("trainer.partial_rollout", tc.partial_rollout),
-                                        ("trainer.repack.enabled", tc.repack.enabled)) if on]
+                                        ("trainer.repack.enabled", tc.repack.enabled),
+                                        ("trainer.coordination 'staleflow'", staleflow)) if on]
+        if staleflow and (tc.repack.enabled or self.generation.affinity or self.agentic.enabled):
+            other = ("trainer.repack (Laminar's migration; StaleFlow migrates by its own rule)" if tc.repack.enabled
+                     else "generation.affinity" if self.generation.affinity else "agentic (multi-turn) rollouts")
+            raise ValueError(f"trainer.coordination 'staleflow' routes single-turn trajectories over every instance; "
+                             f"it does not combine with {other}: turn one of them off")
         if moving and self.uses_router:
             raise ValueError(
                 f"{' and '.join(moving)} interrupt trajectories on the instance that runs them, which the SGS router "

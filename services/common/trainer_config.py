@@ -60,6 +60,24 @@ class RepackConfig(StrictModel):
     )
 
 
+class CoordinationConfig(StrictModel):
+    """How the orchestrator routes trajectories and synchronises instances (docs/staleness.md)."""
+
+    policy: Literal["lazy", "staleflow"] = Field(
+        "lazy",
+        description="lazy: least-loaded pick, an instance takes new weights when idle (or, with partial rollout, "
+        "when it can no longer start work); staleflow: StaleFlow's snapshot-command cycle (marginal-gain routing "
+        "with withholding, interrupt-and-pull sync after a tentative update, migration).",
+    )
+    mu: float = Field(0.3, gt=0.0, le=1.0, description="staleflow: a route must gain mu x an idle instance's gain.")
+    phi_wait: int = Field(3, ge=0, le=100_000, description="staleflow: queued samples before the excess migrates.")
+    phi_throughput: float = Field(
+        5.0, gt=1.0, le=1e6, description="staleflow: fastest / slowest modelled throughput that triggers a migration.",
+    )
+    migrate: bool = Field(True, description="staleflow: migrate (Alg. 5); false keeps routing and sync only.")
+    interval_s: float = Field(0.25, ge=0.01, le=600.0, description="staleflow: seconds between instance snapshots.")
+
+
 class RecoveryConfig(StrictModel):
     """Trainer recovery (docs/recovery.md): recovery checkpoints and restarts of a dead trainer."""
 
@@ -113,6 +131,7 @@ class TrainerConfig(StrictModel):
         "(0 = fill generation.max_inflight with whole groups).",
     )
     repack: RepackConfig = Field(default_factory=RepackConfig)
+    coordination: CoordinationConfig = Field(default_factory=CoordinationConfig)
     checkpoint_every: int = Field(0, ge=0, le=1_000_000, description="Save the policy every N iterations (0 = never).")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig)

@@ -113,9 +113,14 @@ def validate_request(
             raise RequestError(f"prompt {p.prompt_id!r}: {why}")
         if not p.token_ids:
             raise RequestError(f"prompt {p.prompt_id!r} has no tokens")
-        if len(p.token_ids) > cfg.max_prompt_tokens:
+        # a resumed trajectory (partial rollout, migration, a lost instance) sends its prompt with
+        # what it generated so far: the limit is a prompt plus a whole response
+        limit = cfg.max_prompt_tokens + cfg.max_new_tokens
+        if len(p.token_ids) > limit:
             raise RequestError(
-                f"prompt {p.prompt_id!r} has {len(p.token_ids)} tokens; the limit is {cfg.max_prompt_tokens}"
+                f"prompt {p.prompt_id!r} has {len(p.token_ids)} tokens; the limit is {limit} "
+                f"(generation.max_prompt_tokens {cfg.max_prompt_tokens} + max_new_tokens {cfg.max_new_tokens}: "
+                "a resumed trajectory's prompt holds its output so far)"
             )
         if not math.isfinite(p.estimated_length) or p.estimated_length < 0:
             raise RequestError(

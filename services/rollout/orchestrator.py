@@ -52,7 +52,7 @@ import grpc
 from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
-from services.rollout import checkpoint
+from services.rollout import checkpoint, coordination
 from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
 from services.rollout.fleet import HOLDS_WORK, Reservation
 from services.rollout.keeper import FleetKeeper
@@ -172,6 +172,9 @@ class Orchestrator(GroupLifecycle):
         batches = self.estimates.launch_order(trainer.sampler.batch) if lpt else trainer.sampler.batch
         self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(batches, tc.prompts_per_iteration)
         self.stepped = False  # an optimizer step since the last repack check (check at once)
+        staleflow = trainer.cfg.trainer.coordination.policy == "staleflow"
+        self.coord = coordination.Coordinator(trainer.cfg, trainer.model_dir, tc.group_size + tc.redundancy_samples) \
+            if staleflow else None
         if trainer.runner_state is not None:  # resumed from a recovery checkpoint
             self._restore(checkpoint.restore(trainer.runner_state, trainer.version, batches, tc.prompts_per_iteration))
         self.start_head()
@@ -188,9 +191,12 @@ class Orchestrator(GroupLifecycle):
 
     def tick(self) -> None:
         self.keeper.poll(self.latest)
-        self._sync()
-        self._repack()
-        self._route()
+        if self.coord is not None:  # StaleFlow's snapshot-command cycle
+            coordination.cycle(self)
+        else:
+            self._sync()
+            self._repack()
+            self._route()
         self._collect(timeout=0.02)
         self.head.train_head()
 

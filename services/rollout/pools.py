@@ -43,6 +43,12 @@ class PromptPool(Generic[T]):
             self._returned.append(next(self._source))
         return self._returned[0]
 
+    def peek_many(self, n: int) -> list[T]:
+        """The next ``n`` prompts ``take`` hands out, in order, left in the pool."""
+        while len(self._returned) < n:
+            self._returned.append(next(self._source))
+        return list(self._returned)[:n]
+
     def put_back(self, item: T) -> None:
         """Return a prompt whose trajectory was given up; it is handed out next."""
         self._returned.append(item)

@@ -159,10 +159,24 @@ def test_the_router_runs_by_default_only_when_instances_join_and_leave(mode):
                               "scaleout.max_instances=2"]).uses_router
 
 
-@pytest.mark.parametrize("feature", ["trainer.partial_rollout=true", "trainer.repack.enabled=true"])
+@pytest.mark.parametrize("feature", ["trainer.partial_rollout=true", "trainer.repack.enabled=true",
+                                     "trainer.coordination.policy=staleflow"])
 def test_interrupting_features_need_the_instances_not_the_router(feature):
     with pytest.raises(ConfigError, match="the SGS router does not do"):
         load_config(None, ["generation.instances=2", "generation.dispatch.router='on'", feature])
+
+
+@pytest.mark.parametrize("other, fragment", [
+    ("trainer.repack.enabled=true", "trainer.repack"),
+    ("agentic.enabled=true", "agentic"),
+])
+def test_staleflow_coordination_refuses_what_it_does_not_route(other, fragment):
+    with pytest.raises(ConfigError, match=f"does not combine with {fragment}"):
+        load_config(None, ["trainer.mode=bounded", "trainer.coordination.policy=staleflow", other])
+    cfg = load_config(None, ["trainer.mode=bounded", "trainer.coordination.policy=staleflow"])
+    assert cfg.trainer.coordination.mu == 0.3 and not cfg.uses_router
+    with pytest.raises(ConfigError, match="mu"):
+        load_config(None, ["trainer.coordination.mu=0"])
 
 
 def test_the_learner_runs_in_its_own_process_with_one_rank_on_the_cpu():

@@ -396,7 +396,8 @@ def main() -> int:
     head = headline(configs)
     head["provenance"] = provenance(Path(__file__), {"config": base_cfg.model_dump(mode="json"), "overrides": base,
                                                      "variants": VARIANTS, "rounds": ns.rounds, "instances": counts},
-                                    Path(ns.config).resolve(), base_cfg.generation.engine)
+                                    Path(ns.config).resolve(), base_cfg.generation.engine,
+                                    inputs=[replay_src] if workload is not None else None)
     out = results_dir(ns.out, ns.quick)
     path = out / "coordination.json"
     previous = json.loads(path.read_text()) if path.is_file() else {}

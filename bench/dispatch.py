@@ -284,7 +284,8 @@ def main() -> int:
     result = {
         "provenance": provenance(Path(__file__), {"estimates": str(ns.estimates), "length_unit": ns.length_unit,
                                                   "chars_per_token": ns.chars_per_token, "quick": ns.quick,
-                                                  "skip_real": ns.skip_real, "seed": ns.seed}),
+                                                  "skip_real": ns.skip_real, "seed": ns.seed},
+                                 inputs=[Path(ns.estimates)]),
         "makespan_s": makespan,
         **targets(makespan),
         "regime": {k: chosen[k] for k in ("profile", "lengths", "rounds", "unit", "instances", "policy", "seeds")}

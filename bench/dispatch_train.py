@@ -284,7 +284,8 @@ def main() -> int:
         if regimes[mode] is None:
             return 1
     prov = provenance(Path(__file__), {"base": base, "variants": {n: VARIANTS[n] for n in names},
-                                       "rounds": ns.rounds, "pin": ns.pin, "regimes": {m: REGIMES[m] for m in regimes}})
+                                       "rounds": ns.rounds, "pin": ns.pin, "regimes": {m: REGIMES[m] for m in regimes}},
+                      inputs=[ESTIMATES])
     out = results_dir(ns.out, ns.quick)
     for reg in regimes.values():
         reg["provenance"] = run_ref(prov)

@@ -235,7 +235,7 @@ def main() -> None:
 
     # before anything is written: a profile measured by this run must not make its own tree dirty
     prov = provenance(Path(__file__), {"regime": ns.regime, "calibration": CALIBRATION_VARIANT,
-                                       "prompt_tokens": PROMPT_TOKENS, "cores": 1})
+                                       "prompt_tokens": PROMPT_TOKENS, "cores": 1}, inputs=[Path(ns.profile)])
     out = results_dir(ns.out, False)
     training = json.loads((out / "dispatch.json").read_text()).get("training") or {}
     regime = (training.get("regimes") or {}).get(ns.regime)

@@ -254,7 +254,8 @@ def bench(ns: argparse.Namespace) -> dict:
     record = {k: v for k, v in summary.items() if k != "lengths"} | {"rounds": ns.rounds, "repeats": ns.repeats}
     profile = {"per_round": True, "repeats": ns.profile_repeats, "quick": ns.quick_profile,
                "fit_rel_rmse": spread([p["fit_rel_rmse"] for p in profiles]), "rounds": profiles}
-    return {"provenance": provenance(Path(__file__), record, CONFIG, ",".join(ENGINES)), "rounds": ns.rounds,
+    return {"provenance": provenance(Path(__file__), record, CONFIG, ",".join(ENGINES), inputs=[Path(ns.data) / MMLU]),
+            "rounds": ns.rounds,
             "repeats": ns.repeats, "workload": summary, "profile": profile, "traces": summarise(rounds), "raw": rounds,
             "load_samples": samples, "shared": any(x["pytest_processes"] for x in samples),
             "labels": "EMULATED figures are predictions of the measured profile, never measurements"}

@@ -209,7 +209,8 @@ def main() -> None:
 
     cfg = load_config(CONFIG)
     prov = provenance(Path(__file__), {"instances": ns.instances, "rounds": ns.rounds, "iterations": ns.iterations,
-                                       "time_scale": ns.time_scale, "data": ns.data}, CONFIG, engine="emulated")
+                                       "time_scale": ns.time_scale, "data": ns.data}, CONFIG, engine="emulated",
+                      inputs=[Path(ns.data)] if ns.data else None)
     lengths = replay_lengths(cfg, ns.data)
     rounds = [judge_round(run_round(ns, r, lengths)) for r in range(ns.rounds)]
     for i, r in enumerate(rounds):

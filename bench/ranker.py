@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     bt = kinds[best]["test"]
     result = {
         "provenance": provenance(Path(__file__), {"data": str(src), "model": ns.model, "seed": ns.seed,
-                                                  "quick": ns.quick}),
+                                                  "quick": ns.quick}, inputs=[src]),
         "best_kind": best, **{m: bt[m] for m in METRICS},
         "baselines": {k: {m: kinds[k]["test"][m] for m in METRICS} for k in BASELINES},
         "kinds": kinds,

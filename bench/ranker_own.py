@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = run_kinds(model_dir, train, test)
     all_lengths = np.array([x for r in rows for x in r["lengths"]])
     result = {
-        "provenance": provenance(Path(__file__), {"data": str(src), "model": ns.model, **cfg}),
+        "provenance": provenance(Path(__file__), {"data": str(src), "model": ns.model, **cfg}, inputs=[src]),
         "model": ns.model, "regime": cfg, "generations": gen, "n_train": len(train), "n_test": len(test),
         "lengths": {"p50": int(np.percentile(all_lengths, 50)), "p90": int(np.percentile(all_lengths, 90)),
                     "max": int(all_lengths.max()),

@@ -1,16 +1,33 @@
-"""Results of record pinned to the code they measured.
+"""Results of record pinned to the code they measured and the files they read.
 
 Every provenance block a benchmark writes (``bench/report_io.provenance``) names its script and
 records ``code``: the git object id, at the measured commit, of each path on the script's measured
-path (``measured_paths``: the bench modules it imports, the project's code the runs it starts
-execute, the lock files, and what it runs without importing: ``RUNS``). A result is **fresh** when
-its tree was clean, its script's recorded hash is the script's at its commit, and every path on its
-measured path still has the recorded id at HEAD (a block written before ``code`` existed: the ids of
-its script's measured path at its commit, read from git). Anything else is **stale**, and
-bench/README.md (the benchmarks' page, linked from the README) must say so: its stale table (between
-``<!--stale-begin-->`` and ``<!--stale-end-->``) lists exactly the results files that are not fresh,
-each with the reasons. ``tests/unit/test_record.py`` holds that page to it, and fails on a planted
-mismatch.
+path (``measured_paths``), and ``inputs``: the sha256 of each file it read from outside the
+repository's tracked code (``--data ../shared/data/...``, a results file read as input). A script's
+measured path is:
+
+- its **import closure** (static), started from the script and the Python files it runs without
+  importing them (``RUNS``: peer scripts, the test chaos runs). Besides ``import`` statements, a
+  string literal in any file of the closure counts as an import of what it names when it is exactly
+  a repository module's dotted name, optionally ``module:attr`` (``"services.generation"`` in a
+  ``python -m`` argv, with its ``__main__.py``; ``"examples.calculator_agent:play"`` for a registry),
+  or the repository path of a data file (not ``.py``, not under ``bench/results/``: results a
+  benchmark reads go to ``inputs``), e.g. ``ROOT / "bench/profiles/x.json"``;
+- the lock files and ``pyproject.toml`` (``ALWAYS``: the locked packages);
+- what it runs without importing (``RUNS``);
+- for a benchmark that starts Braid's processes, **all** of ``STACK``: every package a config value,
+  a ``--set`` override or a registry may name by string (``python:examples...``, ``agentic.agent``,
+  ``python -m services...``); a benchmark that starts none (``PURE``) names its own directories.
+
+A result is **fresh** when its tree was clean and HEAD did not move during its run, its script's
+recorded hash is the script's at its commit, every path on its measured path still has the recorded
+id at HEAD (a block written before ``code`` existed: the ids of its script's measured path at its
+commit, read from git), and every recorded input that exists here still has its recorded hash (an
+input absent on this machine, e.g. ``../shared`` in CI, cannot be checked: not stale, and
+``python bench/record.py`` says so). Anything else is **stale**, and bench/README.md (the benchmarks'
+page, linked from the README) must say so: its stale table (between ``<!--stale-begin-->`` and
+``<!--stale-end-->``) lists exactly the results files that are not fresh, each with the reasons.
+``tests/unit/test_record.py`` holds that page to it, and fails on a planted mismatch.
 
     python bench/record.py            # every results file: fresh, or why not
     python bench/record.py --write    # rewrite bench/README.md's stale table from the results
@@ -22,6 +39,7 @@ import ast
 import functools
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,18 +50,22 @@ RESULTS = ROOT / "bench" / "results"
 README = ROOT / "bench" / "README.md"  # the page with the stale table
 # what any benchmark's outcome depends on besides its own imports: the locked packages
 ALWAYS = ("requirements.lock", "requirements-models.lock", "pyproject.toml")
-# benchmarks that start Braid's services or flows as processes run code they never import: all of it
-STACK = ("services", "flows", "allocator", "ranker", "deploy")
+# benchmarks that start Braid's services or flows as processes run code they never import: all of it, and
+# the user code a config or registry loads by name (``examples``)
+STACK = ("services", "flows", "allocator", "ranker", "deploy", "examples")
 # benchmarks that start no process (simulators, fits over recorded data): their imports and the data they read
 PURE = {"bench/allocator.py": ("allocator", "deploy/clusters", "deploy/workloads"),
         "bench/coordination_sim.py": ("allocator", "bench/profiles"),
         "bench/ranker.py": ("ranker",)}
-# what a benchmark runs without importing it (scripts it starts, tests it runs, files it loads by name)
+# what a benchmark runs without importing it (scripts it starts, tests it runs): their imports are followed too
 RUNS = {"bench/chaos.py": ("tests/integration/test_bounded.py",),
         "bench/e2e.py": ("bench/trl_peer.py",),
-        "bench/trl_fair.py": ("bench/trl_peer.py", "bench/trl_fair_peer.py"),
-        "bench/gateway.py": ("examples",)}
-PACKAGES = ("bench", "services", "flows", "allocator", "ranker")
+        "bench/trl_fair.py": ("bench/trl_peer.py", "bench/trl_fair_peer.py")}
+PACKAGES = ("bench", "services", "flows", "allocator", "ranker", "examples", "tests")
+# a string literal naming a repository module (``services.generation``, ``examples.agent:play``)
+_MODULE_NAME = re.compile(r"(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?::[A-Za-z_][\w.]*)?")
+# outputs of benchmarks: one read as input is recorded by its hash (``inputs``), never by a path literal
+OUTPUTS = "bench/results/"
 # how results are written and judged, not what they measure
 NOT_MEASURED = ("bench/report_io.py", "bench/record.py", "bench/headlines.py")
 # what a part's pointer to the run that measured it keeps of that run (``bench.report_io.run_ref``)
@@ -75,27 +97,63 @@ def _module_file(name: str, beside: Path) -> str | None:
     return None
 
 
-def import_closure(script: str) -> set[str]:
-    """The repository's Python files ``script`` imports, directly or through each other (static)."""
+def _imported(node: ast.AST) -> list[str]:
+    """The module names an ``import`` statement names (relative imports: none)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return []
+
+
+def named_by_literal(text: str) -> list[str]:
+    """The repository files a string literal names (the module docstring's rule): a module's file by its
+    dotted name (a package's ``__main__.py`` too: ``python -m``), or a data file by its path."""
+    if len(text) > 200 or any(c.isspace() for c in text):
+        return []
+    m = _MODULE_NAME.fullmatch(text)
+    if m and m.group("name").split(".")[0] in PACKAGES:
+        base = ROOT / Path(*m.group("name").split("."))
+        found = [base.with_suffix(".py"), base / "__init__.py", base / "__main__.py"]
+        return [str(f.relative_to(ROOT)) for f in found if f.is_file()]
+    rel, _, node = text.partition("::")  # a test's node id: the test file it runs
+    runs = rel.endswith(".py") == bool(node)  # a bare .py path is a label (``"source": "bench/x.py"``), not a run
+    if "/" in rel and runs and not rel.startswith(("/", ".", OUTPUTS)) and (ROOT / rel).is_file():
+        return [rel]
+    return []
+
+
+@functools.cache  # each file parsed once, however many scripts' closures hold it
+def _named_in(path: Path, mtime_ns: int) -> tuple[str, ...]:
+    """The repository files the Python file at ``path`` imports or names by a string literal."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        found += [f for n in _imported(node) if (f := _module_file(n, path.parent))]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += named_by_literal(node.value)
+    return tuple(dict.fromkeys(found))
+
+
+def import_closure(script: str, runs: tuple[str, ...] = ()) -> set[str]:
+    """The repository files ``script`` (and the Python files in ``runs``) import, directly or through
+    each other (static), with what their string literals name (``named_by_literal``)."""
     seen: set[str] = set()
-    todo = [script]
+    todo = [script, *(r for r in runs if r.endswith(".py"))]
     while todo:
         rel = todo.pop()
         if rel in seen:
             continue
         seen.add(rel)
-        for node in ast.walk(ast.parse((ROOT / rel).read_text(), rel)):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                     if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
-            todo += [f for n in names if (f := _module_file(n, (ROOT / rel).parent)) and f not in seen]
+        if rel.endswith(".py"):  # a data file a literal names: on the path, nothing to follow
+            todo += [f for f in _named_in(ROOT / rel, (ROOT / rel).stat().st_mtime_ns) if f not in seen]
     return seen
 
 
 @functools.cache  # judged once per script, not once per provenance block (callers never mutate it)
 def measured_paths(script: str) -> list[str]:
     """What ``script``'s results depend on, as repository paths (files and directories)."""
-    paths = (set(import_closure(script)) - set(NOT_MEASURED)) | set(ALWAYS) | set(RUNS.get(script, ()))
+    runs = RUNS.get(script, ())
+    paths = (import_closure(script, runs) - set(NOT_MEASURED)) | set(ALWAYS) | set(runs)
     whole = PURE.get(script, STACK)
     return sorted({p for p in paths if not p.startswith(tuple(f"{d}/" for d in whole))} | set(whole))
 
@@ -105,6 +163,52 @@ def code_ids(paths: list[str], rev: str = "HEAD") -> dict[str, str | None]:
     listed = (git("ls-tree", "--full-tree", rev, "--", *paths) or "") if paths else ""
     ids = {path: meta.split()[2] for meta, path in (line.split("\t", 1) for line in listed.splitlines())}
     return {p: ids.get(p) for p in paths}
+
+
+def input_key(path: str | Path) -> str:
+    """How a block names an input file: its path relative to the repository when it lies in or beside
+    it (``../shared/data/x.jsonl.gz``, ``bench/results/x.jsonl``: the same on every checkout), else absolute."""
+    path = Path(os.path.abspath(path))  # as given: a symlinked data directory keeps its name
+    return os.path.relpath(path, ROOT) if path.is_relative_to(ROOT.parent) else str(path)
+
+
+@functools.cache
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    """The first 16 hex digits of a file's sha256 (read once per size and modification time)."""
+    st = path.stat()
+    return _sha256(str(path), st.st_size, st.st_mtime_ns)
+
+
+def input_hashes(paths: list[Path]) -> dict[str, str | None]:
+    """What a provenance block records of the files a run read (None: not a file when it was recorded)."""
+    return {input_key(p): file_sha256(Path(p)) if Path(p).is_file() else None for p in paths}
+
+
+def _input_path(key: str) -> Path:
+    return Path(key) if Path(key).is_absolute() else ROOT / key
+
+
+def input_problems(block: dict) -> list[str]:
+    """The recorded inputs that are here and differ from what the run read (one absent here is not checked)."""
+    inputs = block.get("inputs")
+    if not isinstance(inputs, dict):
+        return []
+    return [f"input {key} changed since the run" for key, digest in sorted(inputs.items())
+            if digest is not None and _input_path(key).is_file() and file_sha256(_input_path(key)) != digest]
+
+
+def unchecked_inputs(doc: object) -> list[str]:
+    """The recorded inputs of a results document that cannot be checked on this machine (absent here)."""
+    return sorted({key for _, block in blocks(doc) for key, digest in (block.get("inputs") or {}).items()
+                   if digest is None or not _input_path(key).is_file()})
 
 
 def script_of(block: dict) -> str | None:
@@ -138,7 +242,10 @@ def judge_block(block: dict) -> list[str]:
     """Why one provenance block's result is not fresh (empty: it is)."""
     problems = []
     commit = str(block.get("commit", "unknown"))
-    if block.get("dirty") is not False:
+    end = block.get("commit_at_end")
+    if end and end != commit:  # ``provenance`` marks such a run dirty too: this says why
+        problems.append(f"HEAD moved during the run: started on {commit[:8]}, ended on {str(end)[:8]}")
+    elif block.get("dirty") is not False:
         problems.append(f"measured on a dirty tree ({commit[:8]}, {block.get('date', '?')[:10]})")
     script = script_of(block)
     if not block.get("script_sha256"):
@@ -161,7 +268,7 @@ def judge_block(block: dict) -> list[str]:
         if changed:
             problems.append(f"code on its measured path changed since {commit[:8]}: {', '.join(changed[:6])}"
                             + (f" (+{len(changed) - 6} more)" if len(changed) > 6 else ""))
-    return problems
+    return problems + input_problems(block)
 
 
 def judge_file(path: Path) -> list[str]:
@@ -243,12 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     if args not in ([], ["--write"]):
         print(__doc__)
         return 2
-    judged = judge_all()  # each file judged once (git calls per provenance block)
+    judged = judge_all(RESULTS)  # each file judged once (git calls per provenance block)
     if args == ["--write"]:
-        write_readme(judged)
+        write_readme(judged, README)
     for name, problems in judged.items():
         print(f"{name:28s} {'fresh' if not problems else 'STALE: ' + '; '.join(problems)}")
-    bad = check(judged=judged)
+        if absent := unchecked_inputs(json.loads((RESULTS / name).read_text())):
+            print(f"{'':28s} could not check its inputs (not on this machine): {', '.join(absent)}")
+    bad = check(RESULTS, README, judged=judged)
     print("\n".join(bad) if bad else f"{README.relative_to(ROOT)}'s stale table agrees with the results")
     return 1 if bad else 0
 

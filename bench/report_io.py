@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.record import RUN_REF, code_ids, git, measured_paths
+from bench.record import RUN_REF, code_ids, git, input_hashes, measured_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -89,10 +89,13 @@ class RecordParser(argparse.ArgumentParser):
         return ns
 
 
-def provenance(script: Path, config: dict, config_file: Path | None = None, engine: str | None = None) -> dict:
+def provenance(script: Path, config: dict, config_file: Path | None = None, engine: str | None = None,
+               inputs: list[Path] | None = None) -> dict:
     """Where a result came from: commit and dirty flag, the script, its hash and the git ids of the
     code it measured (``bench/record.py``), the config's hash, the generation engine, package
-    versions, the machine (CPU model, cores, memory), the UTC date and the command line."""
+    versions, the machine (CPU model, cores, memory), the UTC date and the command line; ``inputs``:
+    the files the run read that git does not pin (``--data ../shared/data/...``, a results file read
+    as input), each recorded by its sha256 (``bench.record.input_hashes``): a changed one stales the result."""
     cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
     mem_kb = next(int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines()
                   if ln.startswith("MemTotal"))
@@ -105,6 +108,7 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
             "script_sha256": hashlib.sha256(script.read_bytes()).hexdigest()[:16],
             # the measured path's git ids at this commit (bench/record.py): what makes the result stale later
             "code": code_ids(measured_paths(rel)) if not source else None,
+            **({"inputs": input_hashes(inputs)} if inputs else {}),
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
             "config": config, "config_file": _shown(config_file),
             "versions": {p: v for p in PACKAGES if (v := _version(p))},

@@ -497,7 +497,8 @@ def run(ns: argparse.Namespace) -> dict:
                     "waited_for_quiet_s": waited},
         "wall_s": time.perf_counter() - t_start,
         "provenance": provenance(Path(__file__), {"config": cfg.model_dump(mode="json"), "data": ns.data,
-                                                  "repeats": ns.repeats, "quick": ns.quick}, Path(ns.config)),
+                                                  "repeats": ns.repeats, "quick": ns.quick}, Path(ns.config),
+                                 inputs=[*map(Path, ns.data), *([Path(prof_path)] if prof_path else [])]),
     }
     result["provenance"]["loadavg"] = result["loadavg"]
     return result

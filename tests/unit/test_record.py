@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
+import bench.record as record
 import bench.report_io as report_io
 from bench.record import (
     README,
@@ -15,9 +17,11 @@ from bench.record import (
     check,
     code_ids,
     judge_all,
+    judge_block,
     judge_file,
     measured_paths,
     stale_listed,
+    unchecked_inputs,
     write_readme,
 )
 from bench.report_io import RESULTS, SCRATCH, RecordParser, of_record_or_scratch
@@ -169,6 +173,8 @@ def test_the_measured_path_of_a_benchmark_that_starts_the_stack_is_all_of_the_co
 
 @pytest.fixture
 def tree(monkeypatch):
+    monkeypatch.setattr(report_io, "STARTED_ON", {})  # a parsed command line records its commit: not past this test
+
     def set_status(status: str) -> None:
         monkeypatch.setattr(report_io, "commit_status", lambda: ("abc", status))
     return set_status
@@ -254,3 +260,155 @@ def test_what_a_benchmark_runs_without_importing_it_is_on_its_measured_path():
     for script, paths in RUNS.items():
         assert (ROOT / script).is_file(), script
         assert all((ROOT / p).exists() for p in paths), paths
+
+
+def test_what_a_benchmark_reads_or_names_by_string_is_on_its_measured_path():
+    """The stack's packages include the examples a config loads by name; the closure follows a test's
+    own imports, the data files a script names by path, and never a benchmark's outputs."""
+    assert "examples" in record.STACK and "examples" in measured_paths("bench/e2e.py")
+    assert {"tests/integration/runs.py", "tests/conftest.py"} <= set(measured_paths("bench/chaos.py"))
+    assert "bench/profiles/vllm-cpu-dispatch-train.json" in measured_paths("bench/dispatch_train_sim.py")
+    assert "tests/fixtures/ranker_small.jsonl" in measured_paths("bench/fuzz.py")
+    assert "bench/trl_fair.py" not in measured_paths("bench/e2e.py")  # a label ("source"), not a run
+    for script in sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*.py")):
+        assert not [p for p in measured_paths(script) if p.startswith(record.OUTPUTS)], script
+
+
+DEMO = """import subprocess
+import sys
+from pathlib import Path
+
+import helper
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "bench/profiles/p.json"  # a data file it reads
+OUT = ROOT / "bench/results/out.jsonl"  # what it writes: not on its path
+AGENT = "examples.agent:play"  # loaded by name through a registry
+
+
+def main():
+    subprocess.run([sys.executable, "-m", "services.generation"], check=True)
+    subprocess.run([sys.executable, str(ROOT / "bench" / "peer.py")], check=True)
+"""
+FILES = {"bench/__init__.py": "", "bench/demo.py": DEMO, "bench/helper.py": "X = 1\n", "bench/peer.py": "Y = 1\n",
+         "bench/profiles/p.json": "{}\n", "bench/results/out.jsonl": "{}\n", "bench/README.md": "",
+         "services/__init__.py": "", "services/generation/__init__.py": "", "services/generation/__main__.py": "\n",
+         "examples/agent.py": "def play(e):\n    return 1.0\n", "requirements.lock": "a==1\n",
+         "requirements-models.lock": "m==1\n", "pyproject.toml": "[project]\n"}
+
+
+class Planted:
+    """A git repository beside a ``shared/data`` directory, with record.py and report_io looking at it."""
+
+    def __init__(self, base: Path) -> None:
+        self.root, self.shared = base / "repo", base / "shared" / "data"
+        self.shared.mkdir(parents=True)
+        for rel, text in FILES.items():
+            (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.root / rel).write_text(text)
+        self.git("init", "-q")
+        self.commit("the measured code")
+
+    def git(self, *args: str) -> str:
+        done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=self.root,
+                              capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    def commit(self, message: str) -> None:
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", message)
+
+    def change(self, rel: str) -> None:
+        path = self.root / rel if not rel.startswith("../") else self.root.parent / rel[3:]
+        path.write_text(path.read_text() + "# changed\n")  # another size: never the same file to a cache
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    repo = Planted(tmp_path.resolve())
+    for module in (record, report_io):
+        monkeypatch.setattr(module, "ROOT", repo.root)
+    monkeypatch.setattr(record, "RESULTS", repo.root / "bench" / "results")
+    monkeypatch.setattr(record, "README", repo.root / "bench" / "README.md")
+    monkeypatch.setattr(record, "PURE", {"bench/demo.py": ()})  # nothing whole: the closure must find each file
+    monkeypatch.setattr(record, "RUNS", {"bench/demo.py": ("bench/peer.py",)})
+    monkeypatch.setattr(report_io, "STARTED_ON", {})
+    monkeypatch.delenv("BRAID_SOURCE_COMMIT", raising=False)
+    measured_paths.cache_clear()
+    yield repo
+    measured_paths.cache_clear()
+
+
+def _planted_block(repo: Planted, inputs: list[Path] | None = None) -> dict:
+    return report_io.provenance(repo.root / "bench" / "demo.py", {}, inputs=inputs)
+
+
+@pytest.mark.parametrize("rel", [
+    "requirements-models.lock", "requirements.lock",  # the locked packages
+    "examples/agent.py",  # named by a registry string
+    "services/generation/__main__.py",  # started with python -m
+    "bench/peer.py",  # a peer script it runs without importing (RUNS)
+    "bench/helper.py",  # a sibling it imports
+    "bench/profiles/p.json",  # a data file it reads by path
+])
+def test_a_planted_change_on_the_measured_path_stales_the_result(planted, rel):
+    block = _planted_block(planted)
+    assert rel in block["code"] and judge_block(block) == []
+    planted.change(rel)
+    planted.commit(f"change {rel}")
+    [problem] = judge_block(block)
+    assert problem.startswith("code on its measured path changed since") and problem.endswith(f": {rel}")
+
+
+def test_a_change_to_what_a_benchmark_writes_does_not_stale_it(planted):
+    block = _planted_block(planted)
+    assert "bench/results/out.jsonl" not in block["code"]
+    planted.change("bench/results/out.jsonl")
+    planted.commit("a re-run's results")
+    assert judge_block(block) == []
+
+
+def test_the_examples_are_part_of_the_stack_a_process_starting_benchmark_runs(planted, monkeypatch):
+    monkeypatch.setattr(record, "PURE", {})
+    block = _planted_block(planted)
+    assert block["code"]["examples"] is not None and "examples/agent.py" not in block["code"]
+    planted.change("examples/agent.py")
+    planted.commit("another agent")
+    assert judge_block(block)[0].endswith(": examples")
+
+
+def test_a_planted_change_in_an_input_outside_the_repository_stales_the_result(planted):
+    data = planted.shared / "lengths.jsonl"
+    data.write_text('{"n": 1}\n')
+    block = _planted_block(planted, inputs=[data])
+    assert list(block["inputs"]) == ["../shared/data/lengths.jsonl"] and judge_block(block) == []
+    planted.change("../shared/data/lengths.jsonl")
+    assert judge_block(block) == ["input ../shared/data/lengths.jsonl changed since the run"]
+
+
+def test_an_input_absent_on_this_machine_is_not_stale_but_said_unchecked(planted, capsys):
+    data = planted.shared / "lengths.jsonl"
+    data.write_text('{"n": 1}\n')
+    estimates = planted.root / "bench" / "results" / "out.jsonl"  # a results file read as input
+    block = _planted_block(planted, inputs=[data, estimates])
+    assert set(block["inputs"]) == {"../shared/data/lengths.jsonl", "bench/results/out.jsonl"}
+    data.unlink()  # CI has no ../shared
+    assert judge_block(block) == []
+    (planted.root / "bench" / "results" / "a.json").write_text(json.dumps({"provenance": block}))
+    assert unchecked_inputs({"provenance": block}) == ["../shared/data/lengths.jsonl"]
+    (planted.root / "bench" / "README.md").write_text("<!--stale-begin-->\n<!--stale-end-->\n")
+    assert record.main(["--write"]) == 0  # the planted repository's page, its one result fresh
+    assert "could not check its inputs (not on this machine): ../shared/data/lengths.jsonl" in capsys.readouterr().out
+    planted.change("bench/results/out.jsonl")
+    assert judge_block(block) == ["input bench/results/out.jsonl changed since the run"]
+
+
+def test_a_result_whose_head_moved_during_the_run_is_stale(planted):
+    _parser().parse_args([])  # the run starts: STARTED_ON
+    started = planted.git("rev-parse", "HEAD")
+    planted.change("bench/helper.py")
+    planted.commit("committed while the benchmark ran")
+    block = _planted_block(planted)
+    ended = planted.git("rev-parse", "HEAD")
+    assert block["commit"] == started and block["commit_at_end"] == ended
+    assert judge_block(block)[0] == f"HEAD moved during the run: started on {started[:8]}, ended on {ended[:8]}"

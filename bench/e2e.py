@@ -30,8 +30,13 @@ Measured per mode:
   (same random stream per prompt chunk); each async mode's paired difference to sync gets a 95%
   interval and a non-inferiority verdict with margin 25% of sync's gain (which must be >= 5
   standard errors for the test to have power); negative controls (the untrained warm start, and
-  the ``--controls`` modes: by default ``placebo``, sync at lr 1e-9, declared in ``e2e_core`` to be
-  judged *inferior*; ``bounded_16`` on request) must be flagged;
+  the ``--controls`` modes) must be flagged. By default two controls run, each declared in
+  ``e2e_core.CONTROLS_EXPECTED`` to be judged *inferior*: ``placebo`` (sync at lr 1e-9: nothing
+  moves, so it scores exactly as the untrained warm start) and ``partial_harm`` (sync with half the
+  groups, chosen by a hash of the prompt, trained on their rewards permuted within the group,
+  ``reward.shuffle_fraction 0.5``: the policy moves every step but learns from half the signal, so
+  the test must tell it from sync). A declared control that gets another verdict is reported as FAILED
+  (``declared_controls``). ``bounded_16`` runs on request (no declared verdict);
 - **staleness**: per consumed buffer, the distribution of trajectory staleness (groups by
   ``V_buf - V_traj``, StaleFlow Fig. 18) and violations of the mode's bound (sync 0, one_step 1,
   bounded eta); ``max_staleness_violations`` adds them up over Braid's modes and must be 0.
@@ -47,7 +52,8 @@ their standard errors.
 
 Writes ``bench/results/e2e.json``, ``bench/results/e2e.md`` and ``bench/results/e2e_curves.png``.
 
-    python bench/e2e.py [--quick] [--modes sync,one_step,trl] [--reuse] [--repeats 3]
+    python bench/e2e.py [--quick] [--modes sync,one_step,trl] [--controls placebo,partial_harm] [--reuse]
+        [--repeats 3]
 """
 
 from __future__ import annotations
@@ -70,10 +76,10 @@ for _path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(_path))
 
 from e2e_core import (  # noqa: E402  (the pure helpers)
+    CONTROLS_EXPECTED,
+    CONTROLS_WHAT,
+    DEFAULT_CONTROLS,
     MODES,
-    NEGATIVE_CONTROL_EXPECTED,
-    PLACEBO,
-    PLACEBO_LR,
     TARGET_FRACTION,
     assemble,
     buffer_staleness,
@@ -324,10 +330,12 @@ def main() -> int:
     parser.add_argument("--paired-samples", type=int, default=None,
                         help=f"sampled completions per prompt in the paired evaluation "
                              f"(full: {FULL['paired_samples']})")
-    parser.add_argument("--controls", default=PLACEBO,
-                        help=f"comma-separated modes run as negative controls: judged like the async modes and "
-                             f"expected to fail; the untrained warm start is always one. Default {PLACEBO} (sync at "
-                             f"lr {PLACEBO_LR:g}: must be judged {NEGATIVE_CONTROL_EXPECTED}); e.g. add bounded_16")
+    parser.add_argument("--controls", default=",".join(DEFAULT_CONTROLS),
+                        help="comma-separated modes run as negative controls: judged like the async modes and "
+                             "expected to fail; the untrained warm start is always one. Default "
+                             + "; ".join(f"{m} ({CONTROLS_WHAT[m]}: must be judged {CONTROLS_EXPECTED[m]})"
+                                         for m in DEFAULT_CONTROLS).replace("%", "%%")  # argparse formats help
+                             + "; e.g. add bounded_16")
     parser.add_argument("--warmstart-steps", type=int, default=None,
                         help=f"SFT steps of the warm start (full: {FULL['warmstart_steps']}; quick: the config's own)")
     parser.add_argument("--target", type=float, default=None, help="fixed target accuracy (default: the rule)")
@@ -434,7 +442,8 @@ def main() -> int:
     if "sync" in ok:
         conv = convergence(warm_scores, ok["sync"],
                            {m: v for m, v in ok.items() if m not in ("sync", "trl", *controls)},
-                           {UNTRAINED: warm_scores, **{m: ok[m] for m in controls if m in ok}})
+                           {UNTRAINED: warm_scores, **{m: ok[m] for m in controls if m in ok}},
+                           expected={m: CONTROLS_EXPECTED[m] for m in controls if m in CONTROLS_EXPECTED})
         conv["controls_requested"] = [UNTRAINED, *controls]
     meta = {
         "target_rule": ("fixed by --target" if ns.target is not None else

@@ -18,6 +18,25 @@ MODES = (*BRAID_MODES, "trl")
 PLACEBO = "placebo"
 PLACEBO_LR = 1e-9
 NEGATIVE_CONTROL_EXPECTED = "inferior"
+# The second declared control (issue 54): the placebo's policy does not move, so it scores exactly as
+# the untrained control and its verdict cannot fail. ``partial_harm`` is sync in which half the groups
+# are trained on their rewards permuted within the group (``reward.shuffle_fraction``,
+# services/rollout/reward_shuffle.py: each group chosen by a hash of its prompt id, so 16 +- 2.8 of a
+# step's 32; a uniformly random permutation, so their gradients are noise of a real group's size with
+# zero mean). Its policy moves every step, but only half the groups carry the signal: it learns less
+# than sync, and the test must judge it *inferior*. If it did not, the test could not tell partial
+# learning from sync's. (At the power of the run of record, 642b718: sync's gain +0.027 = 4.7 standard
+# errors, paired s.e. to sync ~0.0055, *inferior* needs a loss beyond 0.0068 + 1.96 x 0.0055, i.e.
+# partial_harm keeping at most ~35% of sync's gain; keeping half of it reads *inconclusive*.)
+PARTIAL_HARM = "partial_harm"
+PARTIAL_HARM_SHUFFLE = 0.5  # the share of each step's groups trained on shuffled rewards
+# every declared control and the verdict it must get, declared before the run
+CONTROLS_EXPECTED = {PLACEBO: NEGATIVE_CONTROL_EXPECTED, PARTIAL_HARM: "inferior"}
+CONTROLS_WHAT = {PLACEBO: f"sync at lr {PLACEBO_LR:g}: every step taken, nothing learned",
+                 PARTIAL_HARM: f"sync with {PARTIAL_HARM_SHUFFLE:.0%} of the groups, chosen by a hash of the "
+                               "prompt, trained on rewards permuted within the group: the policy moves on half the "
+                               "signal"}
+DEFAULT_CONTROLS = (PLACEBO, PARTIAL_HARM)
 TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
 
 
@@ -34,6 +53,9 @@ def mode_overrides(mode: str, instances: int) -> list[str]:
         return ["trainer.mode=sync"]  # TRL is synchronous on-policy; only the shared fields matter to it
     if mode == PLACEBO:
         return ["trainer.mode=sync", f"trainer.lr={PLACEBO_LR:g}", f"generation.instances={instances}"]
+    if mode == PARTIAL_HARM:
+        return ["trainer.mode=sync", f"reward.shuffle_fraction={PARTIAL_HARM_SHUFFLE:g}",
+                f"generation.instances={instances}"]
     parts = mode.split("_")
     if (parts[0] != "bounded" or len(parts) not in (2, 3) or not parts[1].isdigit()
             or parts[2:] not in ([], ["partial"])):
@@ -74,7 +96,7 @@ def combine_repeats(first: dict, repeats: list[dict]) -> dict:
 
 def staleness_bound(mode: str) -> int:
     """The largest staleness a trained trajectory may have in ``mode``."""
-    if mode in ("sync", PLACEBO):
+    if mode in ("sync", PLACEBO, PARTIAL_HARM):
         return 0
     if mode == "one_step":
         return 1
@@ -211,9 +233,12 @@ def assemble(modes: list[str], per_mode: dict[str, dict], target: float | None, 
         **({} if convergence is None else {
             "sync_gain_se": convergence["sync_gain_se"],
             "noninferiority": convergence["noninferiority"],
-            # the declared control's verdict (must be NEGATIVE_CONTROL_EXPECTED), and the old metric beside it
+            # the placebo's verdict (must be NEGATIVE_CONTROL_EXPECTED), and the old metric beside it
             "negative_control_verdict": convergence["negative_control"].get(PLACEBO, {}).get("verdict"),
             "negative_control_flagged": convergence["negative_control_flagged"],
+            # every declared control's verdict against the one declared for it (CONTROLS_EXPECTED)
+            "declared_controls": convergence.get("declared_controls", {}),
+            "declared_controls_met": convergence.get("declared_controls_met"),
             "convergence": {k: v for k, v in convergence.items() if k != "noninferiority"},
         }),
         "status": status,

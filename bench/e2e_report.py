@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.e2e_core import NEGATIVE_CONTROL_EXPECTED, PLACEBO, PLACEBO_LR
+from bench.e2e_core import CONTROLS_WHAT, NEGATIVE_CONTROL_EXPECTED, PLACEBO, PLACEBO_LR
 from bench.report_io import provenance_line
 
 
@@ -150,10 +150,27 @@ def convergence_lines(result: dict) -> list[str]:
     for name, v in rows:
         lines.append(f"| {name} | {v['mean_accuracy']:.4f} | {v['diff']:+.4f} | "
                      f"[{v['ci95'][0]:+.4f}, {v['ci95'][1]:+.4f}] | {v['verdict']} |")
-    lines += ["", f"Declared negative control ({PLACEBO}: sync at lr {PLACEBO_LR:g}, every step taken, nothing "
-                  f"learned): **{result.get('negative_control_verdict')}** (must be {NEGATIVE_CONTROL_EXPECTED}). "
-                  f"Every control not passing (the earlier check): {conv['negative_control_flagged']}.", ""]
+    flagged = f"Every control not passing (the earlier check): {conv['negative_control_flagged']}."
+    if result.get("declared_controls") is None:  # a result written before declared_controls: as it said then
+        lines += ["", f"Declared negative control ({PLACEBO}: sync at lr {PLACEBO_LR:g}, every step taken, nothing "
+                      f"learned): **{result.get('negative_control_verdict')}** (must be {NEGATIVE_CONTROL_EXPECTED}). "
+                      f"{flagged}", ""]
+    else:
+        lines += ["", *declared_control_lines(result["declared_controls"], result.get("declared_controls_met")),
+                  flagged, ""]
     return lines + previous_regime_lines(result)
+
+
+def declared_control_lines(declared: dict, all_met: bool | None) -> list[str]:
+    """Each declared control's verdict against the one declared for it before the run: met, or FAILED."""
+    lines = [f"Declared negative controls, each with the verdict declared for it before the run "
+             f"(all met: **{all_met}**):", ""]
+    for name, d in declared.items():
+        judged = (f"**{d['verdict']}** ({d['diff']:+.4f}, 95% CI [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}])"
+                  if d["verdict"] is not None else f"**{d.get('note', 'not judged')}**")
+        lines.append(f"- {name} ({CONTROLS_WHAT.get(name, 'declared')}): {judged}; must be {d['expected']}: "
+                     f"{'met' if d['met'] else '**FAILED**'}")
+    return [*lines, ""]
 
 
 def previous_regime_lines(result: dict) -> list[str]:

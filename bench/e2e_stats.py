@@ -17,7 +17,11 @@ Prompt difficulty, which dominates the variance of an unpaired comparison, cance
   *inconclusive*. Only *non-inferior* is a pass;
 - negative controls (at least the untrained warm start, which the old "within 2 standard errors"
   check passed) must not pass: ``negative_control_flagged`` is true when none of them is judged
-  non-inferior.
+  non-inferior;
+- a *declared* control (``expected``: its name and the verdict declared for it before the run,
+  ``e2e_core.CONTROLS_EXPECTED``) must get exactly that verdict: ``declared_controls`` says for each
+  whether it ``met`` it (a control declared *inferior* but judged *non-inferior* or *inconclusive*,
+  or one that did not run, has failed), and ``declared_controls_met`` whether all of them did.
 """
 
 from __future__ import annotations
@@ -56,11 +60,26 @@ def verdict(ci95: list[float], margin: float | None) -> str:
     return "inconclusive"
 
 
+def declared_outcomes(judged: dict[str, dict], expected: dict[str, str]) -> dict[str, dict]:
+    """Each declared control's verdict against the one declared for it; a control that was not
+    judged (it did not run, or failed) has not met its declaration."""
+    out = {}
+    for name, want in expected.items():
+        c = judged.get(name)
+        if c is None:
+            out[name] = {"expected": want, "verdict": None, "met": False, "note": "not judged: the control did not run"}
+            continue
+        out[name] = {"expected": want, "verdict": c["verdict"], "met": c["verdict"] == want, "diff": c["diff"],
+                     "ci95": c["ci95"]}
+    return out
+
+
 def convergence(warm: list[float], sync: list[float], modes: dict[str, list[float]],
-                controls: dict[str, list[float]], *, fraction: float = MARGIN_FRACTION,
-                min_gain_se: float = MIN_GAIN_SE) -> dict:
+                controls: dict[str, list[float]], *, expected: dict[str, str] | None = None,
+                fraction: float = MARGIN_FRACTION, min_gain_se: float = MIN_GAIN_SE) -> dict:
     """The non-inferiority report: sync's gain (and whether it has power), the margin, one verdict
-    per async mode and per negative control, and whether every control was flagged."""
+    per async mode and per negative control, whether every control was flagged, and whether each
+    declared control (``expected``: name -> the verdict it must get) got its verdict."""
     gain = paired(sync, warm)
     margin = fraction * gain["diff"] if gain["diff"] > 0 else None
 
@@ -72,6 +91,7 @@ def convergence(warm: list[float], sync: list[float], modes: dict[str, list[floa
     ctrl = {name: judged(scores) for name, scores in controls.items()}
     for c in ctrl.values():
         c["flagged"] = c["verdict"] != "non-inferior"
+    declared = declared_outcomes(ctrl, expected or {})
     return {
         "sync_gain": gain,
         "sync_gain_se": gain["z"],
@@ -82,6 +102,8 @@ def convergence(warm: list[float], sync: list[float], modes: dict[str, list[floa
         "noninferiority": {m: judged(s) for m, s in modes.items()},
         "negative_control": ctrl,
         "negative_control_flagged": bool(ctrl) and all(c["flagged"] for c in ctrl.values()),
+        "declared_controls": declared,
+        "declared_controls_met": all(d["met"] for d in declared.values()) if declared else None,
         "warm_accuracy": statistics.fmean(warm),
         "sync_accuracy": statistics.fmean(sync),
     }

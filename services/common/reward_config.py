@@ -155,6 +155,13 @@ class RewardConfig(StrictModel):
         description="Directories put first on a reward worker's import path, where your 'module:function' terms live "
         "(the directory braid runs in is always there).",
     )
+    shuffle_fraction: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="A sanity control: this share of the training groups (picked by a hash of shuffle_seed and the "
+        "group's prompt id) is trained on its rewards permuted within the group, so they say nothing about which "
+        "sample was good (services/rollout/reward_shuffle.py). 0 = off; evaluations are never shuffled.",
+    )
+    shuffle_seed: int = Field(0, ge=0, description="Seed of shuffle_fraction's choice of groups and permutations.")
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
     scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
 

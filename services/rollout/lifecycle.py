@@ -27,6 +27,7 @@ from services.rollout.handoff import Handoff, StepOrder
 from services.rollout.head import HeadTrainer
 from services.rollout.modes import eta_of, streams_training
 from services.rollout.pools import ExperienceBuffer
+from services.rollout.reward_shuffle import shuffle_rewards, shuffled_count
 from services.rollout.rewards import Outcome
 from services.rollout.staleness import ConsumedEntry, ConsumeResult, StalenessManager
 from services.run.runtime import Accumulator, Published, TrainerRuntime
@@ -217,13 +218,17 @@ class GroupLifecycle:
 
     def complete(self, key: str, samples: list[SampleRecord], outcomes: list[Outcome]) -> bool:
         """``group_size`` members of ``key`` finished: occupy it, or abort it when DAPO's filter
-        drops it (every reward equal). Returns whether it was kept."""
+        drops it (every reward equal). Returns whether it was kept. With ``reward.shuffle_fraction``
+        the group's rewards may be permuted within it here, before any advantage is computed
+        (``services.rollout.reward_shuffle``); correctness stays each sample's own."""
         rewards = [o.reward for o in outcomes]
         if self.tc.algorithm.dynamic_sampling and not dapo_keep_group(rewards):
             self.mgr.abort(key, "filtered")
             self.counts["filtered"] += 1
             self.forget(key, "filtered")
             return False
+        rc = self.rt.cfg.reward
+        rewards = shuffle_rewards(key, rewards, rc.shuffle_fraction, rc.shuffle_seed)
         self.experience.put(key, Group(samples, rewards, [o.correct for o in outcomes]))
         self.failures_of[key] = sum(1 for o in outcomes if o.failure)
         self.mgr.occupy(key, generated_version=min(s.weight_version for s in samples))
@@ -248,7 +253,9 @@ class GroupLifecycle:
             self._drop(a.key, a.reason)
         staleness = [[self.staleness_of(result, s) for s in g.samples] for g in groups]
         failures = sum(self.failures_of.pop(key, 0) for key in keys)  # among the samples this step trains
+        rc = self.rt.cfg.reward
         extra = {"eta": self.eta, "buffer_version": result.buffer_version,
+                 "reward_shuffled_groups": shuffled_count(keys, rc.shuffle_fraction, rc.shuffle_seed),
                  **staleness_metrics(result.entries, self.eta), **self.step_metrics(result, keys, groups)}
         extra |= dict(sorted(self.counts.items())) | self.clock.take()
         # the state a checkpoint of the step's version holds, copied now: this thread goes on changing it

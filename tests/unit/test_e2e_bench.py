@@ -144,6 +144,62 @@ def test_the_placebo_control_is_sync_at_a_learning_rate_that_moves_nothing():
     assert RunConfig.model_validate(apply_overrides({}, over)).trainer.lr == 1e-9
 
 
+def test_the_partial_harm_control_is_sync_with_half_the_groups_on_shuffled_rewards():
+    over = core.mode_overrides(core.PARTIAL_HARM, 2)
+    assert over == ["trainer.mode=sync", "reward.shuffle_fraction=0.5", "generation.instances=2"]
+    assert core.staleness_bound(core.PARTIAL_HARM) == 0
+    # declared before the run, beside the placebo, and both run by default
+    assert core.CONTROLS_EXPECTED == {core.PLACEBO: "inferior", core.PARTIAL_HARM: "inferior"}
+    assert core.DEFAULT_CONTROLS == (core.PLACEBO, core.PARTIAL_HARM)
+    from services.common.config import RunConfig, apply_overrides
+
+    cfg = RunConfig.model_validate(apply_overrides({}, over))
+    assert cfg.trainer.mode == "sync" and cfg.reward.shuffle_fraction == 0.5 and cfg.trainer.lr > 1e-6
+
+
+def test_a_declared_control_judged_noninferior_is_reported_as_failed():
+    """partial_harm declared inferior but as good as sync: the check fails, in the JSON and in e2e.md."""
+    import random
+
+    stats = _load("e2e_stats")
+    rng = random.Random(0)
+    n = 3000
+    base = [rng.betavariate(1.0, 1.5) for _ in range(n)]
+    warm = [float(rng.random() < p) for p in base]
+    sync = [float(rng.random() < min(1.0, p + 0.1)) for p in base]
+    harm = [0.0 if i % 100 == 0 else x for i, x in enumerate(sync)]  # sync's scores, a few prompts lost
+    conv = stats.convergence(warm, sync, {}, {"untrained": warm, core.PLACEBO: warm, core.PARTIAL_HARM: harm},
+                             expected=dict(core.CONTROLS_EXPECTED))
+    assert conv["powered"] and conv["negative_control"][core.PARTIAL_HARM]["verdict"] == "non-inferior"
+    assert conv["declared_controls"][core.PLACEBO]["met"] is True
+    assert conv["declared_controls"][core.PARTIAL_HARM] | {"diff": 0, "ci95": 0} == {
+        "expected": "inferior", "verdict": "non-inferior", "met": False, "diff": 0, "ci95": 0}
+    assert conv["declared_controls_met"] is False
+    per_mode = {"sync": _ok(50.0), core.PLACEBO: _ok(50.0), core.PARTIAL_HARM: _ok(50.0)}
+    meta = {"settings": {"quick": False, "iterations": 100, "checkpoint_every": 10, "eval_prompts": 500,
+                         "samples_per_iteration": 256, "decoding": "sampling", "trl_generation": "cb", "instances": 2,
+                         "trl_threads": 2, "paired_prompts": n, "paired_samples": 1},
+            "host": {"summary": "x86_64, 2 cores", "trl_version": None},
+            "target_rule": "rule", "warmstart": {"accuracy": 0.3, "stderr": 0.03}}
+    result = core.assemble(list(per_mode), per_mode, 0.4, meta, conv)
+    assert result["declared_controls_met"] is False and result["negative_control_verdict"] == "inferior"
+    text = e2e_report.markdown(result)
+    assert "(all met: **False**)" in text
+    assert "- placebo (sync at lr 1e-09: every step taken, nothing learned): **inferior** (" in text
+    line = next(x for x in text.splitlines() if x.startswith("- partial_harm ("))
+    assert "**non-inferior**" in line and line.endswith("must be inferior: **FAILED**")
+    assert "| partial_harm (negative control) |" in text
+
+
+def test_a_declared_control_that_did_not_run_has_not_met_its_declaration():
+    stats = _load("e2e_stats")
+    warm, sync = [0.0, 0.25, 0.5, 0.0], [0.5, 0.5, 0.75, 0.5]
+    conv = stats.convergence(warm, sync, {}, {"untrained": warm}, expected={core.PARTIAL_HARM: "inferior"})
+    assert conv["declared_controls"][core.PARTIAL_HARM]["met"] is False
+    assert conv["declared_controls"][core.PARTIAL_HARM]["verdict"] is None and conv["declared_controls_met"] is False
+    assert stats.convergence(warm, sync, {}, {"untrained": warm})["declared_controls_met"] is None
+
+
 def test_assemble_counts_violations_and_misses():
     per_mode = {"sync": _ok(50.0), "one_step": _ok(55.0, violations=3), "trl": _ok(60.0)}
     result = core.assemble(list(per_mode), per_mode, None, {})

@@ -13,7 +13,9 @@ Each orchestrator tick runs one cycle (Algorithm 1):
    must finish on the version it started with, so an instance syncs only when the samples it holds
    fit on other live instances of its version (else it keeps its tail, as before).
 3. **Migrate** (Alg. 5): interrupt the excess of a long queue, or everything on the fastest instance
-   when the throughput gap is too wide; at most once per instance per snapshot.
+   when the throughput gap is too wide; once per snapshot (the next decision waits for a snapshot
+   taken after the interrupts, as StaleFlow's validation does), never on an instance interrupted
+   since the snapshot.
 4. **Route** (Alg. 3) the waiting trajectories: interrupted ones first (oldest ``V_traj`` first),
    then the next new groups (``PromptPool.peek_many``), each by marginal gain with the ``mu``
    threshold; a new group's staleness entry is reserved as it is routed; the rest are withheld.
@@ -74,6 +76,7 @@ class Coordinator:
         self.snaps: dict[int, HealthSnapshot] = {}
         self.taken_at = 0.0
         self.moved: set[int] = set()  # instances interrupted since the last snapshot (one command each)
+        self.migrated = False  # a migration since the last snapshot: the next waits for a fresh one
         self.specs: dict[str, PromptSpec] = {}  # upcoming prompts, encoded once
         self.prompt_tokens = 64  # typical prompt length (updated from encoded prompts)
 
@@ -83,7 +86,7 @@ class Coordinator:
         now = time.monotonic()
         if now - self.taken_at < self.interval_s:
             return
-        self.taken_at, self.moved = now, set()
+        self.taken_at, self.moved, self.migrated = now, set(), False
         for v in views:
             if not v.alive:
                 self.snaps.pop(v.index, None)
@@ -173,10 +176,14 @@ class Coordinator:
         return out
 
     def migrations(self, loads: list[Load]) -> dict[int, int]:
-        if not self.settings.migrate:
+        """Alg. 5 on a snapshot no migration has acted on yet (StaleFlow's validation: a decision waits
+        for a snapshot that shows the last commands' effect), without instances interrupted since."""
+        if not self.settings.migrate or self.migrated:
             return {}
         plan = migrations([ld for ld in loads if ld.index not in self.moved], self.model, self.settings)
-        return {i: n for i, n in plan.items() if not self.exact or self._tail_fits(i, loads)}
+        plan = {i: n for i, n in plan.items() if not self.exact or self._tail_fits(i, loads)}
+        self.migrated = bool(plan)
+        return plan
 
     def route(self, trajs: list[Traj], loads: list[Load], mgr):
         return route(trajs, loads, self.model, mgr, self.settings.mu)

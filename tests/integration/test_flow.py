@@ -104,18 +104,22 @@ def _check_artifacts() -> None:
             assert found, key
 
 
-def test_an_emulated_32_instance_fleet_runs_one_step_through_braid_run(prefect_api, tmp_path, capsys):
+def test_an_emulated_32_instance_fleet_runs_bounded_staleflow_through_braid_run(prefect_api, tmp_path, capsys):
     """`braid run --cluster`: the allocator plans 32 H20 instances and H800 training for the EMULATED
     config, and the plan runs through the rl_training flow: one SGS process serves the 32 instances,
-    the emulated learner steps, every sample is trained once within the staleness bound, and every
-    record says EMULATED (issue 53: under 60 s on a quiet 2-core machine, 2026-11-29)."""
+    the emulated learner steps, every record says EMULATED (issue 53: under 60 s on a quiet 2-core
+    machine, 2026-11-29). The run is bounded (eta 1) with partial rollout under StaleFlow's
+    coordination (issue 54): instances sync by interrupt-and-pull, and still every sample is trained
+    exactly once within the bound."""
     from flows.cli import main
     from services.common.config import load_config
     from services.policy.warmstart import ensure_warmstart
     from services.run.ledger import check_ledger
 
     runs = tmp_path / "runs"
-    overrides = [f"runs_dir={runs}", f"cache_dir={tmp_path / 'cache'}", "trainer.iterations=3", "eval.prompts=8"]
+    overrides = [f"runs_dir={runs}", f"cache_dir={tmp_path / 'cache'}", "trainer.iterations=3", "eval.prompts=8",
+                 "trainer.mode=bounded", "trainer.eta=1", "trainer.partial_rollout=true",
+                 "trainer.coordination.policy=staleflow"]
     # the warm start (the built tiny model, no SFT) made here, where torch is imported already: the
     # flow finds it cached (services/policy/warmcache.py) instead of starting a process to build it
     ensure_warmstart(load_config(EMULATED, overrides), progress=False)
@@ -135,6 +139,7 @@ def test_an_emulated_32_instance_fleet_runs_one_step_through_braid_run(prefect_a
     assert summary["emulated"]["steps"] == 3 and summary["control_plane"]["orchestrator_busy_max"] is not None
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == [1, 2, 3] and max(r["staleness_max"] for r in rows) <= 1
+    assert rows[-1]["syncs"] > 0  # instances took new versions through the coordination cycle
     assert all(r["emulated_time_scale"] == cfg.generation.emulation.time_scale for r in rows)
     ledger = check_ledger(run_dir / "ledger.jsonl", 3, cfg.trainer.prompts_per_iteration)
     assert not (ledger.missing_steps or ledger.duplicate_samples or ledger.wrong_group_counts), ledger

@@ -124,7 +124,8 @@ class DispatchConfig(StrictModel):
     alpha: float = Field(0.2, gt=0.0, lt=1.0, description="Long-tail fraction of Algorithm 2 (StreamRL: 20%).")
     profile: str | None = Field(
         None,
-        description="PTL profile (JSON) of one instance, for streamrl*; None = the shipped measured CPU profile "
+        description="PTL profile (JSON) of one instance, for streamrl*; None = the profile emulated instances wait "
+        "out (generation.emulation.profile), else the shipped measured CPU profile "
         "allocator/profiles/cpu-local-braid-tiny.json (refused if it is for another model).",
     )
     length_window: int = Field(
@@ -147,6 +148,13 @@ class DispatchConfig(StrictModel):
         True,
         description="Send each sequence's estimate to its instance (its LPT admission uses it); false = instances "
         "see no estimates and admit FCFS.",
+    )
+    gather_s: float = Field(
+        0.02, ge=0.0, le=1.0,
+        description="The SGS router's routing round: the Generate calls that arrive within this many seconds of the "
+        "first are planned together by one dispatch call (the orchestrator sends one call per GRPO group, back to "
+        "back, so Algorithm 2 sees the round's long tail); 0 = each call planned on its own. Each call waits at most "
+        "this long before it is dispatched.",
     )
 
 

@@ -11,7 +11,8 @@ For each Generate call the router
    none. Sequences without an estimate are still served: estimate-driven policies treat them
    as typical (median) sequences, and a request without any estimate is dispatched
    round-robin and admitted FCFS (``scheduling.dispatch``/``admission``);
-3. splits the sequences by the pool their task maps to (``scheduling.pools``, RollArt's
+3. joins the current routing round (below), whose sequences are planned together; splits them by
+   the pool their task maps to (``scheduling.pools``, RollArt's
    hardware affinity; one pool of every live instance without ``generation.affinity``) and
    asks the configured dispatch policy (a pure function from ``scheduling.dispatch``) for a
    plan per pool over that pool's instances, given their outstanding work, the recent length
@@ -24,6 +25,21 @@ For each Generate call the router
    the caller's prompt ids and sample indices;
 5. logs a per-instance timeline (JSONL): one line per dispatched call (with its pools) and per
    finished sample (with its task and the instance's pool).
+
+**Routing rounds** (``generation.dispatch.gather_s``; StreamRL §4, Algorithm 2 plans a batch). The
+rollout orchestrator sends one Generate call per GRPO group, a routing round's groups back to back,
+so a router that planned each call alone would show the policy one prompt's samples at a time and
+never a batch's long tail. The first call to arrive opens a round and leads it: it waits
+``gather_s`` (default 20 ms), closes the round, and runs the policy once (per pool) over the
+sequences of every call that joined, on one snapshot of the rows, then books them all; each call
+then sends its own share and streams its own samples, as before. Why a window at the router rather
+than one Generate call carrying the round's groups: a call is the unit of cancellation and failure,
+and the orchestrator cancels single groups (a group complete with redundant samples still running,
+DAPO's filter, a group dropped by the staleness bound), which a shared stream could not do without
+cancelling its neighbours. Here a cancelled or failed call releases only its own samples; a call
+refused on its own (its task has no pool, only lost instances may run it) gets its error while the
+rest of its round goes on. A call that misses the window is planned in the next round, on a
+snapshot that holds the earlier round's bookings. ``gather_s = 0`` plans every call alone.
 
 ``UpdateWeights`` is forwarded to every instance (``fanout.WeightFanout``); ``Health``
 aggregates the instances'. Mechanism only: every decision is the policy's.
@@ -101,8 +117,32 @@ class _Seq:
     prompt: PromptSpec  # the caller's prompt
     sample_index: int
     estimate: float | None
+    call: int = 0  # the Generate call it belongs to (a routing round plans several calls' sequences)
     instance: int = -1
     booked: Reservation | None = None  # its sample on its instance's row, until it returns
+
+    @property
+    def key(self) -> str:
+        """Its id in a routing round's plan (two calls of a round may send the same prompt id)."""
+        return f"{self.call}:{self.wire_id}"
+
+
+@dataclass
+class _Pending:
+    """One Generate call waiting in a routing round for its share of the round's plan."""
+
+    call_id: int
+    seqs: list[_Seq]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # its own refusal (affinity, lost instances), or the round's failure
+    plan: DispatchPlan | None = None  # the round's plan (every member's sequences, by ``_Seq.key``)
+    parts: list[tuple[PoolShare, DispatchPlan]] = field(default_factory=list)
+    t_dispatch: float = 0.0
+    dispatch_s: float = 0.0
+    members: int = 1  # calls in the round
+    sequences: int = 0  # sequences in the round
+    leader: int = 0  # the round's first call (its id names the round in the timeline)
+    slots: int = 0  # rows in the snapshot the round was planned on
 
 
 @dataclass
@@ -159,6 +199,8 @@ class RouterCore:
         self._pairs: deque[tuple[float, float]] = deque(maxlen=self.dcfg.length_window)
         self._calls = itertools.count()
         self.estimator_failures = 0
+        self._round_lock = threading.Lock()
+        self._round: list[_Pending] | None = None  # the open routing round's calls (its leader waits gather_s)
 
     # ------------------------------------------------------------------ estimates
     def estimates(self, prompts: list[PromptSpec]) -> tuple[list[float | None], str]:
@@ -205,11 +247,11 @@ class RouterCore:
 
     def _plan(self, seqs: list[_Seq], snap: FleetSnapshot, seed: int) -> list[tuple[PoolShare, DispatchPlan]]:
         """The dispatch policy once per pool over that pool's live rows in ``snap`` (all live rows
-        without affinity); each pool's plan numbers its rows densely."""
+        without affinity); each pool's plan numbers its rows densely and names sequences by ``_Seq.key``."""
         parts = []
         for pool in self._split(seqs, snap):
             share = [seqs[k] for k in pool.members]
-            requests = [SeqRequest(s.wire_id, len(s.prompt.token_ids), s.estimate, group=s.prompt.prompt_id)
+            requests = [SeqRequest(s.key, len(s.prompt.token_ids), s.estimate, group=f"{s.call}:{s.prompt.prompt_id}")
                         for s in share]
             ctx = self.context([snap[i] for i in pool.slots], seed)
             parts.append((pool, dispatch(self.dcfg.policy, requests, ctx)))
@@ -231,7 +273,7 @@ class RouterCore:
         """Book each sequence on its planned row (one sample, its estimate as work). False, nothing
         left booked, when a row stopped taking work since the snapshot the plan was made on."""
         for k, s in enumerate(seqs):
-            s.instance = plan.assignment[s.wire_id]
+            s.instance = plan.assignment[s.key]
             s.booked = self.fleet.reserve(s.instance, 1, over=True, work=s.estimate or 0.0)
             if s.booked is None:
                 for done in seqs[:k]:
@@ -239,38 +281,95 @@ class RouterCore:
                 return False
         return True
 
+    # ------------------------------------------------------------------ routing rounds
+    def _join_round(self, me: _Pending) -> None:
+        """Return once ``me`` has its share of its routing round's plan (or its ``error``). The first
+        call to arrive leads the round: it waits ``gather_s``, closes the round and plans every call
+        that joined meanwhile; the others wait for it."""
+        if self.dcfg.gather_s <= 0:
+            self._plan_round([me])
+            return
+        with self._round_lock:
+            lead = self._round is None
+            if lead:
+                self._round = []
+            self._round.append(me)
+        if not lead:
+            me.done.wait()  # the leader sets it whatever happens (``_plan_round``'s finally)
+            return
+        time.sleep(self.dcfg.gather_s)
+        with self._round_lock:
+            members, self._round = self._round, None
+        self._plan_round(members)
+
+    def _plan_round(self, members: list[_Pending]) -> None:
+        """Plan the members' sequences together (one dispatch call per pool over all of them) and book
+        them. A member whose own request cannot run (its task has no pool, or only lost instances may
+        run it) gets its error and the rest go on; if planning itself fails every member gets that error.
+        Every member's ``done`` is set on return."""
+        try:
+            while True:  # a row left between the snapshot and the booking: plan again without it
+                t_dispatch = time.time()  # before the snapshot: a removal logged earlier was planned without its row
+                t0 = time.perf_counter()
+                snap = self.fleet.snapshot()
+                going = []
+                for m in members:
+                    try:
+                        self._split(m.seqs, snap)  # its own refusal, as a call planned alone would get
+                    except (AffinityError, InstanceFailed) as err:
+                        m.error = err
+                    else:
+                        m.error = None
+                        going.append(m)
+                if not going:
+                    return
+                seqs = [s for m in going for s in m.seqs]
+                parts = self._plan(seqs, snap, going[0].call_id)
+                plan = merge_plans(parts)
+                dispatch_s = time.perf_counter() - t0
+                if self._book(seqs, plan):
+                    break
+            for m in going:
+                m.plan, m.parts, m.t_dispatch, m.dispatch_s = plan, parts, t_dispatch, dispatch_s
+                m.members, m.sequences, m.leader, m.slots = len(going), len(seqs), going[0].call_id, len(snap)
+        except BaseException as exc:  # noqa: BLE001 - raised in each member's own start()
+            for m in members:
+                if m.plan is None and m.error is None:
+                    m.error = exc
+        finally:
+            for m in members:
+                m.done.set()
+
     def start(self, prompts: list[PromptSpec], params: GenerateParams) -> RouterCall:
-        """Dispatch a validated request and start one Generate call per instance that got work.
-        Raises ``AffinityError`` (nothing dispatched) when a prompt's task has no instance routed to,
-        ``InstanceFailed`` (UNAVAILABLE) when its instances are all lost."""
+        """Dispatch a validated request within its routing round and start one Generate call per
+        instance that got work. Raises ``AffinityError`` (nothing dispatched) when a prompt's task has
+        no instance routed to, ``InstanceFailed`` (UNAVAILABLE) when its instances are all lost."""
         est, source = self.estimates(prompts)
-        seqs: list[_Seq] = []
-        for p, e in zip(prompts, est, strict=True):
-            for k in range(params.samples_per_prompt):
-                seqs.append(_Seq(f"{p.prompt_id}/{k}", p, k, e))
-        seed = self.dcfg.seed + next(self._calls)
-        while True:  # a row left between the snapshot and the booking: plan again without it
-            t_dispatch = time.time()  # before the snapshot: a removal logged earlier was planned without its row
-            t0 = time.perf_counter()
-            snap = self.fleet.snapshot()
-            parts = self._plan(seqs, snap, seed)
-            plan = merge_plans(parts)
-            dispatch_s = time.perf_counter() - t0
-            if self._book(seqs, plan):
-                break
-        call = RouterCall(seed, len(seqs), plan, source)
-        shares: list[list[_Seq]] = [[] for _ in range(len(snap))]
+        call_id = self.dcfg.seed + next(self._calls)
+        seqs = [_Seq(f"{p.prompt_id}/{k}", p, k, e, call_id)
+                for p, e in zip(prompts, est, strict=True) for k in range(params.samples_per_prompt)]
+        me = _Pending(call_id, seqs)
+        self._join_round(me)
+        if me.error is not None:
+            raise me.error
+        plan = me.plan
+        own = {s.key: s.wire_id for s in seqs}
+        call = RouterCall(call_id, len(seqs), replace(
+            plan, assignment={s.wire_id: s.instance for s in seqs},
+            long_tail=frozenset(own[k] for k in plan.long_tail if k in own)), source)
+        shares: list[list[_Seq]] = [[] for _ in range(me.slots)]
         for s in seqs:
             shares[s.instance].append(s)
         self._log_event({
-            "event": "dispatch", "call": call.call_id, "tag": params.tag, "t": t_dispatch, "policy": plan.policy,
+            "event": "dispatch", "call": call.call_id, "tag": params.tag, "t": me.t_dispatch, "policy": plan.policy,
             "sequences": len(seqs), "per_instance": [len(s) for s in shares], "estimates": source,
             "ranker": self.estimator_name() if self.estimator_name and source in ("estimator", "mixed") else None,
-            "dispatch_s": dispatch_s, "predicted_makespan_s": plan.predicted_makespan_s, "notes": plan.notes,
+            "round": me.leader, "round_calls": me.members, "round_sequences": me.sequences,
+            "dispatch_s": me.dispatch_s, "predicted_makespan_s": plan.predicted_makespan_s, "notes": plan.notes,
             "long_instances": list(plan.long_instances),
             "pools": [{"pool": pool.pool, "hardware": hardware_of_pool(pool.pool, self.cfg), "tasks": list(pool.tasks),
                        "instances": list(pool.slots), "sequences": len(pool.members),
-                       "predicted_makespan_s": part.predicted_makespan_s} for pool, part in parts],
+                       "predicted_makespan_s": part.predicted_makespan_s} for pool, part in me.parts],
         })
         self._send(call, shares, params)
         return call

@@ -24,14 +24,34 @@ CPU_PROFILE = "cpu-local-braid-tiny"
 
 def load_spec(cfg, model_dir: str):
     """The instance cost model for cost-aware policies: the configured (or shipped CPU) profile,
-    refused if fitted to another model; limits are those of the live instances."""
+    refused if fitted to another model; limits are those of the live instances. Emulated instances
+    without a configured profile: the profile they wait out (``generation.emulation.profile``, e.g.
+    an H20 serving Qwen2.5-7B), not the served checkpoint's CPU profile: a policy must plan with
+    the step costs the instances really have."""
     from services.generation.scheduling.models import spec_from_hf_config
     from services.generation.scheduling.profiles import load_profile, shipped_profile
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    path = cfg.dispatch.profile or shipped_profile(CPU_PROFILE)
-    profile = load_profile(path, model=spec_from_hf_config(Path(model_dir).name, config))
+    if cfg.engine == "emulated" and cfg.dispatch.profile is None:
+        from services.generation.emulated_engine import resolve_profile
+
+        profile = resolve_profile(cfg.emulation.profile)
+    else:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        path = cfg.dispatch.profile or shipped_profile(CPU_PROFILE)
+        profile = load_profile(path, model=spec_from_hf_config(Path(model_dir).name, config))
     return profile.instance_spec(max_batch=cfg.max_inflight, kv_capacity_tokens=cfg.num_blocks * cfg.page_size)
+
+
+def router_workers(run_cfg) -> int:
+    """RPC threads the router serves with: one per Generate call it may hold open (synchronous gRPC: a
+    streaming call holds its thread until its last sample), plus the control calls'
+    (``instances.rpc_workers``). Callers keep at most one call per sample the instances admit
+    (``generation.max_inflight`` on each of the most instances the run may have), so a round of
+    groups is never split by calls waiting for a thread, and weight pulls never queue behind them."""
+    from services.generation.instances import rpc_workers
+
+    gen, so = run_cfg.generation, run_cfg.scaleout
+    return rpc_workers(gen.max_inflight * (so.max_instances if so.enabled else gen.instances))
 
 
 def load_estimator(ranker_dir: str):
@@ -89,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_weights=run_cfg.scaleout.enabled, drain_timeout_s=run_cfg.scaleout.drain_timeout_s,
     )
     server, port = create_server(
-        servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=32, tls=tls
+        servicer, f"{ns.host}:{ns.port}", max_message_mb=cfg.max_message_mb, workers=router_workers(run_cfg), tls=tls
     )
     server.start()
     publish_port(ns.port_file, port)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class GroupDispatcher:
         self.pairs: deque[tuple[float, float]] = deque(maxlen=self.dcfg.length_window)
         self.failures = 0  # estimator calls that raised
         self.placed = 0  # groups placed by the policy
+        self.plan_s = 0.0  # wall seconds in the policy (the orchestrator's thread waits them out)
         self.estimated = 0  # groups with an estimate
         self._seeds = itertools.count(self.dcfg.seed)
 
@@ -113,7 +115,9 @@ class GroupDispatcher:
             rotation=min(range(len(loads)), key=lambda k: (loads[k].outstanding, k)),
         )
         seqs = [SeqRequest(g.key, g.prompt_tokens, g.estimate, group=g.key, count=g.samples) for g in groups]
+        t0 = time.perf_counter()
         plan = dispatch(self.dcfg.policy, seqs, ctx)
+        self.plan_s += time.perf_counter() - t0
         self.placed += len(groups)
         return {key: candidates[k].index for key, k in plan.assignment.items()}
 
@@ -127,7 +131,7 @@ class GroupDispatcher:
                 self.pairs.append((estimate, float(length)))
 
     def metrics(self) -> dict:
-        return {"dispatch_policy": self.dcfg.policy, "dispatched_groups": self.placed,
+        return {"dispatch_policy": self.dcfg.policy, "dispatched_groups": self.placed, "dispatch_plan_s": self.plan_s,
                 "estimated_groups": self.estimated, "estimator_failures": self.failures,
                 **({"ranker_version": self.version()} if self.version is not None else {})}
 
@@ -135,16 +139,20 @@ class GroupDispatcher:
                    views: list[InstanceView], capacity: int) -> dict[str, int]:
         """The instance of each group of one routing round. ``first``: where the staleness-aware pick
         put it (its version is the group's ``V_traj``); ``eligible``: its task's instances (None = any).
-        A group moves only among the live instances of its version and pool, and never past an
-        instance's ``capacity``; with fewer than two such instances it stays where it was picked."""
+        A group moves only among the live instances of its version and pool that have room for it now,
+        and never past an instance's ``capacity``; with fewer than two such instances it stays where it
+        was picked. (A full instance is no candidate: a plan that put groups there would be overruled,
+        and at fleet scale planning over every instance costs Algorithm 2 most of its time: when a step's
+        later groups start one by one as earlier ones finish, one or two instances have room.)"""
         classes: dict[tuple[int, tuple[int, ...] | None], list[int]] = {}
         for k, (inst, allowed) in enumerate(zip(first, eligible, strict=True)):
             classes.setdefault((inst.version, None if allowed is None else tuple(allowed)), []).append(k)
         targets: dict[str, int] = {}
         added = [0] * len(views)
         for (version, allowed), ks in classes.items():
-            candidates = [v for v in views
-                          if v.alive and v.version == version and (allowed is None or v.index in allowed)]
+            need = min(groups[k].samples for k in ks)
+            candidates = [v for v in views if v.alive and v.version == version
+                          and (allowed is None or v.index in allowed) and v.inflight + need <= capacity]
             placed = self.place([groups[k] for k in ks], candidates) if len(candidates) > 1 else {}
             for k in ks:
                 g = groups[k]

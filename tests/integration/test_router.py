@@ -323,6 +323,8 @@ def test_trainer_runs_through_the_router(tmp_path, tiny_checkpoint, mode, policy
     events = [json.loads(x) for x in (tmp_path / "router-timeline.jsonl").read_text().splitlines()]
     dispatched = [e for e in events if e["event"] == "dispatch"]
     assert len(dispatched) >= cfg.trainer.iterations and all(e["policy"] == policy for e in dispatched)
+    # the orchestrator sends one call per group; the router plans a routing round's calls together
+    assert max(e["round_calls"] for e in dispatched) > 1, [e["round_calls"] for e in dispatched]
     assert {e["instance"] for e in events if e["event"] == "sample"} == {0, 1}
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["samples"] for r in rows] == (

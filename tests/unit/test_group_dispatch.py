@@ -163,3 +163,57 @@ def test_one_instance_without_a_router_estimates_with_the_ranker_store(tmp_path)
     items = [_Item("a", "x"), _Item("b", "x" * 40), _Item("c", "x" * 8)]
     assert [p.prompt_id for p in GroupEstimates(d).launch_order(lambda n: items)(3)] == ["b", "c", "a"]
     assert d.version() == RankerStore(tmp_path / "store").current().name  # the metrics name the store's version
+
+
+def test_emulated_instances_are_planned_with_the_profile_they_wait_out(tmp_path):
+    """streamrl's cost model for an emulated fleet is the emulated hardware's profile (an H20 serving
+    Qwen2.5-7B), not the served tiny checkpoint's CPU profile."""
+    from services.common.config import load_config as load
+    from services.generation.emulated_engine import resolve_profile
+    from services.generation.router_main import CPU_PROFILE, load_spec
+    from services.generation.scheduling.profiles import load_profile, shipped_profile
+    from tests.conftest import ROOT
+
+    gen = load(ROOT / "deploy/configs/emulated.yaml", ["generation.dispatch.policy=streamrl"]).generation
+    spec = load_spec(gen, str(tmp_path))  # nothing is read from the checkpoint
+    limits = {"max_batch": gen.max_inflight, "kv_capacity_tokens": gen.num_blocks * gen.page_size}
+    assert spec == resolve_profile(gen.emulation.profile).instance_spec(**limits)
+    assert spec.cost != load_profile(shipped_profile(CPU_PROFILE)).instance_spec(**limits).cost
+
+
+def test_the_router_has_a_thread_for_every_call_its_instances_admit():
+    """32 emulated H20 instances admitting 64 sequences each: the orchestrator may hold 256 group calls
+    open on the router (2048 one-sample calls at most), more than the 32 threads it once had."""
+    from services.common.config import load_config as load
+    from services.generation.router_main import router_workers
+    from tests.conftest import ROOT
+
+    cfg = load(ROOT / "deploy/configs/emulated.yaml", ["generation.dispatch.router=on"])
+    assert router_workers(cfg) >= 32 * 64
+    scaled = load(ROOT / "deploy/configs/emulated.yaml", ["scaleout.enabled=true", "scaleout.max_instances=40"])
+    assert router_workers(scaled) >= 40 * 64
+
+
+class _Recording(GroupDispatcher):
+    """The live dispatcher, recording the instances each ``place`` call is offered."""
+
+    offered: list[list[int]]
+
+    def place(self, groups, candidates):
+        self.offered.append([v.index for v in candidates])
+        return super().place(groups, candidates)
+
+
+def test_only_instances_with_room_are_offered_to_the_policy():
+    """At fleet scale a step's later groups start as earlier ones finish, when one or two of 32
+    instances have room: the policy plans over those, not over every instance of the version
+    (a plan onto a full one would be overruled, after Algorithm 2 paid for it)."""
+    gen = load_config(None, ["generation.dispatch.policy=least_loaded"]).generation
+    d = _Recording(gen, lambda: None)
+    d.offered = []
+    views = [InstanceView(i, 0, 8 if i % 2 else 0, 8) for i in range(6)]  # 1, 3, 5 full
+    groups = [NewGroup(f"g{k}", 4, None, 8) for k in range(3)]
+    t = d.plan_round(groups, [views[0], views[2], views[4]], [None] * 3, views, capacity=8)
+    assert d.offered == [[0, 2, 4]] and sorted(t.values()) == [0, 2, 4]
+    d.plan_round(groups[:1], [views[0]], [None], [*views[:1], *(InstanceView(i, 0, 8, 8) for i in range(1, 6))], 8)
+    assert d.offered == [[0, 2, 4]]  # one instance with room: nothing to plan, the group stays where it was picked

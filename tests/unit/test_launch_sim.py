@@ -78,7 +78,9 @@ def test_the_dispatchers_books_are_those_of_a_run():
                              group("c", 3, samples=4, estimate=2.0)], SPEC, 2, capacity=4, admission="fcfs",
                             dispatcher=d, fleet=fleet)
     assert res.instance_of == {"a": 0, "b": 1, "c": 0}
-    assert seen == [[0.0, 0.0], [0.0, 7.0 * 4]]  # c is placed when a finished, beside b's booked work
+    # c starts when a finished, where a ran without asking the policy: b's instance (its 4 samples and their
+    # 7.0 x 4 of estimated work booked) has no room, so a has the only one (GroupDispatcher.plan_round)
+    assert seen == [[0.0, 0.0]] and fleet.snapshot()[1].placed == 1
     assert [(r.inflight, r.work, r.placed) for r in fleet.snapshot().rows] == [(0, 0.0, 2), (0, 0.0, 1)]
     dist = d.lengths.distribution(1)
     assert len(dist) == 12 and dist.quantile(0.0) == 3.0 and dist.quantile(1.0) == 9.0

@@ -249,3 +249,112 @@ def test_an_added_instance_takes_work_once_it_joined_and_a_failed_bring_up_frees
     assert members.add_instance(FakeInstance("d:4"), lambda client, join: join(5) or 5) == 5
     assert [r.state for r in core.fleet.snapshot().rows] == ["live", "live", "removed", "live"]
     assert [x.address for x in core.clients] == ["a:1", "c:3", "d:4", "d:4"]
+
+
+# ---------------------------------------------------------------- routing rounds (generation.dispatch.gather_s)
+def _round_core(instances: list[FakeInstance], policy: str = "round_robin", gather_s: float = 0.5,
+                extra: tuple[str, ...] = ()) -> RouterCore:
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [f"generation.dispatch.policy={policy}",
+                                                          f"generation.dispatch.gather_s={gather_s}", *extra])
+    return RouterCore(instances, cfg.generation)
+
+
+def _spy_dispatch(monkeypatch) -> list[list]:
+    """Record every call of the dispatch policy (the requests it was given) and run the real policy."""
+    from services.generation import router as router_module
+
+    seen: list[list] = []
+    real = router_module.dispatch
+
+    def spy(name, seqs, ctx):
+        seen.append(list(seqs))
+        return real(name, seqs, ctx)
+
+    monkeypatch.setattr(router_module, "dispatch", spy)
+    return seen
+
+
+def _start_together(core: RouterCore, requests: list[tuple[list[PromptSpec], GenerateParams]]) -> list:
+    """Start the requests on threads released at once (one call per GRPO group, as the orchestrator
+    sends a routing round's groups); returns each one's RouterCall or the error it raised, in order."""
+    out: list = [None] * len(requests)
+    go = threading.Barrier(len(requests))
+
+    def one(k: int) -> None:
+        go.wait(WAIT_S)
+        try:
+            out[k] = core.start(*requests[k])
+        except Exception as exc:  # noqa: BLE001 - checked by the test
+            out[k] = exc
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+        assert not t.is_alive(), "a call never returned from its routing round"
+    return out
+
+
+def test_the_policy_plans_every_group_of_a_routing_round_in_one_call(monkeypatch):
+    """Four groups sent as four Generate calls within the window reach the dispatch policy as one
+    batch of 4 x 2 sequences (Algorithm 2 sees the round's long tail), not as four plans of one
+    group; each call still gets exactly its own samples, and every booking is released."""
+    seen = _spy_dispatch(monkeypatch)
+    a, b = FakeInstance("a:1"), FakeInstance("b:2")
+    core = _round_core([a, b], "lpt")
+    groups = [[PromptSpec(f"g{k}", (1, 5, 6, 7), estimated_length=10.0 * (k + 1))] for k in range(4)]
+    calls = _start_together(core, [(g, GenerateParams(samples_per_prompt=2)) for g in groups])
+    assert len(seen) == 1 and len(seen[0]) == 8
+    assert sorted({s.group for s in seen[0]}) == sorted({f"{c.call_id}:g{k}" for k, c in enumerate(calls)})
+    for k, call in enumerate(calls):
+        samples = list(core.results(call))
+        assert sorted((s.prompt_id, s.sample_index) for s in samples) == [(f"g{k}", 0), (f"g{k}", 1)]
+        assert set(call.plan.assignment) == {f"g{k}/0", f"g{k}/1"}
+    assert [(r.inflight, r.work) for r in core.fleet.snapshot().rows] == [(0, 0.0), (0, 0.0)]
+
+
+def test_without_a_window_each_call_is_planned_on_its_own(monkeypatch):
+    seen = _spy_dispatch(monkeypatch)
+    core = _round_core([FakeInstance("a:1"), FakeInstance("b:2")], gather_s=0.0)
+    calls = _start_together(core, [(_prompts(f"g{k}", 1), GenerateParams(samples_per_prompt=2)) for k in range(3)])
+    assert [len(s) for s in seen] == [2, 2, 2]
+    assert sum(len(list(core.results(c))) for c in calls) == 6
+
+
+def test_a_cancelled_call_of_a_round_releases_only_its_own_samples():
+    """Calls planned in one round stay separate calls: cancelling one releases its samples only; the
+    others keep theirs booked until their instances answer."""
+    a, b = FakeInstance("a:1", answers=""), FakeInstance("b:2", answers="")
+    core = _round_core([a, b])
+    calls = _start_together(core, [(_prompts(f"g{k}", 1), GenerateParams(samples_per_prompt=2)) for k in range(3)])
+    assert sum(r.inflight for r in core.fleet.snapshot().rows) == 6
+    calls[0].cancel()
+    _wait(lambda: sum(r.inflight for r in core.fleet.snapshot().rows) == 4)
+    time.sleep(0.05)  # nothing else is released
+    assert sum(r.inflight for r in core.fleet.snapshot().rows) == 4
+    for inst in (a, b):
+        for c in inst.calls:
+            if not c.read:
+                c.answer()
+    for call in calls[1:]:
+        assert len(list(core.results(call))) == 2
+    assert [r.inflight for r in core.fleet.snapshot().rows] == [0, 0]
+
+
+def test_a_refused_call_of_a_round_does_not_stop_the_others():
+    """A call whose task has no pool is refused (FAILED_PRECONDITION at the edge), as it would be on
+    its own; the calls planned in the same round are served."""
+    from services.generation.scheduling.pools import AffinityError
+
+    a, b = FakeInstance("a:1"), FakeInstance("b:2")
+    core = _round_core([a, b], extra=("generation.instances=2",
+                                      "generation.pools=[{name: p, instances: [0]}, {name: q, instances: [1]}]",
+                                      "generation.affinity={x: p, y: q}"))
+    requests = [([PromptSpec("ok0", (1, 5), task="x")], GenerateParams(samples_per_prompt=2)),
+                ([PromptSpec("bad", (1, 5), task="nope")], GenerateParams(samples_per_prompt=2)),
+                ([PromptSpec("ok1", (1, 5), task="y")], GenerateParams(samples_per_prompt=2))]
+    calls = _start_together(core, requests)
+    assert isinstance(calls[1], AffinityError)
+    assert [s.prompt_id for s in core.results(calls[0])] == ["ok0", "ok0"] and a.sent() == 2
+    assert [s.prompt_id for s in core.results(calls[2])] == ["ok1", "ok1"] and b.sent() == 2

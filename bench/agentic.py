@@ -59,6 +59,7 @@ from bench.report_io import (  # noqa: E402
     provenance,
     provenance_line,
     results_dir,
+    round_order,
     write_results,
 )
 
@@ -138,11 +139,6 @@ def run_one(name: str, v: dict, r: int, ns, checkpoint: str, work: Path) -> dict
     run_processes(run_dir, checkpoint)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {**run_metrics(rows, ns.warmup), "run_dir": str(run_dir)}
-
-
-def round_order(names: list[str], r: int) -> list[str]:
-    k = r % len(names)
-    return names[k:] + names[:k]
 
 
 def summarize(runs: dict[str, list[dict]], cvs: tuple[str, ...], redundant: int, redundant_groups: int) -> dict:

@@ -43,6 +43,7 @@ from bench.report_io import (  # noqa: E402
     flagged_ratio,
     provenance,
     results_dir,
+    round_order,
     set_json_key,
     spread,
     write_results,
@@ -55,12 +56,6 @@ TARGETS = {("one_step", "sync"): 1.25, ("bounded_2", "one_step"): 1.0}
 
 
 # ---------------------------------------------------------------------------------------- policy
-def round_order(modes: list[str], r: int) -> list[str]:
-    """Round ``r``'s order: the modes rotated left by ``r`` (each mode takes each position in turn)."""
-    k = r % len(modes)
-    return modes[k:] + modes[:k]
-
-
 def comparisons(modes: list[str]) -> list[tuple[str, str]]:
     """Every mode against sync, plus the issue's target pairs whose modes both ran."""
     pairs = [(m, BASELINE) for m in modes if m != BASELINE]

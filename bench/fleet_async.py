@@ -46,9 +46,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.e2e_throughput import round_order  # noqa: E402
+
 from bench.fleet import run_config  # noqa: E402
-from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    provenance,
+    provenance_line,
+    results_dir,
+    round_order,
+    set_json_key,
+)
 
 CONFIG = ROOT / "deploy/configs/emulated.yaml"
 RUNS = ROOT / "bench/runs/fleet_async"

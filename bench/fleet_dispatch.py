@@ -126,6 +126,7 @@ from bench.report_io import (  # noqa: E402
     provenance,
     provenance_line,
     results_dir,
+    round_order,
     set_json_key,
     spread,
 )
@@ -409,12 +410,6 @@ def measure_run(run_dir: Path, variant: str, simulate: bool) -> dict:
 
 def _steady(spans: list[float]) -> float:
     return statistics.fmean(spans[1:]) if len(spans) > 1 else spans[0]
-
-
-def round_order(names: list[str], r: int) -> list[str]:
-    """Round ``r``'s order: rotated left by ``r`` (each variant takes each position in turn)."""
-    k = r % len(names)
-    return names[k:] + names[:k]
 
 
 def run_all(ns, blocks: list[str], variants: list[str], replays: dict[str, Path]) -> tuple[dict, list[str]]:

@@ -169,6 +169,13 @@ def parts_line(parts: dict, part: str) -> str:
             f"{' (dirty tree)' if src.get('dirty') else ''}, {when}{how}.")
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order of interleaved runs: ``names`` rotated left by ``r`` (each takes each
+    position in turn, so drift in the machine's speed does not land on one of them)."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def spread(xs: list[float]) -> dict:
     """Median and range of repeated measurements."""
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}

@@ -13,8 +13,12 @@ Declared before the run of record (2026-11-29):
   pick, an instance syncs when idle), ``bounded_2_lazy`` (bounded eta 2 under the same lazy
   coordination: the policy the real 2-core runs use), and bounded eta 2 / 4 / 8 under StaleFlow's
   coordination (``trainer.coordination.policy: staleflow``: marginal-gain routing with the mu
-  threshold and withholding, sync after a tentative update with interrupt-and-pull, migration),
-  each without and with partial rollout (``_partial``);
+  threshold and withholding, sync after a tentative update with interrupt-and-pull; mu 0.3, no
+  migration: the config's defaults), each without and with partial rollout (``_partial``), and
+  ``bounded_2_migrate`` (the same with StaleFlow's migration, Alg. 5). Declared after a one-round
+  look on this commit's parent (2026-11-29, not a result): one_step 6113, lazy bounded_2 6631,
+  StaleFlow bounded_2 with migration 5526 and without 6909 tokens per modelled second; migration
+  is therefore off by default and measured here as an ablation;
 - **lengths**: the emulated engine draws each sample's length from ``--data``'s MMLU-Pro CoT trace
   (Llama-3.1-8B-Instruct's responses, characters / 4, cut at ``max_new_tokens`` 2048), else from the
   config's declared lognormal (median 300, sigma 0.9); round r draws with ``generation.seed=r``, the
@@ -31,7 +35,7 @@ Declared before the run of record (2026-11-29):
   (the orchestrator loop's busy fraction, CPU per sample of all processes).
 
 Writes ``async`` into ``bench/results/fleet.json`` (other keys kept) and ``fleet_async.md`` / ``.png``.
-Expected duration of the record: 9 variants x 3 rounds x ~70 s (about 32 minutes) on the 2-core machine.
+Expected duration of the record: 10 variants x 3 rounds x ~70 s (about 35 minutes) on the 2-core machine.
 
     python bench/fleet_async.py [--rounds 3] [--iterations 12] [--time-scale 0.1] [--data FILE] [--quick]
 """
@@ -70,8 +74,9 @@ VARIANTS: dict[str, list[str]] = {
     **{name: ["trainer.mode=bounded", f"trainer.eta={eta}", *STALEFLOW, *extra]
        for eta in ETAS for name, extra in ((f"bounded_{eta}", []),
                                            (f"bounded_{eta}_partial", ["trainer.partial_rollout=true"]))},
+    "bounded_2_migrate": ["trainer.mode=bounded", "trainer.eta=2", *STALEFLOW, "trainer.coordination.migrate=true"],
 }
-BOUND = {"sync": 0, "one_step": 1, "bounded_2_lazy": 2,
+BOUND = {"sync": 0, "one_step": 1, "bounded_2_lazy": 2, "bounded_2_migrate": 2,
          **{f"bounded_{e}{p}": e for e in ETAS for p in ("", "_partial")}}
 
 

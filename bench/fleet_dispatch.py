@@ -566,7 +566,8 @@ def main() -> int:
                 "quick": ns.quick, "data": str(ns.data), "estimates": str(ESTIMATES.relative_to(ROOT))}
     declared = {"settings": settings, "base": BASE, "variants": {v: VARIANTS[v] for v in variants},
                 "regimes": REGIMES, "targets": TARGETS}
-    prov = provenance(Path(__file__), declared, CONFIG, engine="emulated")
+    data_file = Path(ns.data) / DATA_FILE if Path(ns.data).is_dir() else Path(ns.data)
+    prov = provenance(Path(__file__), declared, CONFIG, engine="emulated", inputs=[data_file, ESTIMATES])
     t0 = time.time()
     runs, order = run_all(ns, blocks, variants, replays)
     summaries = {b: summarize_block(runs[b]) for b in blocks}

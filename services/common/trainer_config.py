@@ -74,7 +74,11 @@ class CoordinationConfig(StrictModel):
     phi_throughput: float = Field(
         5.0, gt=1.0, le=1e6, description="staleflow: fastest / slowest modelled throughput that triggers a migration.",
     )
-    migrate: bool = Field(True, description="staleflow: migrate (Alg. 5); false keeps routing and sync only.")
+    migrate: bool = Field(
+        False,
+        description="staleflow: migrate (Alg. 5). Off by default: at 32 emulated H20 instances the throughput-gap "
+        "rule fires at every step's tail and its re-prefills cost more than they win (docs/staleness.md).",
+    )
     interval_s: float = Field(0.25, ge=0.01, le=600.0, description="staleflow: seconds between instance snapshots.")
 
 

@@ -17,7 +17,9 @@ order:
    (oldest first; new ones, without a ``V_traj``, last); each goes to the routable instance of the
    oldest version group whose marginal gain in modelled throughput (eq. 2-4) reaches ``mu`` x the
    gain of an idle instance; when none does, it is *withheld* and routing stops (the running work
-   finishes and the next decision gains more).
+   finishes and the next decision gains more). A trajectory that may resume only on its own version
+   (``exact``, Braid's case without partial rollout) waits for such an instance without stopping the
+   others: its candidates are far fewer than theirs.
 
 The throughput model is eq. 2 on the instance's step cost (``scheduling.cost.StepCost``, StaleFlow's
 k1..k4 plus Braid's CPU term): ``T(n, kv) = n / step(n, kv)`` samples-tokens per second.
@@ -42,7 +44,7 @@ class CoordinationSettings:
     mu: float = 0.3  # a route must gain at least mu x an idle instance's gain (StaleFlow §6: 0.3)
     phi_wait: int = 3  # queued samples an instance may hold before the excess migrates
     phi_throughput: float = 5.0  # fastest / slowest modelled throughput that triggers a migration
-    migrate: bool = True
+    migrate: bool = False  # the run's default (trainer.coordination.migrate)
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,8 @@ def route(trajs: Sequence[Traj], loads: Sequence[Load], model: ThroughputModel, 
         for traj in queues[v]:
             candidates = [ld for ld in loads if routable(traj, ld, budget.can_reserve)]
             chosen = _choose(traj, candidates, model, mu) if candidates else None
+            if chosen is None and traj.exact:
+                continue  # it waits for an instance of its own version; it holds back nothing else
             if chosen is None:  # no instance can take it, or none gains enough: withhold, stop
                 return routes, loads
             v_traj = traj.v_traj if traj.v_traj is not None else chosen.version

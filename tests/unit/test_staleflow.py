@@ -96,13 +96,16 @@ def test_older_trajectories_route_first_and_the_oldest_version_group_is_preferre
 
 def test_a_blocked_head_stops_routing_and_exact_trajectories_need_their_own_version():
     """Alg. 3 stops at the first trajectory it cannot route; without partial rollout a resume goes
-    only to an instance at exactly its version."""
+    only to an instance at exactly its version, and waiting for one holds back nothing else."""
     exact = Traj("r2", 2, 300, exact=True)
     assert routable(exact, load(0, version=2), lambda v: True)
     assert not routable(exact, load(0, version=3), lambda v: True)
     assert routable(Traj("r2", 2, 300), load(0, version=3), lambda v: True)
+    resumed = Traj("r1", 1, 300)
+    routes, _ = route([resumed, group("new")], [load(0, version=0)], MODEL, Everything(), mu=0.3)
+    assert routes == []  # the head waits for an instance of version >= 1, and nothing behind it goes first
     routes, _ = route([exact, group("new")], [load(0, version=3)], MODEL, Everything(), mu=0.3)
-    assert routes == []  # the head waits for an instance of version 2, and nothing behind it goes first
+    assert [r.key for r in routes] == ["new"]  # an exact resume waits for its version without blocking others
     assert not routable(group("g", samples=8), load(0, running=500, cap=504), lambda v: True)  # no room
 
 

@@ -22,7 +22,8 @@ Declared before the run of record (2026-11-29):
 - **lengths**: the emulated engine draws each sample's length from ``--data``'s MMLU-Pro CoT trace
   (Llama-3.1-8B-Instruct's responses, characters / 4, cut at ``max_new_tokens`` 2048), else from the
   config's declared lognormal (median 300, sigma 0.9); round r draws with ``generation.seed=r``, the
-  same for every variant of the round;
+  same for every variant of the round. The run of record reads the MMLU-Pro trace (median 81 tokens,
+  2.2% of responses at the cap: every step of 256 samples has its 2048-token tail);
 - **metric of record**: trained tokens per modelled second over the steady iterations (every one
   after the first ``SKIP``, which fill the pipeline): sum of samples x mean response length over
   their wall time, x ``time_scale``. Samples per modelled second beside it;
@@ -38,6 +39,7 @@ Writes ``async`` into ``bench/results/fleet.json`` (other keys kept) and ``fleet
 Expected duration of the record: 10 variants x 3 rounds x ~70 s (about 35 minutes) on the 2-core machine.
 
     python bench/fleet_async.py [--rounds 3] [--iterations 12] [--time-scale 0.1] [--data FILE] [--quick]
+    python bench/fleet_async.py --data ../shared/data/mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz   # of record
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ Each orchestrator tick runs one cycle (Algorithm 1):
    use). Between snapshots, and to validate one (StaleFlow's speculative state), the fleet table's
    ``inflight`` is the truth about how many samples an instance holds: samples routed since the
    snapshot are added as arrivals, samples finished since are taken off.
-2. **Synchronise** (Alg. 4): each instance the strategy picks has its open calls interrupted (their
-   trajectories come back with their tokens and wait to be routed again) and is offered the
-   newest weights, which it installs at once: nothing drains. Without partial rollout a trajectory
-   must finish on the version it started with, so an instance syncs only when the samples it holds
-   fit on other live instances of its version (else it keeps its tail, as before).
+2. **Synchronise** (Alg. 4, once per snapshot and per new version): each instance the strategy
+   picks has its open calls interrupted (their trajectories come back with their tokens and wait
+   to be routed again) and is offered the newest weights, which it installs at once: nothing
+   drains. Without partial rollout a trajectory must finish on the version it started with, so an
+   instance syncs only when the samples it holds fit on other live instances of its version (else
+   it keeps its tail, as before).
 3. **Migrate** (Alg. 5): interrupt the excess of a long queue, or everything on the fastest instance
    when the throughput gap is too wide; once per snapshot (the next decision waits for a snapshot
    taken after the interrupts, as StaleFlow's validation does), never on an instance interrupted
@@ -77,6 +78,7 @@ class Coordinator:
         self.taken_at = 0.0
         self.moved: set[int] = set()  # instances interrupted since the last snapshot (one command each)
         self.migrated = False  # a migration since the last snapshot: the next waits for a fresh one
+        self.sync_checked: tuple[float, int] | None = None  # (snapshot, version) Alg. 4 last ran on
         self.specs: dict[str, PromptSpec] = {}  # upcoming prompts, encoded once
         self.prompt_tokens = 64  # typical prompt length (updated from encoded prompts)
 
@@ -146,6 +148,11 @@ class Coordinator:
 
     # ------------------------------------------------------------------ decisions
     def to_sync(self, loads: list[Load], trajs: list[Traj], newest: int, mgr) -> list[int]:
+        """Alg. 4 once per snapshot and per new version (its tentative routings copy the staleness
+        budget and route every waiting trajectory per candidate: too dear for every tick)."""
+        if self.sync_checked == (self.taken_at, newest):
+            return []
+        self.sync_checked = (self.taken_at, newest)
         chosen = to_sync(loads, trajs, newest, self.model, lambda: copy.deepcopy(mgr), mgr.can_reserve,
                          self.settings.mu)
         if not self.exact:

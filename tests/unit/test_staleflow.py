@@ -106,6 +106,11 @@ def test_a_blocked_head_stops_routing_and_exact_trajectories_need_their_own_vers
     assert routes == []  # the head waits for an instance of version >= 1, and nothing behind it goes first
     routes, _ = route([exact, group("new")], [load(0, version=3)], MODEL, Everything(), mu=0.3)
     assert [r.key for r in routes] == ["new"]  # an exact resume waits for its version without blocking others
+    # on its version's busy instance, below mu x ideal, it still goes (it was running already)
+    routes, _ = route([exact], [load(0, version=2, running=64, kv=64_000)], MODEL, Everything(), mu=0.3)
+    assert [r.key for r in routes] == ["r2"]
+    routes, _ = route([Traj("r2", 2, 300)], [load(0, version=2, running=64, kv=64_000)], MODEL, Everything(), mu=0.3)
+    assert routes == []  # with partial rollout it is withheld like any other
     assert not routable(group("g", samples=8), load(0, running=500, cap=504), lambda v: True)  # no room
 
 
@@ -124,6 +129,19 @@ def test_sync_only_after_a_tentative_update_routes_work_there():
     # work it can still take at its version: it keeps its version
     old = [Traj("r0", 0, 300)]
     assert to_sync(loads, old, 1, MODEL, lambda: copy.deepcopy(mgr), mgr.can_reserve, mu=0.3) == []
+
+
+def test_sync_takes_candidates_one_after_another_and_spares_busy_instances():
+    """Only as many instances sync as the waiting work needs, idle ones first: with room for two
+    new groups at the newest version, one idle instance takes both; the other idle one and the busy
+    ones (whose trajectories a sync would interrupt) stay where they are."""
+    mgr = StalenessManager(eta=0, batch_size=16, group_size=8, start_version=1)  # 2 groups, version 1 only
+    loads = [load(0, running=24, kv=2400), load(1), load(2, running=40, kv=4000), load(3)]
+    trajs = [group(f"g{k}") for k in range(4)]
+    assert to_sync(loads, trajs, 1, MODEL, lambda: copy.deepcopy(mgr), mgr.can_reserve, mu=0.3) == [1]
+    # nothing idle: the least loaded busy instance syncs, one is enough
+    busy = [load(0, running=24, kv=2400), load(1, running=16, kv=1600)]
+    assert to_sync(busy, trajs, 1, MODEL, lambda: copy.deepcopy(mgr), mgr.can_reserve, mu=0.3) == [1]
 
 
 def test_migration_moves_a_long_queue_and_the_fastest_instance_when_the_gap_is_wide():

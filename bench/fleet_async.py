@@ -60,7 +60,7 @@ from bench.report_io import (  # noqa: E402
     provenance_line,
     results_dir,
     round_order,
-    set_json_key,
+    set_fleet_part,
 )
 
 CONFIG = ROOT / "deploy/configs/emulated.yaml"
@@ -211,7 +211,7 @@ def main() -> None:
     res = summarize(runs, ns, prov)
     out = results_dir(ns.out, ns.quick)
     out.mkdir(parents=True, exist_ok=True)
-    set_json_key(out / "fleet.json", "async", res)
+    set_fleet_part(out / "fleet.json", "async", res)
     (out / "fleet_async.md").write_text(markdown(res))
     plot(res, out / "fleet_async.png")
     print(markdown(res))

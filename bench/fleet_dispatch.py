@@ -127,7 +127,7 @@ from bench.report_io import (  # noqa: E402
     provenance_line,
     results_dir,
     round_order,
-    set_json_key,
+    set_fleet_part,
     spread,
 )
 
@@ -578,7 +578,7 @@ def main() -> int:
               "bench_wall_s": round(time.time() - t0, 1), "provenance": prov}
     out = of_record_or_scratch(results_dir(ns.out, ns.quick), result)
     out.mkdir(parents=True, exist_ok=True)
-    set_json_key(out / "fleet.json", "dispatch", result)
+    set_fleet_part(out / "fleet.json", "dispatch", result)
     text = markdown(result)
     (out / "fleet_dispatch.md").write_text(text)
     plot(result, out / "fleet_dispatch.png")

@@ -207,6 +207,28 @@ def set_json_key(path: Path, key: str, entry: dict) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
+FLEET_PARTS_NOTE = ("fleet.json holds parts written by different benchmarks, each with its own provenance; this "
+                    "block is the latest part's, and parts says which run each came from")
+
+
+def set_fleet_part(path: Path, key: str, entry: dict) -> None:
+    """Set part ``key`` of an EMULATED fleet results file (``fleet.json``) and keep its index: the
+    ``parts`` map names the run each part came from, and the file-level ``provenance`` is the
+    latest part's, marked as not measured in one run (each part has its own run)."""
+    path = of_record_or_scratch(Path(path).parent, entry) / Path(path).name
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    prov = entry.get("provenance") or {}
+    doc["emulated"], doc["label"] = True, "EMULATED"
+    doc[key] = entry
+    parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}
+    parts[key] = {"key": key, "measured_in_this_run": False,
+                  "carried_from": {k: prov.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}}
+    doc["parts"] = dict(sorted(parts.items()))
+    doc["provenance"] = {**prov, "measured_in_this_run": False, "note": FLEET_PARTS_NOTE}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def provenance_line(p: dict) -> str:
     """One markdown line naming where a result came from (``provenance``'s fields)."""
     m = p["machine"]

@@ -27,7 +27,8 @@ RESULT_FILES = sorted(RESULTS.glob("*.json"))
 HEX40 = re.compile(r"[0-9a-f]{40}")
 # benchmarks that can carry parts from the results file they replace: file -> part -> its key in the results
 PARTED = {"weights.json": {"a": "throughput", "b": "broadcast", "c": "stall", "d": "cross_site"},
-          "fuzz.json": {"services": "services", "files": "files"}}
+          "fuzz.json": {"services": "services", "files": "files"},
+          "fleet.json": {k: k for k in ("dispatch", "async", "repack", "scaleout", "cross_site")}}
 
 
 def provenance_problems(data) -> list[str]:
@@ -182,3 +183,16 @@ def test_a_copied_tree_takes_its_commit_from_the_caller(monkeypatch):
     assert (p["commit"], p["dirty"]) == ("0123abc", False)
     monkeypatch.delenv("BRAID_SOURCE_STATUS")
     assert provenance(script, {})["dirty"] is True
+
+
+def test_set_fleet_part_keeps_the_index(tmp_path):
+    from bench.report_io import set_fleet_part
+
+    path = tmp_path / "fleet.json"
+    for key, commit in (("a", "1" * 40), ("b", "2" * 40), ("a", "3" * 40)):
+        set_fleet_part(path, key, {"x": commit[0], "provenance": dict(GOOD["provenance"], commit=commit)})
+    doc = json.loads(path.read_text())
+    assert doc["emulated"] is True and doc["label"] == "EMULATED" and doc["a"]["x"] == "3"
+    assert {k: v["carried_from"]["commit"][0] for k, v in doc["parts"].items()} == {"a": "3", "b": "2"}
+    assert doc["provenance"]["commit"] == "3" * 40 and doc["provenance"]["measured_in_this_run"] is False
+    assert provenance_problems(doc) == [] and parts_problems(doc, {"a": "a", "b": "b"}) == []

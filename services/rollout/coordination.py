@@ -78,7 +78,7 @@ class Coordinator:
         self.taken_at = 0.0
         self.moved: set[int] = set()  # instances interrupted since the last snapshot (one command each)
         self.migrated = False  # a migration since the last snapshot: the next waits for a fresh one
-        self.sync_checked: tuple[float, int] | None = None  # (snapshot, version) Alg. 4 last ran on
+        self.sync_checked: tuple | None = None  # (snapshot, version, emptied instances) Alg. 4 last ran on
         self.specs: dict[str, PromptSpec] = {}  # upcoming prompts, encoded once
         self.prompt_tokens = 64  # typical prompt length (updated from encoded prompts)
 
@@ -148,11 +148,15 @@ class Coordinator:
 
     # ------------------------------------------------------------------ decisions
     def to_sync(self, loads: list[Load], trajs: list[Traj], newest: int, mgr) -> list[int]:
-        """Alg. 4 once per snapshot and per new version (its tentative routings copy the staleness
-        budget and route every waiting trajectory per candidate: too dear for every tick)."""
-        if self.sync_checked == (self.taken_at, newest):
+        """Alg. 4 once per snapshot, per new version and per instance the speculative state shows
+        emptied behind ``newest`` (its tentative routings copy the staleness budget and route every
+        waiting trajectory per candidate: too dear for every tick; an instance that empties between
+        snapshots is looked at at once, not up to ``interval_s`` later)."""
+        emptied = tuple(ld.index for ld in loads if ld.alive and ld.holding == 0 and ld.version < newest)
+        key = (self.taken_at, newest, emptied)
+        if self.sync_checked == key:
             return []
-        self.sync_checked = (self.taken_at, newest)
+        self.sync_checked = key
         chosen = to_sync(loads, trajs, newest, self.model, lambda: copy.deepcopy(mgr), mgr.can_reserve,
                          self.settings.mu)
         if not self.exact:

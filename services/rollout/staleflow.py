@@ -140,9 +140,8 @@ def _choose(traj: Traj, candidates: list[Load], model: ThroughputModel, mu: floa
     whose best reaches ``mu`` x the ideal gain; None: withhold."""
     threshold = mu * model.ideal(traj)
     for version in sorted({c.version for c in candidates}):
-        group = [c for c in candidates if c.version == version]
-        best = max(group, key=lambda c: (model.gain(c, traj), -c.index))
-        if model.gain(best, traj) >= threshold:
+        gain, _, best = max((model.gain(c, traj), -c.index, c) for c in candidates if c.version == version)
+        if gain >= threshold:
             return best
     return None
 
@@ -157,9 +156,11 @@ def route(trajs: Sequence[Traj], loads: Sequence[Load], model: ThroughputModel, 
         queues.setdefault(t.v_traj, []).append(t)
     order = sorted(queues, key=lambda v: (v is None, v if v is not None else 0))
     routes: list[Route] = []
+    position = {ld.index: k for k, ld in enumerate(loads)}
     for v in order:
         for traj in queues[v]:
-            candidates = [ld for ld in loads if routable(traj, ld, budget.can_reserve)]
+            reservable = _memo(budget.can_reserve)  # a few versions, asked of every instance: once each
+            candidates = [ld for ld in loads if routable(traj, ld, reservable)]
             # an exact resume can go only to its version's instances, all busy with that version's tail:
             # holding it back for a better gain only delays a trajectory already reserved
             chosen = _choose(traj, candidates, model, 0.0 if traj.exact else mu) if candidates else None
@@ -171,8 +172,19 @@ def route(trajs: Sequence[Traj], loads: Sequence[Load], model: ThroughputModel, 
             if traj.v_traj is None:
                 budget.reserve(traj.key, chosen.version)
             routes.append(Route(traj.key, chosen.index, v_traj))
-            loads[loads.index(chosen)] = model.after(chosen, traj)
+            loads[position[chosen.index]] = model.after(chosen, traj)
     return routes, loads
+
+
+def _memo(can_reserve: Callable[[int], bool]) -> Callable[[int], bool]:
+    """``can_reserve`` asked once per version (valid until the next reservation)."""
+    seen: dict[int, bool] = {}
+
+    def ask(version: int) -> bool:
+        if version not in seen:
+            seen[version] = can_reserve(version)
+        return seen[version]
+    return ask
 
 
 def to_sync(loads: Sequence[Load], trajs: Sequence[Traj], newest: int, model: ThroughputModel,
@@ -189,12 +201,15 @@ def to_sync(loads: Sequence[Load], trajs: Sequence[Traj], newest: int, model: Th
     def bare(ld: Load) -> Load:
         return replace(ld, running=0, waiting=0, kv_tokens=0.0)
 
+    reservable = _memo(can_reserve)
     candidates = sorted((ld for ld in loads if ld.alive and ld.version < newest
-                         and not any(routable(t, bare(ld), can_reserve) for t in trajs)),
+                         and not any(routable(t, bare(ld), reservable) for t in trajs)),
                         key=lambda ld: (ld.holding, ld.index))
     tentative, out = list(loads), []
     placed = len(route(trajs, tentative, model, plan_budget(), mu)[0]) if candidates else 0
     for ld in candidates:
+        if placed == len(trajs):  # every waiting trajectory is placed: no further sync places more
+            break
         trial = list(tentative)
         trial[loads.index(ld)] = replace(bare(ld), version=newest)
         routes, _ = route(trajs, trial, model, plan_budget(), mu)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.fleet_cross_site import TARGET, even_split, summarize
+from bench.fleet_cross_site import TARGET, even_split, iteration_check, summarize
 
 
 def _alloc(gen: int, train: int, tp: int = 4, iteration: float = 8.0, batch: int = 256) -> dict:
@@ -25,7 +25,7 @@ def test_the_even_split_is_the_plans_gpus_in_equal_counts_rounded_to_an_instance
 
 def _run(samples_per_s: float, less_link: float) -> dict:
     return {"samples_per_s": samples_per_s, "iteration_s": 256 / samples_per_s, "iteration_error": 0.0,
-            "iteration_error_less_link": less_link, "link_explains": abs(less_link) <= 0.05,
+            "iteration_error_less_link": less_link, "link_explains": less_link <= 0.05,
             "orchestrator_busy_max": 0.5, "cpu_ms_per_sample": 20.0}
 
 
@@ -43,3 +43,12 @@ def test_emulated_vs_predicted_is_the_emulated_ratio_over_the_planners_per_round
     res = summarize(allocs, {"plan": plan, "even": even}, ns, {})
     assert abs(res["emulated_vs_predicted"]["median"] - 1) > TARGET and not res["passed"]
     assert not res["allocations"]["even"]["link_explains"] and res["allocations"]["plan"]["link_explains"]
+
+
+def test_an_excess_of_up_to_one_link_transfer_is_explained_and_more_or_a_shortfall_is_not():
+    assert iteration_check(9.0, 8.0, 1.5) == {"iteration_s": 9.0, "iteration_error": pytest.approx(0.125),
+                                              "iteration_error_less_link": pytest.approx(-0.0625),
+                                              "link_explains": True}
+    assert iteration_check(8.0, 8.0, 1.5)["link_explains"] and iteration_check(9.8, 8.0, 1.5)["link_explains"]
+    assert not iteration_check(10.5, 8.0, 1.5)["link_explains"]  # 1 s beyond one transfer
+    assert not iteration_check(7.0, 8.0, 1.5)["link_explains"]  # faster than the planner by 12.5%

@@ -31,7 +31,17 @@ from allocator.cluster import (
     workload_lengths,
 )
 from allocator.padding import expected_work
-from allocator.planner import CostModel, GenPool, GenWorkload, Objective, TrainPool, plan_single_site, plan_two_sites
+from allocator.planner import (
+    CostModel,
+    GenPool,
+    GenWorkload,
+    Objective,
+    Plan,
+    TrainPool,
+    evaluate_two_sites,
+    plan_single_site,
+    plan_two_sites,
+)
 from allocator.training import MFU, TrainSite, TrainWorkload
 from services.generation.scheduling.hardware import HARDWARE, Hardware
 from services.generation.scheduling.models import MODELS, ModelSpec
@@ -231,7 +241,32 @@ def plan_specs(cluster: ClusterSpec, cluster_path: str, model: ModelSpec, wl: Wo
             plan = plan_two_sites(cm, cm.gen.gpus, cm.train.gpus, objective, max_iteration_s)
     except ValueError as err:
         raise AllocationInputError(f"{cluster_path}: {model.name}: {err}") from None
-    elapsed = time.perf_counter() - t0
+    return plan_dict(cm, plan, cluster, str(cluster_path), model, wl, time.perf_counter() - t0)
+
+
+def allocation_specs(cluster: ClusterSpec, cluster_path: str, model: ModelSpec, wl: WorkloadSpec,
+                     gen_gpus: int, train_gpus: int) -> dict:
+    """A given two-site allocation priced by the cost model ``plan_specs`` plans with
+    (``allocator.planner.evaluate_two_sites``), as the same dict (a baseline beside a plan, which
+    ``flows.emulated_plan.emulated_overrides`` runs as it runs a plan); ``AllocationInputError``
+    for an allocation the sites cannot hold."""
+    t0 = time.perf_counter()
+    if len(cluster.sites) != 2:
+        raise AllocationInputError(f"{cluster_path}: a given allocation is priced on two sites, the file has "
+                                   f"{len(cluster.sites)}")
+    cm = build_cost_model(cluster, str(cluster_path), model, wl)
+    try:
+        plan = evaluate_two_sites(cm, gen_gpus, train_gpus)
+    except ValueError as err:
+        raise AllocationInputError(f"{cluster_path}: {model.name}: {err}") from None
+    out = plan_dict(cm, plan, cluster, str(cluster_path), model, wl, time.perf_counter() - t0)
+    return {**out, "objective": "given"}
+
+
+def plan_dict(cm: CostModel, plan: Plan, cluster: ClusterSpec, where: str, model: ModelSpec, wl: WorkloadSpec,
+              elapsed: float) -> dict:
+    """A priced allocation as JSON: the plan's fields, its instances, workload and trainer memory,
+    the weights' time over the cross-site link, and how to emulate it (``emulation``)."""
     out = {**plan.__dict__, "planning_time_s": elapsed,
            "gen_instances": plan.gen_gpus // cm.gen_choice(plan.gen_gpus)[1], "model": model.name,
            "cluster": cluster.name, "workload": wl.name, "batch_size": wl.batch_size, "algorithm": wl.algorithm,
@@ -244,7 +279,7 @@ def plan_specs(cluster: ClusterSpec, cluster_path: str, model: ModelSpec, wl: Wo
     if cluster.links:
         gbps = min(link.gbps for link in cluster.links)
         out["cross_site_weight_transfer_s"] = model.weight_bytes() * 8 / (gbps * 1e9)
-    out["emulation"] = emulation_of(cluster, str(cluster_path), model, plan.gen_gpus // out["gen_instances"])
+    out["emulation"] = emulation_of(cluster, where, model, plan.gen_gpus // out["gen_instances"])
     return out
 
 

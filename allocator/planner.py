@@ -185,6 +185,21 @@ def make_plan(cm: CostModel, x: int, y: int, *, mode: str, objective: Objective,
     )
 
 
+def evaluate_two_sites(cm: CostModel, x: int, y: int) -> Plan:
+    """A given two-site allocation (x generation GPUs, y training GPUs) priced by the cost model a
+    plan is made with (a baseline beside the plan, e.g. an even split): any x that an instance
+    size divides (not only whole allocation steps), any y whose trainer fits; ``ValueError``
+    for what the sites cannot hold or the trainer cannot run on."""
+    if not 1 <= x <= cm.gen.gpus or not 1 <= y <= cm.train.gpus:
+        raise ValueError(f"allocation ({x}, {y}) is outside the sites' budgets ({cm.gen.gpus}, {cm.train.gpus})")
+    if cm.t_gen(x) == math.inf:
+        raise ValueError(f"no generation instance size ({sorted(cm.gen.specs)} GPUs) divides {x} GPUs")
+    if cm.t_train(y) == math.inf:
+        why = cm.train_search(y).why_not(cm.model.name, cm.train.kind)
+        raise ValueError(f"no training allocation fits on {y} GPUs: {why}")
+    return make_plan(cm, x, y, mode="two-site", objective="time", budget=(cm.gen.gpus, cm.train.gpus))
+
+
 def _units(unit: int, hi: int) -> list[int]:
     return list(range(unit, hi + 1, unit))
 

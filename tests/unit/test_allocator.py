@@ -29,6 +29,7 @@ from allocator.planner import (
     TrainPool,
     brute_force_single,
     brute_force_two,
+    evaluate_two_sites,
     plan_single_site,
     plan_two_sites,
 )
@@ -93,6 +94,22 @@ def test_two_sites_shrink_the_faster_stage():
     plan = plan_two_sites(TableCost(lambda x: 20.0 / x, lambda y: 60.0 / y), 8, 8)  # generation faster
     assert (plan.gen_gpus, plan.train_gpus) == (3, 8)  # 20/3 = 6.7 <= 7.5
     assert brute_force_two(cm, 8, 8)[2] == pytest.approx(12.5)
+
+
+def test_a_given_two_site_allocation_is_priced_by_the_plans_cost_model():
+    import dataclasses
+
+    cm = TableCost(lambda x: 100.0 / x, lambda y: 60.0 / y if y >= 2 else math.inf)
+    cm.gen, cm.train = dataclasses.replace(cm.gen, gpus=8), dataclasses.replace(cm.train, gpus=8)
+    plan = plan_two_sites(cm, 8, 8)
+    same = evaluate_two_sites(cm, plan.gen_gpus, plan.train_gpus)
+    assert (same.iteration_s, same.samples_per_s, same.cost) == (plan.iteration_s, plan.samples_per_s, plan.cost)
+    even = evaluate_two_sites(cm, 4, 4)  # generation 25 s, training 15 s: one-step, the slower stage sets it
+    assert even.iteration_s == pytest.approx(25.0) and even.samples_per_s == pytest.approx(60 / 25.0)
+    assert (even.surplus_gen_gpus, even.surplus_train_gpus) == (4, 4)
+    for x, y, why in ((9, 4, "outside the sites' budgets"), (4, 0, "outside"), (4, 1, "no training allocation")):
+        with pytest.raises(ValueError, match=why):
+            evaluate_two_sites(cm, x, y)
 
 
 def test_cost_objective_prefers_the_cheaper_kind_for_the_same_speed():

@@ -55,6 +55,27 @@ def test_a_larger_tensor_parallel_instance_is_derived_at_its_degree():
         assert resolve_profile(plan["emulation"]["gen_profile"]).tensor_parallel == tp
 
 
+def test_a_given_allocation_is_priced_and_emulated_as_a_plan_is():
+    from allocator.allocate import allocation_specs, find_model
+    from allocator.cluster import AllocationInputError, load_cluster
+
+    cfg, cross = load_config(EMULATED), str(ROOT / "deploy/clusters/cross-site-32xH20-128xH800.yaml")
+    plan = plan_for_run(cfg, cross)
+    args = (load_cluster(cross), cross, find_model("qwen2.5-7b"), config_workload(cfg))
+    same = allocation_specs(*args, plan["gen_gpus"], plan["train_gpus"])
+    for key in ("iteration_s", "t_gen_s", "t_train_s", "gen_instances", "train_parallel", "emulation",
+                "cross_site_weight_transfer_s"):
+        assert same[key] == plan[key], key
+    even = allocation_specs(*args, 20, 20)
+    assert even["gen_gpus"] == 20 and even["train_gpus"] == 20 and even["objective"] == "given"
+    assert even["gen_instances"] * even["emulation"]["gen_tensor_parallel"] == 20
+    assert even["iteration_s"] >= plan["iteration_s"]  # the planner's full generation side is never slower
+    run = load_config(EMULATED, emulated_overrides(even, cfg.generation.page_size))
+    assert run.generation.instances == even["gen_instances"] and run.trainer.emulation.gpus == 20
+    with pytest.raises(AllocationInputError, match="outside the sites' budgets"):
+        allocation_specs(*args, 40, 8)
+
+
 def test_only_an_emulated_run_is_planned_and_a_plan_without_emulation_is_refused():
     with pytest.raises(ConfigError, match="EMULATED run"):
         plan_for_run(load_config(ROOT / "deploy/configs/default.yaml"), CLUSTER)

@@ -51,7 +51,8 @@ Declared before the run of record (2026-11-30):
 
 Writes ``scaleout`` into ``bench/results/fleet.json`` (other keys kept), ``fleet_scaleout.md`` and
 ``fleet_scaleout.png`` (delta per iteration, both runs, events marked). Expected duration of the
-record: 2 runs x 3 rounds x about 2 minutes on a quiet 2-core machine.
+record: 3 rounds of 2 runs, about 11-14 minutes (one round at these settings took 4 min 34 s at a
+load average of 3-7 on the shared 2-core machine: the controller run 115 s, the baseline 142 s).
 
     python bench/fleet_scaleout.py [--rounds 3] [--instances 4] [--iterations 12] [--time-scale 1.0] [--quick]
 """

@@ -171,7 +171,7 @@ def markdown(res: dict) -> str:
     lines = ["# EMULATED dynamic scale-out at fleet scale (StreamRL Fig. 11)", "",
              f"**gain_vs_baseline {show(g)}** (target median >= {res['target']:.2f}: "
              f"{'met' if res['passed'] else '**missed**'}); final {res['final_window_iterations']} iterations "
-             f"{show(f)}; before the first event {show(b)} (control: should be about 1). {res['instances']} emulated "
+             f"{show(f)}; before any added instance served {show(b)} (control: about 1). {res['instances']} emulated "
              f"H20 instances (Qwen2.5-7B) at the start, pool up to {res['pool']}, ramp {res['ramp']}, "
              f"{res['iterations']} iterations, time scale {res['time_scale']:g}, {res['rounds']} rounds. "
              "EMULATED: every figure is a prediction.", "",

@@ -27,7 +27,11 @@ Quantities (over a smoothing window of the last ``window`` iterations, see below
   new unit cannot shorten; the window and the cooldown keep such an error to one extra unit.
 - **scale out** when ``delta >= delta'`` and ``n < max_instances``. Equivalently
   ``T_gen n / (n + 1) >= T_train``: even with the extra unit generation is still not faster than
-  training, so the unit is never wasted on making the trainer the bottleneck.
+  training, so the unit is never wasted on making the trainer the bottleneck. StreamRL adds one
+  unit per decision (``max_step`` 1, the default). With ``max_step`` k > 1 (a fleet of dozens of
+  units, where one unit is a small step) the same rule is applied again to the state it predicts:
+  with ``n + j`` units T_gen would be ``T_gen n / (n + j)``, and the (j+1)-th unit is added while
+  ``T_gen n / (n + j + 1) >= T_train`` (``units_to_add``), at most k and up to ``max_instances``.
 - **scale in** when generation is far ahead: ``T_train - T_gen >= (1 + scale_in_margin) *
   T_gen / (n - 1)`` (the time one fewer unit would add, with a margin against flapping) and
   ``n > min_instances``: without one unit generation would still finish before training.
@@ -74,14 +78,15 @@ class ScaleoutLimits:
     cooldown: int = 2
     scale_in: bool = True
     scale_in_margin: float = 0.25
+    max_step: int = 1  # units one decision may add (StreamRL: 1)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_instances <= self.max_instances:
             raise ValueError(
                 f"need 1 <= min_instances <= max_instances, got {self.min_instances}, {self.max_instances}"
             )
-        if self.window < 1 or self.cooldown < 0 or self.scale_in_margin < 0:
-            raise ValueError(f"need window >= 1, cooldown >= 0, scale_in_margin >= 0, got {self}")
+        if self.window < 1 or self.cooldown < 0 or self.scale_in_margin < 0 or self.max_step < 1:
+            raise ValueError(f"need window >= 1, cooldown >= 0, scale_in_margin >= 0, max_step >= 1, got {self}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,16 @@ def generation_time(first_start: float, last_finish: float, previous_last_finish
 def saved_by_one_more(t_gen_s: float, n: int) -> float:
     """delta': generation time saved by adding one DP unit to ``n`` (ideal DP scaling)."""
     return t_gen_s / (n + 1)
+
+
+def units_to_add(t_gen_s: float, t_train_s: float, n: int, max_step: int) -> int:
+    """Units the scale-out rule adds at once, applied to its own prediction (ideal DP scaling):
+    the number of j >= 0, up to ``max_step``, with ``T_gen n / (n + j + 1) >= T_train`` (0 when
+    even one unit would make generation faster than training)."""
+    k = 0
+    while k < max_step and t_gen_s * n / (n + k + 1) >= t_train_s:
+        k += 1
+    return k
 
 
 def added_by_one_fewer(t_gen_s: float, n: int) -> float:
@@ -138,7 +153,9 @@ def decide(
         if current >= limits.max_instances:
             return ScaleDecision("hold", current, delta, gain,
                                  f"delta {delta:.3f}s >= delta' {gain:.3f}s but at max_instances {current}")
-        return ScaleDecision("out", current + 1, delta, gain, f"delta {delta:.3f}s >= delta' {gain:.3f}s")
+        step = max(1, min(units_to_add(t_gen, t_train, current, limits.max_step), limits.max_instances - current))
+        return ScaleDecision("out", current + step, delta, gain,
+                             f"delta {delta:.3f}s >= delta' {gain:.3f}s" + (f": {step} units" if step > 1 else ""))
     if limits.scale_in and current > limits.min_instances:
         cost = added_by_one_fewer(t_gen, current)
         if -delta >= (1 + limits.scale_in_margin) * cost:

@@ -19,6 +19,7 @@ from flows.processes import (
     instances_per_process,
     restartable_group,
     router_enabled,
+    standby_instances,
     start_env_workers,
     start_instances,
     start_relays,
@@ -65,11 +66,13 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
             if w.transport == "relay" else []
         )
         per_process = instances_per_process(cfg.generation)  # several per process: the emulated engine only
-        addresses = start_instances(
-            sup, run_dir, checkpoint, cfg.generation.instances, cfg.generation.threads, tolerate_exit=tolerate,
-            relays=relays, per_process=per_process,
+        standby = standby_instances(cfg)  # the emulated scale-out pool, served idle beside the run's own
+        started = start_instances(
+            sup, run_dir, checkpoint, cfg.generation.instances + standby, cfg.generation.threads,
+            tolerate_exit=tolerate, relays=relays, per_process=per_process,
         )
-        groups = instance_groups(0, len(addresses), per_process)
+        addresses, pool = started[:cfg.generation.instances], started[cfg.generation.instances:]
+        groups = instance_groups(0, len(started), per_process)
         routed = router_enabled(cfg)
         # a dead process is started again with its instances on their ports (behind the router too: it
         # dials the same addresses again; under scale-out the router's membership replaces instances instead)
@@ -79,16 +82,20 @@ def run_processes(run_dir: Path, checkpoint: str, on_poll=None, poll_s: float = 
                                 relays=relays, first=first, ports=ports, per_process=len(ports))
 
             for group in groups:
-                restartable_group(sup, group.start, [int(addresses[i].rsplit(":", 1)[1]) for i in group], start_group)
+                restartable_group(sup, group.start, [int(started[i].rsplit(":", 1)[1]) for i in group], start_group)
         router = (start_router(sup, run_dir, checkpoint, addresses, restartable=not cfg.scaleout.enabled)
                   if routed else None)
         if cfg.scaleout.enabled:  # dynamic DP scale-out of the SGS (flows/scaleout.py)
-            from flows.scaleout import FileMembership, ProcessUnits, ScaleoutController
+            from flows.scaleout import FileMembership, ProcessUnits, ScaleoutController, StandbyUnits
 
-            by_name = {svc.name: svc for svc in sup.services}
-            # all of them may leave (a process serving several stops when the last of them has left)
-            members = [(a, by_name[instance_service(i, groups)]) for i, a in enumerate(addresses)]
-            units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays, members)
+            if standby:  # the emulated engine: added instances come from the standby pool, removed ones go back
+                members = [(a, a) for a in addresses]
+                units = StandbyUnits(pool, cfg.scaleout.emulated_start_s * cfg.generation.emulation.time_scale)
+            else:
+                by_name = {svc.name: svc for svc in sup.services}
+                # all of them may leave (a process serving several stops when the last of them has left)
+                members = [(a, by_name[instance_service(i, groups)]) for i, a in enumerate(addresses)]
+                units = ProcessUnits(sup, run_dir, cfg, checkpoint, relays, members)
             # through the router when there is one, else the trainer's orchestrator (its membership file)
             membership = router if routed else FileMembership(run_dir, addresses)
             controller = ScaleoutController(run_dir, cfg, membership, addresses, units, members)

@@ -232,6 +232,16 @@ def instances_per_process(gen_cfg) -> int:
     return 1
 
 
+def standby_instances(cfg) -> int:
+    """Standby SGS instances the launcher starts beside the run's own: the scale-out pool
+    (``scaleout.max_instances - generation.instances``) on the emulated engine, whose processes
+    serve many instances each and an idle instance costs nothing (``flows.scaleout.StandbyUnits``);
+    0 otherwise (an added vllm or hf instance is a process of its own, started when added)."""
+    if not cfg.scaleout.enabled or cfg.generation.engine != "emulated":
+        return 0
+    return max(0, cfg.scaleout.max_instances - cfg.generation.instances)
+
+
 def instance_groups(first: int, n: int, per_process: int) -> list[range]:
     """The instances each SGS process serves: ``first .. first + n - 1`` cut in order into
     ceil(n / per_process) runs of ``per_process`` (the last one shorter when it does not divide)."""

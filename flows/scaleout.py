@@ -11,12 +11,16 @@ busy time), and for each asks the pure policy
 (``allocator.scaleout.decide``). The action runs on one background thread (supervised: its
 failure is raised by the next ``poll``), so the watcher keeps checking the other processes:
 
-- ``out``: start one more SGS instance process through the launcher's ``Supervisor``, pinned to
+- ``out``: start the decision's units (one, or up to ``scaleout.max_step``): one more SGS instance
+  process each through the launcher's ``Supervisor``, pinned to
   ``scaleout.cpus`` (on one host: the trainer's core, which idles while generation is behind;
   default ``generation.cpus``), with the next relay when the run uses the relay transport, then
   ``AddInstance`` on the router, which brings it to the current weights before it gets prompts
   (without a router: the rollout's membership file, ``FileMembership``; the trainer's
-  orchestrator brings it up the same way);
+  orchestrator brings it up the same way). On the emulated engine the units are standby instances
+  the launcher started with the run (``StandbyUnits``): an added one waits out the modelled start
+  (``scaleout.emulated_start_s`` x ``time_scale``) rather than a Python process's start-up, which
+  is this machine's cost, not the modelled accelerator's (unscaled, it is tens of modelled minutes);
 - ``in``: ``RemoveInstance`` for the most recently added instance (the router, or the
   orchestrator, stops giving it work and waits until it returned its in-flight sequences), then
   stop its process.
@@ -87,6 +91,31 @@ class ProcessUnits:
         handle.proc.terminate()
 
 
+class StandbyUnits:
+    """Added instances from a pool of standby instances the launcher started with the run (the
+    emulated engine: its processes serve many instances each, and an idle one costs no CPU). An
+    added instance waits out ``start_s`` (modelled start x time scale) before it serves; a removed
+    one returns to the pool (its process serves the others). ``parallel``: several start at once."""
+
+    parallel = True
+
+    def __init__(self, pool: list[str], start_s: float, sleep=time.sleep) -> None:
+        self.pool, self.start_s, self.sleep = list(pool), start_s, sleep
+        self._lock = threading.Lock()
+
+    def start(self, index: int) -> tuple[str, object, dict]:
+        with self._lock:
+            if not self.pool:
+                raise RuntimeError(f"no standby instance left for instance {index} (scaleout.max_instances)")
+            address = self.pool.pop(0)
+        self.sleep(self.start_s)
+        return address, address, {"standby": True, "modelled_start_wall_s": self.start_s}
+
+    def stop(self, handle: object) -> None:
+        with self._lock:
+            self.pool.append(str(handle))
+
+
 class FileMembership:
     """Instances joining and leaving a run whose trainer dials them itself (no router): through the
     rollout's membership file (``services/rollout/membership.py``), answered in its ack file. The
@@ -153,7 +182,7 @@ class ScaleoutController:
         self.run_dir, self.cfg, self.units = run_dir, cfg, units
         fixed = len(instances) - len(members)
         self.limits = ScaleoutLimits(max(so.min_instances, fixed, 1), so.max_instances, so.window, so.cooldown,
-                                     so.scale_in, so.scale_in_margin)
+                                     so.scale_in, so.scale_in_margin, so.max_step)
         self.router = router if isinstance(router, FileMembership) else GenerationClient(
             router, max_message_mb=cfg.generation.max_message_mb, tls=tls)
         self.instances = list(instances)  # routed addresses, oldest first
@@ -190,7 +219,8 @@ class ScaleoutController:
                 # the thread runs in a copy of this context: a Prefect flow run's context makes a unit's flow run
                 # its subflow
                 self._busy = threading.Thread(
-                    target=contextvars.copy_context().run, args=(self._act, decision.action, timing.iteration),
+                    target=contextvars.copy_context().run,
+                    args=(self._act, decision.action, timing.iteration, abs(decision.instances - timing.instances)),
                     name="scaleout", daemon=True,
                 )
                 self._busy.start()
@@ -215,10 +245,10 @@ class ScaleoutController:
         return rows
 
     # ------------------------------------------------------------------ action thread
-    def _act(self, action: str, iteration: int) -> None:
+    def _act(self, action: str, iteration: int, units: int = 1) -> None:
         try:
             if action == "out":
-                self._scale_out(iteration)
+                self._scale_out(iteration, max(1, units))
             else:
                 self._scale_in(iteration)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the next poll()
@@ -227,22 +257,31 @@ class ScaleoutController:
         # the cooldown counts from the iteration during which the change took effect, not from the decision
         self.last_change = max(iteration, self.history[-1].iteration)
 
-    def _scale_out(self, iteration: int) -> None:
+    def _scale_out(self, iteration: int, units: int = 1) -> None:
+        """Start ``units`` instances (at once when the units allow it), then let each join the router."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from flows.processes import SGS_READY_TIMEOUT_S
 
         t0 = time.time()
-        i = self.next_index
-        self.next_index += 1
-        address, handle, fields = self.units.start(i)
+        first, self.next_index = self.next_index, self.next_index + units
+        indices = range(first, first + units)
+        if units > 1 and getattr(self.units, "parallel", False):
+            with ThreadPoolExecutor(units, thread_name_prefix="scaleout-start") as pool:
+                started_units = list(pool.map(self.units.start, indices))
+        else:
+            started_units = [self.units.start(i) for i in indices]
         started = time.time()
-        instances, version = self.router.add_instance(address, wait_s=SGS_READY_TIMEOUT_S)
-        self.members.append((address, handle))
-        self.instances = instances
-        self._log({"event": "scale_out", "iteration": iteration, "address": address, **fields,
-                   "weight_version": version, "instances": len(instances), "start_s": started - t0,
-                   "join_s": time.time() - started})
-        log.info("scale-out after iteration %d: %s joined at weight version %d (%d instances)", iteration, address,
-                 version, len(instances))
+        for address, handle, fields in started_units:
+            joining = time.time()
+            instances, version = self.router.add_instance(address, wait_s=SGS_READY_TIMEOUT_S)
+            self.members.append((address, handle))
+            self.instances = instances
+            self._log({"event": "scale_out", "iteration": iteration, "address": address, **fields,
+                       "weight_version": version, "instances": len(instances), "start_s": started - t0,
+                       "join_s": time.time() - joining, "units": units})
+            log.info("scale-out after iteration %d: %s joined at weight version %d (%d instances)", iteration,
+                     address, version, len(instances))
 
     def _scale_in(self, iteration: int) -> None:
         t0 = time.time()

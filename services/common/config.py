@@ -380,6 +380,17 @@ class ScaleoutConfig(StrictModel):
         600.0, gt=0.0, le=86400.0,
         description="How long a removed instance may take to finish its in-flight work (s).",
     )
+    max_step: int = Field(
+        1, ge=1, le=1024,
+        description="Most instances one decision adds (StreamRL: 1); more applies the rule to its own prediction "
+        "(allocator.scaleout.units_to_add: a fleet of dozens, where one instance is a small step).",
+    )
+    emulated_start_s: float = Field(
+        30.0, ge=0.0, le=3600.0,
+        description="Emulated engine: modelled seconds an added instance takes to come up (a cold inference-server "
+        "start: weights loaded, graphs captured), x generation.emulation.time_scale. The launcher keeps the pool "
+        "(max_instances - instances) as standby instances in its emulator processes (flows.scaleout.StandbyUnits).",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> ScaleoutConfig:

@@ -170,3 +170,66 @@ def test_generation_time_is_net_of_overlap_with_the_previous_iteration():
     assert generation_time(10.0, 14.0, 12.5) == pytest.approx(1.5)  # started while the previous one ran
     assert generation_time(10.0, 14.0, 9.0) == pytest.approx(4.0)  # generation idle in between: not counted
     assert generation_time(10.0, 14.0, 15.0) == 0.0
+
+
+def test_max_step_applies_the_rule_to_its_own_prediction():
+    from allocator.scaleout import units_to_add
+
+    # T_gen 30 at 8 units, T_train 10: the rule holds at 8 + j while 30 x 8 / (9 + j) >= 10, i.e. j <= 15
+    assert units_to_add(30.0, 10.0, 8, 100) == 16
+    assert units_to_add(30.0, 10.0, 8, 4) == 4
+    assert units_to_add(10.0, 10.0, 8, 4) == 0  # one more unit would make generation faster than training
+    rows = [(30, 10), (30, 10)]
+    wide = ScaleoutLimits(max_instances=32, window=2, cooldown=0, max_step=8)
+    assert decide(timings(rows, instances=8), 8, wide).instances == 16
+    capped = ScaleoutLimits(max_instances=11, window=2, cooldown=0, max_step=8)
+    assert decide(timings(rows, instances=8), 8, capped).instances == 11  # up to max_instances
+    one = ScaleoutLimits(max_instances=32, window=2, cooldown=0)  # StreamRL's one unit per decision
+    assert decide(timings(rows, instances=8), 8, one).instances == 9
+    with pytest.raises(ValueError):
+        ScaleoutLimits(max_step=0)
+
+
+def test_emulated_scale_out_takes_several_standby_instances_at_once(tmp_path):
+    """The emulated engine's pool (flows.scaleout.StandbyUnits): one decision of k units starts k standby
+    instances together (one modelled start, not k), each joins the router in turn and is logged; a removed one
+    goes back to the pool; the launcher keeps max_instances - instances standby, on the emulated engine only."""
+    import json
+
+    from flows.processes import standby_instances
+    from flows.scaleout import ScaleoutController, StandbyUnits
+    from services.common.config import load_config
+    from tests.conftest import ROOT
+
+    waits: list[float] = []
+    units = StandbyUnits(["s:1", "s:2", "s:3"], 0.5, sleep=waits.append)
+    cfg = load_config(ROOT / "deploy/configs/emulated.yaml",
+                      ["generation.instances=2", "scaleout.enabled=true", "scaleout.max_instances=5",
+                       "scaleout.max_step=4", "generation.dispatch.router='on'"])
+    assert standby_instances(cfg) == 3
+    assert standby_instances(load_config(ROOT / "deploy/configs/smoke.yaml", ["scaleout.enabled=true"])) == 0
+
+    class Router:
+        def __init__(self) -> None:
+            self.routed = ["a:1", "a:2"]
+
+        def add_instance(self, address: str, *, wait_s: float) -> tuple[list[str], int]:
+            self.routed.append(address)
+            return list(self.routed), 7
+
+        def close(self) -> None:
+            pass
+
+    c = ScaleoutController(tmp_path, cfg, "127.0.0.1:1", ["a:1", "a:2"], units, [("a:1", "a:1"), ("a:2", "a:2")])
+    real, c.router = c.router, Router()
+    real.close()
+    c._scale_out(4, 2)
+    assert c.instances == ["a:1", "a:2", "s:1", "s:2"] and len(waits) == 2 and units.pool == ["s:3"]
+    events = [json.loads(x) for x in (tmp_path / "scaleout.jsonl").read_text().splitlines()]
+    assert [(e["address"], e["instances"], e["units"], e["standby"]) for e in events] == [
+        ("s:1", 3, 2, True), ("s:2", 4, 2, True)]
+    units.stop("s:2")
+    assert units.pool == ["s:3", "s:2"]
+    c.units = StandbyUnits([], 0.0)
+    with pytest.raises(RuntimeError, match="no standby"):
+        c._scale_out(5, 1)

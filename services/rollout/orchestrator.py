@@ -383,6 +383,7 @@ class Orchestrator(GroupLifecycle):
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
             self.counts["interrupted"] += 1
+            self.repack.interrupted(pkey)  # a migration's trajectory: now in transit to its destination
             if len(p.token_ids) < self.max_new:
                 self.resume.append(p)
                 return

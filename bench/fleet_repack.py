@@ -35,20 +35,23 @@ Declared before the run of record (2026-11-30):
 
 ``REPACK``: c_max 0.99 and batch_bound 64 (the config's defaults, Laminar's), interval_s 0.2 wall seconds
 (2 modelled seconds at time scale 0.1; the config's 1.0 s is 10 modelled seconds, longer than a step's
-tail). A quick look informed the interval (2026-11-30, 16 instances, 1 round, 6-10 iterations, a
+tail). A quick look informed the interval (2026-11-30, 16 instances, 1 round, 6-12 iterations, a
 machine loaded by other runs; not a result): at 1.0 s and 0.1 s repack never fired (the orchestrator
 ticked 23 times in a run, its collect step draining streamed samples for seconds; bounded since, in
 ``Orchestrator.COLLECT_BUDGET_S``); at 0.1 s after that fix the snapshots (16 Health RPCs) took 4 s of the
-loop's 13 s. In those looks repack fired (11-26 repacks, 13-52 trajectories resumed on their destination)
-and came out below none (0.55x and 0.67x, one iteration's noise about +-25%), with 1-3 wall seconds
-(10-30 modelled) from a migration's Interrupt to its resume: the declared target may well be missed.
+loop's 13 s. With the migration accounting fixed (``Repacker.interrupted``) repack fired (11-26 repacks)
+but came out below none (0.55x, 0.67x) with 1-3 wall seconds from a migration's Interrupt to its resume:
+the orchestrator's event queue was backed up (mean 257 samples), mostly by ``Policy.decode`` looking up
+EOS once per token. After that fix: none 6985 / 6025 and repack 7037 / 6586 tokens per modelled second
+(1.01x, 1.09x; 23-35 repacks, 31-47 trajectories migrated, 0.35-0.43 wall s Interrupt to resume, the
+queue still 100-225 samples deep on average). ``--iterations`` 12 (from 10) after the runs got faster.
 
 Writes ``repack`` into ``bench/results/fleet.json`` (other keys kept) and ``fleet_repack.md`` / ``.png``
-(``--quick``: scratch). Expected duration of the record: 4 variants x 3 rounds at about 50-70 s each
-(a 16-instance run of 10 iterations took 46-57 s in the quick look; about 12 minutes) on a quiet 2-core
-machine.
+(``--quick``: scratch). Expected duration of the record: 4 variants x 3 rounds at about 40-70 s each
+(a 16-instance run of 10-12 iterations took 38-69 s in the last quick looks on a loaded machine; 32
+instances not looked at here: about 12 minutes in all) on a quiet 2-core machine.
 
-    python bench/fleet_repack.py [--rounds 3] [--iterations 10] [--time-scale 0.1] [--data FILE] [--quick]
+    python bench/fleet_repack.py [--rounds 3] [--iterations 12] [--time-scale 0.1] [--data FILE] [--quick]
     python bench/fleet_repack.py --data ../shared/data/mmlu-pro-cot/mmlu_pro_cot_lengths.jsonl.gz   # of record
 """
 
@@ -193,7 +196,7 @@ def plot(res: dict, path: Path) -> None:
 def main() -> None:
     ap = RecordParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--time-scale", type=float, default=0.1)
     ap.add_argument("--data", default=None, help="mmlu_pro_cot_lengths.jsonl.gz (default: the config's lognormal)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")

@@ -51,14 +51,20 @@ def staleness_metrics(entries: list[ConsumedEntry], eta: int) -> dict:
     }
 
 
-def drain(events: queue.Queue, timeout: float, handle: Callable[[tuple], None]) -> None:
-    """Wait up to ``timeout`` for the first event, then handle every event already queued."""
+def drain(events: queue.Queue, timeout: float, handle: Callable[[tuple], None], budget_s: float | None = None,
+          clock: Callable[[], float] = time.perf_counter) -> None:
+    """Wait up to ``timeout`` for the first event, then handle every event already queued; with
+    ``budget_s``, stop once handling has taken that long (the rest waits for the next call, in
+    order), so a queue that streams refill faster than it empties does not hold the loop."""
     try:
         event = events.get(timeout=timeout)
     except queue.Empty:
         return
+    start = clock()
     while True:
         handle(event)
+        if budget_s is not None and clock() - start >= budget_s:
+            return
         try:
             event = events.get_nowait()
         except queue.Empty:

@@ -141,6 +141,10 @@ class Orchestrator(GroupLifecycle):
     """The single-turn workflow over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
 
     offer_on_step = False  # instances take a new version when routing says so (``_sync``)
+    # a tick handles streamed samples for at most this long, then syncs, repacks and routes again: with
+    # dozens of instances streaming, an unbounded drain held the loop for seconds (23 ticks in a whole
+    # 16-instance emulated run, 2026-11-30), so new groups, syncs and repack checks waited on it
+    COLLECT_BUDGET_S = 0.05
 
     def __init__(self, trainer: TrainerRuntime) -> None:
         super().__init__(trainer)
@@ -358,7 +362,7 @@ class Orchestrator(GroupLifecycle):
 
     # ------------------------------------------------------------------ collecting
     def _collect(self, timeout: float) -> None:
-        drain(self.events, timeout, self._on_event)
+        drain(self.events, timeout, self._on_event, budget_s=self.COLLECT_BUDGET_S)
 
     def _on_event(self, event: tuple) -> None:
         kind, call, payload = event
@@ -379,6 +383,7 @@ class Orchestrator(GroupLifecycle):
         if s.finish_reason == "interrupted":
             p = self.partial.extend(pkey, s.token_ids, s.logprobs, s.weight_version)
             self.counts["interrupted"] += 1
+            self.repack.interrupted(pkey)  # a migration's trajectory: now in transit to its destination
             if len(p.token_ids) < self.max_new:
                 self.resume.append(p)
                 return

@@ -18,6 +18,11 @@ samples, installed version. The snapshots feed the KV-utilisation metric always,
 
 Migrations in transit count in the destination's load (so new groups do not take the room the
 plan gave them) and keep both instances out of the next plan (StaleFlow's speculative state).
+Every trajectory the pool places on the source is a candidate of the move, but only one that comes
+back interrupted (``interrupted``) is in transit to the destination's load: the pool lags the
+engine by the samples still on their way to the orchestrator, which finished on the source and
+never move (a 16-instance emulated run, 2026-11-30, sent 973 candidates and resumed 52; counted as
+incoming they put up to 180 samples on one destination's load and kept new groups off it).
 The overhead of a migration is the time from the Interrupt to the resume's launch.
 """
 
@@ -41,6 +46,7 @@ class _Move:
     source: int
     destination: int
     issued: float  # time.time() of the Interrupt
+    interrupted: bool = False  # came back interrupted (else it may still finish on the source)
 
 
 @dataclass
@@ -70,7 +76,8 @@ class Repacker:
         return c
 
     def incoming(self) -> Counter:
-        return Counter(m.destination for m in self.moving.values())
+        """Samples on their way to each destination: those interrupted and not yet resumed."""
+        return Counter(m.destination for m in self.moving.values() if m.interrupted)
 
     def snapshot(self, clients, alive: list[bool], on_lost) -> list[InstanceSnapshot]:
         """Health of every live instance; an instance that does not answer (UNAVAILABLE) is lost."""
@@ -110,9 +117,17 @@ class Repacker:
         self._changed()
         n = client.interrupt(tags)
         self.counts["repacks"] += 1
-        self.counts["migrations_sent"] += len(keys)
+        self.counts["migration_candidates"] += len(keys)
+        self.counts["migrations_sent"] += n
         log.info("repack: instance %d -> %d (version %d, %d trajectories, %d interrupted, kv %.2f)",
                  m.source, m.destination, m.version, len(keys), n, m.kv_used)
+
+    def interrupted(self, key: str) -> None:
+        """The trajectory came back interrupted: from now on it counts in its destination's load."""
+        m = self.moving.get(key)
+        if m is not None and not m.interrupted:
+            m.interrupted = True
+            self._changed()
 
     def destination(self, key: str) -> int | None:
         m = self.moving.get(key)

@@ -36,6 +36,7 @@ from dataclasses import replace
 import grpc
 
 from services.common.types import HealthSnapshot, PromptSpec
+from services.rollout.repack import health_of
 from services.rollout.routing import InstanceView
 from services.rollout.staleflow import (
     CoordinationSettings,
@@ -92,12 +93,7 @@ class Coordinator:
         for v in views:
             if not v.alive:
                 self.snaps.pop(v.index, None)
-                continue
-            try:
-                self.snaps[v.index] = clients[v.index].health()
-            except grpc.RpcError as err:
-                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    on_lost(v.index, f"Health: {err.details()}")
+        self.snaps.update(health_of(clients, [v.index for v in views if v.alive], on_lost))
 
     def loads(self, views: list[InstanceView]) -> list[Load]:
         """Every instance's load: the last snapshot, validated against the table's samples in flight."""

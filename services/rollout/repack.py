@@ -41,6 +41,20 @@ from services.rollout.repack_policy import InstanceSnapshot, Migrate, RepackCoor
 log = logging.getLogger("braid.repack")
 
 
+def health_of(clients, indices: list[int], on_lost: Callable[[int, str], None]) -> dict:
+    """Health of each instance in ``indices`` (a ``HealthSnapshot`` by index); one that does not
+    answer (UNAVAILABLE, deadline) is reported to ``on_lost`` and left out. The snapshots both
+    repack and StaleFlow's coordination plan on."""
+    out = {}
+    for i in indices:
+        try:
+            out[i] = clients[i].health()
+        except grpc.RpcError as err:
+            if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                on_lost(i, f"Health: {err.details()}")
+    return out
+
+
 @dataclass
 class _Move:
     source: int
@@ -82,18 +96,9 @@ class Repacker:
     def snapshot(self, clients, alive: list[bool], on_lost) -> list[InstanceSnapshot]:
         """Health of every live instance; an instance that does not answer (UNAVAILABLE) is lost."""
         transit = self.in_transit()
-        out = []
-        for i, client in enumerate(clients):
-            if not alive[i]:
-                continue
-            try:
-                h = client.health()
-            except grpc.RpcError as err:
-                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    on_lost(i, f"Health: {err.details()}")
-                continue
-            out.append(InstanceSnapshot(i, h.weight_version, h.kv_usage, h.running, h.waiting, True, transit[i],
-                                        draining=h.pending_version >= 0))
+        out = [InstanceSnapshot(i, h.weight_version, h.kv_usage, h.running, h.waiting, True, transit[i],
+                                draining=h.pending_version >= 0)
+               for i, h in health_of(clients, [i for i in range(len(clients)) if alive[i]], on_lost).items()]
         if out:
             self.kv_means.append(sum(s.kv_used for s in out) / len(out))
         return out

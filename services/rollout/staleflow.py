@@ -207,15 +207,23 @@ def to_sync(loads: Sequence[Load], trajs: Sequence[Traj], newest: int, model: Th
                         key=lambda ld: (ld.holding, ld.index))
     tentative, out = list(loads), []
     placed = len(route(trajs, tentative, model, plan_budget(), mu)[0]) if candidates else 0
+    failed = -1  # the largest capacity a tentative update did not help
     for ld in candidates:
         if placed == len(trajs):  # every waiting trajectory is placed: no further sync places more
             break
+        # a tentatively updated candidate is an empty instance at ``newest`` whatever it held, and its
+        # old load mattered to nothing waiting: one no larger than a candidate that did not help
+        # would not help either (up to ties), so Alg. 4 costs a routing per sync, plus one
+        if ld.capacity <= failed:
+            continue
         trial = list(tentative)
         trial[loads.index(ld)] = replace(bare(ld), version=newest)
         routes, _ = route(trajs, trial, model, plan_budget(), mu)
         if len(routes) > placed and any(r.instance == ld.index for r in routes):
             out.append(ld.index)
             tentative, placed = trial, len(routes)
+        else:
+            failed = max(failed, ld.capacity)
     return out
 
 

@@ -153,3 +153,24 @@ def test_migration_moves_a_long_queue_and_the_fastest_instance_when_the_gap_is_w
     skewed = [load(0, running=60, kv=6000), load(1, running=1, kv=900)]
     assert migrations(skewed, MODEL, s) == {0: 60}
     assert migrations([load(0), load(1)], MODEL, s) == {}  # idle instances hold nothing to move
+
+
+def test_sync_stops_trying_candidates_once_one_no_larger_did_not_help():
+    """A tentatively updated candidate is an empty instance at the newest version whatever it held:
+    once one did not place more work, trying the others of its size cannot (Alg. 4's cost stays one
+    routing per sync, plus one), while a larger one is still tried."""
+    mgr = StalenessManager(eta=0, batch_size=16, group_size=8, start_version=1)  # 2 groups, version 1 only
+    budgets = []
+
+    def plan_budget():
+        budgets.append(1)
+        return copy.deepcopy(mgr)
+
+    loads = [load(i, running=8 * i, kv=800.0 * i, cap=16) for i in range(6)]
+    trajs = [group(f"g{k}") for k in range(4)]
+    assert to_sync(loads, trajs, 1, MODEL, plan_budget, mgr.can_reserve, mu=0.3) == [0]  # it takes both
+    assert len(budgets) == 3  # the baseline, the accepted candidate, the first that did not help
+    budgets.clear()
+    bigger = [*loads[:5], load(5, running=40, kv=4000.0, cap=64)]
+    assert to_sync(bigger, trajs, 1, MODEL, plan_budget, mgr.can_reserve, mu=0.3) == [0]
+    assert len(budgets) == 4  # the larger candidate is still tried

@@ -180,9 +180,10 @@ def previous_regime_lines(result: dict) -> list[str]:
         return []
     reg, prov = prev["regime"], prev.get("provenance") or {}
     steps = reg.get("warmstart_steps") or "the config's own"
+    paired = f", {reg['paired_samples']} paired samples a prompt" if reg.get("paired_samples") else ""
     verdicts = ", ".join(f"{m} {v['verdict']} ({v['diff']:+.4f})" for m, v in prev["noninferiority"].items())
     return [
-        f"Previous regime (warm start: {steps} SFT steps, {reg.get('iterations')} RL steps; "
+        f"Previous regime (warm start: {steps} SFT steps, {reg.get('iterations')} RL steps{paired}; "
         f"{str(prov.get('commit', '?'))[:7]}, {prov.get('date', '?')}): warm start "
         f"{prev['warmstart']['accuracy']:.3f}, sync's gain {prev.get('sync_gain_se', float('nan')):.1f} standard "
         f"errors; {verdicts}.",

@@ -53,13 +53,15 @@ MODES = ("sync", "one_step", "bounded_1", "bounded_2", "bounded_4", "bounded_2_p
 BASELINE = "sync"
 # the comparisons of record: (numerator, denominator) -> the factor the issue's target asks for (None: no target)
 TARGETS = {("one_step", "sync"): 1.25, ("bounded_2", "one_step"): 1.0}
+# pairs reported beside them, with no target: StaleFlow's coordination at the same bound (issue 54 item 2)
+BESIDE = (("bounded_2_staleflow", "one_step"), ("bounded_2_staleflow", "bounded_2"))
 
 
 # ---------------------------------------------------------------------------------------- policy
 def comparisons(modes: list[str]) -> list[tuple[str, str]]:
-    """Every mode against sync, plus the issue's target pairs whose modes both ran."""
+    """Every mode against sync, plus the target pairs and those beside them whose modes both ran."""
     pairs = [(m, BASELINE) for m in modes if m != BASELINE]
-    return pairs + [p for p in TARGETS if p not in pairs and set(p) <= set(modes)]
+    return pairs + [p for p in (*TARGETS, *BESIDE) if p not in pairs and set(p) <= set(modes)]
 
 
 def summarize(modes: list[str], runs: dict[str, list[dict]]) -> dict:

@@ -70,6 +70,8 @@ def test_mode_overrides_and_bounds():
         "trainer.mode=bounded", "trainer.eta=4", "generation.instances=2", "trainer.partial_rollout=true",
     ]
     assert core.staleness_bound("one_step") == 1 and core.staleness_bound("bounded_2_partial") == 2
+    assert core.mode_overrides("bounded_2_staleflow", 2)[-1] == "trainer.coordination.policy=staleflow"
+    assert core.staleness_bound("bounded_2_staleflow") == 2
     for bad in ("bounded", "bounded_x", "bounded_2_full", "async"):
         with pytest.raises(ValueError):
             core.mode_overrides(bad, 2)
@@ -144,9 +146,9 @@ def test_the_placebo_control_is_sync_at_a_learning_rate_that_moves_nothing():
     assert RunConfig.model_validate(apply_overrides({}, over)).trainer.lr == 1e-9
 
 
-def test_the_partial_harm_control_is_sync_with_half_the_groups_on_shuffled_rewards():
+def test_the_partial_harm_control_is_sync_with_most_groups_on_shuffled_rewards():
     over = core.mode_overrides(core.PARTIAL_HARM, 2)
-    assert over == ["trainer.mode=sync", "reward.shuffle_fraction=0.5", "generation.instances=2"]
+    assert over == ["trainer.mode=sync", "reward.shuffle_fraction=0.75", "generation.instances=2"]
     assert core.staleness_bound(core.PARTIAL_HARM) == 0
     # declared before the run, beside the placebo, and both run by default
     assert core.CONTROLS_EXPECTED == {core.PLACEBO: "inferior", core.PARTIAL_HARM: "inferior"}
@@ -154,7 +156,7 @@ def test_the_partial_harm_control_is_sync_with_half_the_groups_on_shuffled_rewar
     from services.common.config import RunConfig, apply_overrides
 
     cfg = RunConfig.model_validate(apply_overrides({}, over))
-    assert cfg.trainer.mode == "sync" and cfg.reward.shuffle_fraction == 0.5 and cfg.trainer.lr > 1e-6
+    assert cfg.trainer.mode == "sync" and cfg.reward.shuffle_fraction == 0.75 and cfg.trainer.lr > 1e-6
 
 
 def test_a_declared_control_judged_noninferior_is_reported_as_failed():
@@ -272,7 +274,7 @@ def test_a_new_regime_keeps_the_old_verdicts_beside_and_the_same_regime_keeps_th
     new = _verdicts(275, commit="def5678")
     e2e.carry_previous_regime(new, old)
     prev = new["previous_regime"]
-    assert prev["regime"] == {"warmstart_steps": None, "iterations": 100}
+    assert prev["regime"] == {"warmstart_steps": None, "iterations": 100, "paired_samples": None}
     assert prev["noninferiority"]["one_step"]["verdict"] == "inconclusive"
     assert prev["provenance"]["commit"] == "abc1234"
     text = "\n".join(e2e_report.previous_regime_lines(new))
@@ -287,3 +289,10 @@ def test_a_new_regime_keeps_the_old_verdicts_beside_and_the_same_regime_keeps_th
     fresh = _verdicts(275)
     e2e.carry_previous_regime(fresh, old)
     assert "previous_regime" not in fresh and e2e_report.previous_regime_lines(fresh) == []
+
+    old.write_text(json.dumps(_verdicts(275) | {"settings": {"warmstart_steps": 275, "iterations": 100,
+                                                              "paired_samples": 4}}))
+    more = _verdicts(275) | {"settings": {"warmstart_steps": 275, "iterations": 100, "paired_samples": 8}}
+    e2e.carry_previous_regime(more, old)  # more paired samples: another power, so the old verdicts stay beside
+    assert more["previous_regime"]["regime"]["paired_samples"] == 4
+    assert "4 paired samples a prompt" in "\n".join(e2e_report.previous_regime_lines(more))

@@ -37,6 +37,8 @@ def test_comparisons_are_against_sync_plus_the_target_pairs_that_ran():
     assert et.comparisons(["sync", "one_step"]) == [("one_step", "sync")]
     assert et.comparisons(["sync", "one_step", "bounded_2"]) == [
         ("one_step", "sync"), ("bounded_2", "sync"), ("bounded_2", "one_step")]
+    assert et.comparisons(["sync", "one_step", "bounded_2", "bounded_2_staleflow"])[-2:] == [
+        ("bounded_2_staleflow", "one_step"), ("bounded_2_staleflow", "bounded_2")]  # beside, with no target
 
 
 def test_ratios_are_per_round_medians_and_noise_is_flagged():

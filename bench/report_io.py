@@ -196,15 +196,20 @@ def flagged_ratio(num: list[float], den: list[float]) -> dict:
     return {**r, "spread_as_large_as_effect": (r["max"] - r["min"]) >= abs(r["median"] - 1.0)}
 
 
-def set_json_key(path: Path, key: str, entry: dict) -> None:
-    """Read a results file (when it exists), set only ``key``, write it back: how a benchmark
-    that measures one part of another's results file (``trl_fair``, ``throughput_interleaved`` in
-    ``e2e.json``) leaves the rest as it was."""
+def _update_json(path: Path, entry: dict, change: Callable[[dict], None]) -> None:
+    """Read a results file (when it exists; scratch for a dirty ``entry``), let ``change`` set its
+    part, write it back: the read-modify-write of every benchmark that owns only part of a file."""
     path = of_record_or_scratch(Path(path).parent, entry) / Path(path).name
     doc = json.loads(path.read_text()) if path.is_file() else {}
-    doc[key] = entry
+    change(doc)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def set_json_key(path: Path, key: str, entry: dict) -> None:
+    """Set only ``key`` of a results file: how a benchmark that measures one part of another's
+    results file (``trl_fair``, ``throughput_interleaved`` in ``e2e.json``) leaves the rest as it was."""
+    _update_json(path, entry, lambda doc: doc.__setitem__(key, entry))
 
 
 FLEET_PARTS_NOTE = ("fleet.json holds parts written by different benchmarks, each with its own provenance; this "
@@ -215,18 +220,18 @@ def set_fleet_part(path: Path, key: str, entry: dict) -> None:
     """Set part ``key`` of an EMULATED fleet results file (``fleet.json``) and keep its index: the
     ``parts`` map names the run each part came from, and the file-level ``provenance`` is the
     latest part's, marked as not measured in one run (each part has its own run)."""
-    path = of_record_or_scratch(Path(path).parent, entry) / Path(path).name
-    doc = json.loads(path.read_text()) if path.is_file() else {}
     prov = entry.get("provenance") or {}
-    doc["emulated"], doc["label"] = True, "EMULATED"
-    doc[key] = entry
-    parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}
-    parts[key] = {"key": key, "measured_in_this_run": False,
-                  "carried_from": {k: prov.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}}
-    doc["parts"] = dict(sorted(parts.items()))
-    doc["provenance"] = {**prov, "measured_in_this_run": False, "note": FLEET_PARTS_NOTE}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+    def change(doc: dict) -> None:
+        doc["emulated"], doc["label"] = True, "EMULATED"
+        doc[key] = entry
+        parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}
+        parts[key] = {"key": key, "measured_in_this_run": False,
+                      "carried_from": {k: prov.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}}
+        doc["parts"] = dict(sorted(parts.items()))
+        doc["provenance"] = {**prov, "measured_in_this_run": False, "note": FLEET_PARTS_NOTE}
+
+    _update_json(path, entry, change)
 
 
 def provenance_line(p: dict) -> str:

@@ -32,9 +32,9 @@ Measured per mode:
   standard errors for the test to have power); negative controls (the untrained warm start, and
   the ``--controls`` modes) must be flagged. By default two controls run, each declared in
   ``e2e_core.CONTROLS_EXPECTED`` to be judged *inferior*: ``placebo`` (sync at lr 1e-9: nothing
-  moves, so it scores exactly as the untrained warm start) and ``partial_harm`` (sync with half the
-  groups, chosen by a hash of the prompt, trained on their rewards permuted within the group,
-  ``reward.shuffle_fraction 0.5``: the policy moves every step but learns from half the signal, so
+  moves, so it scores exactly as the untrained warm start) and ``partial_harm`` (sync with three quarters
+  of the groups, chosen by a hash of the prompt, trained on their rewards permuted within the group,
+  ``reward.shuffle_fraction 0.75``: the policy moves every step but learns from a quarter of the signal, so
   the test must tell it from sync). A declared control that gets another verdict is reported as FAILED
   (``declared_controls``). ``bounded_16`` runs on request (no declared verdict);
 - **staleness**: per consumed buffer, the distribution of trajectory staleness (groups by

@@ -20,18 +20,18 @@ MODES = (*BRAID_MODES, "trl")
 PLACEBO = "placebo"
 PLACEBO_LR = 1e-9
 NEGATIVE_CONTROL_EXPECTED = "inferior"
-# The second declared control (issue 54): the placebo's policy does not move, so it scores exactly as
-# the untrained control and its verdict cannot fail. ``partial_harm`` is sync in which half the groups
-# are trained on their rewards permuted within the group (``reward.shuffle_fraction``,
-# services/rollout/reward_shuffle.py: each group chosen by a hash of its prompt id, so 16 +- 2.8 of a
-# step's 32; a uniformly random permutation, so their gradients are noise of a real group's size with
-# zero mean). Its policy moves every step, but only half the groups carry the signal: it learns less
-# than sync, and the test must judge it *inferior*. If it did not, the test could not tell partial
-# learning from sync's. At the power of the run of record, 642b718 (sync's gain +0.027 = 4.7 standard
-# errors, paired s.e. to sync ~0.0055, 4 samples a prompt), *inferior* needs a loss beyond 0.0068 +
-# 1.96 x 0.0055, i.e. partial_harm keeping at most ~35% of sync's gain: at half the groups shuffled,
-# keeping about half the gain, the declared verdict was not to be expected. Declared 2026-11-30, before
-# the run: 8 samples a prompt (``bench/e2e.py`` FULL; s.e. ~0.004, so inferior below ~46% kept) and
+# The second declared control (issue 54): the placebo's policy does not move, so it scores exactly as the
+# untrained control and its verdict cannot fail. ``partial_harm`` is sync in which a share of the groups
+# (``PARTIAL_HARM_SHUFFLE``, three quarters) are trained on their rewards permuted within the group
+# (``reward.shuffle_fraction``, services/rollout/reward_shuffle.py: each group chosen by a hash of its
+# prompt id, so 24 +- 2.4 of a step's 32; a uniformly random permutation, so their gradients are noise of
+# a real group's size with zero mean). Its policy moves every step, but only a quarter of the groups carry
+# the signal: it learns less than sync, and the test must judge it *inferior*. If it did not, the test
+# could not tell partial learning from sync's. At the power of the run of record, 642b718 (sync's gain
+# +0.027 = 4.7 standard errors, paired s.e. to sync ~0.0055, 4 samples a prompt), *inferior* needs a loss
+# beyond 0.0068 + 1.96 x 0.0055, i.e. partial_harm keeping at most ~35% of sync's gain: at half the groups
+# shuffled, keeping about half the gain, the declared verdict was not to be expected. Declared 2026-11-30,
+# before the run: 8 samples a prompt (``bench/e2e.py`` FULL; s.e. ~0.004, so inferior below ~46% kept) and
 # three quarters of the groups shuffled (a quarter of the signal, ~25% kept if the gain scales with it).
 PARTIAL_HARM = "partial_harm"
 PARTIAL_HARM_SHUFFLE = 0.75  # the share of each step's groups trained on shuffled rewards
@@ -39,8 +39,8 @@ PARTIAL_HARM_SHUFFLE = 0.75  # the share of each step's groups trained on shuffl
 CONTROLS_EXPECTED = {PLACEBO: NEGATIVE_CONTROL_EXPECTED, PARTIAL_HARM: "inferior"}
 CONTROLS_WHAT = {PLACEBO: f"sync at lr {PLACEBO_LR:g}: every step taken, nothing learned",
                  PARTIAL_HARM: f"sync with {PARTIAL_HARM_SHUFFLE:.0%} of the groups, chosen by a hash of the "
-                               "prompt, trained on rewards permuted within the group: the policy moves on half the "
-                               "signal"}
+                               "prompt, trained on rewards permuted within the group: the policy moves on "
+                               f"{1 - PARTIAL_HARM_SHUFFLE:.0%} of the signal"}
 DEFAULT_CONTROLS = (PLACEBO, PARTIAL_HARM)
 TARGET_FRACTION = 0.6  # target = warm start + 60% of sync's accuracy gain: reached well inside a run
 

@@ -22,7 +22,7 @@ from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.config_errors import ConfigError, format_errors
 from services.common.emulation_config import EmulationConfig
 from services.common.pool_config import PoolConfig, check_pools
-from services.common.ranker_config import RetrainConfig, ranker_dir_problem
+from services.common.ranker_config import RetrainConfig, RunSignalsConfig, ranker_dir_problem
 from services.common.reward_config import RewardConfig
 from services.common.strict import AutoOnOff, StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
@@ -155,6 +155,10 @@ class DispatchConfig(StrictModel):
         "first are planned together by one dispatch call (the orchestrator sends one call per GRPO group, back to "
         "back, so Algorithm 2 sees the round's long tail); 0 = each call planned on its own. Each call waits at most "
         "this long before it is dispatched.",
+    )
+    run_signals: RunSignalsConfig = Field(
+        default_factory=RunSignalsConfig,
+        description="Length estimates from the run itself: prompt history and finished siblings (docs/ranker.md).",
     )
 
 

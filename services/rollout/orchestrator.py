@@ -53,7 +53,7 @@ from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint, coordination
-from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
+from services.rollout.dispatching import NewGroup, build_dispatcher, group_estimates
 from services.rollout.fleet import HOLDS_WORK, Reservation
 from services.rollout.keeper import FleetKeeper
 from services.rollout.length_replay import ReplayLengths
@@ -101,42 +101,6 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
     return [(c.launched, t_end) for st in groups for c in st.calls if c.open]
 
 
-def dispatches(cfg, behind: int) -> bool:
-    """Whether the orchestrator places new groups by a dispatch policy (``build_dispatcher``) rather
-    than by its least-loaded pick alone: it dials the instances itself and has length estimates
-    (``generation.ranker_dir``, or a replay's) or the policy needs none."""
-    from services.generation.scheduling.dispatch import NEEDS_ESTIMATES
-
-    gen = cfg.generation
-    replayed = cfg.forced_length_replay.estimates != "none"
-    return behind <= 1 and bool(gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES)
-
-
-def build_dispatcher(trainer: TrainerRuntime, behind: int) -> GroupDispatcher | None:
-    """The dispatch policy over new groups when the orchestrator dials the instances (however many:
-    more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
-    true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
-    the staleness-aware least-loaded pick places every group."""
-    from services.generation.scheduling.dispatch import NEEDS_COST
-
-    gen = trainer.cfg.generation
-    if not dispatches(trainer.cfg, behind):
-        return None
-    spec = None
-    if gen.dispatch.policy in NEEDS_COST:
-        from services.generation.router_main import load_spec
-
-        spec = load_spec(gen, trainer.model_dir)
-    clients = trainer.clients  # the list itself: it is edited in place when instances join or leave
-    probe = (lambda i: clients[i].kv_state()) if gen.dispatch.policy == "least_tokens" else None
-    if not gen.ranker_dir:
-        return GroupDispatcher(gen, lambda: None, spec, probe=probe)
-    from ranker.store import RankerWatcher
-
-    watcher = RankerWatcher(gen.ranker_dir)
-    return GroupDispatcher(gen, watcher.get, spec, version=lambda: watcher.name, probe=probe)
-
-
 class Orchestrator(GroupLifecycle):
     """The single-turn workflow over the runtime (``runtime.TrainerRuntime``): ``run(iterations)``."""
 
@@ -171,7 +135,8 @@ class Orchestrator(GroupLifecycle):
         replay = trainer.cfg.forced_length_replay
         self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
                        if replay.file else None)
-        self.estimates = GroupEstimates(self.dispatcher, self.replay) if self.dispatcher is not None else None
+        self.estimates = group_estimates(self.dispatcher, self.replay, trainer.cfg.generation.dispatch.run_signals,
+                                         tc.group_size + tc.redundancy_samples, self.max_new)
         lpt = self.estimates is not None and trainer.cfg.generation.admission == "lpt"
         batches = self.estimates.launch_order(trainer.sampler.batch) if lpt else trainer.sampler.batch
         self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(batches, tc.prompts_per_iteration)
@@ -428,6 +393,8 @@ class Orchestrator(GroupLifecycle):
             finished_at=s.finished_at,
         )
         self.gen_busy.append((s.started_at, s.finished_at))
+        if self.estimates is not None:
+            self.estimates.finished(p.group, len(sample.token_ids))
         state.finished[p.sample_index] = (sample, self.rt.score(sample))
         if len(state.finished) >= self.tc.group_size:
             self._complete(p.group, state)
@@ -435,6 +402,8 @@ class Orchestrator(GroupLifecycle):
     def _complete(self, key: str, state: _GroupState) -> None:
         state.complete = True
         self._cancel_calls(state)
+        if self.estimates is not None:
+            self.estimates.close(key, complete=True)
         done = sorted(state.finished.items())[: self.tc.group_size]
         samples = [s for _, (s, _) in done]
         outcomes = [f.result() for _, (_, f) in done]  # scored while the group's other samples ran
@@ -473,10 +442,13 @@ class Orchestrator(GroupLifecycle):
             "instances_alive": {r.address: r.state in HOLDS_WORK for r in rows},
             **self.repack.metrics(),
             **(self.dispatcher.metrics() if self.dispatcher is not None else {}),
+            **(self.estimates.metrics() if self.estimates is not None else {}),
         }
 
     def forget(self, key: str, reason: str) -> None:
         state = self.groups.pop(key, None)
+        if self.estimates is not None:
+            self.estimates.close(key, complete=False)
         if state is not None:
             state.complete = True
             self._cancel_calls(state)

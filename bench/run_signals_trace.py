@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import RecordParser, provenance  # noqa: E402
+from bench.report_io import RecordParser, provenance, results_dir  # noqa: E402
 
 CONFIG = ROOT / "deploy/configs/smollm2-arith.yaml"
 DEFAULT_DATA = ROOT.parent / "shared/data/gsm8k/train.jsonl.gz"
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = RecordParser(description=__doc__)
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="GSM8K training file (question/answer rows)")
     parser.add_argument("--out", default=None,
-                        help=f"trace file (default {DEFAULT_OUT.relative_to(ROOT)}; --quick: /tmp)")
+                        help=f"trace file (default {DEFAULT_OUT.relative_to(ROOT)}; --quick: the scratch results dir)")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "run-signals-trace"))
     parser.add_argument("--quick", action="store_true", help="a few questions and tokens: the pipeline, not a trace")
     ns = parser.parse_args(argv)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if not src.is_file():
         raise SystemExit(f"bench/run_signals_trace.py: no data at {src} (pass --data)")
     regime = QUICK if ns.quick else DECLARED
-    out = Path(ns.out) if ns.out else (Path("/tmp/braid-run-signals-quick.jsonl.gz") if ns.quick else DEFAULT_OUT)
+    out = Path(ns.out) if ns.out else (results_dir(None, True) / DEFAULT_OUT.name if ns.quick else DEFAULT_OUT)
     run_dir = Path(ns.runs_dir) / ("quick" if ns.quick else "full")
     run_dir.mkdir(parents=True, exist_ok=True)
     train = run_dir / "train.jsonl"

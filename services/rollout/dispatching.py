@@ -218,6 +218,14 @@ class GroupEstimates:
         if self.run is not None:
             self.run.finished(key, length)
 
+    def remaining_work(self, key: str) -> float | None:
+        """The expected length of each of a running group's unfinished samples now (their mean, from
+        its finished siblings), None without run signals or when nothing is known."""
+        if self.run is None or key not in self._started:
+            return None
+        rest = self.run.remaining(key)
+        return sum(rest) / len(rest) if rest else None
+
     def close(self, key: str, complete: bool) -> None:
         """Group ``key`` is done (``complete``: its lengths become its prompt's history and score the
         estimate) or dropped (a part of a group, its shortest, would bias the history: forgotten)."""

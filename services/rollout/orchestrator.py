@@ -395,9 +395,18 @@ class Orchestrator(GroupLifecycle):
         self.gen_busy.append((s.started_at, s.finished_at))
         if self.estimates is not None:
             self.estimates.finished(p.group, len(sample.token_ids))
+            self._rework(state, p.group)
         state.finished[p.sample_index] = (sample, self.rt.score(sample))
         if len(state.finished) >= self.tc.group_size:
             self._complete(p.group, state)
+
+    def _rework(self, state: _GroupState, key: str) -> None:
+        """The group's finished siblings moved its estimate: its samples still running on the group's
+        call are booked at the new one (the fleet table's ``work``, what dispatch balances)."""
+        work = self.estimates.remaining_work(key)
+        for call in state.calls:
+            if work is not None and call.open and call.booked is not None and call.tag.startswith("group-"):
+                call.booked = self.fleet.rework(call.booked, call.open, work)
 
     def _complete(self, key: str, state: _GroupState) -> None:
         state.complete = True

@@ -4,6 +4,8 @@ estimator's failures cost estimates, never the run."""
 
 from __future__ import annotations
 
+import pytest
+
 from services.common.config import load_config
 from services.rollout.dispatching import GroupDispatcher, NewGroup
 from services.rollout.fleet import fleet_of
@@ -248,8 +250,12 @@ def test_run_signals_estimate_a_revisit_from_its_history_and_score_the_makespans
     assert values[1] < values[0] < values[19]  # q0 has no history: the run's mean length
     assert values[1:] == sorted(values[1:]) and values[19] > 3 * values[2]  # each revisit from its own history
     assert est.revisits == 19
+    before = est.remaining_work("b19")
+    est.finished("b19", 400)  # a first sibling far longer than its history: the rest, still running, are longer
+    assert est.remaining_work("b19") == pytest.approx(400.0) and before < 400 and est.remaining_work("nope") is None
+    est.finished("b19", 200)  # (the rest of the group as before)
     for i, p in enumerate(again):
-        for n in (10 * (i + 1),) * 4:
+        for n in (10 * (i + 1),) * (4 if i < 19 else 2):
             est.finished(p.prompt_id, n)
         est.close(p.prompt_id, complete=True)
     m = est.metrics()

@@ -429,7 +429,9 @@ class ForcedLengthReplay(StrictModel):
 
     file: str | None = Field(
         None,
-        description="JSON list of output lengths in tokens, each in [1, generation.max_new_tokens] (None = off).",
+        description="JSON list of output lengths in tokens, each in [1, generation.max_new_tokens], or a multi-visit "
+        "trace (*.jsonl.gz of {prompt, visit, lengths} groups, bench/run_signals_trace.py: each draw of a prompt "
+        "replays its next recorded visit, one length per sample) (None = off).",
     )
     seed: int = Field(0, ge=0, description="Seed of the per-prompt draw (same seed and prompt id: same length).")
     estimates: Literal["none", "recorded", "oracle"] = Field(
@@ -568,6 +570,9 @@ class RunConfig(StrictModel):
             raise ValueError("forced_length_replay does not apply with trainer.partial_rollout")
         if self.forced_length_ramp.start:
             raise ValueError("forced_length_replay and forced_length_ramp are exclusive (both set the forced length)")
+        if self.forced_length_replay.file.endswith(".jsonl.gz") and self.forced_length_replay.estimates == "recorded":
+            raise ValueError("a visit trace (forced_length_replay.file *.jsonl.gz) records no estimates: "
+                             "forced_length_replay.estimates is none or oracle")
         return self
 
 

@@ -191,7 +191,7 @@ class GroupEstimates:
         todo = [p for p in problems if p.prompt_id not in self._of]
         if todo:
             if self.replay is not None and self.replay.mode != "none":
-                priors = self.dispatcher.given([self.replay.estimate(p.prompt_id) for p in todo])
+                priors = self.dispatcher.given([self.replay.estimate_for(p, self.size) for p in todo])
             else:
                 priors = self.dispatcher.estimates([p.prompt for p in todo])
             for p, prior in zip(todo, priors, strict=True):

@@ -56,7 +56,7 @@ from services.rollout import checkpoint, coordination
 from services.rollout.dispatching import NewGroup, build_dispatcher, group_estimates
 from services.rollout.fleet import HOLDS_WORK, Reservation
 from services.rollout.keeper import FleetKeeper
-from services.rollout.length_replay import ReplayLengths
+from services.rollout.length_replay import load_replay
 from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.modes import engines_behind, fleet_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
@@ -91,6 +91,7 @@ class _GroupState:
     calls: list[_Call] = field(default_factory=list)
     complete: bool = False
     forced: int = 0  # the group's forced length (0 = the policy decides); a resumed sample generates the rest
+    forced_lengths: tuple[int, ...] = ()  # or each sample's (a replayed visit trace)
     estimate: float | None = None  # its estimated output length (with a length estimator)
 
 
@@ -133,8 +134,7 @@ class Orchestrator(GroupLifecycle):
         self.dispatcher = build_dispatcher(trainer, self.behind)
         self.keeper = FleetKeeper(trainer, self.fleet, self.counts, on_lost=self._resume_lost)
         replay = trainer.cfg.forced_length_replay
-        self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
-                       if replay.file else None)
+        self.replay = load_replay(replay, self.max_new)
         self.estimates = group_estimates(self.dispatcher, self.replay, trainer.cfg.generation.dispatch.run_signals,
                                          tc.group_size + tc.redundancy_samples, self.max_new)
         lpt = self.estimates is not None and trainer.cfg.generation.admission == "lpt"
@@ -274,13 +274,14 @@ class Orchestrator(GroupLifecycle):
         self, problem: TaskItem, spec: PromptSpec, index: int, v_traj: int, estimate: float | None
     ) -> None:
         key = problem.prompt_id
-        forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
-        state = _GroupState(problem, v_traj, forced=forced, estimate=estimate)
-        self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
+        forced, per = (self.replay.forced(problem, n) if self.replay
+                       else (self.rt.cfg.forced_length_ramp.length(self.version), ()))
+        state = _GroupState(problem, v_traj, forced=forced, forced_lengths=per, estimate=estimate)
+        self.groups[key] = state
         forward = estimate if estimate is not None and self.rt.cfg.generation.dispatch.forward_estimates else 0.0
         # the instance admits it LPT by the estimate
-        spec = replace(spec, forced_length=forced, estimated_length=forward)
+        spec = replace(spec, forced_length=forced, forced_lengths=per, estimated_length=forward)
         call = _Call(index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))
@@ -293,7 +294,8 @@ class Orchestrator(GroupLifecycle):
         self.repack.launched(p.key, inst.index)
         call = _Call(inst.index, p.group, [p.key], tag=f"resume-{p.key}#{p.segments}")
         # a forced-length group's sample generates what it lacks of its length (EOS ignored, as before)
-        forced = max(1, state.forced - len(p.token_ids)) if state.forced else 0
+        total = state.forced_lengths[p.sample_index] if state.forced_lengths else state.forced
+        forced = max(1, total - len(p.token_ids)) if total else 0
         spec = PromptSpec(f"{p.key}#{p.segments}", p.prompt_token_ids + p.token_ids, p.group, forced_length=forced)
         left = forced or self.max_new - len(p.token_ids)
         # interrupted by a new version only under partial rollout; a repack may interrupt it again

@@ -108,7 +108,7 @@ class RunLengths:
         self._groups.pop(key, None)
 
     def close(self, key: str) -> None:
-        """Group ``key`` is done (or dropped): its finished samples become its prompt's history."""
+        """Group ``key`` is done: its finished samples become its prompt's history (``discard`` a dropped one)."""
         g = self._groups.pop(key, None)
         if g is None or not g.finished:
             return

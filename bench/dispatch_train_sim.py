@@ -107,9 +107,8 @@ def simulate_run_launched(run_dir: Path, variant: str, profile, cores: float | N
     from allocator.launch_sim import SimGroup, simulate_launched
     from services.common.config import RunConfig
     from services.generation.scheduling.dispatch import NEEDS_COST
-    from services.rollout.dispatching import GroupDispatcher
+    from services.rollout.dispatching import GroupDispatcher, dispatches
     from services.rollout.modes import instance_capacity
-    from services.rollout.orchestrator import dispatches
 
     raw = json.loads((run_dir / "config.json").read_text())
     cfg = RunConfig.model_validate(raw)

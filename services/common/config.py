@@ -22,7 +22,7 @@ from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.config_errors import ConfigError, format_errors
 from services.common.emulation_config import EmulationConfig
 from services.common.pool_config import PoolConfig, check_pools
-from services.common.ranker_config import RetrainConfig, ranker_dir_problem
+from services.common.ranker_config import RetrainConfig, RunSignalsConfig, ranker_dir_problem
 from services.common.reward_config import RewardConfig
 from services.common.strict import AutoOnOff, StrictModel
 from services.common.task_config import CountdownDistribution, DatasetConfig
@@ -155,6 +155,10 @@ class DispatchConfig(StrictModel):
         "first are planned together by one dispatch call (the orchestrator sends one call per GRPO group, back to "
         "back, so Algorithm 2 sees the round's long tail); 0 = each call planned on its own. Each call waits at most "
         "this long before it is dispatched.",
+    )
+    run_signals: RunSignalsConfig = Field(
+        default_factory=RunSignalsConfig,
+        description="Length estimates from the run itself: prompt history and finished siblings (docs/ranker.md).",
     )
 
 
@@ -425,7 +429,9 @@ class ForcedLengthReplay(StrictModel):
 
     file: str | None = Field(
         None,
-        description="JSON list of output lengths in tokens, each in [1, generation.max_new_tokens] (None = off).",
+        description="JSON list of output lengths in tokens, each in [1, generation.max_new_tokens], or a multi-visit "
+        "trace (*.jsonl.gz of {prompt, visit, lengths} groups, bench/run_signals_trace.py: each draw of a prompt "
+        "replays its next recorded visit, one length per sample) (None = off).",
     )
     seed: int = Field(0, ge=0, description="Seed of the per-prompt draw (same seed and prompt id: same length).")
     estimates: Literal["none", "recorded", "oracle"] = Field(
@@ -564,6 +570,9 @@ class RunConfig(StrictModel):
             raise ValueError("forced_length_replay does not apply with trainer.partial_rollout")
         if self.forced_length_ramp.start:
             raise ValueError("forced_length_replay and forced_length_ramp are exclusive (both set the forced length)")
+        if self.forced_length_replay.file.endswith(".jsonl.gz") and self.forced_length_replay.estimates == "recorded":
+            raise ValueError("a visit trace (forced_length_replay.file *.jsonl.gz) records no estimates: "
+                             "forced_length_replay.estimates is none or oracle")
         return self
 
 

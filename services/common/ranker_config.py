@@ -52,3 +52,28 @@ def ranker_dir_problem(run: Any) -> str | None:
         return ("generation.ranker_dir changes nothing with one instance admitting FCFS (no placement to make, no "
                 "LPT order): set generation.admission 'lpt' (the default), or drop ranker_dir")
     return None
+
+
+class RunSignalsConfig(StrictModel):
+    """Length estimates from the run itself (``services.generation.scheduling.run_signals``): each prompt's
+    earlier visits and its group's finished siblings, on top of the text ranker's estimate (issue 55)."""
+
+    enabled: bool = Field(
+        False,
+        description="Estimate each new group from its prompt's lengths in earlier visits of this run (weighted to the "
+        "recent) with the ranker's (or a replay's) estimate as the prior; the orchestrator dispatches and orders by "
+        "it, and reports its recall@20% of group makespans as the run goes.",
+    )
+    decay: float = Field(0.5, ge=0.0, le=1.0, description="Weight of a visit's samples per later visit of the prompt.")
+    prior_weight: float = Field(
+        1.0, ge=0.0, le=1000.0, description="The ranker's estimate counts as this many samples of the prompt."
+    )
+    sigma: float = Field(
+        0.5, gt=0.0, le=5.0,
+        description="Spread of log lengths within a group until min_groups have closed (then the run's own, pooled).",
+    )
+    min_groups: int = Field(8, ge=1, le=1_000_000, description="Closed groups before the run's own spread is used.")
+    recall_window: int = Field(
+        256, ge=10, le=1_000_000,
+        description="Recent closed groups over which the run reports the estimator's recall@20% of group makespans.",
+    )

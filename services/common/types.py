@@ -13,10 +13,15 @@ class PromptSpec:
     estimated_length: float = 0.0  # estimated output tokens (0 = unknown); LPT admission and dispatch
     forced_length: int = 0  # forced-length replay: exactly this many tokens, EOS ignored (0 = off)
     task: str = ""  # task tag (environment kind); the router sends it to its pool (generation.affinity); "" = untagged
+    forced_lengths: tuple[int, ...] = ()  # forced-length replay per sample (one per sample), instead of forced_length
 
     @property
     def group(self) -> str:
         return self.group_id or self.prompt_id
+
+    def forced_for(self, sample_index: int) -> int:
+        """The forced length of sample ``sample_index`` (0 = the policy decides)."""
+        return self.forced_lengths[sample_index] if self.forced_lengths else self.forced_length
 
 
 SEED_LIMIT = 1 << 64  # a sampling seed is an unsigned 64-bit integer (the wire's uint64; torch's manual_seed range)

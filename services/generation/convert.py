@@ -20,6 +20,7 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
             pb.Prompt(
                 prompt_id=p.prompt_id, group_id=p.group_id, token_ids=list(p.token_ids),
                 estimated_length=p.estimated_length, forced_length=p.forced_length, task=p.task,
+                forced_lengths=list(p.forced_lengths),
             )
             for p in prompts
         ],
@@ -37,7 +38,8 @@ def request_to_pb(prompts: list[PromptSpec], params: GenerateParams) -> pb.Gener
 
 def request_from_pb(req: pb.GenerateRequest) -> tuple[list[PromptSpec], GenerateParams]:
     prompts = [
-        PromptSpec(p.prompt_id, tuple(p.token_ids), p.group_id, p.estimated_length, p.forced_length, p.task)
+        PromptSpec(p.prompt_id, tuple(p.token_ids), p.group_id, p.estimated_length, p.forced_length, p.task,
+                   tuple(p.forced_lengths))
         for p in req.prompts
     ]
     params = GenerateParams(

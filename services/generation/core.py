@@ -293,7 +293,7 @@ class GenerationCore:
         for seq in self._waiting.pop(room, eligible=lambda s: s.min_version <= self.version):
             seq.started_at = time.time()
             seq.version = self.version
-            forced = seq.prompt.forced_length
+            forced = seq.prompt.forced_for(seq.sample_index)
             self._running[seq.request_id] = seq
             try:
                 self.engine.submit(seq.request_id, list(seq.prompt.token_ids), forced or seq.max_new_tokens,

@@ -386,7 +386,7 @@ class RouterCore:
                 continue
             wire = [
                 PromptSpec(s.wire_id, s.prompt.token_ids, s.prompt.group, (s.estimate or 0.0) if forward else 0.0,
-                           s.prompt.forced_length, s.prompt.task)
+                           s.prompt.forced_for(s.sample_index), s.prompt.task)
                 for s in share
             ]
             handle = self.clients[i].start(wire, wire_params)

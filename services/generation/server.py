@@ -73,6 +73,23 @@ def pull_problem(request: pb.PullWeightsRequest) -> str | None:
     return None
 
 
+def _check_forced(p: PromptSpec, samples: int, cfg) -> None:
+    """A prompt's forced lengths (one for all its samples, or one per sample): only where the service
+    accepts them, each within its limit."""
+    if not (p.forced_length or p.forced_lengths):
+        return
+    if not cfg.forced_lengths:
+        raise RequestError(f"prompt {p.prompt_id!r} sets forced lengths, but this service does not accept them "
+                           "(generation.forced_lengths is false)")
+    if p.forced_lengths and len(p.forced_lengths) != samples:
+        raise RequestError(f"prompt {p.prompt_id!r}: {len(p.forced_lengths)} forced_lengths for {samples} samples "
+                           "(one per sample)")
+    for n in p.forced_lengths or (p.forced_length,):
+        if not 1 <= n <= cfg.max_new_tokens:
+            raise RequestError(f"prompt {p.prompt_id!r}: forced length {n} is outside the service's limits "
+                               f"[1, {cfg.max_new_tokens}]")
+
+
 def validate_request(
     prompts: list[PromptSpec],
     params: GenerateParams,
@@ -126,18 +143,8 @@ def validate_request(
             raise RequestError(
                 f"prompt {p.prompt_id!r}: estimated_length must be finite and >= 0, got {p.estimated_length}"
             )
-        if p.forced_length:
-            if not cfg.forced_lengths:
-                raise RequestError(
-                    f"prompt {p.prompt_id!r} sets forced_length, but this service does not accept forced lengths "
-                    "(generation.forced_lengths is false)"
-                )
-            if p.forced_length > cfg.max_new_tokens:
-                raise RequestError(
-                    f"prompt {p.prompt_id!r}: forced_length {p.forced_length} exceeds the service limit "
-                    f"{cfg.max_new_tokens}"
-                )
-        new = p.forced_length or max_new
+        _check_forced(p, params.samples_per_prompt, cfg)
+        new = max(p.forced_lengths) if p.forced_lengths else (p.forced_length or max_new)
         if len(p.token_ids) + new > max_positions:
             raise RequestError(
                 f"prompt {p.prompt_id!r}: {len(p.token_ids)} tokens + {new} new exceed the model's {max_positions} "

@@ -19,20 +19,22 @@ class InterruptReply(_message.Message):
     def __init__(self, interrupted: _Optional[int] = ...) -> None: ...
 
 class Prompt(_message.Message):
-    __slots__ = ("prompt_id", "group_id", "token_ids", "estimated_length", "forced_length", "task")
+    __slots__ = ("prompt_id", "group_id", "token_ids", "estimated_length", "forced_length", "task", "forced_lengths")
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     FORCED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    FORCED_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     prompt_id: str
     group_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     estimated_length: float
     forced_length: int
     task: str
-    def __init__(self, prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., estimated_length: _Optional[float] = ..., forced_length: _Optional[int] = ..., task: _Optional[str] = ...) -> None: ...
+    forced_lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_id: _Optional[str] = ..., group_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., estimated_length: _Optional[float] = ..., forced_length: _Optional[int] = ..., task: _Optional[str] = ..., forced_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompts", "samples_per_prompt", "max_new_tokens", "min_weight_version", "request_tag", "interruptible", "temperature", "top_p", "top_k", "seed")

@@ -26,7 +26,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from ranker.metrics import recall_at
 from services.generation.scheduling import (
     DispatchContext,
     EstimateErrorModel,
@@ -39,7 +41,11 @@ from services.generation.scheduling import (
 from services.generation.scheduling.admission import AdmissionQueue
 from services.generation.scheduling.dispatch import tokens_in_flight
 from services.generation.scheduling.lengths import LengthEstimator
+from services.generation.scheduling.run_signals import RunLengths, identity
 from services.rollout.routing import InstanceView
+
+if TYPE_CHECKING:
+    from services.run.runtime import TrainerRuntime
 
 log = logging.getLogger("braid.rollout")
 
@@ -167,28 +173,80 @@ class GroupDispatcher:
 class GroupEstimates:
     """Length estimates of the groups drawn from the task — a replay's (recorded or true lengths)
     or the dispatcher's estimator's — computed once per group, and the order a task batch's groups
-    start in."""
+    start in. With ``run`` (``generation.dispatch.run_signals``) that estimate is the prior of the
+    run's own: the prompt's lengths in its earlier visits of this run, and the group's finished
+    samples as they come (``finished``, ``close``); ``metrics`` reports its recall@20% of group
+    makespans over the recent closed groups."""
 
-    def __init__(self, dispatcher: GroupDispatcher, replay=None) -> None:
-        self.dispatcher, self.replay = dispatcher, replay
+    def __init__(self, dispatcher: GroupDispatcher, replay=None, run: RunLengths | None = None,
+                 size: int = 1, window: int = 256) -> None:
+        self.dispatcher, self.replay, self.run, self.size = dispatcher, replay, run, size
         self._of: dict[str, float | None] = {}  # drawn groups' estimates, until they are placed
+        self._prior: dict[str, float | None] = {}  # and the prior each was made from
+        self._started: dict[str, float | None] = {}  # placed groups' estimates, until they close
+        self.scored: deque[tuple[float, float]] = deque(maxlen=window)  # (estimate, makespan) of closed groups
+        self.revisits = 0  # groups placed whose prompt had an earlier visit in this run
 
     def of(self, problems: list) -> list[float | None]:
         todo = [p for p in problems if p.prompt_id not in self._of]
         if todo:
             if self.replay is not None and self.replay.mode != "none":
-                values = self.dispatcher.given([self.replay.estimate(p.prompt_id) for p in todo])
+                priors = self.dispatcher.given([self.replay.estimate_for(p, self.size) for p in todo])
             else:
-                values = self.dispatcher.estimates([p.prompt for p in todo])
-            self._of.update(zip((p.prompt_id for p in todo), values, strict=True))
+                priors = self.dispatcher.estimates([p.prompt for p in todo])
+            for p, prior in zip(todo, priors, strict=True):
+                self._prior[p.prompt_id] = prior
+                self._of[p.prompt_id] = self.run.sample(identity(p), prior) if self.run is not None else prior
         return [self._of[p.prompt_id] for p in problems]
 
     def take(self, problems: list) -> list[float | None]:
-        """The estimates of groups being placed (forgotten here: placement carries them on)."""
+        """The estimates of groups being placed (forgotten here: placement carries them on); with run
+        signals each group starts being followed."""
         out = self.of(problems)
-        for p in problems:
+        for p, estimate in zip(problems, out, strict=True):
             self._of.pop(p.prompt_id, None)
+            prior = self._prior.pop(p.prompt_id, None)
+            if self.run is not None:
+                self.revisits += self.run.visits(identity(p)) > 0
+                self.run.start(p.prompt_id, identity(p), self.size, prior)
+                self._started[p.prompt_id] = estimate
         self.dispatcher.estimated += sum(1 for v in out if v is not None)  # counted as placed
+        return out
+
+    def finished(self, key: str, length: int) -> None:
+        """A sample of group ``key`` finished with ``length`` tokens (the whole trajectory)."""
+        if self.run is not None:
+            self.run.finished(key, length)
+
+    def remaining_work(self, key: str) -> float | None:
+        """The expected length of each of a running group's unfinished samples now (their mean, from
+        its finished siblings), None without run signals or when nothing is known."""
+        if self.run is None or key not in self._started:
+            return None
+        rest = self.run.remaining(key)
+        return sum(rest) / len(rest) if rest else None
+
+    def close(self, key: str, complete: bool) -> None:
+        """Group ``key`` is done (``complete``: its lengths become its prompt's history and score the
+        estimate) or dropped (a part of a group, its shortest, would bias the history: forgotten)."""
+        if self.run is None or key not in self._started:
+            return
+        estimate = self._started.pop(key)
+        if complete:
+            makespan = self.run.makespan(key)
+            if estimate is not None and makespan is not None:
+                self.scored.append((estimate, makespan))
+            self.run.close(key)
+        else:
+            self.run.discard(key)
+
+    def metrics(self) -> dict:
+        if self.run is None:
+            return {}
+        out = {"run_signals_revisits": self.revisits, "run_signals_sigma": self.run.sigma}
+        if len(self.scored) >= 10:
+            est, actual = zip(*self.scored, strict=True)
+            out["run_signals_recall_at_20"] = recall_at(est, actual, 0.2)
         return out
 
     def launch_order(self, batch: Callable[[int], list]) -> Callable[[int], list]:
@@ -203,3 +261,51 @@ class GroupEstimates:
             return list(queue)
 
         return ordered
+
+
+def group_estimates(dispatcher: GroupDispatcher | None, replay, own, size: int,
+                    max_tokens: int) -> GroupEstimates | None:
+    """Each new group's estimate when there is a dispatcher: the ranker's or a replay's, and with
+    ``own.enabled`` (``generation.dispatch.run_signals``) the run's own on top of it."""
+    if dispatcher is None:
+        return None
+    run = (RunLengths(decay=own.decay, prior_weight=own.prior_weight, sigma=own.sigma, min_groups=own.min_groups,
+                      max_tokens=max_tokens) if own.enabled else None)
+    return GroupEstimates(dispatcher, replay, run, size, own.recall_window)
+
+
+def dispatches(cfg, behind: int) -> bool:
+    """Whether the orchestrator places new groups by a dispatch policy (``build_dispatcher``) rather
+    than by its least-loaded pick alone: it dials the instances itself and has length estimates
+    (``generation.ranker_dir``, or a replay's) or the policy needs none."""
+    from services.generation.scheduling.dispatch import NEEDS_ESTIMATES
+
+    gen = cfg.generation
+    replayed = cfg.forced_length_replay.estimates != "none"
+    own = gen.dispatch.run_signals.enabled
+    return behind <= 1 and bool(gen.ranker_dir or replayed or own or gen.dispatch.policy not in NEEDS_ESTIMATES)
+
+
+def build_dispatcher(trainer: TrainerRuntime, behind: int) -> GroupDispatcher | None:
+    """The dispatch policy over new groups when the orchestrator dials the instances (however many:
+    more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
+    true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
+    the staleness-aware least-loaded pick places every group."""
+    from services.generation.scheduling.dispatch import NEEDS_COST
+
+    gen = trainer.cfg.generation
+    if not dispatches(trainer.cfg, behind):
+        return None
+    spec = None
+    if gen.dispatch.policy in NEEDS_COST:
+        from services.generation.router_main import load_spec
+
+        spec = load_spec(gen, trainer.model_dir)
+    clients = trainer.clients  # the list itself: it is edited in place when instances join or leave
+    probe = (lambda i: clients[i].kv_state()) if gen.dispatch.policy == "least_tokens" else None
+    if not gen.ranker_dir:
+        return GroupDispatcher(gen, lambda: None, spec, probe=probe)
+    from ranker.store import RankerWatcher
+
+    watcher = RankerWatcher(gen.ranker_dir)
+    return GroupDispatcher(gen, watcher.get, spec, version=lambda: watcher.name, probe=probe)

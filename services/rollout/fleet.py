@@ -272,6 +272,19 @@ class Fleet:
             self._put(replace(row, inflight=row.inflight - n, work=max(0.0, row.work - n * res.work)))
             return True
 
+    def rework(self, res: Reservation, outstanding: int, work: float) -> Reservation:
+        """Re-estimate the ``outstanding`` samples ``res`` still books: ``work`` tokens each from now on
+        (a group's finished siblings moved its estimate); returns the reservation to release them with
+        (``res`` itself when the instance was lost or readmitted since)."""
+        if not 0 <= outstanding <= res.samples or work < 0:
+            raise FleetError(f"rework of {outstanding} samples of {res.samples} to {work} tokens each")
+        with self._lock:
+            row = self._row(res.index)
+            if row.epoch != res.epoch:
+                return res
+            self._put(replace(row, work=max(0.0, row.work + outstanding * (work - res.work))))
+            return replace(res, work=work)
+
     def set_incoming(self, counts: Mapping[int, int]) -> None:
         """Samples on their way to each instance (repack migrations); missing indices are 0."""
         with self._lock:

@@ -21,8 +21,10 @@ share of responses that ran to the cap are kept.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,6 +110,13 @@ class ReplayLengths:
         """The forced length of ``prompt_id``'s group."""
         return self.lengths[self._row(prompt_id)]
 
+    def forced(self, problem, samples: int) -> tuple[int, tuple[int, ...]]:
+        """The draw's forced length (one for every sample; no per-sample lengths)."""
+        return self.length(problem.prompt_id), ()
+
+    def estimate_for(self, problem, samples: int) -> float | None:
+        return self.estimate(problem.prompt_id)
+
     def estimate(self, prompt_id: str) -> float | None:
         """The length estimate of ``prompt_id``'s group under ``mode`` (None for ``"none"``)."""
         if self.mode == "oracle":
@@ -129,3 +138,83 @@ def _columns(data: list) -> tuple[tuple, tuple[float, ...] | None]:
             f"estimates must be numbers, got {[x for x in estimates if not isinstance(x, int | float)][:5]}"
         )
     return tuple(r["length"] for r in data), tuple(float(x) for x in estimates)
+
+
+class VisitReplay:
+    """A recorded multi-visit trace replayed sample by sample (issue 55; ``bench/run_signals_trace.py``):
+    a file of groups ``{"prompt", "visit", "lengths"}`` (gzipped JSON lines, lengths in finishing
+    order). The k-th draw of a prompt in a run replays the k-th recorded visit of the same prompt
+    text (cycling past the last), one forced length per sample, so a run sees what the recorded run
+    saw: each prompt's lengths moving from visit to visit, and the spread within a group. A group of
+    fewer samples than recorded takes a fixed subset (a hash of the draw, in finishing order); a
+    prompt that is not in the trace is an error (the run's task must be the trace's prompts)."""
+
+    def __init__(self, visits: dict[str, list[tuple[int, ...]]], mode: str = "none") -> None:
+        if not visits:
+            raise ValueError("a visit trace needs at least one group")
+        if mode not in ("none", "oracle"):
+            raise ValueError(f"a visit trace's estimates are none or oracle, got {mode!r}")
+        self.visits, self.mode = visits, mode
+        self._draws: dict[str, tuple[str, int]] = {}  # prompt id -> (prompt text, the draw's visit)
+        self._seen: dict[str, int] = {}  # prompt text -> draws so far
+
+    @classmethod
+    def load(cls, path: str | Path, cap: int, mode: str = "none") -> VisitReplay:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"forced_length_replay.file {path}: no such file")
+        rows: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        with gzip.open(path, "rt") as fh:
+            for n, line in enumerate(fh):
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                lengths = r.get("lengths") if isinstance(r, dict) else None
+                if (not isinstance(r.get("prompt"), str) or not isinstance(r.get("visit"), int) or not lengths
+                        or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= cap for x in lengths)):
+                    raise ValueError(f"forced_length_replay.file {path}: line {n + 1} is not a group of lengths in "
+                                     f"[1, {cap}] (generation.max_new_tokens)")
+                rows.setdefault(r["prompt"], []).append((r["visit"], tuple(lengths)))
+        return cls({p: [ls for _, ls in sorted(v)] for p, v in rows.items()}, mode)
+
+    def _draw(self, problem) -> tuple[str, int]:
+        if problem.prompt_id not in self._draws:
+            if problem.prompt not in self.visits:
+                raise ValueError(f"prompt {problem.prompt_id!r} is not in the replayed trace (its task must be the "
+                                 "trace's prompts)")
+            k = self._seen.get(problem.prompt, 0)
+            self._seen[problem.prompt] = k + 1
+            self._draws[problem.prompt_id] = (problem.prompt, k)
+        return self._draws[problem.prompt_id]
+
+    def lengths(self, problem, samples: int) -> tuple[int, ...]:
+        """The forced length of each of the draw's ``samples`` samples."""
+        text, k = self._draw(problem)
+        recorded = self.visits[text][k % len(self.visits[text])]
+        if samples > len(recorded):
+            raise ValueError(f"a group of {samples} samples, but the trace recorded {len(recorded)} a visit")
+        if samples == len(recorded):
+            return recorded
+        seed = int.from_bytes(hashlib.blake2b(problem.prompt_id.encode(), digest_size=8).digest(), "big")
+        keep = sorted(random.Random(seed).sample(range(len(recorded)), samples))
+        return tuple(recorded[i] for i in keep)
+
+    def forced(self, problem, samples: int) -> tuple[int, tuple[int, ...]]:
+        return 0, self.lengths(problem, samples)
+
+    def estimate_for(self, problem, samples: int) -> float | None:
+        """``oracle``: the draw's mean length (each sample's expected work); ``none``: None."""
+        if self.mode != "oracle":
+            return None
+        lengths = self.lengths(problem, samples)
+        return sum(lengths) / len(lengths)
+
+
+def load_replay(replay, cap: int) -> ReplayLengths | VisitReplay | None:
+    """The run's forced-length replay (``forced_length_replay``): a list of lengths (JSON), or a
+    multi-visit trace (``.jsonl.gz``); None when off."""
+    if not replay.file:
+        return None
+    if str(replay.file).endswith(".jsonl.gz"):
+        return VisitReplay.load(replay.file, cap, replay.estimates)
+    return ReplayLengths.load(replay.file, cap, replay.seed, replay.estimates)

@@ -53,10 +53,10 @@ from services.common.types import GenerateParams, PromptSpec, SampleRecord
 from services.generation.client import GenerateCall
 from services.generation.scheduling.pools import eligible_instances
 from services.rollout import checkpoint, coordination
-from services.rollout.dispatching import GroupDispatcher, GroupEstimates, NewGroup
+from services.rollout.dispatching import NewGroup, build_dispatcher, group_estimates
 from services.rollout.fleet import HOLDS_WORK, Reservation
 from services.rollout.keeper import FleetKeeper
-from services.rollout.length_replay import ReplayLengths
+from services.rollout.length_replay import load_replay
 from services.rollout.lifecycle import GroupLifecycle, drain
 from services.rollout.modes import engines_behind, fleet_capacity
 from services.rollout.pools import Partial, PartialResponsePool, PromptPool
@@ -91,6 +91,7 @@ class _GroupState:
     calls: list[_Call] = field(default_factory=list)
     complete: bool = False
     forced: int = 0  # the group's forced length (0 = the policy decides); a resumed sample generates the rest
+    forced_lengths: tuple[int, ...] = ()  # or each sample's (a replayed visit trace)
     estimate: float | None = None  # its estimated output length (with a length estimator)
 
 
@@ -99,42 +100,6 @@ def open_call_intervals(groups, t_end: float) -> list[tuple[float, float]]:
     its interval only when it finishes: count each call still open as busy from its launch
     (admitted work) to ``t_end``, so an iteration is not called idle while work is in flight."""
     return [(c.launched, t_end) for st in groups for c in st.calls if c.open]
-
-
-def dispatches(cfg, behind: int) -> bool:
-    """Whether the orchestrator places new groups by a dispatch policy (``build_dispatcher``) rather
-    than by its least-loaded pick alone: it dials the instances itself and has length estimates
-    (``generation.ranker_dir``, or a replay's) or the policy needs none."""
-    from services.generation.scheduling.dispatch import NEEDS_ESTIMATES
-
-    gen = cfg.generation
-    replayed = cfg.forced_length_replay.estimates != "none"
-    return behind <= 1 and bool(gen.ranker_dir or replayed or gen.dispatch.policy not in NEEDS_ESTIMATES)
-
-
-def build_dispatcher(trainer: TrainerRuntime, behind: int) -> GroupDispatcher | None:
-    """The dispatch policy over new groups when the orchestrator dials the instances (however many:
-    more may join) and it has length estimates (``generation.ranker_dir``, or a replay's recorded or
-    true lengths) or the policy needs none (a length-blind policy asked for by name); None otherwise:
-    the staleness-aware least-loaded pick places every group."""
-    from services.generation.scheduling.dispatch import NEEDS_COST
-
-    gen = trainer.cfg.generation
-    if not dispatches(trainer.cfg, behind):
-        return None
-    spec = None
-    if gen.dispatch.policy in NEEDS_COST:
-        from services.generation.router_main import load_spec
-
-        spec = load_spec(gen, trainer.model_dir)
-    clients = trainer.clients  # the list itself: it is edited in place when instances join or leave
-    probe = (lambda i: clients[i].kv_state()) if gen.dispatch.policy == "least_tokens" else None
-    if not gen.ranker_dir:
-        return GroupDispatcher(gen, lambda: None, spec, probe=probe)
-    from ranker.store import RankerWatcher
-
-    watcher = RankerWatcher(gen.ranker_dir)
-    return GroupDispatcher(gen, watcher.get, spec, version=lambda: watcher.name, probe=probe)
 
 
 class Orchestrator(GroupLifecycle):
@@ -169,9 +134,9 @@ class Orchestrator(GroupLifecycle):
         self.dispatcher = build_dispatcher(trainer, self.behind)
         self.keeper = FleetKeeper(trainer, self.fleet, self.counts, on_lost=self._resume_lost)
         replay = trainer.cfg.forced_length_replay
-        self.replay = (ReplayLengths.load(replay.file, self.max_new, replay.seed, replay.estimates)
-                       if replay.file else None)
-        self.estimates = GroupEstimates(self.dispatcher, self.replay) if self.dispatcher is not None else None
+        self.replay = load_replay(replay, self.max_new)
+        self.estimates = group_estimates(self.dispatcher, self.replay, trainer.cfg.generation.dispatch.run_signals,
+                                         tc.group_size + tc.redundancy_samples, self.max_new)
         lpt = self.estimates is not None and trainer.cfg.generation.admission == "lpt"
         batches = self.estimates.launch_order(trainer.sampler.batch) if lpt else trainer.sampler.batch
         self.prompts: PromptPool[TaskItem] = PromptPool.from_batches(batches, tc.prompts_per_iteration)
@@ -309,13 +274,14 @@ class Orchestrator(GroupLifecycle):
         self, problem: TaskItem, spec: PromptSpec, index: int, v_traj: int, estimate: float | None
     ) -> None:
         key = problem.prompt_id
-        forced = self.replay.length(key) if self.replay else self.rt.cfg.forced_length_ramp.length(self.version)
-        state = _GroupState(problem, v_traj, forced=forced, estimate=estimate)
-        self.groups[key] = state
         n = self.tc.group_size + self.tc.redundancy_samples
+        forced, per = (self.replay.forced(problem, n) if self.replay
+                       else (self.rt.cfg.forced_length_ramp.length(self.version), ()))
+        state = _GroupState(problem, v_traj, forced=forced, forced_lengths=per, estimate=estimate)
+        self.groups[key] = state
         forward = estimate if estimate is not None and self.rt.cfg.generation.dispatch.forward_estimates else 0.0
         # the instance admits it LPT by the estimate
-        spec = replace(spec, forced_length=forced, estimated_length=forward)
+        spec = replace(spec, forced_length=forced, forced_lengths=per, estimated_length=forward)
         call = _Call(index, key, [f"{key}/{i}" for i in range(n)], tag=f"group-{key}")
         for i, pkey in enumerate(call.keys):
             self.partial.start(Partial(pkey, key, i, spec.token_ids, v_traj, index))
@@ -328,7 +294,8 @@ class Orchestrator(GroupLifecycle):
         self.repack.launched(p.key, inst.index)
         call = _Call(inst.index, p.group, [p.key], tag=f"resume-{p.key}#{p.segments}")
         # a forced-length group's sample generates what it lacks of its length (EOS ignored, as before)
-        forced = max(1, state.forced - len(p.token_ids)) if state.forced else 0
+        total = state.forced_lengths[p.sample_index] if state.forced_lengths else state.forced
+        forced = max(1, total - len(p.token_ids)) if total else 0
         spec = PromptSpec(f"{p.key}#{p.segments}", p.prompt_token_ids + p.token_ids, p.group, forced_length=forced)
         left = forced or self.max_new - len(p.token_ids)
         # interrupted by a new version only under partial rollout; a repack may interrupt it again
@@ -428,13 +395,26 @@ class Orchestrator(GroupLifecycle):
             finished_at=s.finished_at,
         )
         self.gen_busy.append((s.started_at, s.finished_at))
+        if self.estimates is not None:
+            self.estimates.finished(p.group, len(sample.token_ids))
+            self._rework(state, p.group)
         state.finished[p.sample_index] = (sample, self.rt.score(sample))
         if len(state.finished) >= self.tc.group_size:
             self._complete(p.group, state)
 
+    def _rework(self, state: _GroupState, key: str) -> None:
+        """The group's finished siblings moved its estimate: its samples still running on the group's
+        call are booked at the new one (the fleet table's ``work``, what dispatch balances)."""
+        work = self.estimates.remaining_work(key)
+        for call in state.calls:
+            if work is not None and call.open and call.booked is not None and call.tag.startswith("group-"):
+                call.booked = self.fleet.rework(call.booked, call.open, work)
+
     def _complete(self, key: str, state: _GroupState) -> None:
         state.complete = True
         self._cancel_calls(state)
+        if self.estimates is not None:
+            self.estimates.close(key, complete=True)
         done = sorted(state.finished.items())[: self.tc.group_size]
         samples = [s for _, (s, _) in done]
         outcomes = [f.result() for _, (_, f) in done]  # scored while the group's other samples ran
@@ -473,10 +453,13 @@ class Orchestrator(GroupLifecycle):
             "instances_alive": {r.address: r.state in HOLDS_WORK for r in rows},
             **self.repack.metrics(),
             **(self.dispatcher.metrics() if self.dispatcher is not None else {}),
+            **(self.estimates.metrics() if self.estimates is not None else {}),
         }
 
     def forget(self, key: str, reason: str) -> None:
         state = self.groups.pop(key, None)
+        if self.estimates is not None:
+            self.estimates.close(key, complete=False)
         if state is not None:
             state.complete = True
             self._cancel_calls(state)

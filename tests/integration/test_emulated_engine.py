@@ -237,6 +237,7 @@ def test_one_sgs_process_serves_three_emulated_instances_independently(tmp_path,
     in one process (``--instances 3``: one interpreter start for all, as the launcher groups them):
     the port file lists three ports; each answers Health and streams samples with their lengths by
     itself; a weight version pushed to one installs there only; SIGTERM ends the process cleanly."""
+    import grpc
     import torch
 
     from services.common.config import load_config, write_config
@@ -264,6 +265,13 @@ def test_one_sgs_process_serves_three_emulated_instances_independently(tmp_path,
             got = [(s.prompt_id, len(s.token_ids), s.finish_reason) for s in stream]
             assert got == [("p1", 5, "length"), ("p2", 20, "length"), ("p0", 40, "length")]
         assert [c.health().finished for c in clients] == [3, 3, 3]
+        # one forced length per sample of a group (a recorded group's own lengths), or the call is refused
+        group = [PromptSpec("g", (1, 4, 5), forced_lengths=(7, 3, 11))]
+        samples = clients[0].generate(group, GenerateParams(samples_per_prompt=3))
+        assert {s.sample_index: len(s.token_ids) for s in samples} == {0: 7, 1: 3, 2: 11}
+        with pytest.raises(grpc.RpcError) as err:
+            list(clients[0].generate(group, GenerateParams(samples_per_prompt=2)))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "one per sample" in err.value.details()
         state = {k: torch.zeros(s.shape) for k, s in tensor_specs(tiny_checkpoint, torch.float32).items()}
         assert clients[1].update_weights(state, version=1).staged
         after = list(clients[1].generate([PromptSpec("q", (1, 4))],

@@ -22,7 +22,7 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     """Every orchestrator mechanism in a lock-step mode at once: the ranker's estimates with LPT
     dispatch over the instances, partial rollout, redundancy, repack; instance 1 is killed after the
     first step: its trajectories resume on instance 0 (the launcher restarts it; it may be back by
-    the end)."""
+    the end). The run's own length estimates ride on the ranker's (``generation.dispatch.run_signals``)."""
     from ranker.base import create
     from ranker.store import RankerStore
 
@@ -34,7 +34,8 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
         [f"generation.ranker_dir={tmp_path / 'store'}", "generation.dispatch.policy=lpt",
          "trainer.mode=one_step", "trainer.iterations=6", "trainer.partial_rollout=true",
          "trainer.redundancy_samples=1", "trainer.redundancy_groups=1",
-         "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[30, 30]"],
+         "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1", "generation.step_delay_ms=[30, 30]",
+         "generation.dispatch.run_signals.enabled=true"],
         on_poll=kill_instance_after_first_step(tmp_path, killed, busy=True),  # with trajectories on it
     )
     assert killed, "instance 1 was not found"
@@ -51,6 +52,8 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     # every group was placed by the policy on the ranker's estimates
     assert last["dispatch_policy"] == "lpt" and last["estimator_failures"] == 0
     assert last["estimated_groups"] == sum(last["instance_groups"]) > 0 and last["dispatched_groups"] > 0
+    # the run's own estimates followed every group to its end: closed groups' makespans scored
+    assert 0.0 <= last["run_signals_recall_at_20"] <= 1.0 and last["run_signals_sigma"] > 0, last
 
 
 @pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)

@@ -75,6 +75,7 @@ def _expect(code, match, fn):
         (prompts(1), GenerateParams(samples_per_prompt=0), "samples_per_prompt"),
         (prompts(1), GenerateParams(max_new_tokens=10_000), "exceeds the service limit"),
         (prompts(1), GenerateParams(min_weight_version=-1), "min_weight_version"),
+        ([PromptSpec("p0", (1, 5), forced_lengths=(3, 4))], GenerateParams(samples_per_prompt=2), "does not accept"),
         (prompts(40), GenerateParams(samples_per_prompt=1024), "sequences; the limit"),
         (prompts(1), GenerateParams(temperature=-1.0), "sampling out of range"),
         (prompts(1), GenerateParams(top_p=1.5), "sampling out of range"),

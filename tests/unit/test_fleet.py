@@ -125,6 +125,24 @@ def test_versions_only_grow_and_a_stale_reservation_is_not_released_twice():
         fleet.release(Reservation(0, 1, 6, new.epoch), samples=2)
 
 
+def test_a_reworked_reservation_books_its_outstanding_samples_at_the_new_estimate():
+    """A group's finished siblings moved its estimate: the samples still out count at the new one,
+    and releasing them hands back exactly what is booked."""
+    fleet = fleet_of(1)
+    res = fleet.reserve(0, 4, work=100.0)
+    fleet.release(res, 1)
+    assert fleet.snapshot()[0].work == 300.0
+    res = fleet.rework(res, 3, 250.0)
+    assert fleet.snapshot()[0].work == 750.0 and res.work == 250.0
+    fleet.release(res, 3)
+    assert fleet.snapshot()[0].work == 0.0 and fleet.snapshot()[0].inflight == 0
+    with pytest.raises(FleetError, match="rework"):
+        fleet.rework(res, 5, 1.0)
+    stale = fleet.reserve(0, 2, work=10.0)
+    fleet.mark_lost(0, "UNAVAILABLE")
+    assert fleet.rework(stale, 2, 99.0) is stale  # lost since: nothing booked to move
+
+
 # ---------------------------------------------------------------------- the bug class
 def test_a_join_racing_a_pick(fine_switching):
     """ac10530: a picker on another thread saw a row list and a version list of different lengths

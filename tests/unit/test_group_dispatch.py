@@ -4,6 +4,8 @@ estimator's failures cost estimates, never the run."""
 
 from __future__ import annotations
 
+import pytest
+
 from services.common.config import load_config
 from services.rollout.dispatching import GroupDispatcher, NewGroup
 from services.rollout.fleet import fleet_of
@@ -151,8 +153,8 @@ def test_one_instance_without_a_router_estimates_with_the_ranker_store(tmp_path)
 
     from ranker.base import create
     from ranker.store import RankerStore
-    from services.rollout.dispatching import GroupEstimates
-    from services.rollout.orchestrator import build_dispatcher, engines_behind
+    from services.rollout.dispatching import GroupEstimates, build_dispatcher
+    from services.rollout.orchestrator import engines_behind
 
     RankerStore(tmp_path / "store").publish(create("prompt_length").fit(["a", "bbbbbbbb"], [5, 9]).save(tmp_path / "r"))
     cfg = load_config(None, [f"generation.ranker_dir={tmp_path / 'store'}"])
@@ -217,3 +219,46 @@ def test_only_instances_with_room_are_offered_to_the_policy():
     assert d.offered == [[0, 2, 4]] and sorted(t.values()) == [0, 2, 4]
     d.plan_round(groups[:1], [views[0]], [None], [*views[:1], *(InstanceView(i, 0, 8, 8) for i in range(1, 6))], 8)
     assert d.offered == [[0, 2, 4]]  # one instance with room: nothing to plan, the group stays where it was picked
+
+
+class _Draw:
+    """A task item as the samplers draw it: a new prompt id every draw, the same text on a revisit."""
+
+    def __init__(self, pid: str, prompt: str) -> None:
+        self.prompt_id, self.prompt, self.task, self.system = pid, prompt, "t", None
+
+
+def test_run_signals_estimate_a_revisit_from_its_history_and_score_the_makespans():
+    """generation.dispatch.run_signals: a prompt's second visit is estimated from its first (its text
+    prior says nothing); a dropped group leaves no history; the run reports recall@20%."""
+    from types import SimpleNamespace
+
+    from services.rollout.dispatching import build_dispatcher, group_estimates
+
+    cfg = load_config(None, ["generation.dispatch.run_signals.enabled=true"])
+    d = build_dispatcher(SimpleNamespace(cfg=cfg, clients=[None], model_dir=None), 1)
+    assert d is not None  # no ranker, yet the run's own estimates make a dispatcher
+    est = group_estimates(d, None, cfg.generation.dispatch.run_signals, 4, 512)
+    first = [_Draw(f"a{i}", f"q{i}") for i in range(20)]
+    assert est.take(first) == [None] * 20  # nothing known yet
+    for i, p in enumerate(first):
+        for n in (10 * (i + 1),) * 4:
+            est.finished(p.prompt_id, n)
+        est.close(p.prompt_id, complete=i != 0)  # q0's group was dropped: no history
+    again = [_Draw(f"b{i}", f"q{i}") for i in range(20)]
+    values = est.take(again)
+    assert values[1] < values[0] < values[19]  # q0 has no history: the run's mean length
+    assert values[1:] == sorted(values[1:]) and values[19] > 3 * values[2]  # each revisit from its own history
+    assert est.revisits == 19
+    before = est.remaining_work("b19")
+    est.finished("b19", 400)  # a first sibling far longer than its history: the rest, still running, are longer
+    assert est.remaining_work("b19") == pytest.approx(400.0) and before < 400 and est.remaining_work("nope") is None
+    est.finished("b19", 200)  # (the rest of the group as before)
+    for i, p in enumerate(again):
+        for n in (10 * (i + 1),) * (4 if i < 19 else 2):
+            est.finished(p.prompt_id, n)
+        est.close(p.prompt_id, complete=True)
+    m = est.metrics()
+    assert m["run_signals_recall_at_20"] == 1.0 and m["run_signals_revisits"] == 19
+    off = group_estimates(d, None, load_config(None, []).generation.dispatch.run_signals, 4, 512)
+    assert off.run is None and off.metrics() == {}

@@ -87,3 +87,48 @@ def test_replay_config_is_refused_where_it_does_not_apply(overrides, message):
     assert load_config(ROOT / "deploy/configs/default.yaml", ok).forced_length_replay.file == "x.json"
     # every mode runs on the orchestrator: replay is not bounded-only
     assert load_config(ROOT / "deploy/configs/default.yaml", ok[:2]).trainer.mode == "one_step"
+
+
+class _Draw:
+    def __init__(self, pid: str, prompt: str) -> None:
+        self.prompt_id, self.prompt = pid, prompt
+
+
+def _trace(tmp_path, rows):
+    import gzip
+
+    path = tmp_path / "t.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return path
+
+
+def test_a_visit_trace_replays_each_prompts_next_visit_one_length_per_sample(tmp_path):
+    from services.rollout.length_replay import VisitReplay, load_replay
+
+    path = _trace(tmp_path, [{"prompt": "A", "visit": 1, "lengths": [5, 9, 30, 40]},
+                             {"prompt": "A", "visit": 0, "lengths": [1, 2, 3, 4]},
+                             {"prompt": "B", "visit": 0, "lengths": [7, 7, 8, 100]}])
+    cfg = load_config(ROOT / "deploy/configs/default.yaml", [f"forced_length_replay.file={path}",
+                                                            "generation.forced_lengths=true",
+                                                            "forced_length_replay.estimates=oracle"])
+    replay = load_replay(cfg.forced_length_replay, 128)
+    assert isinstance(replay, VisitReplay)
+    a0, b0, a1, a2 = _Draw("p0", "A"), _Draw("p1", "B"), _Draw("p2", "A"), _Draw("p3", "A")
+    assert replay.estimate_for(a0, 4) == 2.5  # the draw's mean length: asked first at placement
+    assert replay.forced(a0, 4) == (0, (1, 2, 3, 4))  # the same draw at launch: the same visit
+    assert replay.forced(b0, 4) == (0, (7, 7, 8, 100))
+    assert replay.forced(a1, 4) == (0, (5, 9, 30, 40))  # A's second draw: its second visit
+    assert replay.forced(a2, 4) == (0, (1, 2, 3, 4))  # past the last visit: from the first again
+    sub = replay.lengths(_Draw("p9", "B"), 2)
+    assert len(sub) == 2 and set(sub) <= {7, 8, 100} and replay.lengths(_Draw("p9", "B"), 2) == sub
+    with pytest.raises(ValueError, match="not in the replayed trace"):
+        replay.forced(_Draw("p4", "C"), 4)
+    with pytest.raises(ValueError, match="recorded 4"):
+        replay.forced(_Draw("p5", "B"), 5)
+    with pytest.raises(ValueError, match="line 3"):
+        VisitReplay.load(path, cap=50)  # B's 100 > the cap
+    with pytest.raises(ConfigError, match="records no estimates"):
+        load_config(ROOT / "deploy/configs/default.yaml", [f"forced_length_replay.file={path}",
+                                                          "generation.forced_lengths=true",
+                                                          "forced_length_replay.estimates=recorded"])

@@ -131,7 +131,7 @@ def test_instance_admits_longest_estimate_first(stack, tiny_checkpoint):
     [
         ([], GenerateParams(), "no prompts"),
         ([PromptSpec("a", (1, 5)), PromptSpec("a", (1, 6))], GenerateParams(), "duplicate prompt_id"),
-        ([PromptSpec("a", (1, 5), "", 0.0, 500)], GenerateParams(), "forced_length 500 exceeds"),
+        ([PromptSpec("a", (1, 5), "", 0.0, 500)], GenerateParams(), "forced length 500 is outside"),
         ([PromptSpec("a", (1, 5), "", -3.0)], GenerateParams(), "estimated_length must be finite"),
         ([PromptSpec("a", (1, 99))], GenerateParams(), "outside [0,"),
         ([PromptSpec("a", (1, 5), task="no spaces")], GenerateParams(), "task tag may hold only"),

@@ -4,8 +4,9 @@ policy that trains between visits.
 Recipe (``DECLARED`` below, fixed before the recording): a Braid run through the CLI of the shipped
 real-model config (``deploy/configs/smollm2-arith.yaml``: SmolLM2-135M-Instruct on vLLM, one-step
 asynchronous GRPO, the numeric verifier) on ``prompts`` GSM8K training questions (``--data``, drawn
-with ``seed``) for ``visits`` epochs: every question is drawn once per epoch (reshuffled each epoch),
-sampled ``group_size`` times, and the policy takes an optimizer step every ``prompts_per_iteration``
+with ``seed``) for ``visits`` epochs' worth of optimizer steps: every question is drawn once per epoch
+(reshuffled each epoch; a one-step run draws ahead, so a last visit may be partly recorded), sampled
+``group_size`` times, and the policy takes an optimizer step every ``prompts_per_iteration``
 questions, so each visit meets a newer policy. The SGS logs every finished sample
 (``generation.genlog``: prompt text, length in tokens, weight version, finish time). The export keeps
 one row per group (draw) with all of its samples:
@@ -46,6 +47,9 @@ DECLARED = {"prompts": 96, "group_size": 8, "visits": 3, "prompts_per_iteration"
 QUICK = {**DECLARED, "prompts": 8, "group_size": 4, "visits": 2, "prompts_per_iteration": 4, "max_new_tokens": 32}
 
 
+HELD_OUT = 8  # other questions of the file: the run's own held-out evaluation (not part of the trace)
+
+
 def subset(src: Path, n: int, seed: int) -> list[dict]:
     """``n`` distinct questions of a GSM8K-style JSONL(.gz) file, drawn with ``seed``."""
     opener = gzip.open if src.suffix == ".gz" else open
@@ -57,21 +61,21 @@ def subset(src: Path, n: int, seed: int) -> list[dict]:
         if isinstance(q, str) and q.strip() and q not in seen and r.get("answer") is not None:
             seen.add(q)
             unique.append({"question": q, "answer": r["answer"]})
-    if len(unique) < n:
+    if len(unique) < n + HELD_OUT:
         raise SystemExit(f"bench/run_signals_trace.py: {src} has {len(unique)} questions, the recipe needs {n}")
-    return random.Random(seed).sample(unique, n)
+    return random.Random(seed).sample(unique, n + HELD_OUT)
 
 
-def overrides(regime: dict, train: Path, run_dir: Path) -> list[str]:
+def overrides(regime: dict, train: Path, heldout: Path, run_dir: Path) -> list[str]:
     """The recipe as config overrides of the shipped real-model config."""
     iterations = regime["visits"] * regime["prompts"] // regime["prompts_per_iteration"]
     return [f"runs_dir={run_dir.parent}", f"run_id={run_dir.name}",
-            f"task.dataset.train={train}", "task.dataset.heldout=null", "task.dataset.prompt_field=question",
+            f"task.dataset.train={train}", f"task.dataset.heldout={heldout}", "task.dataset.prompt_field=question",
             "task.dataset.answer_field=answer", "task.dataset.group_field=null", "task.dataset.name=gsm8k-subset",
-            f"task.dataset.epochs={regime['visits']}", f"task.seed={regime['seed']}",
+            f"task.seed={regime['seed']}",
             f"trainer.iterations={iterations}", f"trainer.prompts_per_iteration={regime['prompts_per_iteration']}",
             f"trainer.group_size={regime['group_size']}", f"generation.max_new_tokens={regime['max_new_tokens']}",
-            f"generation.genlog={run_dir / 'genlog.sqlite'}", "eval.prompts=8"]
+            f"generation.genlog={run_dir / 'genlog.sqlite'}", f"eval.prompts={HELD_OUT}"]
 
 
 def record(run_dir: Path, sets: list[str]) -> dict:
@@ -122,11 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(ns.out) if ns.out else (results_dir(None, True) / DEFAULT_OUT.name if ns.quick else DEFAULT_OUT)
     run_dir = Path(ns.runs_dir) / ("quick" if ns.quick else "full")
     run_dir.mkdir(parents=True, exist_ok=True)
-    train = run_dir / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in subset(src, regime["prompts"], regime["seed"])))
+    rows = subset(src, regime["prompts"], regime["seed"])
+    train, heldout = run_dir / "train.jsonl", run_dir / "heldout.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:regime["prompts"]]))
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[regime["prompts"]:]))
     (run_dir / "genlog.sqlite").unlink(missing_ok=True)
     t0 = time.time()
-    summary = record(run_dir, overrides(regime, train, run_dir))
+    summary = record(run_dir, overrides(regime, train, heldout, run_dir))
     groups = export(run_dir / "genlog.sqlite", regime["group_size"])
     out.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(out, "wt") as fh:

@@ -66,5 +66,5 @@ def test_export_numbers_the_visits_of_each_prompt_and_drops_partial_groups(tmp_p
     out = tr.export(tmp_path / "g.sqlite", group_size=2)
     assert [(g["prompt"], g["visit"], g["version"]) for g in out] == [("A", 0, 0), ("B", 0, 0), ("A", 1, 3)]
     assert out[2]["lengths"] == [13, 23]  # in finishing order
-    sets = tr.overrides(tr.QUICK, tmp_path / "train.jsonl", tmp_path / "run")
-    assert "task.dataset.epochs=2" in sets and "trainer.iterations=4" in sets
+    sets = tr.overrides(tr.QUICK, tmp_path / "train.jsonl", tmp_path / "heldout.jsonl", tmp_path / "run")
+    assert "trainer.iterations=4" in sets and "trainer.group_size=4" in sets

@@ -154,6 +154,10 @@ def run_services(run_dir: str, checkpoint: str) -> str:
 
     try:
         summary = run_processes(rd, checkpoint, on_poll=poll)
+        # once more with the final count: a run whose last iterations finished between two polls (a
+        # 2-iteration run on a fast machine: the poll saw 0, then the trainer was gone) still starts
+        # the retrain that came due, and close() waits for its row
+        poll()
     finally:
         progress.close()
         retrainer.close()

@@ -36,7 +36,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _shown(path: Path | None) -> str | None:
+def shown_path(path: Path | None) -> str | None:
+    """``path`` relative to the checkout when it lies inside it (as results name files), else as is."""
     if path is None:
         return None
     path = path.resolve()
@@ -110,7 +111,7 @@ def provenance(script: Path, config: dict, config_file: Path | None = None, engi
             "code": code_ids(measured_paths(rel)) if not source else None,
             **({"inputs": input_hashes(inputs)} if inputs else {}),
             "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16],
-            "config": config, "config_file": _shown(config_file),
+            "config": config, "config_file": shown_path(config_file),
             "versions": {p: v for p in PACKAGES if (v := _version(p))},
             "machine": {"cpu": next((ln.split(":", 1)[1].strip() for ln in cpuinfo if ln.startswith("model name")),
                                     "?"),

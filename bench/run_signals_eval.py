@@ -35,7 +35,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key  # noqa: E402
+from bench.report_io import (  # noqa: E402
+    RecordParser,
+    provenance,
+    provenance_line,
+    results_dir,
+    set_json_key,
+    shown_path,
+)
 from ranker.base import create  # noqa: E402
 from ranker.metrics import recall_at  # noqa: E402
 from services.generation.scheduling.run_signals import RunLengths  # noqa: E402
@@ -153,11 +160,6 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def shown(path: Path) -> str:
-    p = path.resolve()
-    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = RecordParser(description=__doc__)
     parser.add_argument("--trace", default=str(DEFAULT_TRACE))
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     best = max(priors, key=lambda k: priors[k]["text"]["recall_at_20"] or 0.0)
     both = priors[best]["both"]["recall_at_20"]
     result = {
-        "trace": {"file": shown(trace),
+        "trace": {"file": shown_path(trace),
                   "groups": len(groups), "prompts": len({g["prompt"] for g in groups}),
                   "visits": 1 + max(g["visit"] for g in groups), "group_size": len(groups[0]["lengths"])},
         "declared": DECLARED, "priors": priors, "best_text_prior": best,

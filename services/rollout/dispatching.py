@@ -207,8 +207,9 @@ class GroupEstimates:
             self._of.pop(p.prompt_id, None)
             prior = self._prior.pop(p.prompt_id, None)
             if self.run is not None:
-                self.revisits += self.run.visits(identity(p)) > 0
-                self.run.start(p.prompt_id, identity(p), self.size, prior)
+                ident = identity(p)
+                self.revisits += self.run.visits(ident) > 0
+                self.run.start(p.prompt_id, ident, self.size, prior)
                 self._started[p.prompt_id] = estimate
         self.dispatcher.estimated += sum(1 for v in out if v is not None)  # counted as placed
         return out

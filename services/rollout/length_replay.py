@@ -169,7 +169,9 @@ class VisitReplay:
                 if not line.strip():
                     continue
                 r = json.loads(line)
-                lengths = r.get("lengths") if isinstance(r, dict) else None
+                if not isinstance(r, dict):
+                    r = {}
+                lengths = r.get("lengths")
                 if (not isinstance(r.get("prompt"), str) or not isinstance(r.get("visit"), int) or not lengths
                         or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= cap for x in lengths)):
                     raise ValueError(f"forced_length_replay.file {path}: line {n + 1} is not a group of lengths in "

@@ -88,7 +88,7 @@ class RunLengths:
             raise ValueError(f"group size must be >= 1, got {size}")
         if key in self._groups:
             raise ValueError(f"group {key!r} already started")
-        self._groups[key] = _Group(identity, size, _log(prior) if prior is not None and prior > 0 else None)
+        self._groups[key] = _Group(identity, size, _log_prior(prior))
 
     def finished(self, key: str, length: int) -> None:
         """One sample of group ``key`` finished with ``length`` tokens (unknown groups are ignored)."""
@@ -143,7 +143,7 @@ class RunLengths:
 
     def sample(self, identity: str, prior: float | None = None) -> float | None:
         """The mean length of one sample of a new visit of ``identity`` (tokens; None: nothing known)."""
-        m = self._mu(identity, _log(prior) if prior is not None and prior > 0 else None, [], 1)
+        m = self._mu(identity, _log_prior(prior), [], 1)
         return None if m is None else self._cap(math.exp(m + self.sigma ** 2 / 2))
 
     def remaining(self, key: str) -> list[float]:
@@ -166,7 +166,7 @@ class RunLengths:
 
     def group_makespan(self, identity: str, size: int, prior: float | None = None) -> float | None:
         """The expected longest of ``size`` samples of a new visit of ``identity`` (tokens)."""
-        m = self._mu(identity, _log(prior) if prior is not None and prior > 0 else None, [], size)
+        m = self._mu(identity, _log_prior(prior), [], size)
         return None if m is None else self._cap(math.exp(m + self.sigma * order_z(size, size)))
 
     # -------------------------------------------------------------------------------------- helpers
@@ -198,3 +198,8 @@ def identity(item) -> str:
 
 def _log(tokens: float) -> float:
     return math.log(max(tokens, 1.0))
+
+
+def _log_prior(prior: float | None) -> float | None:
+    """A prior in tokens as a log length; a missing or non-positive one is no prior."""
+    return _log(prior) if prior is not None and prior > 0 else None

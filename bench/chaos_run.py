@@ -100,7 +100,10 @@ def _processes(run_dir: Path, component: str) -> list[psutil.Process]:
 
 def _rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    if not path.exists():
+        return []
+    # complete lines only: a row being written (or its writer stopped by _freeze mid-line) is not yet a row
+    return [json.loads(x) for x in path.read_text().split("\n")[:-1] if x.strip()]
 
 
 class Injector:
@@ -145,12 +148,20 @@ class Injector:
         missing = [c for c, ps in procs.items() if not ps]
         if missing:
             raise RuntimeError(f"chaos run {self.s.name}: no process for {missing} in {self.run_dir}")
+        frozen = _freeze(procs)
+        # decided again with the processes stopped: between the check above and the kill a step could finish
+        # and its checkpoint land (make test-long saw a kill after step 6, a checkpoint step), so the decision,
+        # the step count and the kill all see one state
+        if not self._ready():
+            _thaw(frozen)
+            return
         self.fault_at = time.time()
         self.steps_before = len(_rows(self.run_dir))
         for component, ps in procs.items():
             for p in ps:
                 p.kill()
             self.done.append(f"kill:{component}")
+        _thaw(frozen)  # the children not killed (the learner of a killed trainer) go on to notice and exit
         self._network_fault()
 
     def _network_fault(self) -> None:
@@ -163,6 +174,28 @@ class Injector:
             self.proxy.reset_all()
         if self.s.fault in ("partition", "reset"):
             self.done.append(f"net:{self.s.fault}")
+
+
+def _freeze(procs: dict[str, list[psutil.Process]]) -> list[psutil.Process]:
+    """SIGSTOP every process to be killed and its children (the trainer's learner), so no step finishes."""
+    frozen = []
+    for ps in procs.values():
+        for p in ps:
+            for q in [p, *p.children(recursive=True)]:
+                try:
+                    q.suspend()
+                    frozen.append(q)
+                except psutil.NoSuchProcess:
+                    pass
+    return frozen
+
+
+def _thaw(frozen: list[psutil.Process]) -> None:
+    for q in frozen:
+        try:
+            q.resume()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def recovery_seconds(rows: list[dict], fault_at: float | None) -> float | None:

@@ -121,7 +121,8 @@ def test_a_dead_process_of_several_emulated_instances_comes_back_with_all_of_the
 def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_checkpoint):
     s = Scenario("pair", "bounded", ("master_relay", "trainer"))
     # the kill lands a step past a recovery checkpoint (every 3 versions) with none due: after 4 or 5 (the
-    # restart rolls back to 3), or after 7 when steps 4-6 finished within one 0.2 s poll (back to 6; CI saw it)
+    # restart rolls back to 3), or after 7 when steps 4-6 finished within one 0.2 s poll (back to 6; CI saw it).
+    # The injector stops the processes before it decides, so no step finishes between its check and the kill
     r = run_scenario(s, tmp_path, str(tiny_checkpoint), ROOT / "deploy/configs/smoke.yaml", iterations=7, timeout_s=300)
     assert r.completed, r.error
     assert r.faults == ["kill:master_relay", "kill:trainer"]

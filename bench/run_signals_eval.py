@@ -4,8 +4,13 @@ several visits while it trains).
 
 Declared before the run (``DECLARED``): for every group of the trace, in draw order, each estimator
 predicts the group's **makespan** (its longest sample, what holds a step back); scored per visit over
-all of that visit's groups by recall@20% (``ranker.metrics.recall_at``) and Kendall's tau, then the
-mean over the visits that have a history (visit >= 1). Estimators
+all of that visit's groups by recall@20% and Kendall's tau, then the mean over the visits that have a
+history (visit >= 1). Recall@20% two ways: ``recall_at_20`` is StreamRL's (``ranker.metrics.recall_at``:
+ties in the truth broken by position), ``recall_at_20_ties`` counts a predicted long group as a hit when
+its makespan is at least the true top fifth's smallest, so groups tied at the cap (``max_new_tokens``;
+about a quarter of 8-sample groups in the pilot) are all in the tail rather than some of them by their
+position in the file. The goal is judged on ``recall_at_20_ties`` (declared with the 1,024-token recipe,
+before the recording); the other is reported beside it. Estimators
 (``services.generation.scheduling.run_signals.RunLengths``, ``decay`` and ``prior_weight`` as declared):
 
 - ``text``: the text ranker alone, cross-fitted: ``folds`` folds by question, each fold's prior from
@@ -17,7 +22,7 @@ mean over the visits that have a history (visit >= 1). Estimators
   trace's finishing order), no history;
 - ``both``: the two together.
 
-Goal: ``both`` recall@20% >= 0.70 with the best text prior. Writes ``run_signals`` into
+Goal: ``both`` recall@20% (ties) >= 0.70 with the best text prior. Writes ``run_signals`` into
 ``bench/results/ranker.json`` and ``bench/results/ranker_run_signals.md``.
 
     python bench/run_signals_eval.py [--trace bench/traces/gsm8k_smollm2_visits.jsonl.gz]
@@ -49,7 +54,7 @@ from services.generation.scheduling.run_signals import RunLengths  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "bench/traces/gsm8k_smollm2_visits.jsonl.gz"
 DECLARED = {"folds": 4, "seed": 0, "sibling_fraction": 0.25, "decay": 0.5, "prior_weight": 1.0,
-            "goal_recall_at_20_both": 0.70}
+            "goal_recall_at_20_both": 0.70, "goal_metric": "recall_at_20_ties"}
 KINDS = {"prompt_length": {}, "lightgbm": {"threads": 2}}
 ESTIMATORS = ("text", "history", "siblings", "both")
 
@@ -121,11 +126,24 @@ def score(groups: list[dict], values: list[float]) -> dict:
             continue  # too few groups to rank (a visit only partly recorded)
         pred, true = [values[i] for i in idx], [max(groups[i]["lengths"]) for i in idx]
         per_visit[str(v)] = {"groups": len(idx), "recall_at_20": round(recall_at(pred, true, 0.2), 4),
+                             "recall_at_20_ties": round(recall_with_ties(pred, true, 0.2), 4),
                              "kendall_tau": round(kendall_tau(pred, true), 4)}
     later = [r for v, r in per_visit.items() if v != "0"]
-    return {"recall_at_20": round(float(np.mean([r["recall_at_20"] for r in later])), 4) if later else None,
-            "kendall_tau": round(float(np.mean([r["kendall_tau"] for r in later])), 4) if later else None,
-            "per_visit": per_visit}
+
+    def mean(key: str) -> float | None:
+        return round(float(np.mean([r[key] for r in later])), 4) if later else None
+
+    return {"recall_at_20": mean("recall_at_20"), "recall_at_20_ties": mean("recall_at_20_ties"),
+            "kendall_tau": mean("kendall_tau"), "per_visit": per_visit}
+
+
+def recall_with_ties(pred: list[float], true: list[float], q: float) -> float:
+    """Of the predicted top ``q`` share (k groups), the fraction whose true value reaches the true top
+    ``q`` share's smallest value: a tie at that value (the cap) is in the tail, whatever its position."""
+    k = max(1, round(q * len(true)))
+    threshold = sorted(true, reverse=True)[k - 1]
+    picked = np.argsort(-np.asarray(pred, dtype=np.float64), kind="stable")[:k]
+    return sum(1 for i in picked if true[i] >= threshold) / k
 
 
 def evaluate(groups: list[dict], regime: dict = DECLARED) -> dict:
@@ -150,11 +168,14 @@ def markdown(r: dict) -> str:
              f"Trace: `{r['trace']['file']}`: {r['trace']['groups']} groups of {r['trace']['group_size']} samples, "
              f"{r['trace']['prompts']} questions x {r['trace']['visits']} visits (a real run: the policy trains "
              "between visits). Group makespan ranked per visit, mean over visits >= 1.", "",
-             "| text prior | estimator | recall@20% | Kendall tau |", "|---|---|---|---|"]
+             "| text prior | estimator | recall@20% (ties in the tail) | recall@20% (StreamRL's) | Kendall tau |",
+             "|---|---|---|---|---|"]
     for kind, rows in r["priors"].items():
         for name, row in rows.items():
-            lines.append(f"| {kind} | {name} | {row['recall_at_20']} | {row['kendall_tau']} |")
-    lines += ["", f"Goal: `both` recall@20% >= {r['declared']['goal_recall_at_20_both']} with the best text prior: "
+            lines.append(f"| {kind} | {name} | {row['recall_at_20_ties']} | {row['recall_at_20']} | "
+                         f"{row['kendall_tau']} |")
+    lines += ["", f"Goal: `both` recall@20% (ties in the tail) >= {r['declared']['goal_recall_at_20_both']} with the "
+              "best text prior: "
               f"**{'met' if r['goal_met'] else 'missed'}** ({r['run_signals_recall_at_20']}).", "",
               provenance_line(r["provenance"]), ""]
     return "\n".join(lines)
@@ -170,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"bench/run_signals_eval.py: no trace at {trace} (record one: bench/run_signals_trace.py)")
     groups = load(trace)
     priors = evaluate(groups)
-    best = max(priors, key=lambda k: priors[k]["text"]["recall_at_20"] or 0.0)
-    both = priors[best]["both"]["recall_at_20"]
+    metric = DECLARED["goal_metric"]
+    best = max(priors, key=lambda k: priors[k]["text"][metric] or 0.0)
+    both = priors[best]["both"][metric]
     result = {
         "trace": {"file": shown_path(trace),
                   "groups": len(groups), "prompts": len({g["prompt"] for g in groups}),

@@ -40,11 +40,16 @@ from bench.report_io import RecordParser, provenance, results_dir  # noqa: E402
 CONFIG = ROOT / "deploy/configs/smollm2-arith.yaml"
 DEFAULT_DATA = ROOT.parent / "shared/data/gsm8k/train.jsonl.gz"
 DEFAULT_OUT = ROOT / "bench/traces/gsm8k_smollm2_visits.jsonl.gz"
-# declared 2026-11-30, before the recording: 96 questions x 8 samples x 3 visits = 2,304 samples
-# (ranker_own's 1,920 GSM8K answers at 512 tokens took 47 min here)
-DECLARED = {"prompts": 96, "group_size": 8, "visits": 3, "prompts_per_iteration": 16, "max_new_tokens": 384,
-            "seed": 0}
-QUICK = {**DECLARED, "prompts": 8, "group_size": 4, "visits": 2, "prompts_per_iteration": 4, "max_new_tokens": 32}
+# declared 2026-11-30, before the recording: 64 questions x 8 samples x 3 visits = 1,536 samples at up to
+# 1,024 tokens. The pilot (docs/ranker.md: 16 questions x 8 at 1,024 tokens, 0.58 samples/s) put 3.9% of the
+# answers at the cap and 12.5% past 384 tokens, so the cap went from 384 to 1,024 (below it, the cap would be
+# the makespan of most groups), and the questions from 96 to 64 to keep the recording near an hour of the two
+# cores (generation ~45 min, plus the trainer's steps on the groups with a non-zero advantage). The KV cache
+# doubles to 64K tokens so 128 samples in flight are not preempted.
+DECLARED = {"prompts": 64, "group_size": 8, "visits": 3, "prompts_per_iteration": 16, "max_new_tokens": 1024,
+            "num_blocks": 2048, "seed": 0}
+QUICK = {**DECLARED, "prompts": 8, "group_size": 4, "visits": 2, "prompts_per_iteration": 4, "max_new_tokens": 32,
+         "num_blocks": 1024}
 
 
 HELD_OUT = 8  # other questions of the file: the run's own held-out evaluation (not part of the trace)
@@ -75,6 +80,7 @@ def overrides(regime: dict, train: Path, heldout: Path, run_dir: Path) -> list[s
             f"task.seed={regime['seed']}",
             f"trainer.iterations={iterations}", f"trainer.prompts_per_iteration={regime['prompts_per_iteration']}",
             f"trainer.group_size={regime['group_size']}", f"generation.max_new_tokens={regime['max_new_tokens']}",
+            f"generation.num_blocks={regime['num_blocks']}",
             f"generation.genlog={run_dir / 'genlog.sqlite'}", f"eval.prompts={HELD_OUT}"]
 
 

@@ -68,3 +68,13 @@ def test_export_numbers_the_visits_of_each_prompt_and_drops_partial_groups(tmp_p
     assert out[2]["lengths"] == [13, 23]  # in finishing order
     sets = tr.overrides(tr.QUICK, tmp_path / "train.jsonl", tmp_path / "heldout.jsonl", tmp_path / "run")
     assert "trainer.iterations=4" in sets and "trainer.group_size=4" in sets
+
+
+def test_recall_with_ties_counts_every_group_tied_at_the_cap_as_in_the_tail():
+    true = [1024, 1024, 1024, 300, 200, 100, 90, 80, 70, 60]  # three tied at the cap; the top fifth is two
+    late = [0, 0, 0, 5, 4, 3, 2, 1, 1, 1]
+    picks_third_tied = [0.0, 0.1, 9.0, 8.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # the cap's third group and a 300
+    assert ev.recall_at(picks_third_tied, true, 0.2) == 0.0  # StreamRL's: the tail is the first two by position
+    assert ev.recall_with_ties(picks_third_tied, true, 0.2) == 0.5
+    assert ev.recall_with_ties([float(x) for x in true], true, 0.2) == 1.0
+    assert ev.recall_with_ties(late, true, 0.2) == 0.0

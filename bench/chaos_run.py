@@ -20,6 +20,7 @@ Checked after the run, with the services still up (``on_finish``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -182,20 +183,16 @@ def _freeze(procs: dict[str, list[psutil.Process]]) -> list[psutil.Process]:
     for ps in procs.values():
         for p in ps:
             for q in [p, *p.children(recursive=True)]:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     q.suspend()
                     frozen.append(q)
-                except psutil.NoSuchProcess:
-                    pass
     return frozen
 
 
 def _thaw(frozen: list[psutil.Process]) -> None:
     for q in frozen:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             q.resume()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def recovery_seconds(rows: list[dict], fault_at: float | None) -> float | None:

@@ -197,14 +197,16 @@ def flagged_ratio(num: list[float], den: list[float]) -> dict:
     return {**r, "spread_as_large_as_effect": (r["max"] - r["min"]) >= abs(r["median"] - 1.0)}
 
 
-def _update_json(path: Path, entry: dict, change: Callable[[dict], None]) -> None:
+def _update_json(path: Path, entry: dict, change: Callable[[dict], None]) -> Path:
     """Read a results file (when it exists; scratch for a dirty ``entry``), let ``change`` set its
-    part, write it back: the read-modify-write of every benchmark that owns only part of a file."""
+    part, write it back: the read-modify-write of every benchmark that owns only part of a file.
+    Returns the path written."""
     path = of_record_or_scratch(Path(path).parent, entry) / Path(path).name
     doc = json.loads(path.read_text()) if path.is_file() else {}
     change(doc)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
 
 
 def set_json_key(path: Path, key: str, entry: dict) -> None:
@@ -217,22 +219,40 @@ FLEET_PARTS_NOTE = ("fleet.json holds parts written by different benchmarks, eac
                     "block is the latest part's, and parts says which run each came from")
 
 
-def set_fleet_part(path: Path, key: str, entry: dict) -> None:
+def set_fleet_part(path: Path, key: str, entry: dict) -> Path:
     """Set part ``key`` of an EMULATED fleet results file (``fleet.json``) and keep its index: the
     ``parts`` map names the run each part came from, and the file-level ``provenance`` is the
-    latest part's, marked as not measured in one run (each part has its own run)."""
+    latest part's, marked as not measured in one run (each part has its own run). Its sub-parts
+    (``set_fleet_subpart``: their own runs) stay as they were."""
+    def put(doc: dict) -> None:
+        old = doc.get(key) if isinstance(doc.get(key), dict) else {}
+        subs = [name.split(".", 1)[1] for name in (doc.get("parts") or {}) if name.startswith(f"{key}.")]
+        doc[key] = {**entry, **{sub: old[sub] for sub in subs if sub in old}}
+
+    return _update_json(path, entry, lambda doc: _fleet_part(doc, key, entry, lambda: put(doc)))
+
+
+def set_fleet_subpart(path: Path, part: str, key: str, entry: dict) -> Path:
+    """Set ``key`` inside part ``part`` of ``fleet.json`` (a result with its own run and provenance,
+    e.g. ``dispatch.run_signals`` beside ``bench/fleet_dispatch.py``'s blocks), the rest of the part
+    as it was; the ``parts`` index names it ``part.key``."""
+    def put(doc: dict) -> None:
+        holder = doc.get(part) if isinstance(doc.get(part), dict) else {"label": "EMULATED"}
+        holder[key] = entry
+        doc[part] = holder
+
+    return _update_json(path, entry, lambda doc: _fleet_part(doc, f"{part}.{key}", entry, lambda: put(doc)))
+
+
+def _fleet_part(doc: dict, name: str, entry: dict, put: Callable[[], None]) -> None:
     prov = entry.get("provenance") or {}
-
-    def change(doc: dict) -> None:
-        doc["emulated"], doc["label"] = True, "EMULATED"
-        doc[key] = entry
-        parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}
-        parts[key] = {"key": key, "measured_in_this_run": False,
-                      "carried_from": {k: prov.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}}
-        doc["parts"] = dict(sorted(parts.items()))
-        doc["provenance"] = {**prov, "measured_in_this_run": False, "note": FLEET_PARTS_NOTE}
-
-    _update_json(path, entry, change)
+    doc["emulated"], doc["label"] = True, "EMULATED"
+    put()
+    parts = doc.get("parts") if isinstance(doc.get("parts"), dict) else {}
+    parts[name] = {"key": name, "measured_in_this_run": False,
+                   "carried_from": {k: prov.get(k) for k in ("commit", "dirty", "date", "config_hash", "command")}}
+    doc["parts"] = dict(sorted(parts.items()))
+    doc["provenance"] = {**prov, "measured_in_this_run": False, "note": FLEET_PARTS_NOTE}
 
 
 def provenance_line(p: dict) -> str:

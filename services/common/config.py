@@ -437,8 +437,8 @@ class ForcedLengthReplay(StrictModel):
     estimates: Literal["none", "recorded", "oracle"] = Field(
         "none",
         description="The groups' length estimates for dispatch: none (the ranker of generation.ranker_dir, if any), "
-        'recorded (the estimate beside each length: a file of {"length", "estimate"} objects), '
-        'oracle (the true length).',
+        'recorded (the estimate beside each length: a file of {"length", "estimate"} objects, or a visit trace '
+        'whose groups carry an "estimate" of their prompt), oracle (the true length).',
     )
 
 
@@ -570,9 +570,6 @@ class RunConfig(StrictModel):
             raise ValueError("forced_length_replay does not apply with trainer.partial_rollout")
         if self.forced_length_ramp.start:
             raise ValueError("forced_length_replay and forced_length_ramp are exclusive (both set the forced length)")
-        if self.forced_length_replay.file.endswith(".jsonl.gz") and self.forced_length_replay.estimates == "recorded":
-            raise ValueError("a visit trace (forced_length_replay.file *.jsonl.gz) records no estimates: "
-                             "forced_length_replay.estimates is none or oracle")
         return self
 
 

@@ -147,14 +147,21 @@ class VisitReplay:
     text (cycling past the last), one forced length per sample, so a run sees what the recorded run
     saw: each prompt's lengths moving from visit to visit, and the spread within a group. A group of
     fewer samples than recorded takes a fixed subset (a hash of the draw, in finishing order); a
-    prompt that is not in the trace is an error (the run's task must be the trace's prompts)."""
+    prompt that is not in the trace is an error (the run's task must be the trace's prompts).
+    Estimates: ``oracle`` (the draw's mean length), ``recorded`` (each group's ``estimate``: a text
+    ranker's estimate of the prompt, written beside the lengths, e.g. ``bench/fleet_run_signals.py``'s
+    cross-fitted prior) or ``none``."""
 
-    def __init__(self, visits: dict[str, list[tuple[int, ...]]], mode: str = "none") -> None:
+    def __init__(self, visits: dict[str, list[tuple[int, ...]]], mode: str = "none",
+                 estimates: dict[str, float] | None = None) -> None:
         if not visits:
             raise ValueError("a visit trace needs at least one group")
-        if mode not in ("none", "oracle"):
-            raise ValueError(f"a visit trace's estimates are none or oracle, got {mode!r}")
-        self.visits, self.mode = visits, mode
+        if mode not in ("none", "oracle", "recorded"):
+            raise ValueError(f"a visit trace's estimates are none, recorded or oracle, got {mode!r}")
+        if mode == "recorded" and (estimates is None or set(estimates) != set(visits)):
+            raise ValueError("forced_length_replay.estimates=recorded: the trace records no estimate for every prompt "
+                             "(an \"estimate\" beside each group's lengths)")
+        self.visits, self.mode, self.estimates = visits, mode, estimates or {}
         self._draws: dict[str, tuple[str, int]] = {}  # prompt id -> (prompt text, the draw's visit)
         self._seen: dict[str, int] = {}  # prompt text -> draws so far
 
@@ -164,6 +171,7 @@ class VisitReplay:
         if not path.is_file():
             raise ValueError(f"forced_length_replay.file {path}: no such file")
         rows: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        estimates: dict[str, float] = {}
         with gzip.open(path, "rt") as fh:
             for n, line in enumerate(fh):
                 if not line.strip():
@@ -177,7 +185,13 @@ class VisitReplay:
                     raise ValueError(f"forced_length_replay.file {path}: line {n + 1} is not a group of lengths in "
                                      f"[1, {cap}] (generation.max_new_tokens)")
                 rows.setdefault(r["prompt"], []).append((r["visit"], tuple(lengths)))
-        return cls({p: [ls for _, ls in sorted(v)] for p, v in rows.items()}, mode)
+                est = r.get("estimate")
+                if est is not None:
+                    if isinstance(est, bool) or not isinstance(est, (int, float)) or not est > 0:
+                        raise ValueError(f"forced_length_replay.file {path}: line {n + 1}'s estimate must be a "
+                                         "positive number")
+                    estimates[r["prompt"]] = float(est)
+        return cls({p: [ls for _, ls in sorted(v)] for p, v in rows.items()}, mode, estimates)
 
     def _draw(self, problem) -> tuple[str, int]:
         if problem.prompt_id not in self._draws:
@@ -205,7 +219,10 @@ class VisitReplay:
         return 0, self.lengths(problem, samples)
 
     def estimate_for(self, problem, samples: int) -> float | None:
-        """``oracle``: the draw's mean length (each sample's expected work); ``none``: None."""
+        """``oracle``: the draw's mean length (each sample's expected work); ``recorded``: the prompt's
+        recorded estimate; ``none``: None."""
+        if self.mode == "recorded":
+            return self.estimates[self._draw(problem)[0]]
         if self.mode != "oracle":
             return None
         lengths = self.lengths(problem, samples)

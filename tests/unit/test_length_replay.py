@@ -128,7 +128,27 @@ def test_a_visit_trace_replays_each_prompts_next_visit_one_length_per_sample(tmp
         replay.forced(_Draw("p5", "B"), 5)
     with pytest.raises(ValueError, match="line 3"):
         VisitReplay.load(path, cap=50)  # B's 100 > the cap
-    with pytest.raises(ConfigError, match="records no estimates"):
-        load_config(ROOT / "deploy/configs/default.yaml", [f"forced_length_replay.file={path}",
-                                                          "generation.forced_lengths=true",
-                                                          "forced_length_replay.estimates=recorded"])
+    with pytest.raises(ValueError, match="records no estimate"):
+        VisitReplay.load(path, cap=128, mode="recorded")  # no group carries an estimate of its prompt
+
+
+def test_a_visit_trace_with_estimates_replays_each_prompts_recorded_estimate(tmp_path):
+    from services.rollout.length_replay import VisitReplay, load_replay
+
+    path = _trace(tmp_path, [{"prompt": "A", "visit": 0, "lengths": [1, 2], "estimate": 40.5},
+                             {"prompt": "B", "visit": 0, "lengths": [7, 9], "estimate": 3}])
+    cfg = load_config(ROOT / "deploy/configs/default.yaml", [f"forced_length_replay.file={path}",
+                                                            "generation.forced_lengths=true",
+                                                            "forced_length_replay.estimates=recorded"])
+    replay = load_replay(cfg.forced_length_replay, 128)
+    assert isinstance(replay, VisitReplay) and replay.mode == "recorded"
+    assert replay.estimate_for(_Draw("p0", "B"), 2) == 3.0 and replay.estimate_for(_Draw("p1", "A"), 2) == 40.5
+    assert replay.forced(_Draw("p1", "A"), 2) == (0, (1, 2))  # the lengths replay as without estimates
+    assert VisitReplay.load(path, cap=128).estimate_for(_Draw("p0", "B"), 2) is None  # mode none
+    bad = _trace(tmp_path, [{"prompt": "A", "visit": 0, "lengths": [1], "estimate": 0}])
+    with pytest.raises(ValueError, match="positive number"):
+        VisitReplay.load(bad, cap=128)
+    partial = _trace(tmp_path, [{"prompt": "A", "visit": 0, "lengths": [1], "estimate": 5},
+                                {"prompt": "B", "visit": 0, "lengths": [1]}])
+    with pytest.raises(ValueError, match="no estimate for every prompt"):
+        VisitReplay.load(partial, cap=128, mode="recorded")

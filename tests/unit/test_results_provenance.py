@@ -196,3 +196,23 @@ def test_set_fleet_part_keeps_the_index(tmp_path):
     assert {k: v["carried_from"]["commit"][0] for k, v in doc["parts"].items()} == {"a": "3", "b": "2"}
     assert doc["provenance"]["commit"] == "3" * 40 and doc["provenance"]["measured_in_this_run"] is False
     assert provenance_problems(doc) == [] and parts_problems(doc, {"a": "a", "b": "b"}) == []
+
+
+def test_a_fleet_subpart_has_its_own_index_entry_and_survives_its_parts_rerun(tmp_path):
+    from bench.report_io import set_fleet_part, set_fleet_subpart
+
+    path = tmp_path / "fleet.json"
+
+    def entry(x: str, commit: str) -> dict:
+        return {"x": x, "provenance": dict(GOOD["provenance"], commit=commit * 40)}
+
+    set_fleet_part(path, "dispatch", entry("blocks", "1"))
+    set_fleet_subpart(path, "dispatch", "run_signals", entry("trace", "2"))
+    set_fleet_part(path, "dispatch", entry("blocks again", "3"))  # fleet_dispatch.py run again
+    doc = json.loads(path.read_text())
+    assert doc["dispatch"]["x"] == "blocks again" and doc["dispatch"]["run_signals"]["x"] == "trace"
+    assert {k: v["carried_from"]["commit"][0] for k, v in doc["parts"].items()} == {"dispatch": "3",
+                                                                                   "dispatch.run_signals": "2"}
+    assert provenance_problems(doc) == []
+    set_fleet_subpart(tmp_path / "new.json", "dispatch", "run_signals", entry("alone", "4"))  # no part yet
+    assert json.loads((tmp_path / "new.json").read_text())["dispatch"]["run_signals"]["x"] == "alone"

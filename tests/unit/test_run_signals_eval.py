@@ -78,3 +78,28 @@ def test_recall_with_ties_counts_every_group_tied_at_the_cap_as_in_the_tail():
     assert ev.recall_with_ties(picks_third_tied, true, 0.2) == 0.5
     assert ev.recall_with_ties([float(x) for x in true], true, 0.2) == 1.0
     assert ev.recall_with_ties(late, true, 0.2) == 0.0
+
+
+def test_the_fleet_workload_is_a_dataset_of_the_trace_and_a_replay_with_each_prompts_estimate(tmp_path):
+    import fleet_run_signals as frs
+
+    from services.common.config import load_config
+    from services.rollout.length_replay import VisitReplay
+
+    trace = _trace(prompts=12, visits=2, size=4)
+    priors = {g["prompt"]: 100.0 + k for k, g in enumerate(trace)}
+    w = frs.workload(trace, priors, tmp_path / "w")
+    assert (w["prompts"], w["visits"], w["group_size"]) == (12, 2, 4)
+    texts = [json.loads(x)["question"] for x in w["train"].read_text().splitlines()]
+    assert sorted(texts) == sorted({g["prompt"] for g in trace})
+    replay = VisitReplay.load(w["replay"], cap=w["cap"], mode="recorded")
+    assert replay.estimates == {p: round(v, 3) for p, v in priors.items()}
+    for variant in ("least_loaded", "alg2+lpt+run_signals", "alg2+lpt+oracle"):
+        cfg = load_config(frs.fd.CONFIG, frs.overrides(w, variant, 2, 4, 0.25, tmp_path / "runs" / variant))
+        assert cfg.task.kind == "dataset" and cfg.task.seed == 2 and cfg.trainer.mode == "sync"
+        assert (cfg.trainer.prompts_per_iteration, cfg.trainer.iterations, cfg.trainer.group_size) == (12, 2, 4)
+        assert cfg.forced_length_replay.file == str(w["replay"])
+        assert cfg.generation.dispatch.run_signals.enabled is (variant == "alg2+lpt+run_signals")
+    mixed = [*trace, {"prompt": trace[0]["prompt"], "visit": 5, "lengths": [1, 2]}]
+    with pytest.raises(SystemExit, match="differ in size"):
+        frs.workload(mixed, priors, tmp_path / "w2")

@@ -9,8 +9,10 @@ into a ``Scored`` (reward and info); the worker adds who scored it and how long 
 answers INVALID_ARGUMENT with its message).
 
 Limits (checked by ``check_request`` before any kind sees the request): ids up to 256
-characters, prompt, action, observation and reference texts up to 4096 characters each, up to
-1024 turns, a dataset row's JSON up to 64 KiB.
+characters, prompt, action, observation and reference texts up to 4096 characters each (the
+environment worker's limit), but a single-turn task's completion (arith, a dataset task) up to
+``MAX_COMPLETION_CHARS`` (a whole response: 1,024 tokens of a long answer are more than 4096
+characters), up to 1024 turns, a dataset row's JSON up to 64 KiB.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from services.common.task_config import MAX_ROW_JSON_CHARS
 
 MAX_ID_CHARS = 256
 MAX_TEXT_CHARS = MAX_ACTION_CHARS  # a prompt, action or observation: the environment worker's limit
+MAX_COMPLETION_CHARS = 1 << 20  # a single-turn task's one completion (<= 4 MB of UTF-8: the service's 16 MB frame)
 MAX_TURNS = 1024  # agentic.max_turns' bound
 SINGLE_TURN_TASKS = ("arith",)  # services.tasks.arith: one completion, no environment
 
@@ -92,12 +95,14 @@ def check_request(request: RewardRequest, extra_tasks: Sequence[str] = ()) -> No
         )
     if len(request.row_json) > MAX_ROW_JSON_CHARS:
         raise InvalidRequest(f"row_json of {len(request.row_json)} characters; the limit is {MAX_ROW_JSON_CHARS}")
-    texts = [("prompt", request.prompt), ("reference", request.reference)]
-    texts += [(f"action {k}", a) for k, a in enumerate(request.actions)]
-    texts += [(f"observation {k}", o) for k, o in enumerate(request.observations)]
-    for name, text in texts:
-        if len(text) > MAX_TEXT_CHARS:
-            raise InvalidRequest(f"{name} of {len(text)} characters; the limit is {MAX_TEXT_CHARS}")
+    single_turn = request.task in SINGLE_TURN_TASKS or request.task in extra_tasks
+    action_limit = MAX_COMPLETION_CHARS if single_turn else MAX_TEXT_CHARS
+    texts = [("prompt", request.prompt, MAX_TEXT_CHARS), ("reference", request.reference, MAX_TEXT_CHARS)]
+    texts += [(f"action {k}", a, action_limit) for k, a in enumerate(request.actions)]
+    texts += [(f"observation {k}", o, MAX_TEXT_CHARS) for k, o in enumerate(request.observations)]
+    for name, text, limit in texts:
+        if len(text) > limit:
+            raise InvalidRequest(f"{name} of {len(text)} characters; the limit is {limit}")
 
 
 class RewardUnavailable(RuntimeError):

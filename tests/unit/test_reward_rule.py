@@ -107,3 +107,15 @@ def test_fields_over_their_limits_are_refused(change, fragment):
     base = dict(request_id="r", task="calculator", seed=0, prompt="", actions=(), observations=())
     with pytest.raises(InvalidRequest, match=fragment.replace("[", r"\[").replace("]", r"\]")):
         RULE.score(RewardRequest(**{**base, **change}))
+
+
+def test_a_single_turn_completion_may_be_a_whole_long_response_but_not_unbounded():
+    from services.reward.protocol import MAX_COMPLETION_CHARS, check_request
+
+    long = "1" * (MAX_TEXT_CHARS + 1)  # e.g. 1,024 tokens of a GSM8K answer: over an environment turn's limit
+    check_request(RewardRequest("r", "arith", 0, "1+1=", (long,), ()))
+    check_request(RewardRequest("r", "gsm8k", 0, "q", (long,), (), reference="2"), extra_tasks=("gsm8k",))
+    with pytest.raises(InvalidRequest, match=f"action 0 of {MAX_COMPLETION_CHARS + 1} characters"):
+        check_request(RewardRequest("r", "arith", 0, "1+1=", ("1" * (MAX_COMPLETION_CHARS + 1),), ()))
+    with pytest.raises(InvalidRequest, match="action 0 of 4097 characters"):  # an environment's turn: its limit
+        check_request(RewardRequest("r", "walk", 0, "", (long,), ("",)))

@@ -126,6 +126,38 @@ def plot_lengths(rows: list[dict], path: Path) -> bool:
     return True
 
 
+def plot_run_signals(rows: list[dict], path: Path) -> bool:
+    """The run's own length estimates (``generation.dispatch.run_signals``) as the run goes: recall@20%
+    of group makespans over the recent closed groups at each iteration, against a random ranking's 0.2."""
+    key = "run_signals_recall_at_20"
+    pts = [(r["iteration"], r[key]) for r in rows if r.get(key) is not None]
+    if not pts:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot([i for i, _ in pts], [x for _, x in pts], marker="o", ms=3, label="run's own estimates")
+    ax.axhline(0.2, color="grey", lw=0.8, ls="--", label="random ranking")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("recall@20% of group makespans")
+    ax.set_title("Length estimates from the run itself (recent closed groups)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _run_signals_lines(rows: list[dict]) -> list[str]:
+    recall = [r["run_signals_recall_at_20"] for r in rows if r.get("run_signals_recall_at_20") is not None]
+    if not recall:
+        return []
+    last = rows[-1]
+    return [f"| run's own length estimates: recall@20% of group makespans, first / last scored iteration (random: "
+            f"0.2) | {recall[0]:.2f} / {recall[-1]:.2f} ({last.get('run_signals_revisits', 0)} groups placed on a "
+            f"revisit; spread sigma {last.get('run_signals_sigma', float('nan')):.2f}) |"]
+
+
 def _bounded_lines(rows: list[dict]) -> list[str]:
     if not any("bound_violations" in r for r in rows):
         return []
@@ -227,6 +259,7 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         f"{max((r['staleness_max'] for r in rows), default=0)} |",
         f"| trainer stall per weight push | {1000 * _mean(rows, 'push_stall_s'):.1f} ms |",
         *_bounded_lines(rows),
+        *_run_signals_lines(rows),
         *_agentic_lines(rows, run_dir),
         "",
         "![learning curve](learning_curve.png)",
@@ -235,6 +268,7 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         "",
         *(["![output-length distribution](lengths.png)", ""] if any(r.get("response_lens") for r in rows) else []),
         *(["![staleness per buffer](staleness.png)", ""] if any("entry_staleness_hist" in r for r in rows) else []),
+        *(["![run's own length estimates](run_signals.png)", ""] if _run_signals_lines(rows) else []),
         *_breakdown_header(summary),
     ]
     for name, final in fin["by_difficulty"].items():
@@ -313,6 +347,7 @@ def write_report(run_dir: Path) -> Path:
                   time_scale=summary["emulated"]["time_scale"] if "emulated" in summary else None)
     plot_staleness(rows, run_dir / "staleness.png")
     plot_lengths(rows, run_dir / "lengths.png")
+    plot_run_signals(rows, run_dir / "run_signals.png")
     path = run_dir / "report.md"
     path.write_text(render_markdown(rows, summary, run_dir))
     return path

@@ -54,6 +54,11 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     assert last["estimated_groups"] == sum(last["instance_groups"]) > 0 and last["dispatched_groups"] > 0
     # the run's own estimates followed every group to its end: closed groups' makespans scored
     assert 0.0 <= last["run_signals_recall_at_20"] <= 1.0 and last["run_signals_sigma"] > 0, last
+    # and the run's report shows their recall as the run went
+    from flows.report import write_report
+
+    report = write_report(tmp_path).read_text()
+    assert "run's own length estimates: recall@20%" in report and (tmp_path / "run_signals.png").stat().st_size > 0
 
 
 @pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)

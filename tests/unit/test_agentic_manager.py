@@ -155,7 +155,10 @@ class FlakyEnv:
                                                  ("NOT_FOUND", 1, True), ("HANG", 1, False), ("HANG", 3, True)])
 def test_failed_steps_are_retried_then_dropped_and_counted(code, fail, dropped, monkeypatch):
     monkeypatch.setattr("services.agentic.manager.TIMEOUT_GRACE_S", 0.0)
-    cfg = agentic("agentic.step_retries=2", "agentic.retry_backoff_s=0.01", "agentic.step_timeout_s=0.2")
+    # the timeout is for the injected hangs; a real step (a thread-pool hop) must never meet it, however
+    # busy the machine (at 0.2 s a loaded CI machine timed one out: a third failure, the trajectory dropped)
+    timeout = 1.0 if code == "HANG" else 30.0
+    cfg = agentic("agentic.step_retries=2", "agentic.retry_backoff_s=0.01", f"agentic.step_timeout_s={timeout}")
     scripts = calc_scripts(cfg, [0, 1])
     with ThreadPoolExecutor(4) as ex:
         table = SessionTable(cfg)

@@ -78,6 +78,10 @@ def test_recall_with_ties_counts_every_group_tied_at_the_cap_as_in_the_tail():
     assert ev.recall_with_ties(picks_third_tied, true, 0.2) == 0.5
     assert ev.recall_with_ties([float(x) for x in true], true, 0.2) == 1.0
     assert ev.recall_with_ties(late, true, 0.2) == 0.0
+    assert ev.random_with_ties(true, 0.2) == 0.3  # three of ten in the tail with its ties: a random pick's chance
+    assert ev.random_with_ties(list(range(10)), 0.2) == 0.2
+    assert ev.goal_met(0.75, 0.3) is True and ev.goal_met(0.5, 0.3) is False
+    assert ev.goal_met(1.0, 1.0) is None and ev.goal_met(None, 0.3) is None  # chance reaches it: not judged
 
 
 def test_the_fleet_workload_is_a_dataset_of_the_trace_and_a_replay_with_each_prompts_estimate(tmp_path):

@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if not trace_path.is_file():
         raise SystemExit(f"bench/fleet_run_signals.py: no trace at {trace_path} (bench/run_signals_trace.py)")
 
-    from bench.run_signals_eval import cross_fitted, load
+    from bench.run_signals_eval import complete_visits, cross_fitted, load
 
-    trace = load(trace_path)
+    trace = complete_visits(load(trace_path))  # one whole visit a step
     w = workload(trace, cross_fitted(trace, PRIOR["kind"], PRIOR["folds"], PRIOR["seed"]), Path(ns.work))
     settings = {"instances": ns.instances, "rounds": ns.rounds, "time_scale": ns.time_scale, "variants": variants,
                 "quick": ns.quick, "prior": PRIOR, "prompts_per_iteration": w["prompts"], "iterations": w["visits"]}

@@ -5,11 +5,13 @@ several visits while it trains).
 Declared before the run (``DECLARED``): for every group of the trace, in draw order, each estimator
 predicts the group's **makespan** (its longest sample, what holds a step back); scored per visit over
 all of that visit's groups by recall@20% and Kendall's tau, then the mean over the visits that have a
-history (visit >= 1). Recall@20% two ways: ``recall_at_20`` is StreamRL's (``ranker.metrics.recall_at``:
-ties in the truth broken by position), ``recall_at_20_ties`` counts a predicted long group as a hit when
-its makespan is at least the true top fifth's smallest, so groups tied at the cap (``max_new_tokens``;
-about a quarter of 8-sample groups in the pilot) are all in the tail rather than some of them by their
-position in the file. The goal is judged on ``recall_at_20_ties`` (declared with the 1,024-token recipe,
+history (visit >= 1); only whole visits count (``complete_visits``: every question of the trace has
+them; the recording's one-step run draws ahead, so its last visit may be partial). Recall@20% two ways:
+``recall_at_20`` is StreamRL's (``ranker.metrics.recall_at``: ties in the truth broken by position),
+``recall_at_20_ties`` counts a predicted long group as a hit when its makespan is at least the true top
+fifth's smallest, so groups tied at the cap (``max_new_tokens``; about a quarter of 8-sample groups in
+the pilot) are all in the tail rather than some of them by their position in the file. The goal is
+judged on ``recall_at_20_ties`` (declared with the 1,024-token recipe,
 before the recording); the other is reported beside it, and so is a random ranking's expected
 ``recall_at_20_ties`` (the tail's share with its ties): when that reaches the goal the goal is not
 judged (``goal_met`` None). Estimators
@@ -69,6 +71,18 @@ def load(path: Path) -> list[dict]:
                 and all(isinstance(n, int) and n > 0 for n in r["lengths"])):
             raise SystemExit(f"{path}: row {i} is not a trace group (prompt, visit, lengths > 0)")
     return rows
+
+
+def complete_visits(groups: list[dict]) -> list[dict]:
+    """The groups of the visits every question of the trace has (the recording's one-step run draws
+    ahead, so its last visit may be partly recorded): a visit is a pass over all of the questions."""
+    prompts = {g["prompt"] for g in groups}
+    seen: dict[int, set[str]] = {}
+    for g in groups:
+        seen.setdefault(g["visit"], set()).add(g["prompt"])
+    whole = [v for v in sorted(seen) if seen[v] == prompts]
+    keep = set(whole[:next((k for k, v in enumerate(whole) if v != k), len(whole))])  # 0, 1, ... unbroken
+    return [g for g in groups if g["visit"] in keep]
 
 
 def cross_fitted(groups: list[dict], kind: str, folds: int, seed: int) -> dict[str, float]:
@@ -214,14 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     trace = Path(ns.trace)
     if not trace.is_file():
         raise SystemExit(f"bench/run_signals_eval.py: no trace at {trace} (record one: bench/run_signals_trace.py)")
-    groups = load(trace)
+    recorded = load(trace)
+    groups = complete_visits(recorded)
     priors = evaluate(groups)
     metric = DECLARED["goal_metric"]
     best = max(priors, key=lambda k: priors[k]["text"][metric] or 0.0)
     both = priors[best]["both"][metric]
     result = {
         "trace": {"file": shown_path(trace),
-                  "groups": len(groups), "prompts": len({g["prompt"] for g in groups}),
+                  "groups": len(groups), "groups_of_partial_visits_left_out": len(recorded) - len(groups),
+                  "prompts": len({g["prompt"] for g in groups}),
                   "visits": 1 + max(g["visit"] for g in groups), "group_size": len(groups[0]["lengths"])},
         "declared": DECLARED, "priors": priors, "best_text_prior": best,
         "run_signals_recall_at_20": both, "goal_met": goal_met(both, priors[best]["both"]["random_recall_at_20_ties"]),

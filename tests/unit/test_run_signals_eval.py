@@ -107,3 +107,12 @@ def test_the_fleet_workload_is_a_dataset_of_the_trace_and_a_replay_with_each_pro
     mixed = [*trace, {"prompt": trace[0]["prompt"], "visit": 5, "lengths": [1, 2]}]
     with pytest.raises(SystemExit, match="differ in size"):
         frs.workload(mixed, priors, tmp_path / "w2")
+
+
+def test_only_whole_visits_count():
+    trace = _trace(prompts=6, visits=3, size=2)
+    partial = [g for g in trace if g["visit"] < 2] + [g for g in trace if g["visit"] == 2][:4]  # drawn ahead
+    assert ev.complete_visits(partial) == [g for g in partial if g["visit"] < 2]
+    assert ev.complete_visits(trace) == trace
+    gap = [g for g in trace if g["visit"] != 1]  # visit 2 whole but 1 missing: 2 is not the next visit
+    assert ev.complete_visits(gap) == [g for g in trace if g["visit"] == 0]

@@ -7,30 +7,34 @@ Everything works on raw bytes: an element is ``itemsize`` bytes (2 for bfloat16/
 float32, from the manifest's dtype) compared bit for bit, so ``-0.0`` vs ``0.0`` or a NaN payload
 counts as a change and the applied result is bit-identical to the new version.
 
-Each frame starts with ``MAGIC``, ``FORMAT`` and its kind (fields: ``_VERSION``, ``_TENSOR``). The
-version frame names the base and new versions, their version digests as the full push computes
-them (SHA-256 over the chunk digests of the manifest's plan), the chunk digest algorithm,
-``chunk_bytes`` and the manifest's fingerprint. A tensor frame carries the tensor's index and name,
-element size and count, the changed count, the mode and codec, the payload's size inflated and as
-sent, and an xxh3_64 of the payload. The payload is an index section, then the new values of the
-changed elements in index order, byte plane by byte plane (a float's exponent bytes sit together,
-which is what makes them deflate). Per tensor the encoder takes the smallest raw payload of:
+Each frame starts with ``MAGIC``, ``FORMAT`` and its kind (fields: ``_VERSION``, ``_TENSOR``); a
+reader refuses any other format, older or newer. The version frame names the base and new
+versions, their version digests as the full push computes them (SHA-256 over the chunk digests of
+the manifest's plan), the chunk digest algorithm, ``chunk_bytes`` and the manifest's fingerprint. A
+tensor frame carries the tensor's index and name, element size and count, the changed count, the
+mode, the value coding and the codec, the index section's size, the payload's size inflated and as
+sent, and an xxh3_64 of the payload. The payload is an index section, then a value section
+(``services.weights.delta_values``): the changed elements' new values byte plane by byte plane
+(``planes``), or their differences from the base's values as zigzag varints (``diff_varints``) or
+zigzag byte planes (``diff_planes``). The index section's mode is one of:
 
 - ``gaps``: LEB128 varints of the gaps between changed indices (the first index, then
   ``index[i] - index[i-1] - 1``): about one byte per change when changes are dense enough;
 - ``bitmap``: one bit per element (``ceil(count / 8)`` bytes), for changes too dense for gaps;
-- ``whole``: the tensor's new bytes, no index, when more than ``1 - 1 / (8 * itemsize)`` of it
-  changed (94% for bfloat16, 97% for float32): from there a bitmap costs more than it saves.
+- ``whole``: no index, every element's value (or difference, zero where unchanged) is sent.
 
-The payload is then deflated (zlib, level ``level``) and kept so only when that saves
-``COMPRESS_MIN_GAIN``; the lock has no zstd or lz4.
+Per value coding the encoder takes the mode with the smallest raw payload, deflates the payload
+(zlib, level ``level``; kept so only when that saves ``COMPRESS_MIN_GAIN``; the lock has no zstd or
+lz4), and sends the coding whose payload came out smallest (ties: ``planes``, which applies without
+reading the base). ``codings`` narrows the choice (``("planes",)``: format 1's values).
 
 Checks, and what a refusal leaves behind:
 
-- ``apply`` (one tensor) parses and checks the whole frame (lengths, checksum, mode, inflated size,
-  every index in range, bitmap padding, base size and writability) before it writes a byte: a
-  refused frame leaves the base untouched. Every refusal is a ``DeltaError`` (a ``WeightError``,
-  so the gRPC edge maps its kind); nothing raises ``IndexError`` or ``struct.error``.
+- ``apply`` (one tensor) parses and checks the whole frame (lengths, checksum, mode, coding,
+  section sizes, inflated size, every index in range, bitmap padding, every varint complete and in
+  range, a difference for every changed element, base size and writability) before it writes a
+  byte: a refused frame leaves the base untouched. Every refusal is a ``DeltaError`` (a
+  ``WeightError``, so the gRPC edge maps its kind); nothing raises ``IndexError`` or ``struct.error``.
 - ``apply_version`` refuses a delta whose base is not the held version (``DeltaBaseMismatch``:
   another version number or digest) before anything else, then decodes and checks every tensor
   frame before writing any (a truncated or mismatched delta leaves the base untouched), writes
@@ -52,30 +56,23 @@ from typing import Literal
 import numpy as np
 import xxhash
 
-from services.common.weights import DIGEST_ALGOS, Manifest, TensorSpec, WeightError, chunk_digest, version_digest
+from services.common.weights import DIGEST_ALGOS, Manifest, TensorSpec, chunk_digest, version_digest
+from services.weights import delta_values as V
+from services.weights.delta_values import CODINGS, Coding, DeltaError
 
-FORMAT = 1
+FORMAT = 2  # 1: values as planes only, no value coding or index size in the tensor header
 MAGIC = b"BRDD"
 _KIND_VERSION, _KIND_TENSOR = 1, 2
 Mode = Literal["gaps", "bitmap", "whole"]
 MODES: tuple[Mode, ...] = ("gaps", "bitmap", "whole")
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 COMPRESS_MIN_GAIN = 0.02  # deflated output kept only if it saves this share: inflating costs the receiver CPU
 COMPRESS_MIN_BYTES = 256  # below this zlib's own framing eats the gain
-_MAX_VARINT = 10  # bytes of a LEB128 uint64
 
-# magic, format, kind, mode, codec, itemsize, index, count, changed, raw bytes, payload bytes, xxh3_64, name length
-_TENSOR = struct.Struct("<4sBBBBBIQQQQQH")
+# magic, format, kind, mode, value coding, codec, itemsize, index, count, changed, index bytes, raw bytes,
+# payload bytes, xxh3_64, name length
+_TENSOR = struct.Struct("<4sBBBBBBIQQQQQQH")
 # magic, format, kind, base version, version, chunk_bytes, tensors
 _VERSION = struct.Struct("<4sBBqqQI")
-
-
-class DeltaError(WeightError):
-    """A delta is malformed, truncated, or does not fit what it is applied to (kind ``argument``
-    unless a subclass says otherwise)."""
-
-    def __init__(self, message: str, kind: str = "argument") -> None:
-        super().__init__(kind, message)
 
 
 class DeltaBaseMismatch(DeltaError):
@@ -102,7 +99,9 @@ class TensorDelta:
     count: int  # elements in the tensor
     changed: int  # elements that differ from the base (all of them are written in ``whole`` mode)
     mode: Mode
+    coding: Coding
     compressed: bool
+    index_bytes: int  # the index section's size; the value section is the rest of the inflated payload
     raw_bytes: int  # the payload's size inflated
     payload: bytes | memoryview
     frame_bytes: int
@@ -135,60 +134,18 @@ class Applied:
 
 @dataclass(frozen=True)
 class _Plan:
-    """A decoded, checked tensor delta: the positions to write (None: the whole tensor) and values."""
+    """A decoded, checked tensor delta: the positions to write (None: the whole tensor) and the new
+    values there, or (``diff``) the zigzag differences to add to the base's values."""
 
     positions: np.ndarray | None
     values: np.ndarray
     changed: int
+    diff: bool
 
 
 def itemsize_of(dtype: str) -> int:
     """Bytes per element of a manifest dtype name."""
     return TensorSpec(dtype, ()).nbytes
-
-
-# ---------------------------------------------------------------------------------------------- varints
-def _varint_lengths(values: np.ndarray) -> np.ndarray:
-    """Bytes of each value's LEB128 encoding (values: uint64)."""
-    lengths = np.ones(len(values), dtype=np.int64)
-    for j in range(1, _MAX_VARINT):
-        lengths += values >= np.uint64(1 << (7 * j))
-    return lengths
-
-
-def _encode_varints(values: np.ndarray) -> bytes:
-    """LEB128 of every value (uint64), back to back, built a byte position at a time."""
-    values = values.astype(np.uint64, copy=False)
-    lengths = _varint_lengths(values)
-    out = np.empty(int(lengths.sum()), dtype=np.uint8)
-    starts = np.cumsum(lengths) - lengths
-    for j in range(int(lengths.max(initial=0))):
-        has = lengths > j
-        byte = (values[has] >> np.uint64(7 * j)) & np.uint64(0x7F)
-        more = (lengths[has] > j + 1).astype(np.uint64) << np.uint64(7)
-        out[starts[has] + j] = (byte | more).astype(np.uint8)
-    return out.tobytes()
-
-
-def _decode_varints(buf: np.ndarray, n: int, max_len: int) -> np.ndarray:
-    """Exactly ``n`` LEB128 values of at most ``max_len`` bytes each filling ``buf`` (uint8)."""
-    if n == 0:
-        if len(buf):
-            raise DeltaError(f"{len(buf)} index bytes for no changed element")
-        return np.zeros(0, dtype=np.uint64)
-    ends = np.flatnonzero((buf & 0x80) == 0)
-    if len(ends) != n or ends[-1] != len(buf) - 1:
-        raise DeltaError(f"index section holds {len(ends)} complete varints (last ends at byte "
-                         f"{ends[-1] + 1 if len(ends) else 0} of {len(buf)}), expected {n}")
-    starts = np.empty(n, dtype=np.int64)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    lengths = ends - starts + 1
-    if int(lengths.max()) > max_len:
-        raise DeltaError(f"an index gap of {int(lengths.max())} varint bytes: longer than the tensor allows")
-    shift = (np.arange(len(buf), dtype=np.int64) - np.repeat(starts, lengths)) * 7
-    parts = (buf & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
-    return np.bitwise_or.reduceat(parts, starts)
 
 
 # ------------------------------------------------------------------------------------------ one tensor
@@ -201,12 +158,12 @@ def _bytes(buf, what: str) -> memoryview:
 
 
 def _elements(buf, itemsize: int, what: str) -> np.ndarray:
-    if itemsize not in _UINT:
-        raise DeltaError(f"element size {itemsize} is not one of {sorted(_UINT)}")
+    if itemsize not in V.UINT:
+        raise DeltaError(f"element size {itemsize} is not one of {sorted(V.UINT)}")
     mv = _bytes(buf, what)
     if len(mv) % itemsize:
         raise DeltaError(f"{what} has {len(mv)} bytes, not a whole number of {itemsize}-byte elements")
-    return np.frombuffer(mv, dtype=_UINT[itemsize])
+    return np.frombuffer(mv, dtype=V.UINT[itemsize])
 
 
 def changed_positions(prev, new, itemsize: int) -> np.ndarray:
@@ -217,52 +174,65 @@ def changed_positions(prev, new, itemsize: int) -> np.ndarray:
     return np.flatnonzero(a != b)
 
 
-def choose_mode(count: int, changed: int, gap_bytes: int, itemsize: int) -> Mode:
-    """The mode with the smallest raw payload (ties: the cheaper one to apply, ``whole`` first)."""
-    sizes = {"whole": count * itemsize, "bitmap": -(-count // 8) + changed * itemsize,
-             "gaps": gap_bytes + changed * itemsize}
+def choose_mode(count: int, changed: int, gap_bytes: int, value_bytes: int, unchanged_cost: int) -> Mode:
+    """The mode with the smallest raw payload (ties: the cheaper one to apply, ``whole`` first), given
+    the changed values' bytes and what each unchanged element costs in ``whole`` mode."""
+    sizes = {"whole": value_bytes + (count - changed) * unchanged_cost,
+             "bitmap": -(-count // 8) + value_bytes, "gaps": gap_bytes + value_bytes}
     return min(("whole", "bitmap", "gaps"), key=lambda m: sizes[m])  # type: ignore[return-value]
 
 
-def _planes(values: np.ndarray, itemsize: int) -> bytes:
-    """Values' bytes byte plane by byte plane."""
-    return values.view(np.uint8).reshape(len(values), itemsize).T.tobytes()
-
-
-def _unplanes(raw: np.ndarray, itemsize: int) -> np.ndarray:
-    n = len(raw) // itemsize
-    return np.ascontiguousarray(raw.reshape(itemsize, n).T).view(_UINT[itemsize]).reshape(n)
-
-
-def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: int = 1) -> bytes:
-    """The tensor frame turning ``prev`` (bytes of the base's tensor) into ``new``; ``level``: zlib
-    level (0: never deflate)."""
-    name_b = name.encode()
-    if len(name_b) > 0xFFFF or not 0 <= index < 1 << 32:
-        raise DeltaError(f"tensor name of {len(name_b)} bytes or index {index} does not fit a frame")
-    new_el = _elements(new, itemsize, "new tensor")
-    pos = changed_positions(prev, new, itemsize)
-    count, changed = len(new_el), len(pos)
-    gaps_u = (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
-    mode = choose_mode(count, changed, int(_varint_lengths(gaps_u).sum()), itemsize)
-    if mode == "whole":
-        raw = _planes(new_el, itemsize)
-    else:
-        if mode == "gaps":
-            head = _encode_varints(gaps_u)
-        else:
-            mask = np.zeros(count, dtype=bool)
-            mask[pos] = True
-            head = np.packbits(mask, bitorder="little").tobytes()
-        raw = head + _planes(new_el[pos], itemsize)
-    payload, codec = raw, 0
+def _deflated(raw: bytes, level: int) -> tuple[bytes, int]:
+    """The payload as sent and its codec (1: zlib) when deflating saves ``COMPRESS_MIN_GAIN``."""
     if level > 0 and len(raw) >= COMPRESS_MIN_BYTES:
         packed = zlib.compress(raw, level)
         if len(packed) <= len(raw) * (1 - COMPRESS_MIN_GAIN):
-            payload, codec = packed, 1
-    head = _TENSOR.pack(MAGIC, FORMAT, _KIND_TENSOR, MODES.index(mode), codec, itemsize, index, count, changed,
-                        len(raw), len(payload), xxhash.xxh3_64_intdigest(payload), len(name_b))
-    return b"".join((head, name_b, payload))
+            return packed, 1
+    return raw, 0
+
+
+def _payload(old: np.ndarray, new: np.ndarray, pos: np.ndarray, mode: Mode, coding: Coding,
+             gaps: np.ndarray) -> tuple[bytes, bytes]:
+    """The index section and the value section of one mode and coding."""
+    if mode == "whole":
+        return b"", V.encode_values(coding, new, V.zigzag_diff(old, new) if coding != "planes" else new)
+    if mode == "gaps":
+        head = V.encode_varints(gaps)
+    else:
+        mask = np.zeros(len(new), dtype=bool)
+        mask[pos] = True
+        head = np.packbits(mask, bitorder="little").tobytes()
+    changed = new[pos]
+    return head, V.encode_values(coding, changed, V.zigzag_diff(old[pos], changed) if coding != "planes" else changed)
+
+
+def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: int = 1,
+           codings: Sequence[Coding] = CODINGS) -> bytes:
+    """The tensor frame turning ``prev`` (bytes of the base's tensor) into ``new``; ``level``: zlib
+    level (0: never deflate); ``codings``: the value codings to choose from (the smallest wins)."""
+    name_b = name.encode()
+    if len(name_b) > 0xFFFF or not 0 <= index < 1 << 32:
+        raise DeltaError(f"tensor name of {len(name_b)} bytes or index {index} does not fit a frame")
+    if not codings or any(c not in CODINGS for c in codings):
+        raise DeltaError(f"value codings {list(codings)}: choose from {list(CODINGS)}")
+    old_el, new_el = _elements(prev, itemsize, "previous tensor"), _elements(new, itemsize, "new tensor")
+    pos = changed_positions(old_el, new_el, itemsize)
+    count, changed = len(new_el), len(pos)
+    gaps = (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
+    gap_bytes = int(V.varint_lengths(gaps).sum())
+    zz = V.zigzag_diff(old_el[pos], new_el[pos]) if set(codings) - {"planes"} else new_el[:0]
+    best = None
+    for coding in (c for c in CODINGS if c in codings):  # ``planes`` first: it wins ties
+        mode = choose_mode(count, changed, gap_bytes, *V.cost(coding, zz if coding != "planes" else new_el[pos]))
+        head, values = _payload(old_el, new_el, pos, mode, coding, gaps)
+        payload, codec = _deflated(head + values, level)
+        if best is None or len(payload) < len(best[-1]):
+            best = (mode, coding, codec, len(head), len(head) + len(values), payload)
+    mode, coding, codec, index_bytes, raw_bytes, payload = best
+    header = _TENSOR.pack(MAGIC, FORMAT, _KIND_TENSOR, MODES.index(mode), CODINGS.index(coding), codec, itemsize,
+                          index, count, changed, index_bytes, raw_bytes, len(payload),
+                          xxhash.xxh3_64_intdigest(payload), len(name_b))
+    return b"".join((header, name_b, payload))
 
 
 def _check_magic(mv: memoryview, kind: int, what: str, header: int) -> None:
@@ -270,7 +240,9 @@ def _check_magic(mv: memoryview, kind: int, what: str, header: int) -> None:
         raise DeltaError(f"not a delta frame (starts {bytes(mv[:6])!r}, expected {MAGIC!r}, format, kind)")
     _, fmt, got = struct.unpack_from("<4sBB", mv)
     if fmt != FORMAT:
-        raise DeltaError(f"delta frame format {fmt}; this reader knows format {FORMAT}")
+        age = "an older" if fmt < FORMAT else "a newer"
+        raise DeltaError(f"delta frame format {fmt} ({age} codec's); this reader knows format {FORMAT} only: "
+                         "re-encode the delta with this codec or take a full version")
     if got != kind:
         raise DeltaError(f"frame of kind {got} where a {what} frame (kind {kind}) was expected")
     if len(mv) < header:
@@ -281,12 +253,14 @@ def decode(frame) -> TensorDelta:
     """Parse a tensor frame's header and check its length and payload checksum."""
     mv = _bytes(frame, "tensor frame")
     _check_magic(mv, _KIND_TENSOR, "tensor", _TENSOR.size)
-    _, _, _, mode, codec, itemsize, index, count, changed, raw, size, check, name_len = _TENSOR.unpack_from(mv)
+    (_, _, _, mode, coding, codec, itemsize, index, count, changed, index_bytes, raw, size, check,
+     name_len) = _TENSOR.unpack_from(mv)
     want = _TENSOR.size + name_len + size
     if len(mv) != want:
         raise DeltaError(f"tensor frame {index} has {len(mv)} bytes, its header says {want} (truncated or overlong)")
-    if mode >= len(MODES) or codec > 1 or itemsize not in _UINT:
-        raise DeltaError(f"tensor frame {index}: unknown mode {mode}, codec {codec} or element size {itemsize}")
+    if mode >= len(MODES) or coding >= len(CODINGS) or codec > 1 or itemsize not in V.UINT:
+        raise DeltaError(f"tensor frame {index}: unknown mode {mode}, value coding {coding}, codec {codec} or "
+                         f"element size {itemsize}")
     if changed > count:
         raise DeltaError(f"tensor frame {index}: {changed} changed elements of {count}")
     payload = mv[_TENSOR.size + name_len :]
@@ -296,7 +270,8 @@ def decode(frame) -> TensorDelta:
         name = bytes(mv[_TENSOR.size : _TENSOR.size + name_len]).decode()
     except UnicodeDecodeError:
         raise DeltaError(f"tensor frame {index}: its name is not UTF-8") from None
-    return TensorDelta(index, name, itemsize, count, changed, MODES[mode], codec == 1, raw, payload, len(mv))
+    return TensorDelta(index, name, itemsize, count, changed, MODES[mode], CODINGS[coding], codec == 1, index_bytes,
+                       raw, payload, len(mv))
 
 
 def _inflate(d: TensorDelta) -> np.ndarray:
@@ -315,30 +290,26 @@ def _inflate(d: TensorDelta) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8)
 
 
-def _index_bytes(d: TensorDelta) -> int:
-    """Size of the index section the mode implies; raises when the payload size cannot be right."""
-    values = d.count * d.itemsize if d.mode == "whole" else d.changed * d.itemsize
-    head = {"whole": 0, "bitmap": -(-d.count // 8), "gaps": d.raw_bytes - values}[d.mode]
-    if d.raw_bytes != head + values or (d.mode == "gaps" and not d.changed <= head <= d.changed * _MAX_VARINT):
-        raise DeltaError(f"tensor {d.name!r}: {d.raw_bytes} payload bytes cannot hold {d.changed} of {d.count} "
-                         f"elements in mode {d.mode}")
-    return head
+def _check_sections(d: TensorDelta) -> None:
+    """Refuse section sizes the mode, coding and counts cannot have (before inflating anything)."""
+    head, n = d.index_bytes, d.count if d.mode == "whole" else d.changed
+    max_gap = V.varint_max_len(max(d.count, 1).bit_length())
+    fits = {"whole": head == 0, "bitmap": head == -(-d.count // 8),
+            "gaps": d.changed <= head <= d.changed * max_gap}[d.mode]
+    if not fits or head > d.raw_bytes or not V.value_bytes_fit(d.coding, d.raw_bytes - head, n, d.itemsize):
+        raise DeltaError(f"tensor {d.name!r}: {d.raw_bytes} payload bytes ({head} of index) cannot hold {d.changed} "
+                         f"of {d.count} elements in mode {d.mode} with values {d.coding}")
 
 
-def _plan(d: TensorDelta) -> _Plan:
-    """Inflate and check a tensor delta completely: every position in range, values of the right size."""
-    head = _index_bytes(d)
-    raw = _inflate(d)
-    values = _unplanes(raw[head:], d.itemsize)
-    if d.mode == "whole":
-        return _Plan(None, values, d.changed)
+def _positions(d: TensorDelta, index: np.ndarray) -> np.ndarray:
+    """The changed elements' positions (int64, ascending, in range) from the index section."""
     if d.mode == "bitmap":
-        bits = np.unpackbits(raw[:head], bitorder="little")
+        bits = np.unpackbits(index, bitorder="little")
         if bits[d.count :].any():
             raise DeltaError(f"tensor {d.name!r}: bitmap bits set past its {d.count} elements")
         pos = np.flatnonzero(bits[: d.count])
     else:
-        gaps = _decode_varints(raw[:head], d.changed, int(_varint_lengths(np.array([d.count], np.uint64))[0]))
+        gaps = V.decode_varints(index, d.changed, V.varint_max_len(max(d.count, 1).bit_length()))
         if d.changed and int(gaps.max()) >= d.count:
             raise DeltaError(f"tensor {d.name!r}: index gap {int(gaps.max())} out of range ({d.count} elements)")
         pos = (np.cumsum(gaps + np.uint64(1)) - np.uint64(1)).astype(np.int64)
@@ -346,7 +317,22 @@ def _plan(d: TensorDelta) -> _Plan:
         last = int(pos[-1]) if len(pos) else -1
         raise DeltaError(f"tensor {d.name!r}: {len(pos)} positions (last {last}) for {d.changed} changed "
                          f"elements of {d.count}: index out of range")
-    return _Plan(pos, values, d.changed)
+    return pos
+
+
+def _plan(d: TensorDelta) -> _Plan:
+    """Inflate and check a tensor delta completely: every position in range, values of the right size,
+    a nonzero difference exactly where an element changed."""
+    _check_sections(d)
+    raw = _inflate(d)
+    values = V.decode_values(d.coding, raw[d.index_bytes :], d.count if d.mode == "whole" else d.changed, d.itemsize)
+    pos = None if d.mode == "whole" else _positions(d, raw[: d.index_bytes])
+    diff = d.coding != "planes"
+    if diff:
+        nonzero = int(np.count_nonzero(values))
+        if nonzero != d.changed:
+            raise DeltaError(f"tensor {d.name!r}: {nonzero} nonzero differences for {d.changed} changed elements")
+    return _Plan(pos, values, d.changed, diff)
 
 
 def _target(base, d: TensorDelta) -> np.ndarray:
@@ -356,14 +342,12 @@ def _target(base, d: TensorDelta) -> np.ndarray:
     if len(mv) != d.count * d.itemsize:
         raise DeltaError(f"tensor {d.name!r}: base of {len(mv)} bytes, the delta is for "
                          f"{d.count} x {d.itemsize} = {d.count * d.itemsize}")
-    return np.frombuffer(mv, dtype=_UINT[d.itemsize])
+    return np.frombuffer(mv, dtype=V.UINT[d.itemsize])
 
 
 def _write(target: np.ndarray, plan: _Plan) -> None:
-    if plan.positions is None:
-        target[:] = plan.values
-    else:
-        target[plan.positions] = plan.values
+    where = slice(None) if plan.positions is None else plan.positions
+    target[where] = V.unzigzag_add(target[where], plan.values) if plan.diff else plan.values
 
 
 def apply(base, delta) -> int:
@@ -489,7 +473,7 @@ def apply_version(manifest: Manifest, base, frames: Sequence, *, held_version: i
     plans = _checked_plans(manifest, frames[1:])
     for t, plan in zip(manifest.tensors, plans, strict=True):
         if t.nbytes:
-            _write(np.frombuffer(view[t.offset : t.offset + t.nbytes], dtype=_UINT[itemsize_of(t.dtype)]), plan)
+            _write(np.frombuffer(view[t.offset : t.offset + t.nbytes], dtype=V.UINT[itemsize_of(t.dtype)]), plan)
     chunks, digest = version_digests(manifest, view, header.algo)
     if digest != header.digest:
         raise DeltaDigestMismatch(

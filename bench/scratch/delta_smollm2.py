@@ -5,8 +5,11 @@ Three AdamW steps (the trainer's settings, ``services/trainer/learner.py``: lr 2
 and eps, weight decay 0, gradients clipped to norm 1.0) on a random-token batch (causal LM loss),
 one thread. After each step, per dtype: the share of elements whose bytes changed and the encoded
 delta's bytes as a share of the full version's (the trainer's state dict, tied ``lm_head.weight``
-included, as ``manifest_of`` lays it out). Each tensor's frame is applied to the previous image and
-the result's chunk digests give the version digest, checked against the new image's.
+included, as ``manifest_of`` lays it out), under two definitions: ``planes_only`` (the changed
+values' new bytes, byte plane by byte plane: format 1's values, ``codings=("planes",)``) and
+``value_codings`` (format 2's choice per tensor of planes, zigzag difference varints or difference
+planes). Each tensor's frame is applied to the previous image and the result's chunk digests give
+the version digest, checked against the new image's.
 
 Lean on memory (the machine it ran on had ~3 GB free): AdamW's moments and the previous images live
 in file-backed maps under ``--scratch`` (the kernel can write them back), and versions are encoded
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -50,42 +54,49 @@ def _raw(tensor, dtype) -> np.ndarray:
     return tensor.detach().to(dtype).contiguous().view(-1).view(torch.uint8).numpy()
 
 
+DEFINITIONS = {"planes_only": ("planes",), "value_codings": None}  # format 1's values; format 2's choice
+
+
 def _step_delta(manifest, state, dtype, prev: np.memmap, level: int) -> dict:
-    """Encode every tensor's delta from ``prev`` (updated to the new image), apply it to a copy of
-    ``prev``, and compare the applied version's digest with the new image's."""
+    """Encode every tensor's delta from ``prev`` (updated to the new image) under both definitions,
+    apply each to a copy of ``prev``, and compare the applied versions' digests with the new image's."""
     from services.common.weights import chunk_digest, version_digest
     from services.weights import delta as D
 
-    out = dict(changed=0, elements=0, delta_bytes=0, raw_bytes=0, modes={}, encode_cpu_s=0.0, apply_cpu_s=0.0)
-    applied_d, new_d = [], []
+    out = {k: dict(changed=0, delta_bytes=0, raw_bytes=0, modes={}, codings={}, encode_cpu_s=0.0, apply_cpu_s=0.0)
+           for k in DEFINITIONS}
+    applied_d, new_d, elements = {k: [] for k in DEFINITIONS}, [], 0
     for i, t in enumerate(manifest.tensors):
         new = _raw(state[t.name], dtype)
         old = prev[t.offset : t.offset + t.nbytes]
         size = D.itemsize_of(t.dtype)
-        t0 = time.process_time()
-        frame = D.encode(old, new, size, index=i, name=t.name, level=level)
-        out["encode_cpu_s"] += time.process_time() - t0
-        base = bytearray(old)
-        t0 = time.process_time()
-        out["changed"] += D.apply(base, frame)
-        out["apply_cpu_s"] += time.process_time() - t0
-        d = D.decode(frame)
-        out["modes"][d.mode] = out["modes"].get(d.mode, 0) + 1
-        out["elements"] += t.nbytes // size
-        out["delta_bytes"] += len(frame)
-        out["raw_bytes"] += d.raw_bytes
-        for r in (r for r in manifest.plan if r.name == t.name):
-            span = slice(r.tensor_offset, r.tensor_offset + r.length)
-            applied_d.append(chunk_digest(memoryview(base)[span]))
-            new_d.append(chunk_digest(new[span]))
+        spans = [slice(r.tensor_offset, r.tensor_offset + r.length) for r in manifest.plan if r.name == t.name]
+        for k, codings in DEFINITIONS.items():
+            o = out[k]
+            t0 = time.process_time()
+            frame = D.encode(old, new, size, index=i, name=t.name, level=level, codings=codings or D.CODINGS)
+            o["encode_cpu_s"] += time.process_time() - t0
+            base = bytearray(old)
+            t0 = time.process_time()
+            o["changed"] += D.apply(base, frame)
+            o["apply_cpu_s"] += time.process_time() - t0
+            d = D.decode(frame)
+            o["modes"][d.mode] = o["modes"].get(d.mode, 0) + 1
+            o["codings"][d.coding] = o["codings"].get(d.coding, 0) + 1
+            o["delta_bytes"] += len(frame)
+            o["raw_bytes"] += d.raw_bytes
+            applied_d[k].extend(chunk_digest(memoryview(base)[span]) for span in spans)
+            del base, frame, d
+        new_d.extend(chunk_digest(new[span]) for span in spans)
+        elements += t.nbytes // size
         old[:] = new
-    out["digest_equal"] = version_digest(applied_d) == version_digest(new_d)
-    out["full_bytes"] = manifest.total_bytes
-    out["changed_fraction"] = out["changed"] / out["elements"]
-    out["byte_share"] = out["delta_bytes"] / manifest.total_bytes
-    out["byte_share_before_zlib"] = out["raw_bytes"] / manifest.total_bytes
-    out["encode_cpu_s"], out["apply_cpu_s"] = round(out["encode_cpu_s"], 1), round(out["apply_cpu_s"], 1)
-    return out
+    for k, o in out.items():
+        o["digest_equal"] = version_digest(applied_d[k]) == version_digest(new_d)
+        o["changed_fraction"] = o["changed"] / elements
+        o["byte_share"] = o["delta_bytes"] / manifest.total_bytes
+        o["byte_share_before_zlib"] = o["raw_bytes"] / manifest.total_bytes
+        o["encode_cpu_s"], o["apply_cpu_s"] = round(o["encode_cpu_s"], 1), round(o["apply_cpu_s"], 1)
+    return dict(elements=elements, full_bytes=manifest.total_bytes, **out)
 
 
 def main() -> None:
@@ -134,7 +145,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     out = dict(model=args.model, tensors=len(manifests["float32"].tensors), level=args.level,
                optimizer="AdamW lr 2e-5 betas (0.9, 0.999) eps 1e-8 weight_decay 0, clip 1.0",
-               batch="2 x 64 random tokens, causal LM loss", torch=torch.__version__, steps=rows)
+               batch="2 x 64 random tokens, causal LM loss", torch=torch.__version__, steps=rows,
+               peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
     if args.out is not None:
         args.out.write_text(json.dumps(out, indent=1) + "\n")
     for f in args.scratch.glob("*.bin"):

@@ -191,13 +191,22 @@ def _deflated(raw: bytes, level: int) -> tuple[bytes, int]:
     return raw, 0
 
 
-def _payload(old: np.ndarray, new: np.ndarray, pos: np.ndarray, mode: Mode, coding: Coding,
-             gaps: np.ndarray) -> tuple[bytes, bytes]:
+def _gaps(pos: np.ndarray) -> np.ndarray:
+    """The gaps between changed positions: the first index, then ``index[i] - index[i-1] - 1``."""
+    return (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
+
+
+def _gap_bytes(pos: np.ndarray, chunk: int = 1 << 22) -> int:
+    """Bytes of the gaps' varints, a chunk of positions at a time (each chunk from the one before it)."""
+    return sum(V.varint_bytes(_gaps(pos[max(lo - 1, 0) : lo + chunk])[lo > 0 :]) for lo in range(0, len(pos), chunk))
+
+
+def _payload(old: np.ndarray, new: np.ndarray, pos: np.ndarray, mode: Mode, coding: Coding) -> tuple[bytes, bytes]:
     """The index section and the value section of one mode and coding."""
     if mode == "whole":
         return b"", V.encode_values(coding, new, V.zigzag_diff(old, new) if coding != "planes" else new)
     if mode == "gaps":
-        head = V.encode_varints(gaps)
+        head = V.encode_varints(_gaps(pos))
     else:
         mask = np.zeros(len(new), dtype=bool)
         mask[pos] = True
@@ -218,13 +227,12 @@ def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: i
     old_el, new_el = _elements(prev, itemsize, "previous tensor"), _elements(new, itemsize, "new tensor")
     pos = changed_positions(old_el, new_el, itemsize)
     count, changed = len(new_el), len(pos)
-    gaps = (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
-    gap_bytes = int(V.varint_lengths(gaps).sum())
+    gap_bytes = _gap_bytes(pos)
     zz = V.zigzag_diff(old_el[pos], new_el[pos]) if set(codings) - {"planes"} else new_el[:0]
     best = None
     for coding in (c for c in CODINGS if c in codings):  # ``planes`` first: it wins ties
         mode = choose_mode(count, changed, gap_bytes, *V.cost(coding, zz if coding != "planes" else new_el[pos]))
-        head, values = _payload(old_el, new_el, pos, mode, coding, gaps)
+        head, values = _payload(old_el, new_el, pos, mode, coding)
         payload, codec = _deflated(head + values, level)
         if best is None or len(payload) < len(best[-1]):
             best = (mode, coding, codec, len(head), len(head) + len(values), payload)

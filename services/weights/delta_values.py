@@ -54,6 +54,11 @@ def varint_lengths(values: np.ndarray) -> np.ndarray:
     return lengths
 
 
+def varint_bytes(values: np.ndarray) -> int:
+    """Bytes of all values' LEB128 encodings (summed a chunk at a time)."""
+    return sum(int(varint_lengths(values[lo : lo + _CHUNK]).sum()) for lo in range(0, len(values), _CHUNK))
+
+
 def encode_varints(values: np.ndarray) -> bytes:
     """LEB128 of every value (an unsigned integer array), back to back, a byte position at a time."""
     parts = []
@@ -126,7 +131,7 @@ def cost(coding: Coding, zz: np.ndarray) -> tuple[int, int]:
     each unchanged element costs when the whole tensor is written."""
     itemsize = zz.dtype.itemsize
     if coding == "diff_varints":
-        return int(varint_lengths(zz).sum()), 1
+        return varint_bytes(zz), 1
     return len(zz) * itemsize, itemsize
 
 

@@ -502,3 +502,10 @@ def test_a_fuzzed_frame_of_every_coding_raises_a_delta_error_or_applies(coding):
                 D.apply(base, bad)
             except D.DeltaError:
                 assert bytes(base) == prev.tobytes()
+
+
+def test_gap_bytes_counted_a_chunk_at_a_time_match_the_whole_count():
+    pos = np.sort(np.random.default_rng(2).choice(100_000, 3000, replace=False))
+    whole = int(V.varint_lengths(D._gaps(pos)).sum())
+    assert [D._gap_bytes(pos, chunk) for chunk in (7, 1000, 1 << 22)] == [whole] * 3
+    assert D._gap_bytes(pos[:0]) == 0

@@ -1,0 +1,490 @@
+"""Delta weight versions: only the elements that changed since the previous version cross the link.
+
+A version is a ``Manifest`` of tensors back to back in one blob (``services.common.weights``). A
+delta from version ``b`` to version ``v`` of the same model, in the dtype the SGS serves, is a list
+of frames: one *version frame*, then one *tensor frame* per tensor of the manifest, in its order.
+Everything works on raw bytes: an element is ``itemsize`` bytes (2 for bfloat16/float16, 4 for
+float32, from the manifest's dtype) compared bit for bit, so ``-0.0`` vs ``0.0`` or a NaN payload
+counts as a change and the applied result is bit-identical to the new version.
+
+Each frame starts with ``MAGIC``, ``FORMAT`` and its kind (fields: ``_VERSION``, ``_TENSOR``); a
+reader refuses any other format, older or newer. The version frame names the base and new
+versions, their version digests as the full push computes them (SHA-256 over the chunk digests of
+the manifest's plan), the chunk digest algorithm, ``chunk_bytes`` and the manifest's fingerprint. A
+tensor frame carries the tensor's index and name, element size and count, the changed count, the
+mode, the value coding and the codec, the index section's size, the payload's size inflated and as
+sent, and an xxh3_64 of the payload. The payload is an index section, then a value section
+(``services.weights.delta_values``): the changed elements' new values byte plane by byte plane
+(``planes``), or their differences from the base's values as zigzag varints (``diff_varints``) or
+zigzag byte planes (``diff_planes``). The index section's mode is one of:
+
+- ``gaps``: LEB128 varints of the gaps between changed indices (the first index, then
+  ``index[i] - index[i-1] - 1``): about one byte per change when changes are dense enough;
+- ``bitmap``: one bit per element (``ceil(count / 8)`` bytes), for changes too dense for gaps;
+- ``whole``: no index, every element's value (or difference, zero where unchanged) is sent.
+
+Per value coding the encoder takes the mode with the smallest raw payload, deflates the payload
+(zlib, level ``level``; kept so only when that saves ``COMPRESS_MIN_GAIN``; the lock has no zstd or
+lz4), and sends the coding whose payload came out smallest (ties: ``planes``, which applies without
+reading the base). ``codings`` narrows the choice (``("planes",)``: format 1's values).
+
+Checks, and what a refusal leaves behind:
+
+- ``apply`` (one tensor) parses and checks the whole frame (lengths, checksum, mode, coding,
+  section sizes, inflated size, every index in range, bitmap padding, every varint complete and in
+  range, a difference for every changed element, base size and writability) before it writes a
+  byte: a refused frame leaves the base untouched. Every refusal is a ``DeltaError`` (a
+  ``WeightError``, so the gRPC edge maps its kind); nothing raises ``IndexError`` or ``struct.error``.
+- ``apply_version`` refuses a delta whose base is not the held version (``DeltaBaseMismatch``:
+  another version number or digest) before anything else, then decodes and checks every tensor
+  frame before writing any (a truncated or mismatched delta leaves the base untouched), writes
+  them all, and computes the version digest of the result as the full push does. If it differs
+  (``DeltaDigestMismatch``) the base buffer holds neither version: the caller must discard it and
+  take a full version. Memory: the decoded delta (indices as int64, values) is held at once.
+
+Pure: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import xxhash
+
+from services.common.weights import DIGEST_ALGOS, Manifest, TensorSpec, chunk_digest, version_digest
+from services.weights import delta_values as V
+from services.weights.delta_values import CODINGS, Coding, DeltaError
+
+FORMAT = 2  # 1: values as planes only, no value coding or index size in the tensor header
+MAGIC = b"BRDD"
+_KIND_VERSION, _KIND_TENSOR = 1, 2
+Mode = Literal["gaps", "bitmap", "whole"]
+MODES: tuple[Mode, ...] = ("gaps", "bitmap", "whole")
+COMPRESS_MIN_GAIN = 0.02  # deflated output kept only if it saves this share: inflating costs the receiver CPU
+COMPRESS_MIN_BYTES = 256  # below this zlib's own framing eats the gain
+
+# magic, format, kind, mode, value coding, codec, itemsize, index, count, changed, index bytes, raw bytes,
+# payload bytes, xxh3_64, name length
+_TENSOR = struct.Struct("<4sBBBBBBIQQQQQQH")
+# magic, format, kind, base version, version, chunk_bytes, tensors
+_VERSION = struct.Struct("<4sBBqqQI")
+
+
+class DeltaBaseMismatch(DeltaError):
+    """The delta was computed from another version than the one held: take a full version."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "precondition")
+
+
+class DeltaDigestMismatch(DeltaError):
+    """The applied result's digest is not the publisher's: the buffer holds neither version."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "integrity")
+
+
+@dataclass(frozen=True)
+class TensorDelta:
+    """One tensor frame, its header checked and its payload checksummed (not yet inflated)."""
+
+    index: int
+    name: str
+    itemsize: int
+    count: int  # elements in the tensor
+    changed: int  # elements that differ from the base (all of them are written in ``whole`` mode)
+    mode: Mode
+    coding: Coding
+    compressed: bool
+    index_bytes: int  # the index section's size; the value section is the rest of the inflated payload
+    raw_bytes: int  # the payload's size inflated
+    payload: bytes | memoryview
+    frame_bytes: int
+
+
+@dataclass(frozen=True)
+class DeltaHeader:
+    """The version frame: which version the delta leads from and to, and how to check the result."""
+
+    base_version: int
+    version: int
+    chunk_bytes: int
+    tensors: int
+    algo: str  # chunk digest algorithm of both digests
+    base_digest: str
+    digest: str
+    fingerprint: str  # ``Manifest.fingerprint()``: names, dtypes and shapes
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What ``apply_version`` made of the base buffer."""
+
+    version: int
+    digest: str
+    chunk_digests: tuple[str, ...]
+    changed: int  # elements changed over all tensors
+    delta_bytes: int  # bytes of all frames
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A decoded, checked tensor delta: the positions to write (None: the whole tensor) and the new
+    values there, or (``diff``) the zigzag differences to add to the base's values."""
+
+    positions: np.ndarray | None
+    values: np.ndarray
+    changed: int
+    diff: bool
+
+
+def itemsize_of(dtype: str) -> int:
+    """Bytes per element of a manifest dtype name."""
+    return TensorSpec(dtype, ()).nbytes
+
+
+# ------------------------------------------------------------------------------------------ one tensor
+def _bytes(buf, what: str) -> memoryview:
+    """``buf`` as a flat byte view; refused when it is not a contiguous buffer."""
+    try:
+        return memoryview(buf).cast("B")
+    except TypeError as err:
+        raise DeltaError(f"{what} is not a contiguous byte buffer: {err}") from None
+
+
+def _elements(buf, itemsize: int, what: str) -> np.ndarray:
+    if itemsize not in V.UINT:
+        raise DeltaError(f"element size {itemsize} is not one of {sorted(V.UINT)}")
+    mv = _bytes(buf, what)
+    if len(mv) % itemsize:
+        raise DeltaError(f"{what} has {len(mv)} bytes, not a whole number of {itemsize}-byte elements")
+    return np.frombuffer(mv, dtype=V.UINT[itemsize])
+
+
+def changed_positions(prev, new, itemsize: int) -> np.ndarray:
+    """Indices (int64, ascending) of the elements whose bytes differ between two images of a tensor."""
+    a, b = _elements(prev, itemsize, "previous tensor"), _elements(new, itemsize, "new tensor")
+    if len(a) != len(b):
+        raise DeltaError(f"previous tensor has {len(a)} elements, the new one {len(b)}")
+    return np.flatnonzero(a != b)
+
+
+def choose_mode(count: int, changed: int, gap_bytes: int, value_bytes: int, unchanged_cost: int) -> Mode:
+    """The mode with the smallest raw payload (ties: the cheaper one to apply, ``whole`` first), given
+    the changed values' bytes and what each unchanged element costs in ``whole`` mode."""
+    sizes = {"whole": value_bytes + (count - changed) * unchanged_cost,
+             "bitmap": -(-count // 8) + value_bytes, "gaps": gap_bytes + value_bytes}
+    return min(("whole", "bitmap", "gaps"), key=lambda m: sizes[m])  # type: ignore[return-value]
+
+
+def _deflated(raw: bytes, level: int) -> tuple[bytes, int]:
+    """The payload as sent and its codec (1: zlib) when deflating saves ``COMPRESS_MIN_GAIN``."""
+    if level > 0 and len(raw) >= COMPRESS_MIN_BYTES:
+        packed = zlib.compress(raw, level)
+        if len(packed) <= len(raw) * (1 - COMPRESS_MIN_GAIN):
+            return packed, 1
+    return raw, 0
+
+
+def _gaps(pos: np.ndarray) -> np.ndarray:
+    """The gaps between changed positions: the first index, then ``index[i] - index[i-1] - 1``."""
+    return (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
+
+
+def _gap_bytes(pos: np.ndarray, chunk: int = 1 << 22) -> int:
+    """Bytes of the gaps' varints, a chunk of positions at a time (each chunk from the one before it)."""
+    return sum(V.varint_bytes(_gaps(pos[max(lo - 1, 0) : lo + chunk])[lo > 0 :]) for lo in range(0, len(pos), chunk))
+
+
+def _payload(old: np.ndarray, new: np.ndarray, pos: np.ndarray, mode: Mode, coding: Coding) -> tuple[bytes, bytes]:
+    """The index section and the value section of one mode and coding."""
+    if mode == "whole":
+        return b"", V.encode_values(coding, new, V.zigzag_diff(old, new) if coding != "planes" else new)
+    if mode == "gaps":
+        head = V.encode_varints(_gaps(pos))
+    else:
+        mask = np.zeros(len(new), dtype=bool)
+        mask[pos] = True
+        head = np.packbits(mask, bitorder="little").tobytes()
+    changed = new[pos]
+    return head, V.encode_values(coding, changed, V.zigzag_diff(old[pos], changed) if coding != "planes" else changed)
+
+
+def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: int = 1,
+           codings: Sequence[Coding] = CODINGS) -> bytes:
+    """The tensor frame turning ``prev`` (bytes of the base's tensor) into ``new``; ``level``: zlib
+    level (0: never deflate); ``codings``: the value codings to choose from (the smallest wins)."""
+    name_b = name.encode()
+    if len(name_b) > 0xFFFF or not 0 <= index < 1 << 32:
+        raise DeltaError(f"tensor name of {len(name_b)} bytes or index {index} does not fit a frame")
+    if not codings or any(c not in CODINGS for c in codings):
+        raise DeltaError(f"value codings {list(codings)}: choose from {list(CODINGS)}")
+    old_el, new_el = _elements(prev, itemsize, "previous tensor"), _elements(new, itemsize, "new tensor")
+    pos = changed_positions(old_el, new_el, itemsize)
+    count, changed = len(new_el), len(pos)
+    gap_bytes = _gap_bytes(pos)
+    zz = V.zigzag_diff(old_el[pos], new_el[pos]) if set(codings) - {"planes"} else new_el[:0]
+    best = None
+    for coding in (c for c in CODINGS if c in codings):  # ``planes`` first: it wins ties
+        mode = choose_mode(count, changed, gap_bytes, *V.cost(coding, zz if coding != "planes" else new_el[pos]))
+        head, values = _payload(old_el, new_el, pos, mode, coding)
+        payload, codec = _deflated(head + values, level)
+        if best is None or len(payload) < len(best[-1]):
+            best = (mode, coding, codec, len(head), len(head) + len(values), payload)
+    mode, coding, codec, index_bytes, raw_bytes, payload = best
+    header = _TENSOR.pack(MAGIC, FORMAT, _KIND_TENSOR, MODES.index(mode), CODINGS.index(coding), codec, itemsize,
+                          index, count, changed, index_bytes, raw_bytes, len(payload),
+                          xxhash.xxh3_64_intdigest(payload), len(name_b))
+    return b"".join((header, name_b, payload))
+
+
+def _check_magic(mv: memoryview, kind: int, what: str, header: int) -> None:
+    if mv[:4] != MAGIC or len(mv) < 6:
+        raise DeltaError(f"not a delta frame (starts {bytes(mv[:6])!r}, expected {MAGIC!r}, format, kind)")
+    _, fmt, got = struct.unpack_from("<4sBB", mv)
+    if fmt != FORMAT:
+        age = "an older" if fmt < FORMAT else "a newer"
+        raise DeltaError(f"delta frame format {fmt} ({age} codec's); this reader knows format {FORMAT} only: "
+                         "re-encode the delta with this codec or take a full version")
+    if got != kind:
+        raise DeltaError(f"frame of kind {got} where a {what} frame (kind {kind}) was expected")
+    if len(mv) < header:
+        raise DeltaError(f"{what} frame of {len(mv)} bytes: shorter than its {header}-byte header")
+
+
+def decode(frame) -> TensorDelta:
+    """Parse a tensor frame's header and check its length and payload checksum."""
+    mv = _bytes(frame, "tensor frame")
+    _check_magic(mv, _KIND_TENSOR, "tensor", _TENSOR.size)
+    (_, _, _, mode, coding, codec, itemsize, index, count, changed, index_bytes, raw, size, check,
+     name_len) = _TENSOR.unpack_from(mv)
+    want = _TENSOR.size + name_len + size
+    if len(mv) != want:
+        raise DeltaError(f"tensor frame {index} has {len(mv)} bytes, its header says {want} (truncated or overlong)")
+    if mode >= len(MODES) or coding >= len(CODINGS) or codec > 1 or itemsize not in V.UINT:
+        raise DeltaError(f"tensor frame {index}: unknown mode {mode}, value coding {coding}, codec {codec} or "
+                         f"element size {itemsize}")
+    if changed > count:
+        raise DeltaError(f"tensor frame {index}: {changed} changed elements of {count}")
+    payload = mv[_TENSOR.size + name_len :]
+    if xxhash.xxh3_64_intdigest(payload) != check:
+        raise DeltaError(f"tensor frame {index}: payload checksum mismatch (corrupted in transit)", "integrity")
+    try:
+        name = bytes(mv[_TENSOR.size : _TENSOR.size + name_len]).decode()
+    except UnicodeDecodeError:
+        raise DeltaError(f"tensor frame {index}: its name is not UTF-8") from None
+    return TensorDelta(index, name, itemsize, count, changed, MODES[mode], CODINGS[coding], codec == 1, index_bytes,
+                       raw, payload, len(mv))
+
+
+def _inflate(d: TensorDelta) -> np.ndarray:
+    if not d.compressed:
+        if len(d.payload) != d.raw_bytes:
+            raise DeltaError(f"tensor {d.name!r}: {len(d.payload)} payload bytes, its header says {d.raw_bytes}")
+        return np.frombuffer(d.payload, dtype=np.uint8)
+    z = zlib.decompressobj()
+    try:
+        raw = z.decompress(d.payload, d.raw_bytes + 1)  # one byte more than promised reveals an overlong stream
+    except zlib.error as err:
+        raise DeltaError(f"tensor {d.name!r}: payload does not inflate: {err}") from None
+    if len(raw) != d.raw_bytes or not z.eof or z.unused_data:
+        raise DeltaError(f"tensor {d.name!r}: payload inflates to {len(raw)}{'' if z.eof else '+ (unfinished)'} "
+                         f"bytes, its header says {d.raw_bytes}")
+    return np.frombuffer(raw, dtype=np.uint8)
+
+
+def _check_sections(d: TensorDelta) -> None:
+    """Refuse section sizes the mode, coding and counts cannot have (before inflating anything)."""
+    head, n = d.index_bytes, d.count if d.mode == "whole" else d.changed
+    max_gap = V.varint_max_len(max(d.count, 1).bit_length())
+    fits = {"whole": head == 0, "bitmap": head == -(-d.count // 8),
+            "gaps": d.changed <= head <= d.changed * max_gap}[d.mode]
+    if not fits or head > d.raw_bytes or not V.value_bytes_fit(d.coding, d.raw_bytes - head, n, d.itemsize):
+        raise DeltaError(f"tensor {d.name!r}: {d.raw_bytes} payload bytes ({head} of index) cannot hold {d.changed} "
+                         f"of {d.count} elements in mode {d.mode} with values {d.coding}")
+
+
+def _positions(d: TensorDelta, index: np.ndarray) -> np.ndarray:
+    """The changed elements' positions (int64, ascending, in range) from the index section."""
+    if d.mode == "bitmap":
+        bits = np.unpackbits(index, bitorder="little")
+        if bits[d.count :].any():
+            raise DeltaError(f"tensor {d.name!r}: bitmap bits set past its {d.count} elements")
+        pos = np.flatnonzero(bits[: d.count])
+    else:
+        gaps = V.decode_varints(index, d.changed, V.varint_max_len(max(d.count, 1).bit_length()))
+        if d.changed and int(gaps.max()) >= d.count:
+            raise DeltaError(f"tensor {d.name!r}: index gap {int(gaps.max())} out of range ({d.count} elements)")
+        pos = (np.cumsum(gaps + np.uint64(1)) - np.uint64(1)).astype(np.int64)
+    if len(pos) != d.changed or (len(pos) and int(pos[-1]) >= d.count):
+        last = int(pos[-1]) if len(pos) else -1
+        raise DeltaError(f"tensor {d.name!r}: {len(pos)} positions (last {last}) for {d.changed} changed "
+                         f"elements of {d.count}: index out of range")
+    return pos
+
+
+def _plan(d: TensorDelta) -> _Plan:
+    """Inflate and check a tensor delta completely: every position in range, values of the right size,
+    a nonzero difference exactly where an element changed."""
+    _check_sections(d)
+    raw = _inflate(d)
+    values = V.decode_values(d.coding, raw[d.index_bytes :], d.count if d.mode == "whole" else d.changed, d.itemsize)
+    pos = None if d.mode == "whole" else _positions(d, raw[: d.index_bytes])
+    diff = d.coding != "planes"
+    if diff:
+        nonzero = int(np.count_nonzero(values))
+        if nonzero != d.changed:
+            raise DeltaError(f"tensor {d.name!r}: {nonzero} nonzero differences for {d.changed} changed elements")
+    return _Plan(pos, values, d.changed, diff)
+
+
+def _target(base, d: TensorDelta) -> np.ndarray:
+    mv = _bytes(base, f"the base of tensor {d.name!r}")
+    if mv.readonly:
+        raise DeltaError(f"tensor {d.name!r}: the base buffer is read-only")
+    if len(mv) != d.count * d.itemsize:
+        raise DeltaError(f"tensor {d.name!r}: base of {len(mv)} bytes, the delta is for "
+                         f"{d.count} x {d.itemsize} = {d.count * d.itemsize}")
+    return np.frombuffer(mv, dtype=V.UINT[d.itemsize])
+
+
+def _write(target: np.ndarray, plan: _Plan) -> None:
+    where = slice(None) if plan.positions is None else plan.positions
+    target[where] = V.unzigzag_add(target[where], plan.values) if plan.diff else plan.values
+
+
+def apply(base, delta) -> int:
+    """Apply one tensor frame (bytes, or a ``decode``d one) to ``base`` (a writable buffer holding the
+    base's bytes of that tensor) in place; returns the number of changed elements. Everything is
+    checked before the first byte is written: a refused delta leaves ``base`` as it was."""
+    d = delta if isinstance(delta, TensorDelta) else decode(delta)
+    target = _target(base, d)
+    _write(target, _plan(d))
+    return d.changed
+
+
+# ---------------------------------------------------------------------------------------- one version
+def _pack_str(s: str) -> bytes:
+    b = s.encode()
+    if len(b) > 0xFFFF:
+        raise DeltaError(f"a {len(b)}-byte string does not fit a delta header")
+    return struct.pack("<H", len(b)) + b
+
+
+def encode_header(h: DeltaHeader) -> bytes:
+    """The version frame."""
+    fixed = _VERSION.pack(MAGIC, FORMAT, _KIND_VERSION, h.base_version, h.version, h.chunk_bytes, h.tensors)
+    return fixed + b"".join(_pack_str(s) for s in (h.algo, h.base_digest, h.digest, h.fingerprint))
+
+
+def decode_header(frame) -> DeltaHeader:
+    """Parse and check the version frame."""
+    mv = _bytes(frame, "version frame")
+    _check_magic(mv, _KIND_VERSION, "version", _VERSION.size)
+    _, _, _, base_version, version, chunk_bytes, tensors = _VERSION.unpack_from(mv)
+    pos, strings = _VERSION.size, []
+    for _ in range(4):
+        n = struct.unpack_from("<H", mv, pos)[0] if pos + 2 <= len(mv) else -1
+        if n < 0 or pos + 2 + n > len(mv):
+            raise DeltaError(f"version frame truncated at byte {pos} of {len(mv)}")
+        try:
+            strings.append(bytes(mv[pos + 2 : pos + 2 + n]).decode())
+        except UnicodeDecodeError:
+            raise DeltaError(f"version frame: the string at byte {pos} is not UTF-8") from None
+        pos += 2 + n
+    if pos != len(mv):
+        raise DeltaError(f"version frame has {len(mv) - pos} bytes after its header")
+    algo, base_digest, digest, fingerprint = strings
+    if algo not in DIGEST_ALGOS:
+        raise DeltaError(f"version frame names chunk digest {algo!r}, not one of {list(DIGEST_ALGOS)}")
+    return DeltaHeader(base_version, version, chunk_bytes, tensors, algo, base_digest, digest, fingerprint)
+
+
+def version_digests(manifest: Manifest, view, algo: str = "xxh3_128") -> tuple[list[str], str]:
+    """The chunk digests and version digest of a version's blob: what the full push sends."""
+    mv = _bytes(view, "version blob")
+    chunks = [chunk_digest(mv[r.blob_offset : r.blob_offset + r.length], algo) for r in manifest.plan]
+    return chunks, version_digest(chunks)
+
+
+def _blob_view(blob, manifest: Manifest, what: str) -> memoryview:
+    mv = _bytes(blob, what)
+    if len(mv) != manifest.total_bytes:
+        raise DeltaError(f"{what} has {len(mv)} bytes, the manifest {manifest.total_bytes}")
+    return mv
+
+
+def encode_version(
+    manifest: Manifest, prev, new, *, base_version: int, version: int, base_digest: str, digest: str,
+    algo: str = "xxh3_128", level: int = 1,
+) -> list[bytes]:
+    """The frames of the delta from ``prev`` (the base version's blob) to ``new`` (the new version's
+    blob), both laid out by ``manifest``; the digests are the versions' as the full push has them."""
+    manifest.validate()
+    if version <= base_version:
+        raise DeltaError(f"a delta leads to a newer version: {base_version} -> {version}")
+    a, b = _blob_view(prev, manifest, "previous version"), _blob_view(new, manifest, "new version")
+    header = DeltaHeader(base_version, version, manifest.chunk_bytes, len(manifest.tensors), algo, base_digest,
+                         digest, manifest.fingerprint())
+    frames = [encode_header(header)]
+    for i, t in enumerate(manifest.tensors):
+        span = slice(t.offset, t.offset + t.nbytes)
+        frames.append(encode(a[span], b[span], itemsize_of(t.dtype), index=i, name=t.name, level=level))
+    return frames
+
+
+def check_base(header: DeltaHeader, manifest: Manifest, held_version: int, held_digest: str) -> None:
+    """Refuse a delta that does not lead from the held version of this model."""
+    if header.base_version != held_version or header.base_digest != held_digest:
+        raise DeltaBaseMismatch(
+            f"delta {header.base_version} -> {header.version} (base digest {header.base_digest[:23]}) does not "
+            f"apply to the held version {held_version} (digest {held_digest[:23]}): take a full version")
+    if header.fingerprint != manifest.fingerprint() or header.chunk_bytes != manifest.chunk_bytes:
+        raise DeltaError(
+            f"delta for model {header.fingerprint} in {header.chunk_bytes}-byte chunks; the held version is "
+            f"{manifest.fingerprint()} in {manifest.chunk_bytes}-byte chunks")
+    if header.tensors != len(manifest.tensors):
+        raise DeltaError(f"delta has {header.tensors} tensors, the manifest {len(manifest.tensors)}")
+
+
+def _checked_plans(manifest: Manifest, frames: Sequence) -> list[_Plan]:
+    """Decode every tensor frame against its manifest entry (in order, each once)."""
+    plans = []
+    for i, (t, frame) in enumerate(zip(manifest.tensors, frames, strict=True)):
+        d = decode(frame)
+        size = itemsize_of(t.dtype)
+        if d.index != i or d.name != t.name or d.itemsize != size or d.count * size != t.nbytes:
+            raise DeltaError(f"tensor frame {i} is for {d.name!r} (index {d.index}, {d.count} x {d.itemsize} "
+                             f"bytes); the manifest has {t.name!r} ({t.nbytes} bytes of {t.dtype}) there")
+        plans.append(_plan(d))
+    return plans
+
+
+def apply_version(manifest: Manifest, base, frames: Sequence, *, held_version: int, held_digest: str) -> Applied:
+    """Turn ``base`` (a writable buffer holding version ``held_version`` with digest ``held_digest``,
+    laid out by ``manifest``) into the delta's new version in place, and check its digest."""
+    if not frames:
+        raise DeltaError("empty delta: no version frame")
+    header = decode_header(frames[0])
+    check_base(header, manifest, held_version, held_digest)
+    if len(frames) - 1 != header.tensors:
+        raise DeltaError(f"delta {header.base_version} -> {header.version} has {len(frames) - 1} tensor frames "
+                         f"of {header.tensors} (truncated or overlong)")
+    view = _blob_view(base, manifest, "base buffer")
+    if view.readonly:
+        raise DeltaError("the base buffer is read-only")
+    plans = _checked_plans(manifest, frames[1:])
+    for t, plan in zip(manifest.tensors, plans, strict=True):
+        if t.nbytes:
+            _write(np.frombuffer(view[t.offset : t.offset + t.nbytes], dtype=V.UINT[itemsize_of(t.dtype)]), plan)
+    chunks, digest = version_digests(manifest, view, header.algo)
+    if digest != header.digest:
+        raise DeltaDigestMismatch(
+            f"delta {header.base_version} -> {header.version} gave digest {digest[:23]}, the publisher's is "
+            f"{header.digest[:23]}: the buffer holds neither version; take a full version")
+    return Applied(header.version, digest, tuple(chunks), sum(p.changed for p in plans), sum(len(f) for f in frames))

@@ -1,0 +1,511 @@
+"""The delta codec of weight versions (``services.weights.delta``): round trips, mode choice, sizes,
+digests against the full push's, and every malformed delta refused with its message."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import xxhash
+
+from services.common.weights import Manifest, TensorSpec, WeightError, manifest_of
+from services.weights import delta as D
+from services.weights import delta_values as V
+from services.weights.datapath import LazyDigests
+
+FRACTIONS = (0.0, 0.01, 0.3, 1.0)
+ITEMSIZE = {"float32": 4, "bfloat16": 2}
+N = 50_000
+
+
+def _image(rng: np.random.Generator, n: int, dtype: str) -> np.ndarray:
+    """Weight-like values (normal, std 0.02) as the raw elements of ``dtype`` (bf16: fp32's top half)."""
+    bits = (rng.standard_normal(n).astype(np.float32) * 0.02).view(np.uint32)
+    return bits if dtype == "float32" else (bits >> 16).astype(np.uint16)
+
+
+def _changed(rng: np.random.Generator, prev: np.ndarray, frac: float) -> tuple[np.ndarray, np.ndarray]:
+    """``prev`` with ``frac`` of its elements changed (the lowest mantissa bit flipped: a real change
+    of one ulp, as an optimizer step makes); returns (new, changed positions)."""
+    pos = np.sort(rng.choice(len(prev), round(len(prev) * frac), replace=False))
+    new = prev.copy()
+    new[pos] ^= 1
+    return new, pos
+
+
+def _pair(dtype: str, frac: float, n: int = N, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    prev = _image(rng, n, dtype)
+    new, pos = _changed(rng, prev, frac)
+    return prev, new, pos
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("frac", FRACTIONS)
+def test_a_tensor_round_trips_bit_identical(dtype, frac):
+    prev, new, pos = _pair(dtype, frac)
+    frame = D.encode(prev.tobytes(), new.tobytes(), ITEMSIZE[dtype], index=3, name="w")
+    base = bytearray(prev.tobytes())
+    assert D.apply(base, frame) == len(pos)
+    assert bytes(base) == new.tobytes()
+    d = D.decode(frame)
+    assert (d.index, d.name, d.count, d.changed) == (3, "w", N, len(pos))
+
+
+@pytest.mark.parametrize(("dtype", "frac", "mode"), [
+    ("bfloat16", 0.0, "gaps"), ("bfloat16", 0.01, "gaps"), ("bfloat16", 0.3, "bitmap"),
+    ("bfloat16", 0.5, "bitmap"), ("bfloat16", 0.97, "whole"), ("bfloat16", 1.0, "whole"),
+    ("float32", 0.01, "gaps"), ("float32", 0.3, "bitmap"), ("float32", 0.95, "bitmap"), ("float32", 1.0, "whole"),
+])
+def test_the_mode_follows_the_share_changed(dtype, frac, mode):
+    prev, new, _ = _pair(dtype, frac)
+    d = D.decode(D.encode(prev.tobytes(), new.tobytes(), ITEMSIZE[dtype], codings=("planes",)))
+    assert (d.mode, d.coding) == (mode, "planes")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("frac", FRACTIONS)
+def test_a_frame_is_no_larger_than_its_mode_promises(dtype, frac):
+    prev, new, pos = _pair(dtype, frac)
+    s, k = ITEMSIZE[dtype], len(pos)
+    frame = D.encode(prev.tobytes(), new.tobytes(), s, name="w", codings=("planes",))
+    d = D.decode(frame)
+    index = {"gaps": int(V.varint_lengths(np.diff(pos, prepend=-1).astype(np.uint64) - 1).sum()),
+             "bitmap": -(-N // 8), "whole": 0}[d.mode]
+    values = N * s if d.mode == "whole" else k * s
+    assert len(frame) <= 64 + len("w") + index + values
+    assert d.raw_bytes == index + values and d.index_bytes == index
+    assert len(D.encode(prev.tobytes(), new.tobytes(), s, name="w")) <= len(frame)  # the choice only helps
+
+
+def test_one_percent_of_a_bf16_tensor_changed_is_well_under_five_percent_of_it():
+    prev, new, _ = _pair("bfloat16", 0.01, n=1_000_000)
+    frame = D.encode(prev.tobytes(), new.tobytes(), 2)
+    assert len(frame) < 0.02 * 2_000_000  # 1% of the values (2 bytes) plus ~1 byte of gap each
+
+
+def test_no_change_costs_only_the_header():
+    prev, new, _ = _pair("bfloat16", 0.0)
+    frame = D.encode(prev.tobytes(), new.tobytes(), 2, name="w")
+    assert len(frame) == D._TENSOR.size + 1
+
+
+def test_compression_is_kept_only_when_it_pays():
+    prev = np.zeros(N, dtype=np.uint16)
+    alike = prev.copy()
+    alike[::50] = 0x3F80  # every changed value the same: deflates to almost nothing
+    packed = D.decode(D.encode(prev.tobytes(), alike.tobytes(), 2))
+    assert packed.compressed and len(packed.payload) < packed.raw_bytes / 4
+    assert not D.decode(D.encode(prev.tobytes(), alike.tobytes(), 2, level=0)).compressed
+    noise = np.random.default_rng(1).integers(1, 1 << 16, N, dtype=np.uint16)  # nothing to deflate
+    assert not D.decode(D.encode(prev.tobytes(), noise.tobytes(), 2)).compressed
+    base = bytearray(prev.tobytes())
+    D.apply(base, D.encode(prev.tobytes(), alike.tobytes(), 2))
+    assert bytes(base) == alike.tobytes()
+
+
+def test_a_zero_size_tensor_round_trips():
+    frame = D.encode(b"", b"", 4)
+    assert D.apply(bytearray(), frame) == 0
+
+
+def test_bits_not_values_decide_what_changed():
+    prev = np.array([0.0, 1.0, np.nan], dtype=np.float32)
+    new = np.array([-0.0, 1.0, np.nan], dtype=np.float32)
+    new.view(np.uint32)[2] |= 1  # another NaN payload
+    pos = D.changed_positions(prev.tobytes(), new.tobytes(), 4)
+    assert pos.tolist() == [0, 2]
+    base = bytearray(prev.tobytes())
+    D.apply(base, D.encode(prev.tobytes(), new.tobytes(), 4))
+    assert bytes(base) == new.tobytes()
+
+
+# ------------------------------------------------------------------------------ malformed tensor frames
+def _frame(dtype="bfloat16", frac=0.01, **kw) -> tuple[bytes, np.ndarray, np.ndarray]:
+    prev, new, _ = _pair(dtype, frac)
+    return D.encode(prev.tobytes(), new.tobytes(), ITEMSIZE[dtype], name="w", **kw), prev, new
+
+
+def _reheader(frame: bytes, **fields) -> bytes:
+    """``frame`` with header fields replaced (payload optional), its checksum recomputed."""
+    names = ("magic", "fmt", "kind", "mode", "coding", "codec", "itemsize", "index", "count", "changed", "index_bytes",
+             "raw", "size",
+             "check", "name_len")
+    head = dict(zip(names, D._TENSOR.unpack_from(frame), strict=True))
+    name = frame[D._TENSOR.size : D._TENSOR.size + head["name_len"]]
+    payload = fields.pop("payload", frame[D._TENSOR.size + head["name_len"] :])
+    head.update(size=len(payload), check=xxhash.xxh3_64_intdigest(payload))
+    head.update(fields)
+    return D._TENSOR.pack(*head.values()) + name + payload
+
+
+def _refused(base: bytearray, frame, match: str, kind: str = "argument") -> None:
+    before = bytes(base)
+    with pytest.raises(D.DeltaError, match=match) as err:
+        D.apply(base, frame)
+    assert err.value.kind == kind
+    assert bytes(base) == before  # a refused frame writes nothing
+
+
+def test_a_truncated_or_overlong_frame_is_refused():
+    frame, prev, _ = _frame()
+    _refused(bytearray(prev.tobytes()), frame[:-1], "truncated or overlong")
+    _refused(bytearray(prev.tobytes()), frame + b"\0", "truncated or overlong")
+    _refused(bytearray(prev.tobytes()), frame[:10], "shorter than its")
+    _refused(bytearray(prev.tobytes()), frame[:3], "not a delta frame")
+
+
+def test_a_frame_that_is_not_a_delta_or_of_another_format_is_refused():
+    frame, prev, _ = _frame()
+    _refused(bytearray(prev.tobytes()), b"XXXX" + frame[4:], "not a delta frame")
+    _refused(bytearray(prev.tobytes()), _reheader(frame, fmt=D.FORMAT + 1),
+             r"format 3 \(a newer codec's\); this reader knows format 2 only")
+    _refused(bytearray(prev.tobytes()), _reheader(frame, fmt=1), r"format 1 \(an older codec's\)")
+    _refused(bytearray(prev.tobytes()), _reheader(frame, mode=7), "unknown mode 7")
+    _refused(bytearray(prev.tobytes()), _reheader(frame, itemsize=3), "element size 3")
+    _refused(bytearray(prev.tobytes()), D.encode_header(D.DeltaHeader(0, 1, 8, 1, "sha256", "", "", "")),
+             "where a tensor frame")
+
+
+def test_a_corrupted_payload_is_refused_by_its_checksum():
+    frame, prev, _ = _frame()
+    bad = bytearray(frame)
+    bad[-5] ^= 0x10
+    _refused(bytearray(prev.tobytes()), bytes(bad), "checksum mismatch", kind="integrity")
+
+
+def test_a_base_of_the_wrong_size_or_read_only_is_refused():
+    frame, prev, _ = _frame()
+    _refused(bytearray(prev.tobytes()[:-2]), frame, r"base of 99998 bytes, the delta is for 50000 x 2")
+    with pytest.raises(D.DeltaError, match="read-only"):
+        D.apply(prev.tobytes(), frame)
+
+
+def test_an_index_out_of_range_is_refused():
+    prev = np.zeros(1000, dtype=np.uint16)
+    new = prev.copy()
+    new[999] = 1
+    frame = D.encode(prev.tobytes(), new.tobytes(), 2)  # gaps: one gap of 999
+    _refused(bytearray(500 * 2), _reheader(frame, count=500), "index gap 999 out of range")
+    new[[1, 999]] = 1
+    bitmap = D.encode(prev.tobytes(), new.tobytes(), 2, level=0)
+    near = V.encode_varints(np.array([998, 5], np.uint64))  # 998, then 998 + 5 + 1 = 1004 > 999
+    _refused(bytearray(prev.tobytes()), _reheader(bitmap, payload=near + b"\0\1\0\1", mode=0, coding=0,
+                                                          index_bytes=len(near), raw=len(near) + 4),
+             "index out of range")
+
+
+def test_set_bits_past_the_end_of_a_bitmap_are_refused():
+    prev = np.zeros(12, dtype=np.uint32)
+    new = prev.copy()
+    new[::2] = 7  # 50%: bitmap
+    frame = D.encode(prev.tobytes(), new.tobytes(), 4, level=0)
+    assert D.decode(frame).mode == "bitmap"
+    head = D._TENSOR.size
+    payload = bytearray(frame[head:])
+    payload[1] |= 0x80  # bit 15 of 12
+    _refused(bytearray(prev.tobytes()), _reheader(frame, payload=bytes(payload)), "bitmap bits set past its 12")
+
+
+def test_a_count_of_changes_that_the_payload_cannot_hold_is_refused():
+    frame, prev, _ = _frame(level=0, codings=("planes",))
+    d = D.decode(frame)
+    assert d.mode == "gaps"
+    _refused(bytearray(prev.tobytes()), _reheader(frame, changed=d.changed + 1), "cannot hold 501 of")
+    _refused(bytearray(prev.tobytes()), _reheader(frame, changed=d.raw_bytes // 3 + 1), "cannot hold")
+    _refused(bytearray(prev.tobytes()), _reheader(frame, changed=1), "cannot hold")  # > 10 index bytes per change
+    _refused(bytearray(prev.tobytes()), _reheader(frame, changed=N + 1), "changed elements of")
+
+
+def test_a_payload_that_does_not_inflate_to_its_size_is_refused():
+    frame, prev, _ = _frame("bfloat16", 0.3)  # bitmap + values: compressible (the values' exponent planes)
+    d = D.decode(frame)
+    assert d.compressed
+    _refused(bytearray(prev.tobytes()), _reheader(frame, payload=b"\x78\x9c" + b"\xff" * 40), "does not inflate")
+    short = _reheader(frame, raw=d.raw_bytes + 2, changed=d.changed + 1)
+    _refused(bytearray(prev.tobytes()), short, "inflates to")
+
+
+def test_a_fuzzed_frame_raises_a_delta_error_or_applies_never_anything_else():
+    rng = np.random.default_rng(7)
+    prev, new, _ = _pair("bfloat16", 0.05, n=2000)
+    for level in (0, 6):
+        frame = D.encode(prev.tobytes(), new.tobytes(), 2, name="w", level=level)
+        for _ in range(300):
+            bad = bytearray(frame)
+            for i in rng.integers(0, len(bad), rng.integers(1, 4)):
+                bad[i] = int(rng.integers(0, 256))
+            if rng.random() < 0.5:  # past the checksum, into the parser
+                bad = bytearray(_reheader(bytes(bad), payload=bytes(bad[D._TENSOR.size + 1 :])))
+            if rng.random() < 0.2:
+                bad = bad[: rng.integers(0, len(bad))]
+            base = bytearray(prev.tobytes())
+            try:
+                D.apply(base, bytes(bad))
+            except D.DeltaError:
+                assert bytes(base) == prev.tobytes()
+
+
+# ------------------------------------------------------------------------------------------ versions
+def _manifest(chunk_bytes: int = 4096) -> Manifest:
+    specs = {"embed": TensorSpec("bfloat16", (300, 64)), "norm": TensorSpec("float32", (64,)),
+             "empty": TensorSpec("float32", (0,)), "proj": TensorSpec("float32", (64, 96))}
+    return manifest_of(specs, chunk_bytes)
+
+
+def _versions(m: Manifest, fracs=(0.01, 0.0, 0.0, 0.3), seed=0) -> tuple[bytes, bytes]:
+    rng = np.random.default_rng(seed)
+    prev, new = [], []
+    for t, frac in zip(m.tensors, fracs, strict=True):
+        a = _image(rng, t.nbytes // D.itemsize_of(t.dtype), t.dtype)
+        prev.append(a.tobytes())
+        new.append(_changed(rng, a, frac)[0].tobytes())
+    return b"".join(prev), b"".join(new)
+
+
+def _delta(m: Manifest, prev: bytes, new: bytes, algo: str = "xxh3_128") -> tuple[list[bytes], str, str]:
+    base_digest = LazyDigests(m, prev, algo).version()  # what the full push computes
+    digest = LazyDigests(m, new, algo).version()
+    frames = D.encode_version(m, prev, new, base_version=4, version=5, base_digest=base_digest, digest=digest,
+                              algo=algo)
+    return frames, base_digest, digest
+
+
+@pytest.mark.parametrize("algo", ["xxh3_128", "sha256"])
+def test_a_version_round_trips_to_the_full_pushs_digest(algo):
+    m = _manifest()
+    prev, new = _versions(m)
+    frames, base_digest, digest = _delta(m, prev, new, algo)
+    assert len(frames) == 1 + len(m.tensors)
+    base = bytearray(prev)
+    applied = D.apply_version(m, base, frames, held_version=4, held_digest=base_digest)
+    assert bytes(base) == new
+    assert applied.version == 5 and applied.digest == digest
+    assert list(applied.chunk_digests) == LazyDigests(m, new, algo).all()
+    assert applied.changed == round(300 * 64 * 0.01) + round(64 * 96 * 0.3)
+    assert applied.delta_bytes == sum(map(len, frames)) < 0.5 * len(new)
+    assert [D.decode(f).mode for f in frames[1:]] == ["gaps", "gaps", "whole", "bitmap"]
+
+
+def _version_refused(m, base: bytearray, frames, match: str, exc=D.DeltaError, **held) -> None:
+    before = bytes(base)
+    with pytest.raises(exc, match=match):
+        D.apply_version(m, base, frames, **held)
+    assert bytes(base) == before
+
+
+def test_a_delta_from_another_base_is_refused_before_anything_is_written():
+    m = _manifest()
+    prev, new = _versions(m)
+    frames, base_digest, _ = _delta(m, prev, new)
+    base = bytearray(prev)
+    _version_refused(m, base, frames, "does not apply to the held version 3", D.DeltaBaseMismatch,
+                     held_version=3, held_digest=base_digest)
+    _version_refused(m, base, frames, "does not apply to the held version 4", D.DeltaBaseMismatch,
+                     held_version=4, held_digest="sha256:" + "0" * 64)
+    other = manifest_of({t.name: TensorSpec(t.dtype, t.shape) for t in m.tensors}, 1024)
+    _version_refused(other, base, frames, "in 4096-byte chunks; the held version is .* in 1024-byte",
+                     held_version=4, held_digest=base_digest)
+    assert issubclass(D.DeltaBaseMismatch, WeightError) and D.DeltaBaseMismatch("x").kind == "precondition"
+
+
+def test_a_truncated_or_shuffled_version_delta_is_refused_before_anything_is_written():
+    m = _manifest()
+    prev, new = _versions(m)
+    frames, base_digest, _ = _delta(m, prev, new)
+    held = dict(held_version=4, held_digest=base_digest)
+    base = bytearray(prev)
+    _version_refused(m, base, frames[:-1], "has 3 tensor frames of 4", **held)
+    _version_refused(m, base, [frames[0], frames[2], frames[1], *frames[3:]], "the manifest has 'embed'", **held)
+    _version_refused(m, base, [frames[0], *frames[1:-1], frames[-1][:-3]], "truncated or overlong", **held)
+    _version_refused(m, base, [], "no version frame", **held)
+    _version_refused(m, base, [frames[0][:-5], *frames[1:]], "version frame truncated", **held)
+    _version_refused(m, bytearray(prev[:-4]), frames, "base buffer has", **held)
+    with pytest.raises(D.DeltaError, match="read-only"):
+        D.apply_version(m, prev, frames, **held)
+
+
+def test_a_result_with_another_digest_is_refused_as_neither_version():
+    m = _manifest()
+    prev, new = _versions(m)
+    frames, base_digest, _ = _delta(m, prev, new)
+    drifted = bytearray(prev)
+    drifted[-1] ^= 0xFF  # a byte the delta does not rewrite differs from the publisher's base
+    with pytest.raises(D.DeltaDigestMismatch, match="holds neither version; take a full version") as err:
+        D.apply_version(m, drifted, frames, held_version=4, held_digest=base_digest)
+    assert err.value.kind == "integrity"
+
+
+def test_a_delta_leads_to_a_newer_version_of_the_same_layout():
+    m = _manifest()
+    prev, new = _versions(m)
+    with pytest.raises(D.DeltaError, match="newer version: 5 -> 5"):
+        D.encode_version(m, prev, new, base_version=5, version=5, base_digest="", digest="")
+    with pytest.raises(D.DeltaError, match="new version has"):
+        D.encode_version(m, prev, new[:-4], base_version=4, version=5, base_digest="", digest="")
+
+
+def test_the_version_frame_round_trips_and_refuses_an_unknown_digest():
+    h = D.DeltaHeader(4, 5, 4096, 3, "xxh3_128", "sha256:ab", "sha256:cd", "f" * 16)
+    assert D.decode_header(D.encode_header(h)) == h
+    bad = D.encode_header(D.DeltaHeader(4, 5, 4096, 3, "md5", "", "", ""))
+    with pytest.raises(D.DeltaError, match="'md5', not one of"):
+        D.decode_header(bad)
+    with pytest.raises(D.DeltaError, match="bytes after its header"):
+        D.decode_header(D.encode_header(h) + b"\0")
+    with pytest.raises(D.DeltaError, match="shorter than its 34-byte header"):
+        D.decode_header(D.encode_header(h)[:20])
+    with pytest.raises(D.DeltaError, match="not a delta frame"):
+        D.decode_header(struct.pack("<4s", D.MAGIC))
+
+
+# ------------------------------------------------------------------------------------------ value codings
+def _special(dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of bit patterns a float can move between: +/-1 ulp, sign flips (0 and -0, x and -x), into and
+    out of NaN and inf, the largest patterns (wrapping modulo the width), and random changes."""
+    u = np.uint32 if dtype == "float32" else np.uint16
+    top = 0 if dtype == "float32" else 16
+    bits = lambda *xs: (np.array(xs, dtype=np.float32).view(np.uint32) >> top).astype(u)  # noqa: E731
+    rng = np.random.default_rng(3)
+    base = _image(rng, 64, dtype)
+    old = np.concatenate([base, base, base, bits(0.0, -0.0, 1.5, np.inf, -np.inf, np.nan, 1.0, 0.0),
+                          np.array([0, np.iinfo(u).max, 1 << (8 * np.dtype(u).itemsize - 1)], dtype=u),
+                          rng.integers(0, np.iinfo(u).max, 64, dtype=u, endpoint=True)])
+    new = np.concatenate([base + 1, base - 1, base ^ u(1 << (8 * np.dtype(u).itemsize - 1)),  # sign flips
+                          bits(-0.0, 0.0, -1.5, np.nan, np.inf, 1.0, np.inf, np.nan),
+                          np.array([np.iinfo(u).max, 0, (1 << (8 * np.dtype(u).itemsize - 1)) - 1], dtype=u),
+                          rng.integers(0, np.iinfo(u).max, 64, dtype=u, endpoint=True)])
+    return old, new
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("coding", V.CODINGS)
+@pytest.mark.parametrize("level", [0, 1])
+@pytest.mark.parametrize("spread", [1, 40])  # 1: whole or bitmap; 40: far apart, gaps
+def test_every_value_coding_round_trips_ulps_sign_flips_nan_inf_and_random_changes(dtype, coding, level, spread):
+    old, new = _special(dtype)
+    prev = np.zeros(len(old) * spread, dtype=old.dtype)
+    prev[::spread] = old
+    after = prev.copy()
+    after[::spread] = new
+    frame = D.encode(prev.tobytes(), after.tobytes(), ITEMSIZE[dtype], level=level, codings=(coding,))
+    d = D.decode(frame)
+    assert d.coding == coding and d.mode == ("gaps" if spread == 40 else "whole")
+    base = bytearray(prev.tobytes())
+    assert D.apply(base, frame) == int(np.count_nonzero(prev != after))
+    assert bytes(base) == after.tobytes()
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_zigzag_differences_are_small_for_small_moves_and_invert_modulo_the_width(itemsize):
+    u = V.UINT[itemsize]
+    top = np.iinfo(u).max
+    old = np.array([5, 5, 5, 0, top, 0, top, 1 << (8 * itemsize - 1)], dtype=u)
+    new = np.array([5, 6, 4, 1, 0, top, top - 1, 0], dtype=u)
+    zz = V.zigzag_diff(old, new)
+    assert zz[:7].tolist() == [0, 2, 1, 2, 2, 1, 1]  # 0, +1, -1, +1, +1 (wraps), -1 (wraps), -1
+    assert V.unzigzag_add(old, zz).tolist() == new.tolist()
+    rng = np.random.default_rng(itemsize)
+    a, b = (rng.integers(0, top, 10_000, dtype=u, endpoint=True) for _ in range(2))
+    assert (V.unzigzag_add(a, V.zigzag_diff(a, b)) == b).all()
+    varints = V.encode_varints(V.zigzag_diff(a, b))
+    back = V.decode_varints(np.frombuffer(varints, np.uint8), 10_000, V.varint_max_len(8 * itemsize), 8 * itemsize)
+    assert (back == V.zigzag_diff(a, b)).all()
+
+
+def _ulp_moves(n: int, frac: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A bf16 image and the same with ``frac`` of it moved by +/-1 ulp, as an optimizer step does."""
+    rng = np.random.default_rng(seed)
+    prev = _image(rng, n, "bfloat16")
+    new = prev.copy()
+    pos = rng.choice(n, round(n * frac), replace=False)
+    new[pos] += np.where(rng.random(len(pos)) < 0.5, 1, -1).astype(np.uint16)
+    return prev, new
+
+
+@pytest.mark.parametrize(("frac", "level"), [(0.07, 0), (0.07, 1), (0.3, 1), (1.0, 1)])
+def test_a_difference_coding_is_chosen_when_it_is_smaller(frac, level):
+    prev, new = _ulp_moves(200_000, frac)
+    planes = D.encode(prev.tobytes(), new.tobytes(), 2, level=level, codings=("planes",))
+    frame = D.encode(prev.tobytes(), new.tobytes(), 2, level=level)
+    d = D.decode(frame)
+    assert d.coding != "planes"
+    assert len(frame) < 0.8 * len(planes)
+    if level == 0:  # raw sizes: a +/-1 difference is one varint byte where planes take two
+        assert d.coding == "diff_varints" and d.raw_bytes - d.index_bytes == d.changed
+    base = bytearray(prev.tobytes())
+    D.apply(base, frame)
+    assert bytes(base) == new.tobytes()
+
+
+def test_planes_stay_chosen_when_differences_do_not_help():
+    rng = np.random.default_rng(5)
+    prev = rng.integers(0, 1 << 16, 50_000, dtype=np.uint16)
+    new = prev.copy()
+    new[::3] = 0x3F80  # every changed value the same: planes deflate to nothing, differences do not
+    d = D.decode(D.encode(prev.tobytes(), new.tobytes(), 2))
+    assert d.coding == "planes" and d.compressed
+
+
+def _varint_frame(payload: bytes, changed: int, index_bytes: int, count: int = 1000, **fields) -> bytes:
+    """A gaps + diff_varints frame for a ``count``-element bf16 tensor with ``payload`` (not deflated)."""
+    prev = np.zeros(count, dtype=np.uint16)
+    new = prev.copy()
+    new[[3, 10]] = [1, 0xFFFF]
+    frame = D.encode(prev.tobytes(), new.tobytes(), 2, level=0, codings=("diff_varints",))
+    return _reheader(frame, payload=payload, changed=changed, index_bytes=index_bytes, raw=len(payload), **fields)
+
+
+@pytest.mark.parametrize(("payload", "changed", "index_bytes", "match"), [
+    (b"\x03\x06" + b"\x02\x01", 2, 2, None),  # the well-formed one: +1 at 3, -1 at 10
+    (b"\x03\x06" + b"\x82\x81", 2, 2, "value section holds 0 complete varints"),  # never terminated
+    (b"\x03\x06" + b"\x02\x80\x80\x80\x01", 2, 2, "value varint of 4 bytes: longer than 3"),  # 16 bits need 3
+    (b"\x03\x06" + b"\x02\xff\xff\x07", 2, 2, "value varint overflows 16 bits"),  # 2**21 - 1
+    (b"\x03\x06" + b"\x02\x00", 2, 2, "1 nonzero differences for 2 changed"),  # a changed element left alone
+    (b"\x03\x86" + b"\x02\x01", 2, 2, "index section holds 1 complete varints"),  # gap varint runs into values
+    (b"\xe8\x07\x00" + b"\x02\x01", 2, 3, "index gap 1000 out of range"),  # of 1000 elements
+    (b"\x03\x06\x01" + b"\x02\x01", 2, 3, "index section holds 3 complete varints"),  # one gap too many
+])
+def test_a_malformed_varint_stream_is_refused_with_a_delta_error(payload, changed, index_bytes, match):
+    frame = _varint_frame(payload, changed, index_bytes)
+    base = bytearray(np.zeros(1000, dtype=np.uint16).tobytes())
+    if match is None:
+        assert D.apply(base, frame) == 2
+        assert np.frombuffer(base, np.uint16)[[3, 10]].tolist() == [1, 0xFFFF]
+    else:
+        _refused(base, frame, match)
+
+
+def test_an_unknown_value_coding_or_a_misplaced_section_is_refused():
+    frame = _varint_frame(b"\x03\x06\x02\x01", 2, 2)
+    base = bytearray(2000)
+    _refused(base, _reheader(frame, coding=3), "unknown mode 0, value coding 3")
+    _refused(base, _reheader(frame, index_bytes=5), "cannot hold 2 of 1000")
+    _refused(base, _reheader(frame, index_bytes=1 << 40), "cannot hold 2 of 1000")
+    _refused(base, _reheader(frame, coding=2), "cannot hold")  # 2 bytes cannot be two 2-byte planes
+
+
+@pytest.mark.parametrize("coding", V.CODINGS)
+def test_a_fuzzed_frame_of_every_coding_raises_a_delta_error_or_applies(coding):
+    rng = np.random.default_rng(11)
+    prev, new = _ulp_moves(2000, 0.05)
+    for level in (0, 6):
+        frame = D.encode(prev.tobytes(), new.tobytes(), 2, name="w", level=level, codings=(coding,))
+        for _ in range(150):
+            bad = bytearray(frame)
+            for i in rng.integers(D._TENSOR.size + 1, len(bad), rng.integers(1, 4)):
+                bad[i] = int(rng.integers(0, 256))
+            bad = _reheader(bytes(bad), payload=bytes(bad[D._TENSOR.size + 1 :]))  # past the checksum
+            base = bytearray(prev.tobytes())
+            try:
+                D.apply(base, bad)
+            except D.DeltaError:
+                assert bytes(base) == prev.tobytes()
+
+
+def test_gap_bytes_counted_a_chunk_at_a_time_match_the_whole_count():
+    pos = np.sort(np.random.default_rng(2).choice(100_000, 3000, replace=False))
+    whole = int(V.varint_lengths(D._gaps(pos)).sum())
+    assert [D._gap_bytes(pos, chunk) for chunk in (7, 1000, 1 << 22)] == [whole] * 3
+    assert D._gap_bytes(pos[:0]) == 0

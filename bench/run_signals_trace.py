@@ -52,6 +52,7 @@ QUICK = {**DECLARED, "prompts": 8, "group_size": 4, "visits": 2, "prompts_per_it
          "num_blocks": 1024}
 
 
+RECORDING = "recording.json"  # the recording's meta, kept beside its generation log in the run directory
 HELD_OUT = 8  # other questions of the file: the run's own held-out evaluation (not part of the trace)
 
 
@@ -93,28 +94,61 @@ def record(run_dir: Path, sets: list[str]) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def group_of(prompt_id: str) -> str:
+    """The group (draw) a logged sample belongs to: a sample resumed on another instance after its own was
+    lost is submitted alone as ``<draw>/<sample>#<attempt>`` (``d112/3#0``), and is still its draw's."""
+    return prompt_id.split("/", 1)[0]
+
+
 def export(genlog: Path, group_size: int) -> list[dict]:
-    """One row per complete group of the log, visits numbered per prompt text in draw order."""
+    """One row per complete group of the log, visits numbered per prompt text in draw order: every draw
+    of a prompt is a visit, so a group that did not finish whole (left out) still moves the count."""
     with sqlite3.connect(genlog) as db:
         rows = db.execute("SELECT prompt_id, prompt, response_length, weight_version, finished_at "
                           "FROM generations ORDER BY finished_at").fetchall()
     groups: dict[str, dict] = {}
     for pid, prompt, length, version, _ in rows:
-        g = groups.setdefault(pid, {"prompt": prompt, "version": version, "lengths": []})
+        g = groups.setdefault(group_of(pid), {"prompt": prompt, "version": version, "lengths": []})
         g["lengths"].append(length)
         g["version"] = min(g["version"], version)
-    draw = sorted(groups, key=lambda pid: (len(pid), pid))  # draw order: the sampler numbers its draws
+    draw = sorted(groups, key=lambda gid: (len(gid), gid))  # draw order: the sampler numbers its draws
     visits: dict[str, int] = {}
     out = []
-    for pid in draw:
-        g = groups[pid]
+    for gid in draw:
+        g = groups[gid]
+        visit = visits.get(g["prompt"], 0)
+        visits[g["prompt"]] = visit + 1
         if len(g["lengths"]) < group_size:
-            continue  # a group dropped unfinished (and redrawn): not a whole visit
-        g["visit"] = visits.get(g["prompt"], 0)
-        visits[g["prompt"]] = g["visit"] + 1
-        out.append({"prompt": g["prompt"], "visit": g["visit"], "version": g["version"],
+            continue  # not a whole group (an evaluation prompt's samples, or a group dropped unfinished)
+        out.append({"prompt": g["prompt"], "visit": visit, "version": g["version"],
                     "lengths": g["lengths"][:group_size]})
     return out
+
+
+def write_trace(out: Path, groups: list[dict], meta: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out, "wt") as fh:
+        fh.writelines(json.dumps(g) + "\n" for g in groups)
+    out.with_suffix("").with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"{len(groups)} groups -> {out}")
+
+
+def export_only(run_dir: Path, out: Path, src: Path) -> int:
+    """Export an earlier recording's generation log again (``--export-only``): the recording's recipe
+    and provenance as it wrote them, this export's beside them."""
+    kept = run_dir / RECORDING
+    if not kept.is_file():
+        raise SystemExit(f"bench/run_signals_trace.py: {kept} is missing (the recording's meta, written beside its "
+                         "generation log)")
+    old = json.loads(kept.read_text())
+    regime = old["recipe"]
+    prov = provenance(Path(__file__), {"recipe": regime, "export_only": str(run_dir)}, inputs=[src])
+    groups = export(run_dir / "genlog.sqlite", regime["group_size"])
+    meta = {**old, "groups": len(groups),
+            "visits_complete": sum(1 for g in groups if g["visit"] == regime["visits"] - 1),
+            "recorded": old.get("recorded") or old.get("provenance"), "provenance": prov}
+    write_trace(out, groups, meta)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"trace file (default {DEFAULT_OUT.relative_to(ROOT)}; --quick: the scratch results dir)")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "run-signals-trace"))
     parser.add_argument("--quick", action="store_true", help="a few questions and tokens: the pipeline, not a trace")
+    parser.add_argument("--export-only", default=None, metavar="RUN_DIR",
+                        help="export an earlier recording's generation log again (no run)")
     ns = parser.parse_args(argv)
     src = Path(ns.data)
     if not src.is_file():
         raise SystemExit(f"bench/run_signals_trace.py: no data at {src} (pass --data)")
     regime = QUICK if ns.quick else DECLARED
     out = Path(ns.out) if ns.out else (results_dir(None, True) / DEFAULT_OUT.name if ns.quick else DEFAULT_OUT)
+    if ns.export_only:
+        return export_only(Path(ns.export_only), out, src)
     run_dir = Path(ns.runs_dir) / ("quick" if ns.quick else "full")
     run_dir.mkdir(parents=True, exist_ok=True)
     rows = subset(src, regime["prompts"], regime["seed"])
@@ -137,18 +175,16 @@ def main(argv: list[str] | None = None) -> int:
     train.write_text("".join(json.dumps(r) + "\n" for r in rows[:regime["prompts"]]))
     heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[regime["prompts"]:]))
     (run_dir / "genlog.sqlite").unlink(missing_ok=True)
+    # before anything is written into the tree: the trace itself would make the tree look dirty
+    prov = provenance(Path(__file__), {"recipe": regime}, inputs=[src])
     t0 = time.time()
     summary = record(run_dir, overrides(regime, train, heldout, run_dir))
     groups = export(run_dir / "genlog.sqlite", regime["group_size"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out, "wt") as fh:
-        fh.writelines(json.dumps(g) + "\n" for g in groups)
     meta = {"recipe": regime, "data": src.name, "groups": len(groups),
             "visits_complete": sum(1 for g in groups if g["visit"] == regime["visits"] - 1),
-            "wall_s": round(time.time() - t0, 1), "rl_seconds": summary.get("rl_seconds"),
-            "provenance": provenance(Path(__file__), {"recipe": regime}, inputs=[src])}
-    out.with_suffix("").with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"{len(groups)} groups -> {out}")
+            "wall_s": round(time.time() - t0, 1), "rl_seconds": summary.get("rl_seconds"), "provenance": prov}
+    (run_dir / RECORDING).write_text(json.dumps(meta, indent=2) + "\n")  # for an --export-only later
+    write_trace(out, groups, meta)
     return 0
 
 

@@ -57,15 +57,19 @@ def test_export_numbers_the_visits_of_each_prompt_and_drops_partial_groups(tmp_p
     log = GenerationLog(tmp_path / "g.sqlite")
     rows = []
     t = 0.0
-    for pid, prompt, n, version in (("p0", "A", 2, 0), ("p1", "B", 2, 0), ("p2", "A", 2, 3), ("p3", "B", 1, 3)):
+    for pid, prompt, n, version in (("p0", "A", 2, 0), ("p1", "B", 2, 0), ("p2", "A", 2, 3), ("p3", "B", 1, 3),
+                                    ("p4/0#0", "B", 1, 4), ("p4/1#0", "B", 1, 4), ("p5", "A", 2, 5)):
         for k in range(n):
             t += 1.0
             rows.append(GenRecord(pid, prompt, 10 * (k + 1) + version, version, 0, t))
     log.append(rows)
     log.close()
     out = tr.export(tmp_path / "g.sqlite", group_size=2)
-    assert [(g["prompt"], g["visit"], g["version"]) for g in out] == [("A", 0, 0), ("B", 0, 0), ("A", 1, 3)]
-    assert out[2]["lengths"] == [13, 23]  # in finishing order
+    # p3 (B's second draw) did not finish whole: left out, but B's next draw is its third visit; p4's samples
+    # were resumed one by one on another instance (``p4/<sample>#<attempt>``) and are still one group
+    assert [(g["prompt"], g["visit"], g["version"]) for g in out] == [("A", 0, 0), ("B", 0, 0), ("A", 1, 3),
+                                                                      ("B", 2, 4), ("A", 2, 5)]
+    assert out[2]["lengths"] == [13, 23] and out[3]["lengths"] == [14, 14]  # in finishing order
     sets = tr.overrides(tr.QUICK, tmp_path / "train.jsonl", tmp_path / "heldout.jsonl", tmp_path / "run")
     assert "trainer.iterations=4" in sets and "trainer.group_size=4" in sets
 

@@ -121,8 +121,8 @@ class Injector:
         self.done: list[str] = []
         self.heal_at: float | None = None
 
-    def _ready(self) -> bool:
-        if len(_rows(self.run_dir)) < self.s.kill_after:
+    def _ready(self, rows: list[dict]) -> bool:
+        if len(rows) < self.s.kill_after:
             return False
         if "trainer" in self.s.kill or "learner" in self.s.kill:
             from services.run import recovery
@@ -130,7 +130,7 @@ class Injector:
             found = recovery.newest(recovery.recovery_dir(self.run_dir))
             # a step past the newest checkpoint, none due with it: the kill lands between two. The trainer
             # process then rolls back the steps since (rollback exercised); the learner alone must lose none
-            version = _rows(self.run_dir)[-1]["weight_version"]
+            version = rows[-1]["weight_version"]
             return found is not None and version > found.version and version % EVERY != 0
         return True
 
@@ -143,7 +143,7 @@ class Injector:
             self.proxy.set(Faults())
             self.heal_at = None
         if (self.fault_at is not None or not (self.s.kill or self.s.fault in ("partition", "reset"))
-                or not self._ready()):
+                or not self._ready(_rows(self.run_dir))):
             return
         procs = {c: _processes(self.run_dir, c) for c in self.s.kill}
         missing = [c for c, ps in procs.items() if not ps]
@@ -153,11 +153,12 @@ class Injector:
         # decided again with the processes stopped: between the check above and the kill a step could finish
         # and its checkpoint land (make test-long saw a kill after step 6, a checkpoint step), so the decision,
         # the step count and the kill all see one state
-        if not self._ready():
+        rows = _rows(self.run_dir)
+        if not self._ready(rows):
             _thaw(frozen)
             return
         self.fault_at = time.time()
-        self.steps_before = len(_rows(self.run_dir))
+        self.steps_before = len(rows)
         for component, ps in procs.items():
             for p in ps:
                 p.kill()

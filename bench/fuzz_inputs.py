@@ -277,7 +277,7 @@ def mutate_manifest(stack: Stack, manifest: pb.WeightManifest, mutations) -> pb.
                 value = {"SHMDIR": f"/dev/shm/braid-relay-{stack.sup.services[0].proc.pid}",
                          "SHMBLOB": _a_blob(stack)}.get(value, value)
             if name == "host_id" and value == "HOST":
-                from services.weights.store import host_id
+                from services.weights.blob import host_id
 
                 value = host_id()
             setattr(out, name, value)
@@ -373,7 +373,7 @@ def _score_request(stack: Stack, drawn) -> pb.ScoreRequest:
 
 
 def _host() -> str:
-    from services.weights.store import host_id
+    from services.weights.blob import host_id
 
     return host_id()
 

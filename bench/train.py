@@ -92,7 +92,7 @@ def heap_in_use() -> int:
 def measured_push(learner, leader: bool) -> int:
     """Peak bytes a weight push adds on this rank: heap above its level before the push, sampled
     while each drawn tensor is alive, plus the shared-memory snapshot blob (rank 0 only)."""
-    from services.weights.store import private_shm_dir
+    from services.weights.blob import private_shm_dir
     from services.weights.values import snapshot_blob
 
     base, peak = heap_in_use(), [0]

@@ -341,6 +341,18 @@ class WeightsConfig(StrictModel):
         description="Between requests: an idle SGS instance checks its relay this often and takes a newer version "
         "(0 = only when the coordinator tells it; the trainer does so in every mode).",
     )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="The dtype weight versions travel and are held in: the trainer's publisher casts each version "
+        "to it, and a vLLM SGS takes versions in it (it serves in generation.dtype). Set it to the serving dtype "
+        "(bfloat16 on GPUs): nothing then crosses the link that the SGS would round away, and deltas pay.",
+    )
+    delta: bool = Field(
+        False,
+        description="Send each version as the delta from the one before it (only the changed elements; relay "
+        "transport): relays forward deltas and commit the full version; a relay or instance without the base takes "
+        "the version whole (counted). Pays in bfloat16/float16 (weights.dtype), not in float32.",
+    )
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> WeightsConfig:
@@ -572,6 +584,18 @@ class RunConfig(StrictModel):
             raise ValueError("forced_length_replay and forced_length_ramp are exclusive (both set the forced length)")
         return self
 
+
+    @model_validator(mode="after")
+    def _weights_fit(self) -> RunConfig:
+        w = self.weights
+        if w.delta and w.transport != "relay":
+            raise ValueError("weights.delta needs weights.transport: relay (deltas travel through the relays)")
+        if w.dtype != "float32" and self.generation.engine != "vllm":
+            raise ValueError(f"weights.dtype {w.dtype} needs generation.engine: vllm (the {self.generation.engine} "
+                             "engine takes float32 versions)")
+        if w.dtype != "float32" and self.trainer.lora is not None:
+            raise ValueError(f"weights.dtype {w.dtype} does not apply with trainer.lora: adapters travel in float32")
+        return self
 
     @model_validator(mode="after")
     def _agentic_fits(self) -> RunConfig:

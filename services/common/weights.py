@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # the dtypes a version may carry, by name, with their sizes in bytes: the relays check manifests
 # and place chunks without torch (importing it costs each relay process ~3.5 s of CPU)
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -232,6 +232,16 @@ class WeightStream:
         if isinstance(state, WeightStream):
             return state
         return cls(specs_of(state), iter(state.items()))
+
+    def cast(self, dtype: str) -> WeightStream:
+        """The stream with every floating-point tensor in ``dtype`` (a manifest dtype name), cast as
+        it is drawn (the publisher's wire dtype, ``weights.dtype``)."""
+        floating = {"float32", "float16", "bfloat16", "float64"}
+        specs = {n: TensorSpec(dtype, s.shape) if s.dtype in floating else s for n, s in self.specs.items()}
+        if specs == self.specs:
+            return self
+        target = torch_dtype(dtype)
+        return WeightStream(specs, ((n, t.to(target) if t.is_floating_point() else t) for n, t in self.tensors))
 
     def host_copies(self) -> dict[str, torch.Tensor]:
         """Draw the whole stream into a dict of host copies (one full copy of the model)."""

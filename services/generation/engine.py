@@ -173,11 +173,14 @@ ENGINES: dict[str, str] = {
 
 
 def create_engine(key: str, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
-                  adapter: LoraConfig | None = None) -> Engine:
+                  adapter: LoraConfig | None = None, weights_dtype: str = "float32") -> Engine:
     """Build the engine registered under ``key`` for the checkpoint at ``model_path``
     (``step_delay_s``: an injected delay per engine step, to emulate a straggler; ``adapter``: serve
-    base + a LoRA adapter of this shape, ``trainer.lora``, and take adapters as weight versions)."""
+    base + a LoRA adapter of this shape, ``trainer.lora``, and take adapters as weight versions;
+    ``weights_dtype``: the dtype weight versions arrive in, ``weights.dtype``: float32 for every
+    engine, others for vLLM only)."""
     if key not in ENGINES:
         raise ValueError(f"unknown engine {key!r}; registered: {sorted(ENGINES)}")
     module, factory = ENGINES[key].split(":")
-    return getattr(importlib.import_module(module), factory)(model_path, cfg, step_delay_s, adapter=adapter)
+    extra = {} if weights_dtype == "float32" else {"weights_dtype": weights_dtype}
+    return getattr(importlib.import_module(module), factory)(model_path, cfg, step_delay_s, adapter=adapter, **extra)

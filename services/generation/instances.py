@@ -70,7 +70,7 @@ def create_instance_engine(run_cfg: RunConfig, model: str, index: int) -> Engine
     cfg = run_cfg.generation
     # trainer.lora set: the trainer pushes adapters only, and this instance serves base + adapter.
     return create_engine(cfg.engine, model, cfg, step_delay_s=cfg.delay_of(index) / 1000.0,
-                         adapter=run_cfg.trainer.lora)
+                         adapter=run_cfg.trainer.lora, weights_dtype=run_cfg.weights.dtype)
 
 
 def build_instance(
@@ -93,6 +93,7 @@ def build_instance(
     servicer = GenerationServicer(
         core, cfg, vocab_size=engine.vocab_size, max_positions=engine.max_positions, relay=relay_client,
         relay_streams=run_cfg.weights.streams, pull_wait_s=run_cfg.weights.pull_wait_s,
+        delta=run_cfg.weights.delta,
     )
     server, port = create_server(servicer, address, max_message_mb=cfg.max_message_mb,
                                  workers=rpc_workers(cfg.max_inflight), tls=tls, executor=executor)

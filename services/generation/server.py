@@ -167,8 +167,10 @@ MAX_TAG_CHARS = 256
 class GenerationServicer(pb_grpc.GenerationServicer):
     def __init__(
         self, core: GenerationCore, cfg: GenerationConfig, *, vocab_size: int, max_positions: int,
-        relay=None, relay_streams: int = 1, pull_wait_s: float = 300.0,
+        relay=None, relay_streams: int = 1, pull_wait_s: float = 300.0, delta: bool = False,
     ) -> None:
+        """``delta`` (``weights.delta``): keep the version pulled last and ask the relay for the next
+        as the delta from it."""
         self.core = core
         self.cfg = cfg
         self.vocab_size = vocab_size
@@ -177,6 +179,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self.relay_streams = relay_streams
         self.pull_wait_s = pull_wait_s
         self._pull_lock = threading.Lock()
+        self.delta = delta
+        self._held = None  # the version pulled last (delta_blob.Held): the base of the next delta
+        self.pulls = {"delta": 0, "whole": 0, "fallback": 0}  # how versions came from the relay
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)
@@ -255,13 +260,27 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 self.core.stage_weights(pulled.version, pulled.state)
             except ValueError as err:  # lost a race with a newer UpdateWeights
                 raise WeightError("precondition", str(err)) from None
-        log.info("%spulled and staged weight version %d from relay %s (%s%s)", self.core.label, pulled.version,
-                 self.relay.address, pulled.path, ", into a pre-faulted buffer" if pulled.prefaulted else "")
+            self._keep(pulled)
+        log.info("%spulled and staged weight version %d from relay %s (%s%s%s)", self.core.label, pulled.version,
+                 self.relay.address, pulled.path, ", into a pre-faulted buffer" if pulled.prefaulted else "",
+                 f"; whole: {pulled.fallback}" if pulled.fallback else "")
         if pulled.path == "tcp":  # over the network: fault in the next version's buffer now, off the next pull's path
             threading.Thread(target=self._reserve_next, args=(pulled.manifest.total_bytes,), name="sgs-reserve",
                              daemon=True).start()
         return pb.UpdateAck(version=pulled.version, staged=True, bytes=pulled.manifest.total_bytes,
-                            tensors=len(pulled.state))
+                            tensors=len(pulled.state), path=pulled.path, delta_fallback=bool(pulled.fallback),
+                            fallback_reason=pulled.fallback)
+
+    def _keep(self, pulled) -> None:
+        """Count how ``pulled`` came and, with deltas on, hold it as the next delta's base."""
+        if not self.delta:
+            return
+        from services.weights.delta_blob import Held
+
+        kind = "delta" if pulled.delta_base is not None else "fallback" if pulled.fallback else "whole"
+        self.pulls[kind] += 1
+        view = memoryview(pulled.blob)[: pulled.manifest.total_bytes]
+        self._held = Held(pulled.version, pulled.manifest, view, pulled.digest, data=pulled.blob)
 
     def _reserve_next(self, nbytes: int) -> None:
         with self._pull_lock:  # never while a pull receives; a pull waiting here gets the buffer
@@ -275,12 +294,13 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         from services.weights.client import RelayError
 
         specs = self.core.engine.param_specs()
+        have = self._held if self.delta and self._held is not None and self._held.manifest.specs() == specs else None
         try:
-            return self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=specs)
+            return self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=specs, have=have)
         except RelayError as err:
             if version < 0 or err.code != grpc.StatusCode.NOT_FOUND:
                 raise
-            pulled = self.relay.pull(-1, streams=self.relay_streams, wait_s=0.0, specs=specs)
+            pulled = self.relay.pull(-1, streams=self.relay_streams, wait_s=0.0, specs=specs, have=have)
             if pulled.version < version:
                 raise err from None
             log.info("%sversion %d is no longer held by relay %s: took its newest, %d", self.core.label, version,

@@ -98,7 +98,9 @@ class VLLMEngine(Engine):
     supports_interrupt = True
 
     def __init__(self, model_path: str, cfg: GenerationConfig, step_delay_s: float = 0.0,
-                 adapter: LoraConfig | None = None) -> None:
+                 adapter: LoraConfig | None = None, weights_dtype: str = "float32") -> None:
+        """``weights_dtype``: the dtype weight versions arrive in (``weights.dtype``); they are cast to
+        the serving dtype on load."""
         info = inspect_checkpoint(model_path)
         cuda = torch.cuda.is_available()
         if not cuda and info.head_dim not in CPU_HEAD_SIZES:
@@ -151,11 +153,11 @@ class VLLMEngine(Engine):
         blocks = self._engine.vllm_config.cache_config.num_gpu_blocks or cfg.num_blocks
         self._capacity_tokens = int(blocks) * cfg.page_size
         self._running: dict[str, _Running] = {}
-        # Weight updates arrive as the trainer holds them (float32 today) and are cast to the serving
-        # dtype on load, so the schema a push is validated against is float32.
+        # Weight versions arrive in weights.dtype (the trainer's publisher casts them) and are cast to
+        # the serving dtype on load: a push is validated against the model's tensors in that dtype.
         self._adapters: _Adapters | None = None
         if adapter is None:
-            self._specs = tensor_specs(model_path, torch.float32)
+            self._specs = tensor_specs(model_path, getattr(torch, weights_dtype))
         else:
             self._specs = adapter_specs(model_path, adapter)
             self._adapters = _Adapters(self._engine, model_path, adapter)

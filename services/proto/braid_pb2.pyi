@@ -113,16 +113,22 @@ class WeightChunk(_message.Message):
     def __init__(self, version: _Optional[int] = ..., name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., tensor_bytes: _Optional[int] = ..., last: _Optional[bool] = ..., digest: _Optional[str] = ..., index: _Optional[int] = ..., chunk_digest: _Optional[str] = ...) -> None: ...
 
 class UpdateAck(_message.Message):
-    __slots__ = ("version", "staged", "bytes", "tensors")
+    __slots__ = ("version", "staged", "bytes", "tensors", "path", "delta_fallback", "fallback_reason")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STAGED_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
     version: int
     staged: bool
     bytes: int
     tensors: int
-    def __init__(self, version: _Optional[int] = ..., staged: _Optional[bool] = ..., bytes: _Optional[int] = ..., tensors: _Optional[int] = ...) -> None: ...
+    path: str
+    delta_fallback: bool
+    fallback_reason: str
+    def __init__(self, version: _Optional[int] = ..., staged: _Optional[bool] = ..., bytes: _Optional[int] = ..., tensors: _Optional[int] = ..., path: _Optional[str] = ..., delta_fallback: _Optional[bool] = ..., fallback_reason: _Optional[str] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
@@ -191,7 +197,7 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("version", "tensors", "chunk_bytes", "version_digest", "chunk_digests", "shm_path", "host_id")
+    __slots__ = ("version", "tensors", "chunk_bytes", "version_digest", "chunk_digests", "shm_path", "host_id", "delta", "delta_base")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +205,8 @@ class WeightManifest(_message.Message):
     CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
     chunk_bytes: int
@@ -206,7 +214,9 @@ class WeightManifest(_message.Message):
     chunk_digests: _containers.RepeatedScalarFieldContainer[str]
     shm_path: str
     host_id: str
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., version_digest: _Optional[str] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., shm_path: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+    delta: bool
+    delta_base: int
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., chunk_bytes: _Optional[int] = ..., version_digest: _Optional[str] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., shm_path: _Optional[str] = ..., host_id: _Optional[str] = ..., delta: _Optional[bool] = ..., delta_base: _Optional[int] = ...) -> None: ...
 
 class PushMessage(_message.Message):
     __slots__ = ("manifest", "chunk", "part", "parts", "version_digest", "sender")
@@ -237,7 +247,7 @@ class PushAck(_message.Message):
     def __init__(self, version: _Optional[int] = ..., committed: _Optional[bool] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("version", "from_chunk", "part", "parts", "allow_shm", "host_id", "wait_s", "to_chunk", "head_only")
+    __slots__ = ("version", "from_chunk", "part", "parts", "allow_shm", "host_id", "wait_s", "to_chunk", "head_only", "delta_ok", "have_version", "have_digest")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     FROM_CHUNK_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +257,9 @@ class PullRequest(_message.Message):
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     TO_CHUNK_FIELD_NUMBER: _ClassVar[int]
     HEAD_ONLY_FIELD_NUMBER: _ClassVar[int]
+    DELTA_OK_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAVE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     version: int
     from_chunk: int
     part: int
@@ -256,7 +269,10 @@ class PullRequest(_message.Message):
     wait_s: float
     to_chunk: int
     head_only: bool
-    def __init__(self, version: _Optional[int] = ..., from_chunk: _Optional[int] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., allow_shm: _Optional[bool] = ..., host_id: _Optional[str] = ..., wait_s: _Optional[float] = ..., to_chunk: _Optional[int] = ..., head_only: _Optional[bool] = ...) -> None: ...
+    delta_ok: bool
+    have_version: int
+    have_digest: str
+    def __init__(self, version: _Optional[int] = ..., from_chunk: _Optional[int] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., allow_shm: _Optional[bool] = ..., host_id: _Optional[str] = ..., wait_s: _Optional[float] = ..., to_chunk: _Optional[int] = ..., head_only: _Optional[bool] = ..., delta_ok: _Optional[bool] = ..., have_version: _Optional[int] = ..., have_digest: _Optional[str] = ...) -> None: ...
 
 class PullMessage(_message.Message):
     __slots__ = ("manifest", "chunk")
@@ -271,7 +287,7 @@ class VersionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class VersionInfo(_message.Message):
-    __slots__ = ("version", "bytes", "chunks", "digest", "complete", "received", "fingerprint", "committed_at")
+    __slots__ = ("version", "bytes", "chunks", "digest", "complete", "received", "fingerprint", "committed_at", "delta", "delta_base")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +296,8 @@ class VersionInfo(_message.Message):
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_FIELD_NUMBER: _ClassVar[int]
     version: int
     bytes: int
     chunks: int
@@ -288,7 +306,9 @@ class VersionInfo(_message.Message):
     received: int
     fingerprint: str
     committed_at: float
-    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., digest: _Optional[str] = ..., complete: _Optional[bool] = ..., received: _Optional[int] = ..., fingerprint: _Optional[str] = ..., committed_at: _Optional[float] = ...) -> None: ...
+    delta: bool
+    delta_base: int
+    def __init__(self, version: _Optional[int] = ..., bytes: _Optional[int] = ..., chunks: _Optional[int] = ..., digest: _Optional[str] = ..., complete: _Optional[bool] = ..., received: _Optional[int] = ..., fingerprint: _Optional[str] = ..., committed_at: _Optional[float] = ..., delta: _Optional[bool] = ..., delta_base: _Optional[int] = ...) -> None: ...
 
 class VersionsReply(_message.Message):
     __slots__ = ("relay_id", "versions", "latest", "downstream", "host_id")
@@ -333,7 +353,7 @@ class ChainReply(_message.Message):
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class TransferRequest(_message.Message):
-    __slots__ = ("direction", "version", "manifest", "from_chunk", "to_chunk", "wait_s", "sender")
+    __slots__ = ("direction", "version", "manifest", "from_chunk", "to_chunk", "wait_s", "sender", "delta_ok", "have_version", "have_digest")
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +361,9 @@ class TransferRequest(_message.Message):
     TO_CHUNK_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    DELTA_OK_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAVE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     direction: str
     version: int
     manifest: WeightManifest
@@ -348,7 +371,10 @@ class TransferRequest(_message.Message):
     to_chunk: int
     wait_s: float
     sender: str
-    def __init__(self, direction: _Optional[str] = ..., version: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., from_chunk: _Optional[int] = ..., to_chunk: _Optional[int] = ..., wait_s: _Optional[float] = ..., sender: _Optional[str] = ...) -> None: ...
+    delta_ok: bool
+    have_version: int
+    have_digest: str
+    def __init__(self, direction: _Optional[str] = ..., version: _Optional[int] = ..., manifest: _Optional[_Union[WeightManifest, _Mapping]] = ..., from_chunk: _Optional[int] = ..., to_chunk: _Optional[int] = ..., wait_s: _Optional[float] = ..., sender: _Optional[str] = ..., delta_ok: _Optional[bool] = ..., have_version: _Optional[int] = ..., have_digest: _Optional[str] = ...) -> None: ...
 
 class TransferGrant(_message.Message):
     __slots__ = ("token", "port", "tls_port", "ttl_s", "version", "manifest", "from_chunk")

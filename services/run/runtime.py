@@ -212,6 +212,7 @@ class TrainerRuntime(HeldOut):
             "learner_restarts": len(getattr(self.learner, "revivals", ())),  # a learner process replaced
             "t_start": t_start,
             "t_end": t_end,
+            **self.publisher.transport.delta_metrics(),  # weights.delta: versions sent and taken as deltas / whole
             **(extra or {}),
         }
         if getattr(self.learner, "synthetic", False):  # EMULATED: wall seconds are modelled seconds x this

@@ -55,6 +55,11 @@ class WeightTransport(ABC):
         """The newest version the transport's own servers hold or receive (-1: none; direct: none)."""
         return -1
 
+    def delta_metrics(self) -> dict[str, int]:
+        """Cumulative counts of versions sent and taken as deltas, whole, and whole after a refused
+        delta (``weights.delta``; none otherwise), for the run's metrics."""
+        return {}
+
     def raise_if_failed(self) -> None:  # noqa: B027 - optional hook: no background work, nothing to raise
         """Raise in the trainer if a background hand-over failed."""
 
@@ -108,9 +113,12 @@ class RelayTransport(WeightTransport):
         self._cond = threading.Condition()
         self._master_client: RelayClient | None = None
         self._spare = None  # a pre-populated blob for the next snapshot (made after each push)
+        self._base = None  # weights.delta: the last version pushed (delta_blob.Held), the next delta's base
+        self.sent: dict[int, dict] = {}  # per version pushed: how (delta / whole / fallback), bytes, encode s
+        self.pull_counts = {"delta": 0, "whole": 0, "fallback": 0}  # how instances took versions from relays
         self._shm = None
         if cfg.shm:
-            from services.weights.store import private_shm_dir
+            from services.weights.blob import private_shm_dir
 
             self._shm = private_shm_dir("trainer")
         nodes = []
@@ -148,7 +156,7 @@ class RelayTransport(WeightTransport):
 
         with self._cond:
             spare, self._spare = self._spare, None
-        return snapshot_blob(state, self.cfg.chunk_bytes, self._shm_dir, spare)
+        return snapshot_blob(state, self.cfg.chunk_bytes, self._shm_dir, spare, dtype=self.cfg.dtype)
 
     @property
     def _shm_dir(self) -> Path | None:
@@ -161,7 +169,7 @@ class RelayTransport(WeightTransport):
 
     def _prepare_spare(self, size: int) -> None:
         """Allocate and fault in the next snapshot's buffer off the trainer's thread."""
-        from services.weights.store import Blob
+        from services.weights.blob import Blob
 
         with self._cond:
             if self._spare is not None and self._spare.size == size:
@@ -182,7 +190,11 @@ class RelayTransport(WeightTransport):
         except RuntimeError:
             self.raise_if_failed()
             raise
-        _pull_through_relay_restart(client, target, self.cfg.pull_wait_s)
+        ack = _pull_through_relay_restart(client, target, self.cfg.pull_wait_s)
+        if ack.staged:
+            kind = "delta" if ack.path.startswith("delta") else "fallback" if ack.delta_fallback else "whole"
+            with self._cond:
+                self.pull_counts[kind] += 1
 
     def newest_held(self) -> int:
         """The newest version any reachable relay holds, complete or still arriving."""
@@ -208,18 +220,81 @@ class RelayTransport(WeightTransport):
         self.controller.stop()
         if self._spare is not None:
             self._spare.release()
+        if self._base is not None:
+            self._base.data.release()
         if self._shm is not None:
             import shutil
 
             shutil.rmtree(self._shm, ignore_errors=True)
 
     def _send(self, version: int, wb) -> None:
-        try:
-            self._push_with_failover(version, wb)
-        finally:
-            wb.blob.release()
+        if not self.cfg.delta:
+            try:
+                self._push_with_failover(version, wb)
+            finally:
+                wb.blob.release()
+            return
+        from services.weights.delta_blob import Held
 
-    def _push_with_failover(self, version: int, wb) -> None:
+        digest = None
+        try:
+            digest = self._send_delta(version, wb)
+        finally:
+            old, self._base = self._base, None
+            if digest is not None:  # the master holds this version: the next delta's base
+                self._base = Held(version, wb.manifest, wb.blob.view, digest, data=wb.blob)
+            else:
+                wb.blob.release()
+            if old is not None:
+                old.data.release()
+
+    def _send_delta(self, version: int, wb) -> str:
+        """Push ``version`` as the delta from the last version pushed when that pays, else whole; a
+        master without the base (restarted, a new master) takes it whole (counted). Returns its digest."""
+        import grpc
+
+        from services.weights import delta_blob
+        from services.weights.client import RelayError
+
+        t0 = time.perf_counter()
+        enc = delta_blob.encode(wb.manifest, wb.blob.view, version=version, base=self._base, algo=self.cfg.digest,
+                                shm_dir=self._shm_dir)
+        row = {"full_bytes": wb.manifest.total_bytes, "delta_bytes": enc.delta_bytes,
+               "encode_s": round(time.perf_counter() - t0, 4), "digest": enc.digest}
+        if enc.delta is not None:
+            try:
+                self._push_with_failover(version, enc.delta, delta_base=self._base.version)
+                self.sent[version] = {**row, "sent": "delta"}
+                return enc.digest
+            except RelayError as err:
+                if err.code != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                row["fallback"] = str(err)
+                log.warning("version %d: the master took no delta (%s); pushing it whole", version, err)
+            finally:
+                enc.delta.blob.release()
+        self._push_with_failover(version, wb, digests=enc.chunk_digests)
+        self.sent[version] = {**row, "sent": "fallback" if "fallback" in row else "whole"}
+        return enc.digest
+
+    def delta_counts(self) -> dict[str, int]:
+        """Versions pushed as deltas, whole (no base, or no smaller), and whole after a refused delta."""
+        counts = {"delta": 0, "whole": 0, "fallback": 0}
+        for row in list(self.sent.values()):
+            counts[row["sent"]] += 1
+        return counts
+
+    def delta_metrics(self) -> dict[str, int]:
+        if not self.cfg.delta:
+            return {}
+        with self._cond:
+            pulls = dict(self.pull_counts)
+        pushes = self.delta_counts()
+        return {**{f"weights_pushed_{k}": n for k, n in pushes.items()},
+                **{f"weights_pulled_{k}": n for k, n in pulls.items()}}
+
+    def _push_with_failover(self, version: int, wb, *, delta_base: int | None = None,
+                            digests: list[str] | None = None) -> None:
         """Push to the master; if it is unreachable, wait for the controller to name another."""
         import grpc
 
@@ -229,7 +304,8 @@ class RelayTransport(WeightTransport):
             with self._cond:
                 master = self._master_client
             try:
-                master.push(wb, version, streams=self.cfg.streams, use_shm=self.cfg.shm, algo=self.cfg.digest)
+                master.push(wb, version, streams=self.cfg.streams, use_shm=self.cfg.shm, algo=self.cfg.digest,
+                            delta_base=delta_base, digests=digests)
                 return
             except RelayError as err:
                 if err.code == grpc.StatusCode.ALREADY_EXISTS:
@@ -242,7 +318,7 @@ class RelayTransport(WeightTransport):
         raise RuntimeError(f"no master relay accepted version {version} after {MASTER_RETRIES} tries")
 
 
-def _pull_through_relay_restart(client: GenerationClient, version: int, wait_s: float) -> None:
+def _pull_through_relay_restart(client: GenerationClient, version: int, wait_s: float):
     """Tell the instance to pull ``version``; an UNAVAILABLE from an instance that still answers
     ``Health`` means its relay is down (being restarted, or cut out of the chain): retry for up to
     ``RELAY_DOWN_WAIT_S``. An instance that does not answer is lost: the error goes up."""
@@ -251,8 +327,7 @@ def _pull_through_relay_restart(client: GenerationClient, version: int, wait_s: 
     deadline = time.monotonic() + RELAY_DOWN_WAIT_S
     while True:
         try:
-            client.pull_weights(version, wait_s=wait_s)
-            return
+            return client.pull_weights(version, wait_s=wait_s)
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                 raise

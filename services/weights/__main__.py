@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("relay")
 
     from services.common.certs import site_files
+    from services.weights.blob import private_shm_dir
     from services.weights.server import RelayServicer, chain_problem, create_server
-    from services.weights.store import VersionStore, private_shm_dir
+    from services.weights.store import VersionStore
 
     if ns.upstream and (why := chain_problem(_chain_request(ns.upstream))):
         parser.error(f"--upstream: {why}")

@@ -46,8 +46,10 @@ from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
 from services.weights import datachan as dc
 from services.weights import datapath
+from services.weights.blob import host_id
 from services.weights.convert import manifest_from_pb, manifest_to_pb
-from services.weights.store import host_id
+from services.weights.delta import DeltaError
+from services.weights.delta_blob import Held, materialize
 from services.weights.values import (
     Pulled,
     RelayError,
@@ -135,10 +137,12 @@ class RelayClient:
     # ------------------------------------------------------------------ push
     def push(
         self, wb: WeightBlob, version: int, *, streams: int = 1, use_shm: bool = True, algo: str = "xxh3_128",
-        from_chunk: int = 0, sender: str = "trainer", digests: list[str] | None = None,
+        from_chunk: int = 0, sender: str = "trainer", digests: list[str] | None = None, delta_base: int | None = None,
     ) -> bool:
-        """Push one version; returns True when the relay reports it committed."""
+        """Push one version (``delta_base``: ``wb`` is the delta from that version, ``delta_blob``);
+        returns True when the relay reports it committed."""
         m = wb.manifest
+        delta = {} if delta_base is None else {"delta": True, "delta_base": delta_base}
         lazy = datapath.LazyDigests(m, wb.blob.view, algo, digests)
 
         def frames(start: int):  # chunk digests computed as the chunks go (hashing overlaps the transfer)
@@ -148,7 +152,7 @@ class RelayClient:
             digests, vdigest = lazy.all(), lazy.version()
             msg = pb.PushMessage(
                 manifest=manifest_to_pb(m, version, chunk_digests=digests, shm_path=str(wb.blob.path),
-                                        host_id=self._host),
+                                        host_id=self._host, **delta),
                 parts=1, version_digest=vdigest, sender=sender,
             )
             try:
@@ -158,7 +162,7 @@ class RelayClient:
                     raise  # the relay cannot adopt files (no shared memory there): stream instead
         if self.data_path == "tcp":  # the grant says where to resume (what the relay holds in a row)
             try:
-                committed = self.try_data_channel(self.push_data, m, version, frames, sender)
+                committed = self.try_data_channel(self.push_data, m, version, frames, sender, delta)
             except RelayError as err:
                 if err.code == grpc.StatusCode.ALREADY_EXISTS and "already held" in str(err):
                     return True  # a re-push after a failover: the new master has it already
@@ -180,7 +184,7 @@ class RelayClient:
         def run(part: int) -> None:
             try:
                 acks[part] = self._call_push(
-                    self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender)
+                    self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender, delta)
                 )
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 acks[part] = exc
@@ -197,9 +201,10 @@ class RelayClient:
         return any(a.committed for a in acks) or self.versions().versions.get(version, _NONE).complete
 
     def _push_messages(
-        self, wb, version, digests, vdigest, part, parts, from_chunk, sender
+        self, wb, version, digests, vdigest, part, parts, from_chunk, sender, delta
     ) -> Iterator[pb.PushMessage]:
-        yield pb.PushMessage(manifest=manifest_to_pb(wb.manifest, version), part=part, parts=parts, sender=sender)
+        yield pb.PushMessage(manifest=manifest_to_pb(wb.manifest, version, **delta), part=part, parts=parts,
+                             sender=sender)
         for ref in wb.manifest.plan[from_chunk:]:
             if ref.index % parts == part:
                 chunk = blob_chunk(wb.manifest, wb.blob.view, ref, version, digests[ref.index])
@@ -219,12 +224,15 @@ class RelayClient:
     def _dial(self, grant: pb.TransferGrant, direction: int):
         return self.kept.dial(self._data_host, self._data_port(grant), self._tls, direction, grant.version, grant.token)
 
-    def push_data(self, manifest: Manifest, version: int, frames, sender: str = "trainer") -> bool:
+    def push_data(self, manifest: Manifest, version: int, frames, sender: str = "trainer",
+                  delta: dict | None = None) -> bool:
         """Push over the data channel: ``frames(start)`` yields (index, digest, bytes) from chunk
-        ``start`` (what the relay already holds in a row), then (END, version digest, b"")."""
+        ``start`` (what the relay already holds in a row), then (END, version digest, b"");
+        ``delta``: the manifest's delta fields (``convert.delta_fields``)."""
         while True:
             grant = self.open_transfer(pb.TransferRequest(
-                direction="push", version=version, manifest=manifest_to_pb(manifest, version), sender=sender))
+                direction="push", version=version, manifest=manifest_to_pb(manifest, version, **(delta or {})),
+                sender=sender))
             sock, reused = self._dial(grant, dc.PUSH)
             try:
                 # closes the socket unless it ended cleanly
@@ -274,12 +282,13 @@ class RelayClient:
     # ------------------------------------------------------------------ pull
     def iter_pull(
         self, version: int = -1, *, from_chunk: int = 0, to_chunk: int = 0, part: int = 0, parts: int = 1,
-        allow_shm: bool = False, wait_s: float = 0.0, head_only: bool = False,
+        allow_shm: bool = False, wait_s: float = 0.0, head_only: bool = False, have: Held | None = None,
     ) -> tuple[pb.WeightManifest, Iterator[Chunk]]:
-        """Open a pull stream: (the manifest message, an iterator over the chunks)."""
+        """Open a pull stream: (the manifest message, an iterator over the chunks); ``have``: the
+        version this caller holds (the relay may send the delta from it)."""
         req = pb.PullRequest(
             version=version, from_chunk=from_chunk, to_chunk=to_chunk, part=part, parts=parts, allow_shm=allow_shm,
-            host_id=self._host, wait_s=wait_s, head_only=head_only,
+            host_id=self._host, wait_s=wait_s, head_only=head_only, **_have_fields(have),
         )
         call = self._pull(req, timeout=self.timeout_s + wait_s)
         try:
@@ -300,26 +309,57 @@ class RelayClient:
 
     def pull(
         self, version: int = -1, *, streams: int = 1, allow_shm: bool = True, wait_s: float = 0.0,
-        specs: dict | None = None,
+        specs: dict | None = None, have: Held | None = None,
     ) -> Pulled:
         """Fetch a whole version (``-1`` = latest), verified; ``specs`` (the receiver's parameter
-        specs) refuse a different model's parameters."""
+        specs) refuse a different model's parameters. ``have``: the version this caller holds; the
+        relay then sends the delta from it when it has one (applied here to a copy, the result's
+        digest checked: ``Pulled.delta_bytes``), else the version whole (``Pulled.fallback`` says why)."""
+        pulled = self._pull_any(version, streams, allow_shm, wait_s, specs, have)
+        if pulled.delta_base is not None:
+            try:
+                return self._applied(pulled, have)
+            except DeltaError as err:  # the buffer is thrown away; the version comes whole instead
+                log.warning("delta %d -> %d from relay %s did not apply (%s); pulling it whole", have.version,
+                            pulled.version, self.address, err)
+                whole = self._pull_any(pulled.version, streams, allow_shm, 0.0, specs, None)
+                whole.fallback = f"the delta from version {have.version} did not apply: {err}"
+                return whole
+        if have is not None and pulled.path != "shm":  # shared memory maps the full version: nothing to save
+            pulled.fallback = f"relay {self.address} has no delta from version {have.version} to {pulled.version}"
+        return pulled
+
+    def _pull_any(self, version, streams, allow_shm, wait_s, specs, have) -> Pulled:
+        """The version, or the delta to it from ``have``, as the relay sends it (not yet applied)."""
         if self.data_path == "tcp" and not allow_shm:  # one round trip: the grant carries manifest and digests
-            pulled = self.try_data_channel(self._pull_granted, version, wait_s, specs)
+            pulled = self.try_data_channel(self._pull_granted, version, wait_s, specs, have)
             if pulled is not None:
                 return pulled
-        head, _ = self.iter_pull(version, allow_shm=allow_shm, wait_s=wait_s, head_only=True)
+        head, _ = self.iter_pull(version, allow_shm=allow_shm, wait_s=wait_s, head_only=True, have=have)
         m = manifest_from_pb(head)
-        _check_specs(head.version, m, specs)
+        if not head.delta:
+            _check_specs(head.version, m, specs)
         if head.shm_path:
             pulled = self._pull_shm(head, m)
             if pulled is not None:
                 return pulled
+        have = have if head.delta else None  # every range of a delta is asked for as the head was
         if self.data_path == "tcp":
-            pulled = self.try_data_channel(self._pull_data, head.version, m, head.version_digest)
+            pulled = self.try_data_channel(self._pull_data, head.version, m, head.version_digest, None, have)
             if pulled is not None:
                 return pulled
-        return self._pull_streams(head.version, m, head.version_digest, streams)
+        return self._pull_streams(head.version, m, head.version_digest, streams, have)
+
+    def _applied(self, pulled: Pulled, have: Held) -> Pulled:
+        """The version a pulled delta leads to from ``have``: applied to a private copy, checked."""
+        buf = datapath.private_buffer(have.manifest.total_bytes)
+        view = memoryview(buf)[: have.manifest.total_bytes]
+        applied = materialize(have, pulled.manifest, memoryview(pulled.blob)[: pulled.manifest.total_bytes], view)
+        if applied.version != pulled.version:
+            raise WeightError("integrity", f"relay sent a delta to version {applied.version} for {pulled.version}")
+        return Pulled(pulled.version, have.manifest, buf, state_from_blob(have.manifest, view), applied.digest,
+                      f"delta+{pulled.path}", pulled.refetched, delta_bytes=pulled.manifest.total_bytes,
+                      delta_base=have.version)
 
     def _pull_shm(self, head: pb.WeightManifest, m: Manifest) -> Pulled | None:
         try:
@@ -342,17 +382,23 @@ class RelayClient:
         self._refetch(head.version, m, copy, digests, bad)
         return Pulled(head.version, m, copy, state_from_blob(m, copy), head.version_digest, "shm", len(bad))
 
-    def _pull_granted(self, version: int, wait_s: float, specs: dict | None) -> Pulled:
-        grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, wait_s=wait_s))
+    def _pull_granted(self, version: int, wait_s: float, specs: dict | None, have: Held | None) -> Pulled:
+        grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, wait_s=wait_s,
+                                                      **_have_fields(have)))
         m = manifest_from_pb(grant.manifest)
-        _check_specs(grant.version, m, specs)
-        return self._pull_data(grant.version, m, grant.manifest.version_digest, grant)
+        if not grant.manifest.delta:
+            _check_specs(grant.version, m, specs)
+        return self._pull_data(grant.version, m, grant.manifest.version_digest, grant,
+                               have if grant.manifest.delta else None)
 
-    def _pull_data(self, version: int, m: Manifest, vdigest: str, grant: pb.TransferGrant | None = None) -> Pulled:
+    def _pull_data(self, version: int, m: Manifest, vdigest: str, grant: pb.TransferGrant | None = None,
+                   have: Held | None = None) -> Pulled:
         """Pull over the data channel into one preallocated buffer; resume a broken stream from
         the first missing chunk, re-fetch corrupted chunks alone. ``grant``: a whole-version
-        grant already opened."""
-        buf, self._spare_buf = self._spare_buf, None
+        grant already opened; ``have``: the pull is of the delta from that version."""
+        buf = None
+        if have is None:  # the reserved buffer is for a whole version
+            buf, self._spare_buf = self._spare_buf, None
         prefaulted = buf is not None and len(buf) == max(m.total_bytes, 1)
         if not prefaulted:
             buf = datapath.private_buffer(m.total_bytes)
@@ -362,7 +408,7 @@ class RelayClient:
         while (start := datapath.first_missing(got)) < n:
             bad: list[int] = []
             try:
-                self._receive_range(version, m, view, vdigest, start, n, got, bad, grant if start == 0 else None)
+                self._receive_range(version, m, view, vdigest, start, n, got, bad, grant if start == 0 else None, have)
                 grant = None
             except RelayError as err:
                 grant = None
@@ -373,7 +419,7 @@ class RelayClient:
                             datapath.first_missing(got, start))
             for index in bad:  # corrupted in transit: fetch it again alone
                 for _ in range(REFETCH_TRIES):
-                    self._receive_range(version, m, view, vdigest, index, index + 1, got, [])
+                    self._receive_range(version, m, view, vdigest, index, index + 1, got, [], None, have)
                     if got[index]:
                         break
                 else:
@@ -382,12 +428,12 @@ class RelayClient:
                         f"chunk {index} of version {version} corrupted on every one of {REFETCH_TRIES} tries",
                     )
             refetched += len(bad)
-        return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "tcp", refetched, prefaulted)
+        return _pulled(version, m, buf, view, vdigest, "tcp", refetched, have, prefaulted)
 
-    def _receive_range(self, version, m, view, vdigest, start, stop, got, bad, grant=None) -> None:
+    def _receive_range(self, version, m, view, vdigest, start, stop, got, bad, grant=None, have=None) -> None:
         if grant is None:
             grant = self.open_transfer(pb.TransferRequest(direction="pull", version=version, from_chunk=start,
-                                                          to_chunk=stop))
+                                                          to_chunk=stop, **_have_fields(have)))
         digests = list(grant.manifest.chunk_digests)
         if grant.version != version or len(digests) != len(m.plan) or grant.manifest.version_digest != vdigest \
                 or version_digest(digests) != vdigest:
@@ -398,7 +444,7 @@ class RelayClient:
         datapath.receive_version(sock, m, view, digests, vdigest, start, stop, got, bad)  # closes it unless complete
         self.kept.give(self._data_port(grant), sock)
 
-    def _pull_streams(self, version: int, m: Manifest, vdigest: str, streams: int) -> Pulled:
+    def _pull_streams(self, version: int, m: Manifest, vdigest: str, streams: int, have: Held | None) -> Pulled:
         buf = mmap.mmap(-1, max(m.total_bytes, 1))
         view = memoryview(buf)[: m.total_bytes]
         digests: list[str] = [""] * len(m.plan)
@@ -408,7 +454,7 @@ class RelayClient:
 
         def run(part: int) -> None:
             try:
-                _, chunks = self.iter_pull(version, part=part, parts=parts)
+                _, chunks = self.iter_pull(version, part=part, parts=parts, have=have)
                 for c in chunks:
                     self._place(m, view, c, digests, bad)
             except BaseException as exc:  # noqa: BLE001 - re-raised below
@@ -424,13 +470,13 @@ class RelayClient:
             raise errors[0]
         refetched = len(bad)
         if bad:
-            self._refetch(version, m, view, digests, bad)
+            self._refetch(version, m, view, digests, bad, have)
         missing = [i for i, d in enumerate(digests) if not d]
         if missing:
             raise WeightError("argument", f"version {version}: chunks {missing[:5]} never arrived")
         if version_digest(digests) != vdigest:
             raise WeightError("integrity", f"version digest mismatch for version {version}")
-        return Pulled(version, m, buf, state_from_blob(m, view), vdigest, "stream", refetched)
+        return _pulled(version, m, buf, view, vdigest, "stream", refetched, have)
 
     @staticmethod
     def _place(m: Manifest, view, c: Chunk, digests: list[str], bad: list[int]) -> None:
@@ -445,12 +491,13 @@ class RelayClient:
         view[ref.blob_offset : ref.blob_offset + ref.length] = c.data
         digests[c.index] = c.chunk_digest
 
-    def _refetch(self, version: int, m: Manifest, view, digests: list[str], bad: list[int]) -> None:
+    def _refetch(self, version: int, m: Manifest, view, digests: list[str], bad: list[int],
+                 have: Held | None = None) -> None:
         """Fetch corrupted chunks again, one at a time (a chunk failing every try is DATA_LOSS)."""
         for index in sorted(set(bad)):
             for _ in range(REFETCH_TRIES):
                 still: list[int] = []
-                _, chunks = self.iter_pull(version, from_chunk=index, to_chunk=index + 1)
+                _, chunks = self.iter_pull(version, from_chunk=index, to_chunk=index + 1, have=have)
                 for c in chunks:
                     self._place(m, view, c, digests, still)
                 if not still and digests[index]:
@@ -462,6 +509,18 @@ class RelayClient:
 
 
 _NONE = VersionState(-1, False, 0, 0, 0, "", 0.0)
+
+
+def _have_fields(have: Held | None) -> dict:
+    """The request fields that ask for the delta from a held version."""
+    return {} if have is None else {"delta_ok": True, "have_version": have.version, "have_digest": have.digest}
+
+
+def _pulled(version, m, buf, view, vdigest, path, refetched, have, prefaulted=False) -> Pulled:
+    """What a network pull received: the version (tensors viewing it), or the delta from ``have``."""
+    state = {} if have is not None else state_from_blob(m, view)
+    return Pulled(version, m, buf, state, vdigest, path, refetched, prefaulted,
+                  delta_base=None if have is None else have.version)
 
 
 def _check_specs(version: int, m: Manifest, specs: dict | None) -> None:

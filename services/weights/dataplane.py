@@ -36,7 +36,7 @@ from services.common.certs import TlsFiles
 from services.common.weights import WeightError
 from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
-from services.weights.convert import manifest_from_pb, manifest_to_pb
+from services.weights.convert import delta_base, delta_fields, manifest_from_pb, manifest_to_pb
 from services.weights.store import Incoming, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES
 
@@ -79,17 +79,19 @@ class RelayDataPlane:
             if not req.HasField("manifest"):
                 raise WeightError("argument", "a push transfer needs the manifest")
             manifest = manifest_from_pb(req.manifest)
-            inc = self.store.begin(req.manifest.version, manifest)
+            inc = self.store.begin(req.manifest.version, manifest, delta_base=delta_base(req.manifest))
             self.on_begin(inc)
             g = self.book.issue(inc.version, dc.PUSH, secure=secure, payload=inc)
             return self._grant(g, from_chunk=inc.prefix)
-        with self.store.pinned(req.version, wait_limit(req.wait_s, MAX_WAIT_S) if wait_s is None else wait_s) as s:
+        with self.store.pinned(req.version, wait_limit(req.wait_s, MAX_WAIT_S) if wait_s is None else wait_s) as full:
+            s = full.source(req.have_version, req.have_digest) if req.delta_ok else full
             n = len(s.manifest.plan)
             stop = req.to_chunk or n
             if not req.from_chunk <= stop <= n:
                 raise WeightError("argument", f"chunk range [{req.from_chunk}, {stop}) outside 0..{n}")
-            head = manifest_to_pb(s.manifest, s.version, version_digest=s.digest, chunk_digests=list(s.digests))
-            g = self.book.issue(s.version, dc.PULL, secure=secure, payload=(req.from_chunk, stop))
+            head = manifest_to_pb(s.manifest, s.version, version_digest=s.digest, chunk_digests=list(s.digests),
+                                  **delta_fields(s, full))
+            g = self.book.issue(s.version, dc.PULL, secure=secure, payload=(req.from_chunk, stop, s is not full))
         return self._grant(g, manifest=head)
 
     def _grant(self, g: dc.Grant, **extra) -> pb.TransferGrant:
@@ -156,9 +158,12 @@ class RelayDataPlane:
         except OSError:
             pass
 
-    def _serve_pull(self, version: int, start: int, stop: int, sock: socket.socket) -> bool:
+    def _serve_pull(self, version: int, start: int, stop: int, delta: bool, sock: socket.socket) -> bool:
         try:
-            with self.store.pinned(version) as s:
+            with self.store.pinned(version) as full:
+                s = full.delta if delta else full  # what the grant named (a committed version never changes)
+                if s is None:
+                    raise WeightError("not_found", f"version {version} holds no delta")
                 dc.send_status(sock, 0)
                 cut = self.truncate.pop() if self.truncate else None
                 for k, ref in enumerate(s.manifest.plan[start:stop]):

@@ -47,9 +47,11 @@ Pure: no I/O, no torch.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,6 +69,7 @@ Mode = Literal["gaps", "bitmap", "whole"]
 MODES: tuple[Mode, ...] = ("gaps", "bitmap", "whole")
 COMPRESS_MIN_GAIN = 0.02  # deflated output kept only if it saves this share: inflating costs the receiver CPU
 COMPRESS_MIN_BYTES = 256  # below this zlib's own framing eats the gain
+SAMPLE_BYTES = 1 << 14  # a section longer than twice this is judged by deflating its first SAMPLE_BYTES
 
 # magic, format, kind, mode, value coding, codec, itemsize, index, count, changed, index bytes, raw bytes,
 # payload bytes, xxh3_64, name length
@@ -191,6 +194,17 @@ def _deflated(raw: bytes, level: int) -> tuple[bytes, int]:
     return raw, 0
 
 
+def _deflated_size(section: bytes, level: int) -> float:
+    """About how many bytes ``section`` deflates to: exactly for a short one, else from deflating its
+    first ``SAMPLE_BYTES`` (the encoder then deflates only the candidate it chose, not all three)."""
+    if level <= 0 or len(section) < COMPRESS_MIN_BYTES:
+        return float(len(section))
+    if len(section) <= 2 * SAMPLE_BYTES:
+        return float(len(_deflated(section, level)[0]))
+    sample = section[:SAMPLE_BYTES]
+    return len(_deflated(sample, level)[0]) * len(section) / SAMPLE_BYTES
+
+
 def _gaps(pos: np.ndarray) -> np.ndarray:
     """The gaps between changed positions: the first index, then ``index[i] - index[i-1] - 1``."""
     return (np.diff(pos, prepend=-1) - 1).astype(np.uint64)
@@ -201,16 +215,26 @@ def _gap_bytes(pos: np.ndarray, chunk: int = 1 << 22) -> int:
     return sum(V.varint_bytes(_gaps(pos[max(lo - 1, 0) : lo + chunk])[lo > 0 :]) for lo in range(0, len(pos), chunk))
 
 
-def _payload(old: np.ndarray, new: np.ndarray, pos: np.ndarray, mode: Mode, coding: Coding) -> tuple[bytes, bytes]:
-    """The index section and the value section of one mode and coding."""
+def _index_section(count: int, pos: np.ndarray, mode: Mode) -> bytes:
+    """The index section of ``mode`` (none for ``whole``)."""
     if mode == "whole":
-        return b"", V.encode_values(coding, new, V.zigzag_diff(old, new) if coding != "planes" else new)
+        return b""
     if mode == "gaps":
-        head = V.encode_varints(_gaps(pos))
-    else:
-        mask = np.zeros(len(new), dtype=bool)
-        mask[pos] = True
-        head = np.packbits(mask, bitorder="little").tobytes()
+        return V.encode_varints(_gaps(pos))
+    mask = np.zeros(count, dtype=bool)
+    mask[pos] = True
+    return np.packbits(mask, bitorder="little").tobytes()
+
+
+def _payload(old: np.ndarray, new: np.ndarray, pos: np.ndarray, mode: Mode, coding: Coding,
+             heads: dict[Mode, bytes]) -> tuple[bytes, bytes]:
+    """The index section and the value section of one mode and coding (``heads``: index sections
+    made so far, shared by the codings)."""
+    if mode not in heads:
+        heads[mode] = _index_section(len(new), pos, mode)
+    head = heads[mode]
+    if mode == "whole":
+        return head, V.encode_values(coding, new, V.zigzag_diff(old, new) if coding != "planes" else new)
     changed = new[pos]
     return head, V.encode_values(coding, changed, V.zigzag_diff(old[pos], changed) if coding != "planes" else changed)
 
@@ -229,14 +253,18 @@ def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: i
     count, changed = len(new_el), len(pos)
     gap_bytes = _gap_bytes(pos)
     zz = V.zigzag_diff(old_el[pos], new_el[pos]) if set(codings) - {"planes"} else new_el[:0]
-    best = None
+    best, heads, sizes = None, {}, {}
     for coding in (c for c in CODINGS if c in codings):  # ``planes`` first: it wins ties
         mode = choose_mode(count, changed, gap_bytes, *V.cost(coding, zz if coding != "planes" else new_el[pos]))
-        head, values = _payload(old_el, new_el, pos, mode, coding)
-        payload, codec = _deflated(head + values, level)
-        if best is None or len(payload) < len(best[-1]):
-            best = (mode, coding, codec, len(head), len(head) + len(values), payload)
-    mode, coding, codec, index_bytes, raw_bytes, payload = best
+        head, values = _payload(old_el, new_el, pos, mode, coding, heads)
+        if mode not in sizes:
+            sizes[mode] = _deflated_size(head, level)
+        size = sizes[mode] + _deflated_size(values, level)
+        if best is None or size < best[0]:
+            best = (size, mode, coding, head, values)
+    _, mode, coding, head, values = best
+    payload, codec = _deflated(head + values, level)
+    index_bytes, raw_bytes = len(head), len(head) + len(values)
     header = _TENSOR.pack(MAGIC, FORMAT, _KIND_TENSOR, MODES.index(mode), CODINGS.index(coding), codec, itemsize,
                           index, count, changed, index_bytes, raw_bytes, len(payload),
                           xxhash.xxh3_64_intdigest(payload), len(name_b))
@@ -421,21 +449,26 @@ def _blob_view(blob, manifest: Manifest, what: str) -> memoryview:
 
 def encode_version(
     manifest: Manifest, prev, new, *, base_version: int, version: int, base_digest: str, digest: str,
-    algo: str = "xxh3_128", level: int = 1,
+    algo: str = "xxh3_128", level: int = 1, workers: int = 0,
 ) -> list[bytes]:
     """The frames of the delta from ``prev`` (the base version's blob) to ``new`` (the new version's
-    blob), both laid out by ``manifest``; the digests are the versions' as the full push has them."""
+    blob), both laid out by ``manifest``; the digests are the versions' as the full push has them.
+    Tensors are encoded on ``workers`` threads (0: up to 4, one per core; zlib and numpy's large
+    operations release the GIL)."""
     manifest.validate()
     if version <= base_version:
         raise DeltaError(f"a delta leads to a newer version: {base_version} -> {version}")
     a, b = _blob_view(prev, manifest, "previous version"), _blob_view(new, manifest, "new version")
     header = DeltaHeader(base_version, version, manifest.chunk_bytes, len(manifest.tensors), algo, base_digest,
                          digest, manifest.fingerprint())
-    frames = [encode_header(header)]
-    for i, t in enumerate(manifest.tensors):
+
+    def one(i: int) -> bytes:
+        t = manifest.tensors[i]
         span = slice(t.offset, t.offset + t.nbytes)
-        frames.append(encode(a[span], b[span], itemsize_of(t.dtype), index=i, name=t.name, level=level))
-    return frames
+        return encode(a[span], b[span], itemsize_of(t.dtype), index=i, name=t.name, level=level)
+
+    with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1), thread_name_prefix="delta-encode") as pool:
+        return [encode_header(header), *pool.map(one, range(len(manifest.tensors)))]
 
 
 def check_base(header: DeltaHeader, manifest: Manifest, held_version: int, held_digest: str) -> None:
@@ -453,16 +486,20 @@ def check_base(header: DeltaHeader, manifest: Manifest, held_version: int, held_
 
 
 def _checked_plans(manifest: Manifest, frames: Sequence) -> list[_Plan]:
-    """Decode every tensor frame against its manifest entry (in order, each once)."""
-    plans = []
-    for i, (t, frame) in enumerate(zip(manifest.tensors, frames, strict=True)):
-        d = decode(frame)
+    """Decode every tensor frame against its manifest entry (in order, each once), on up to 4 threads."""
+    if len(frames) != len(manifest.tensors):
+        raise DeltaError(f"{len(frames)} tensor frames for {len(manifest.tensors)} tensors")
+
+    def one(i: int) -> _Plan:
+        t, d = manifest.tensors[i], decode(frames[i])
         size = itemsize_of(t.dtype)
         if d.index != i or d.name != t.name or d.itemsize != size or d.count * size != t.nbytes:
             raise DeltaError(f"tensor frame {i} is for {d.name!r} (index {d.index}, {d.count} x {d.itemsize} "
                              f"bytes); the manifest has {t.name!r} ({t.nbytes} bytes of {t.dtype}) there")
-        plans.append(_plan(d))
-    return plans
+        return _plan(d)
+
+    with ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="delta-decode") as pool:
+        return list(pool.map(one, range(len(frames))))
 
 
 def apply_version(manifest: Manifest, base, frames: Sequence, *, held_version: int, held_digest: str) -> Applied:

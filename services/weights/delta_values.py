@@ -49,7 +49,8 @@ def varint_max_len(bits: int) -> int:
 def varint_lengths(values: np.ndarray) -> np.ndarray:
     """Bytes of each value's LEB128 encoding (int64; values: any unsigned integer array)."""
     lengths = np.ones(len(values), dtype=np.int64)
-    for j in range(1, varint_max_len(8 * values.dtype.itemsize)):
+    top = int(values.max()) if len(values) else 0  # no pass for lengths no value reaches
+    for j in range(1, varint_max_len(max(top.bit_length(), 1))):
         lengths += values >= np.uint64(1 << (7 * j))
     return lengths
 

@@ -40,10 +40,11 @@ from services.common.rpc import MB, bind, new_server
 from services.common.weights import WeightError, blob_chunk
 from services.proto import braid_pb2 as pb
 from services.proto import braid_pb2_grpc as pb_grpc
+from services.weights.blob import SHM_PREFIX, Blob, host_id
 from services.weights.client import RelayClient, RelayError
-from services.weights.convert import manifest_from_pb, manifest_to_pb
+from services.weights.convert import delta_base, delta_fields, manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END
-from services.weights.store import SHM_PREFIX, Blob, Incoming, VersionStore, host_id, wait_limit
+from services.weights.store import Incoming, Stored, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES, chunk_of, encode_chunk, service_handler
 
 log = logging.getLogger("braid.relay")
@@ -70,6 +71,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         self.data_path = data_path  # how this relay forwards to its peers: "tcp" (data channel) or "grpc"
         self.hop_timeout_s = hop_timeout_s
         self.relinks: list[dict] = []  # one record per re-link (dead hop, skipped to, seconds)
+        self.delta_fallbacks = 0  # deltas a hop refused (no base there): forwarded whole instead
         self._lock = threading.Lock()
         self._peers: dict[str, RelayClient] = {}
         self.data = None  # the raw-TCP data channel (attach_data_plane)
@@ -94,7 +96,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         refused = True
         try:
             manifest = manifest_from_pb(first.manifest)
-            inc = self._adopt(first, manifest) if first.manifest.shm_path else self.store.begin(version, manifest)
+            inc = (self._adopt(first, manifest) if first.manifest.shm_path
+                   else self.store.begin(version, manifest, delta_base=delta_base(first.manifest)))
             self.store.attach(inc)
             self._start_forwarding(inc)
             last = -1
@@ -142,7 +145,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         except OSError as err:
             raise WeightError("argument", f"shm_path {str(path)!r} cannot be adopted: {err}") from None
         try:
-            inc = self.store.begin(m.version, manifest, blob=blob)
+            inc = self.store.begin(m.version, manifest, blob=blob, delta_base=delta_base(m))
         except WeightError:
             blob.release()
             raise
@@ -170,15 +173,18 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         if request.part >= parts:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"part {request.part} of {parts}")
         try:
-            with self.store.pinned(request.version, caller_wait(request.wait_s, context)) as s:
+            with self.store.pinned(request.version, caller_wait(request.wait_s, context)) as full:
+                shm = request.allow_shm and full.blob.path is not None and request.host_id == self.host
+                # the same host maps the full version (no copy); another takes the delta from what it holds
+                s = full if shm or not request.delta_ok else full.source(request.have_version, request.have_digest)
                 plan = s.manifest.plan
                 stop = request.to_chunk or len(plan)
                 if not request.from_chunk <= stop <= len(plan):
                     raise WeightError("argument", f"chunk range [{request.from_chunk}, {stop}) outside 0..{len(plan)}")
-                shm = request.allow_shm and s.blob.path is not None and request.host_id == self.host
                 head = manifest_to_pb(
                     s.manifest, s.version, version_digest=s.digest, host_id=self.host,
                     chunk_digests=list(s.digests) if shm else [], shm_path=str(s.blob.path) if shm else "",
+                    **delta_fields(s, full),
                 )
                 yield pb.PullMessage(manifest=head)
                 if shm or request.head_only:
@@ -221,11 +227,13 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             infos = [
                 pb.VersionInfo(version=v, bytes=s.manifest.total_bytes, chunks=len(s.digests), digest=s.digest,
                                complete=True, received=len(s.digests), fingerprint=s.manifest.fingerprint(),
-                               committed_at=self._committed_at.get(v, 0.0))
+                               committed_at=self._committed_at.get(v, 0.0), delta=s.delta is not None,
+                               delta_base=s.delta_base)
                 for v, s in sorted(self.store.committed.items())
             ] + [
                 pb.VersionInfo(version=v, bytes=i.manifest.total_bytes, chunks=len(i.digests), complete=False,
-                               received=i.prefix, fingerprint=i.manifest.fingerprint())
+                               received=i.prefix, fingerprint=i.manifest.fingerprint(), delta=i.delta_base is not None,
+                               delta_base=-1 if i.delta_base is None else i.delta_base)
                 for v, i in sorted(self.store.incoming.items())
             ]
             latest = max(self.store.committed, default=-1)
@@ -322,15 +330,38 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                     log.warning("relay %s lost while forwarding version %d: %s", target, inc.version, err)
                 elif code == grpc.StatusCode.ALREADY_EXISTS:
                     time.sleep(0.2)  # another upstream is delivering it; check progress again
+                elif code == grpc.StatusCode.FAILED_PRECONDITION and delta_fields(inc):
+                    full = self._whole(inc, target, err)  # the hop lacks the delta's base
+                    if full is None:
+                        return
+                    inc = full
                 else:
                     log.error("forwarding version %d to %s failed: %s", inc.version, target, err)
                     return
+
+    def _whole(self, inc: Incoming, target: str, err) -> Stored | None:
+        """The full version a delta leads to, once committed here, to forward instead (counted)."""
+        deadline = time.monotonic() + self.hop_timeout_s
+        with self.store.cond:
+            while inc.version not in self.store.committed and self.store.incoming.get(inc.version) is inc:
+                if time.monotonic() > deadline:
+                    break
+                self.store.cond.wait(0.5)
+            full = self.store.committed.get(inc.version)
+        if full is None:
+            log.error("relay %s refused delta %d -> %d (%s) and the version never committed here", target,
+                      inc.delta_base, inc.version, err)
+            return None
+        self.delta_fallbacks += 1
+        log.info("relay %s lacks the base of delta %d -> %d: forwarding version %d whole", target, inc.delta_base,
+                 inc.version, inc.version)
+        return full
 
     def _forward_to(self, peer: RelayClient, inc: Incoming, start: int) -> None:
         """Forward over the data channel when the peer's is reachable, else over a gRPC stream."""
         if peer.data_path == "tcp":
             done = peer.try_data_channel(peer.push_data, inc.manifest, inc.version,
-                                         lambda s: self._forward_frames(inc, s), self.relay_id)
+                                         lambda s: self._forward_frames(inc, s), self.relay_id, delta_fields(inc))
             if done is not None:
                 return
         peer.push_stream(self._forward_messages(inc, start))
@@ -354,7 +385,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
 
     def _forward_messages(self, inc: Incoming, start: int):
         m = inc.manifest
-        yield pb.PushMessage(manifest=manifest_to_pb(m, inc.version), part=0, parts=1, sender=self.relay_id)
+        yield pb.PushMessage(manifest=manifest_to_pb(m, inc.version, **delta_fields(inc)), part=0, parts=1,
+                             sender=self.relay_id)
         for ref in m.plan[start:]:
             if not self.store.wait_prefix(inc, ref.index, FORWARD_CHUNK_WAIT_S):
                 return  # the version was dropped here (refused or abandoned upstream)

@@ -20,6 +20,11 @@ Locking (a push never exposes a half-written version; concurrent pulls proceed):
   Eviction hands the store's reference to a reaper thread: unmapping and freeing a version
   (~0.2 s per GB here) never lands in the commit that evicted it, i.e. in a push's reply.
 
+A version may arrive as a delta from a held version (``begin(delta_base=...)``, layout in
+``delta_blob``): its chunks are checked and locked like any version's, and ``try_commit`` turns it
+into the full version (the base copied, the delta applied, the publisher's digest checked), which
+is what readers see; the delta stays beside it (``Stored.delta``) for pullers holding the base.
+
 Refusals are ``WeightError`` (kind argument / precondition / integrity / not_found), mapped to
 gRPC status codes at the edge. A refused push discards its ``Incoming``; committed versions are
 untouched.
@@ -28,99 +33,16 @@ untouched.
 from __future__ import annotations
 
 import math
-import mmap
-import os
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.weights import Chunk, Manifest, WeightError, check_chunk_digest, version_digest
-
-SHM_PREFIX = "braid-"
-
-
-def private_shm_dir(kind: str, root: Path = Path("/dev/shm")) -> Path:
-    """``/dev/shm/braid-<kind>-<pid>/`` for this process's blobs, after removing the directories
-    of processes that no longer exist (a killed relay or trainer cannot clean up after itself)."""
-    import shutil
-
-    for d in root.glob(f"{SHM_PREFIX}*-*"):
-        pid = d.name.rsplit("-", 1)[-1]
-        if d.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(d, ignore_errors=True)
-    path = root / f"{SHM_PREFIX}{kind}-{os.getpid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
-
-
-def host_id() -> str:
-    """This host's identity for the shared-memory fast path: boot id + the /dev/shm mount + the
-    network namespace. Processes in different network namespaces stand for different hosts (two
-    sites on one machine, ``bench/netns.py``): their weights cross the network between them, never
-    shared memory, as they would between two machines."""
-    boot = Path("/proc/sys/kernel/random/boot_id")
-    boot_id = boot.read_text().strip() if boot.exists() else "unknown"
-    shm = Path("/dev/shm")
-    dev = os.stat(shm).st_dev if shm.exists() else 0
-    try:
-        net = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        net = 0
-    return f"{boot_id}:{dev}:{net}"
-
-
-class Blob:
-    """A writable flat buffer of ``size`` bytes: a shared-memory file or anonymous memory."""
-
-    def __init__(
-        self, size: int, shm_dir: Path | None = None, *, path: Path | None = None, populate: bool = False
-    ) -> None:
-        """``populate``: allocate and map every page now (a writer then copies at memory speed
-        instead of taking a page fault per 4 KiB: the trainer's spare snapshot buffer)."""
-        self.size = size
-        self.path: Path | None = None
-        if path is not None:  # adopt an existing file (push by reference)
-            fd = os.open(path, os.O_RDWR)
-            self.path = path
-        elif shm_dir is not None:
-            self.path = shm_dir / f"{SHM_PREFIX}{uuid.uuid4().hex}.blob"
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            os.ftruncate(fd, max(size, 1))
-            if populate:
-                os.posix_fallocate(fd, 0, max(size, 1))
-        else:
-            fd = -1
-        try:
-            if fd >= 0 and os.fstat(fd).st_size < size:
-                raise WeightError("argument", f"shared-memory blob {path} is smaller than {size} bytes")
-            populate = populate or path is not None  # an existing file is mapped in one go
-            extra = mmap.MAP_POPULATE if populate else 0
-            if fd >= 0:
-                self._mm = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | extra)
-            else:
-                self._mm = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | extra)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        self.view = memoryview(self._mm)[:size]
-
-    def move_to(self, directory: Path) -> None:
-        """Rename the backing file into ``directory`` (the relay owns it from now on)."""
-        if self.path is not None:
-            target = directory / f"{SHM_PREFIX}{uuid.uuid4().hex}.blob"
-            os.rename(self.path, target)
-            self.path = target
-
-    def release(self) -> None:
-        """Unlink the backing file. The memory itself goes when the last reference to this blob
-        (a forwarder, a pull stream, tensors viewing it) is dropped: readers never see it vanish."""
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+from services.weights.blob import Blob, memory_bytes
 
 
 @dataclass
@@ -132,10 +54,25 @@ class Stored:
     digest: str
     pins: int = 0
     evicted: bool = False
+    delta: Stored | None = None  # the delta this version arrived as (served to a puller holding its base)
+    delta_base: int = -1
+    delta_base_digest: str = ""
 
     @property
     def prefix(self) -> int:  # every chunk is in (forwarders treat both kinds alike)
         return len(self.digests)
+
+    def source(self, have_version: int, have_digest: str) -> Stored:
+        """What to send a puller holding ``have_version`` (digest ``have_digest``): the delta from it
+        when this version arrived as one, else the version itself."""
+        if self.delta is not None and (self.delta_base, self.delta_base_digest) == (have_version, have_digest):
+            return self.delta
+        return self
+
+    def release(self) -> None:
+        self.blob.release()
+        if self.delta is not None:
+            self.delta.blob.release()
 
 
 @dataclass
@@ -149,11 +86,8 @@ class Incoming:
     digest: str | None = None
     updated: float = field(default_factory=time.monotonic)
     active: int = 0  # push streams writing it now
-
-
-def memory_bytes() -> int:
-    """This machine's physical memory: no version larger than it can ever be held here."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    delta_base: int | None = None  # a delta from this committed version (``delta_blob``)
+    applying: bool = False  # a committing stream is applying the delta (outside the store lock)
 
 
 def wait_limit(wait_s: float, limit_s: float) -> float:
@@ -187,14 +121,22 @@ class VersionStore:
             return max(self.committed, default=-1)
 
     # ------------------------------------------------------------------ writing
-    def begin(self, version: int, manifest: Manifest, *, blob: Blob | None = None) -> Incoming:
-        """Start (or join, for another parallel stream or a resumed one) an arriving version."""
+    def begin(self, version: int, manifest: Manifest, *, blob: Blob | None = None,
+              delta_base: int | None = None) -> Incoming:
+        """Start (or join, for another parallel stream or a resumed one) an arriving version;
+        ``delta_base``: it arrives as the delta from that version, which must be held here."""
         manifest.validate()
+        if delta_base is not None:
+            from services.weights.delta_blob import check_layout
+
+            check_layout(manifest)
         if manifest.total_bytes > self.max_version_bytes:
             raise WeightError("resource", f"version {version} has {manifest.total_bytes} bytes; this relay holds "
                                           f"at most {self.max_version_bytes} per version (its memory)")
         with self.cond:
-            if self.fingerprint is not None and manifest.fingerprint() != self.fingerprint:
+            if delta_base is not None:
+                self._check_base(version, delta_base)
+            elif self.fingerprint is not None and manifest.fingerprint() != self.fingerprint:
                 raise WeightError(
                     "precondition",
                     f"version {version} has a different model's parameters (fingerprint {manifest.fingerprint()}); "
@@ -207,18 +149,26 @@ class VersionStore:
                 raise WeightError("precondition", f"version {version} is older than the newest held version {newest}")
             inc = self.incoming.get(version)
             if inc is not None:
-                if inc.manifest != manifest:
+                if inc.manifest != manifest or inc.delta_base != delta_base:
                     raise WeightError("argument", f"version {version}: manifest differs from the one already arriving")
                 return inc
             deadline = time.monotonic() + 5.0
-            while blob is None and self._populating and time.monotonic() < deadline:
+            while blob is None and delta_base is None and self._populating and time.monotonic() < deadline:
                 self.cond.wait(0.05)  # a spare is being faulted in: faster to wait for it than to start over
             if blob is None and self._spare is not None and self._spare.size == manifest.total_bytes:
                 blob, self._spare = self._spare, None
             inc = Incoming(version, manifest, blob or Blob(manifest.total_bytes, self.shm_dir),
-                           [None] * len(manifest.plan))
+                           [None] * len(manifest.plan), delta_base=delta_base)
             self.incoming[version] = inc
             return inc
+
+    def _check_base(self, version: int, base: int) -> None:
+        """A delta arrives only onto a held base (under the lock)."""
+        if base >= version:
+            raise WeightError("argument", f"a delta leads to a newer version: {base} -> {version}")
+        if base not in self.committed:
+            raise WeightError("precondition", f"delta {base} -> {version}: base version {base} is not held "
+                                              f"here (versions held: {sorted(self.committed)}); send it whole")
 
     def add(self, inc: Incoming, chunk: Chunk, part: int, parts: int, last_index: int) -> None:
         """Validate ``chunk`` (the previous index of its stream was ``last_index``) and place it."""
@@ -319,22 +269,74 @@ class VersionStore:
             self.cond.notify_all()
 
     def try_commit(self, inc: Incoming) -> bool:
-        """Commit ``inc`` if complete; raise on a version digest mismatch; False if incomplete."""
+        """Commit ``inc`` if complete; raise on a version digest mismatch; False if incomplete. A
+        delta commits the full version it leads to (applied to a copy of its base, outside the lock,
+        its digest checked against the publisher's); a delta that does not apply is discarded."""
         with self.cond:
+            while inc.applying:  # another stream of this version is applying it
+                self.cond.wait(0.5)
             if inc.version in self.committed:
                 return True
             if inc.received < len(inc.digests) or inc.digest is None:
                 return False
             if version_digest(inc.digests) != inc.digest:  # type: ignore[arg-type]
                 raise WeightError("integrity", f"version digest mismatch for version {inc.version}")
-            self.incoming.pop(inc.version, None)
-            self.committed[inc.version] = Stored(
-                inc.version, inc.manifest, inc.blob, tuple(inc.digests), inc.digest  # type: ignore[arg-type]
-            )
-            self.fingerprint = inc.manifest.fingerprint()
-            self._evict()
-            self.cond.notify_all()
-            return True
+            own = Stored(inc.version, inc.manifest, inc.blob, tuple(inc.digests), inc.digest)  # type: ignore[arg-type]
+            if inc.delta_base is None:
+                self._add(inc, own)
+                return True
+            base = self.committed.get(inc.delta_base)
+            if base is None:
+                self.incoming.pop(inc.version, None)
+                inc.blob.release()
+                raise WeightError("precondition", f"delta {inc.delta_base} -> {inc.version}: its base was evicted "
+                                                  f"before it was complete; send version {inc.version} whole")
+            base.pins += 1
+            inc.applying = True
+        try:
+            full = self._materialize(base, own)
+        except BaseException:
+            with self.cond:
+                self.incoming.pop(inc.version, None)
+                inc.blob.release()
+            raise
+        finally:
+            with self.cond:
+                inc.applying = False
+                self._unpin(base)
+                self.cond.notify_all()
+        with self.cond:
+            self._add(inc, full)
+        return True
+
+    def _add(self, inc: Incoming, stored: Stored) -> None:
+        """Make ``stored`` (what ``inc`` became) visible (under the lock)."""
+        self.incoming.pop(inc.version, None)
+        self.committed[inc.version] = stored
+        self.fingerprint = stored.manifest.fingerprint()
+        self._evict()
+        self.cond.notify_all()
+
+    def _materialize(self, base: Stored, delta: Stored) -> Stored:
+        """The full version ``delta`` leads to from ``base`` (pinned by the caller)."""
+        from services.weights.delta_blob import Held, materialize
+
+        blob = Blob(base.manifest.total_bytes, self.shm_dir)
+        try:
+            applied = materialize(Held(base.version, base.manifest, base.blob.view, base.digest), delta.manifest,
+                                  delta.blob.view, blob.view)
+            if applied.version != delta.version:
+                raise WeightError("argument", f"a delta to version {applied.version} pushed as version {delta.version}")
+        except BaseException:
+            blob.release()
+            raise
+        return Stored(delta.version, base.manifest, blob, applied.chunk_digests, applied.digest, delta=delta,
+                      delta_base=base.version, delta_base_digest=base.digest)
+
+    def _unpin(self, stored: Stored) -> None:
+        stored.pins -= 1
+        if stored.evicted and stored.pins == 0:
+            stored.release()
 
     def attach(self, inc: Incoming) -> None:
         with self.cond:
@@ -421,7 +423,7 @@ class VersionStore:
         there, not under the lock of the commit that evicted it."""
         stored.evicted = True
         if stored.pins == 0:
-            stored.blob.release()
+            stored.release()
         if self._reaper is None:
             self._reaper = queue.SimpleQueue()
             threading.Thread(target=_reap, args=(self._reaper,), name="relay-reaper", daemon=True).start()
@@ -454,9 +456,7 @@ class VersionStore:
             yield stored
         finally:
             with self.cond:
-                stored.pins -= 1
-                if stored.evicted and stored.pins == 0:
-                    stored.blob.release()
+                self._unpin(stored)
 
     def wait_prefix(self, inc: Incoming, index: int, timeout_s: float) -> bool:
         """Wait until chunk ``index`` of an arriving version is in (forwarders); False on timeout
@@ -480,7 +480,7 @@ class VersionStore:
                 self._spare.release()
                 self._spare = None
             for s in self.committed.values():
-                s.blob.release()
+                s.release()
             for inc in self.incoming.values():
                 inc.blob.release()
             self.committed.clear()

@@ -11,7 +11,7 @@ import grpc
 
 from services.common.weights import Manifest, WeightStream, flatten_into, manifest_of
 from services.proto import braid_pb2 as pb
-from services.weights.store import Blob
+from services.weights.blob import Blob
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class VersionState:
     bytes: int
     digest: str
     committed_at: float
+    delta: bool = False  # arriving as a delta, or (complete) holding the delta it arrived as
+    delta_base: int = -1
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Pulled:
     path: str  # "shm", "tcp" (data channel) or "stream" (gRPC)
     refetched: int = 0
     prefaulted: bool = False  # received into the buffer ``reserve`` had prepared
+    delta_base: int | None = None  # it came as the delta from this version (``RelayClient.pull(have=...)``)
+    delta_bytes: int = 0  # the delta's bytes (what crossed instead of the whole version)
+    fallback: str = ""  # a delta was asked for and the version came whole: why
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,15 @@ class WeightBlob:
     blob: Blob
 
 
-def snapshot_blob(state, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None) -> WeightBlob:
+def snapshot_blob(state, chunk_bytes: int, shm_dir: Path | None, spare: Blob | None = None,
+                  dtype: str | None = None) -> WeightBlob:
     """Copy ``state`` (a state dict or a ``WeightStream``, drawn tensor by tensor straight into the
     blob) into one flat blob (shared memory when ``shm_dir``): the trainer's only stall.
-    ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults)."""
+    ``spare``: a pre-populated blob of the right size and kind to copy into (no page faults);
+    ``dtype``: cast floating-point tensors to it on the way (``weights.dtype``)."""
     state = WeightStream.of(state)
+    if dtype is not None:
+        state = state.cast(dtype)
     manifest = manifest_of(state.specs, chunk_bytes)
     fits = (spare is not None and spare.size == manifest.total_bytes
             and (spare.path is not None) == (shm_dir is not None))
@@ -78,7 +87,8 @@ class RelayError(RuntimeError):
 
 def _info(reply: pb.VersionsReply) -> RelayInfo:
     versions = {
-        v.version: VersionState(v.version, v.complete, v.received, v.chunks, v.bytes, v.digest, v.committed_at)
+        v.version: VersionState(v.version, v.complete, v.received, v.chunks, v.bytes, v.digest, v.committed_at,
+                                v.delta, v.delta_base)
         for v in reply.versions
     }
     return RelayInfo(reply.relay_id, reply.host_id, reply.latest, versions)

@@ -78,3 +78,19 @@ def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.05) -> float:
             raise TimeoutError(f"{what} not within {timeout_s}s")
         time.sleep(poll_s)
     return time.monotonic() - t0
+
+
+def start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str, overrides: tuple[str, ...] = ()):
+    """An SGS process (the fast engine, smoke config + ``overrides``) pulling from ``relay``."""
+    from services.common.config import load_config, write_config
+    from tests.conftest import FAST_ENGINE, SGSProcess
+
+    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, "weights.sgs_auto_pull_s=0.5", *overrides])
+    write_config(cfg, workdir / "config.json")
+    port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
+    proc, ports = spawn_service(
+        ["services.generation", "--config", str(workdir / "config.json"), "--model", str(checkpoint),
+         "--port", "0", "--port-file", str(port_file), "--relay", relay],
+        port_file, log, what="SGS",
+    )
+    return SGSProcess(proc, f"127.0.0.1:{ports[0]}", log)

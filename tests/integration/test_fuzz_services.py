@@ -82,7 +82,7 @@ def test_a_version_larger_than_the_relay_can_hold_is_resource_exhausted(stack):
 
 
 def test_push_by_reference_to_a_directory_is_refused(stack):
-    from services.weights.store import host_id
+    from services.weights.blob import host_id
 
     shm_dir = f"/dev/shm/braid-relay-{stack.sup.services[0].proc.pid}"
     head = pb.PushMessage(manifest=pb.WeightManifest(

@@ -122,9 +122,9 @@ def test_what_a_killed_run_left_is_removed_by_the_next_use():
 def test_each_namespace_is_a_host_of_its_own_for_the_weights_shared_memory_path():
     """Relays in two namespaces never take the shared-memory shortcut between them (their host ids
     differ): the two sites' weights cross the link, as between two machines."""
-    from services.weights.store import host_id
+    from services.weights.blob import host_id
 
-    probe = "from services.weights.store import host_id; print(host_id())"
+    probe = "from services.weights.blob import host_id; print(host_id())"
     with shaped_link("1gbit") as link:
         ids = {role: link.run(role, [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
                for role in ("train", "gen")}

@@ -11,8 +11,8 @@ import pytest
 from services.common.certs import TlsFiles, make_certs
 from services.policy.model import load_policy
 from services.weights.client import RelayClient, RelayError, snapshot_blob
-from tests.conftest import FAST_ENGINE, ROOT, stop_sgs
-from tests.integration.relays import model_state, start_relay, wait_for
+from tests.conftest import ROOT, stop_sgs
+from tests.integration.relays import model_state, start_relay, start_sgs_with_relay, wait_for
 
 CHUNK = 16 * 1024
 
@@ -60,7 +60,7 @@ def test_sgs_pulls_from_its_relay_when_told(tmp_path: Path, tiny_checkpoint):
     from services.generation.client import GenerationClient
 
     relay = start_relay(tmp_path, "local")
-    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address)
+    sgs = start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address)
     client = GenerationClient(sgs.address)
     try:
         client.wait_ready()
@@ -101,7 +101,7 @@ def test_control_calls_are_served_while_max_inflight_calls_wait_for_weights(tmp_
     from services.generation.client import GenerationClient
 
     relay = start_relay(tmp_path, "local")
-    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("generation.max_inflight=20",))
+    sgs = start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("generation.max_inflight=20",))
     client = GenerationClient(sgs.address)
     try:
         client.wait_ready()
@@ -125,7 +125,7 @@ def test_sgs_pulling_over_the_network_prefaults_its_next_receive_buffer(tmp_path
     from services.generation.client import GenerationClient
 
     relay = start_relay(tmp_path, "remote", "--no-shm")
-    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("weights.sgs_auto_pull_s=0",))
+    sgs = start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address, ("weights.sgs_auto_pull_s=0",))
     client = GenerationClient(sgs.address)
     pusher = RelayClient(relay.address)
     try:
@@ -157,7 +157,7 @@ def test_adapter_serving_sgs_takes_adapters_pushed_and_pulled_and_refuses_full_w
     from tests.integration.adapters import random_adapter, ref_greedy
 
     relay = start_relay(tmp_path, "local")
-    sgs = _start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address,
+    sgs = start_sgs_with_relay(tmp_path, tiny_checkpoint, relay.address,
                                 ("trainer.lora.rank=4", "trainer.lora.alpha=8", "weights.sgs_auto_pull_s=0"))
     client = GenerationClient(sgs.address)
     cfg, prompt, shm = LoraConfig(rank=4, alpha=8.0), (1, 5, 6, 7), Path("/dev/shm")
@@ -199,18 +199,3 @@ def test_adapter_serving_sgs_takes_adapters_pushed_and_pulled_and_refuses_full_w
         client.close()
         stop_sgs(sgs)
         relay.stop()
-
-
-def _start_sgs_with_relay(workdir: Path, checkpoint: Path, relay: str, overrides: tuple[str, ...] = ()):
-    from services.common.config import load_config, write_config
-    from tests.conftest import SGSProcess, spawn_service
-
-    cfg = load_config(ROOT / "deploy/configs/smoke.yaml", [FAST_ENGINE, "weights.sgs_auto_pull_s=0.5", *overrides])
-    write_config(cfg, workdir / "config.json")
-    port_file, log = workdir / "sgs-relay.port", workdir / "sgs-relay.log"
-    proc, ports = spawn_service(
-        ["services.generation", "--config", str(workdir / "config.json"), "--model", str(checkpoint),
-         "--port", "0", "--port-file", str(port_file), "--relay", relay],
-        port_file, log, what="SGS",
-    )
-    return SGSProcess(proc, f"127.0.0.1:{ports[0]}", log)

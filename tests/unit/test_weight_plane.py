@@ -206,7 +206,7 @@ def test_zero_copy_chunk_encoding_is_plain_protobuf():
 def test_private_shm_dirs_of_dead_processes_are_removed(tmp_path):
     import os
 
-    from services.weights.store import private_shm_dir
+    from services.weights.blob import private_shm_dir
 
     dead = tmp_path / "braid-relay-999999999"  # no such pid
     dead.mkdir()

@@ -288,6 +288,10 @@ def write_report(result: dict, out: Path) -> None:
         from bench.weights_shaped import markdown as shaped_markdown
 
         lines += shaped_markdown(result["shaped_link"])
+    if result.get("delta"):  # written by bench/weights_delta.py, carried the same way
+        from bench.weights_delta import markdown as delta_markdown
+
+        lines += delta_markdown(result["delta"])
     lines += ["## Result fields", "", "```json",
               json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s",
                                                      "broadcast_ratio_8_vs_1",
@@ -427,8 +431,9 @@ def main(argv: list[str] | None = None) -> int:
             for key in (section, *PART_KEYS[part]):
                 if key in previous:
                     result[key] = previous[key]
-    if "shaped_link" in previous:  # bench/weights_shaped.py's key, with its own provenance: kept as it was
-        result["shaped_link"] = previous["shaped_link"]
+    for key in ("shaped_link", "delta"):  # bench/weights_shaped.py's and weights_delta.py's keys (own provenance)
+        if key in previous:
+            result[key] = previous[key]
     result["parts"] = parts_record(PARTS, measured, previous, result["provenance"])
     carried = [p for p, r in result["parts"].items() if not r["measured_in_this_run"]]
     result["note"] = ("Shared, noisy machine: every part was measured side by side in this run." if not carried else

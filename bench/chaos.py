@@ -40,6 +40,8 @@ from bench.report_io import ROOT, RecordParser, provenance, provenance_line, res
 
 SCENARIOS = [
     Scenario("kill_sgs", "bounded", ("sgs",)),
+    # an instance killed while deltas flow comes back through a whole version (weights.delta, no shared memory)
+    Scenario("kill_sgs_delta", "bounded_delta", ("sgs",)),
     Scenario("kill_relay", "bounded", ("relay",)),
     Scenario("kill_master_relay", "bounded", ("master_relay",)),
     Scenario("kill_trainer", "bounded", ("trainer",)),

@@ -270,6 +270,10 @@ CONFIGS = {
                 f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}, {STEP_DELAY_MS}]"],
     "routed": ["trainer.mode=one_step", "generation.instances=2", 'generation.dispatch.router="on"',
                TWO],
+    # deltas on, no shared memory (each instance pulls over the network, as from a relay on another host)
+    "bounded_delta": ["trainer.mode=bounded", "trainer.eta=2", "generation.instances=3", "weights.transport=relay",
+                      "weights.relays=2", "weights.delta=true", "weights.shm=false",
+                      f"generation.step_delay_ms=[{STEP_DELAY_MS}, {STEP_DELAY_MS}, {STEP_DELAY_MS}]"],
     # one per mode, no router (the orchestrator's own membership): a lost instance must come back in each
     "sequential": ["trainer.mode=sequential", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
     "sync": ["trainer.mode=sync", "generation.instances=2", 'generation.dispatch.router="off"', TWO],
@@ -343,6 +347,8 @@ def run_scenario(s: Scenario, work: Path, checkpoint: str, base_config: Path, it
     revivals = run_dir / "learner-restarts.jsonl"
     result.learner_revivals = [json.loads(x) for x in revivals.read_text().splitlines()] if revivals.exists() else []
     last = rows[-1] if rows else {}
+    if cfg.weights.delta:  # versions sent and taken as deltas, whole, and whole after a missing base
+        result.weights["deltas"] = {k: v for k, v in last.items() if k.startswith("weights_")}
     result.trajectories_lost = (rolled_back + int(last.get("regenerated_after_restart", 0))) * cfg.trainer.group_size
     result.instances_readmitted = int(last.get("instances_readmitted", 0))
     return result

@@ -296,7 +296,7 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         specs = self.core.engine.param_specs()
         have = self._held if self.delta and self._held is not None and self._held.manifest.specs() == specs else None
         try:
-            return self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=specs, have=have)
+            pulled = self.relay.pull(version, streams=self.relay_streams, wait_s=wait_s, specs=specs, have=have)
         except RelayError as err:
             if version < 0 or err.code != grpc.StatusCode.NOT_FOUND:
                 raise
@@ -305,7 +305,9 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                 raise err from None
             log.info("%sversion %d is no longer held by relay %s: took its newest, %d", self.core.label, version,
                      self.relay.address, pulled.version)
-            return pulled
+        if self.delta and have is None and pulled.path != "shm":  # a new or restarted instance: no base yet
+            pulled.fallback = "this instance held no version yet (new or restarted): the version came whole"
+        return pulled
 
     def start_auto_pull(self, period_s: float) -> None:
         """Between requests: every ``period_s``, an idle instance (nothing running or waiting)

@@ -37,7 +37,7 @@ from services.common.weights import WeightError
 from services.proto import braid_pb2 as pb
 from services.weights import datachan as dc
 from services.weights.convert import delta_base, delta_fields, manifest_from_pb, manifest_to_pb
-from services.weights.store import Incoming, VersionStore, wait_limit
+from services.weights.store import Incoming, Stored, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES
 
 log = logging.getLogger("braid.relay.data")
@@ -54,12 +54,15 @@ class RelayDataPlane:
     def __init__(
         self, store: VersionStore, host: str, *, on_begin: Callable[[Incoming], None],
         on_commit: Callable[[Incoming], bool], corrupt: set[int], truncate: list[int] | None = None,
+        source: Callable[[Stored, int, str], Stored] | None = None,
         tls: TlsFiles | None = None, tls_host: str | None = None, ttl_s: float = 30.0, port: int = 0,
         tls_port: int = 0, advertise: tuple[int, int] = (0, 0),
     ) -> None:
         self.store = store
         self.on_begin = on_begin
         self.on_commit = on_commit
+        # what a pull holding a version gets (``DeltaLog.for_puller``): a delta, or the version whole
+        self.source = source or (lambda full, have_version, have_digest: full.source(have_version, have_digest))
         self.corrupt = corrupt
         self.truncate = truncate if truncate is not None else []  # test hook: cut the next pull after N chunks
         self.book = dc.TokenBook(ttl_s)
@@ -84,14 +87,14 @@ class RelayDataPlane:
             g = self.book.issue(inc.version, dc.PUSH, secure=secure, payload=inc)
             return self._grant(g, from_chunk=inc.prefix)
         with self.store.pinned(req.version, wait_limit(req.wait_s, MAX_WAIT_S) if wait_s is None else wait_s) as full:
-            s = full.source(req.have_version, req.have_digest) if req.delta_ok else full
+            s = self.source(full, req.have_version, req.have_digest) if req.delta_ok else full
             n = len(s.manifest.plan)
             stop = req.to_chunk or n
             if not req.from_chunk <= stop <= n:
                 raise WeightError("argument", f"chunk range [{req.from_chunk}, {stop}) outside 0..{n}")
             head = manifest_to_pb(s.manifest, s.version, version_digest=s.digest, chunk_digests=list(s.digests),
                                   **delta_fields(s, full))
-            g = self.book.issue(s.version, dc.PULL, secure=secure, payload=(req.from_chunk, stop, s is not full))
+            g = self.book.issue(s.version, dc.PULL, secure=secure, payload=(req.from_chunk, stop, s))
         return self._grant(g, manifest=head)
 
     def _grant(self, g: dc.Grant, **extra) -> pb.TransferGrant:
@@ -158,12 +161,12 @@ class RelayDataPlane:
         except OSError:
             pass
 
-    def _serve_pull(self, version: int, start: int, stop: int, delta: bool, sock: socket.socket) -> bool:
+    def _serve_pull(self, version: int, start: int, stop: int, src: Stored, sock: socket.socket) -> bool:
+        """Send chunks [start, stop) of ``src``: the version, or the delta to it the grant named (the
+        version stays pinned meanwhile; committed bytes never change)."""
         try:
-            with self.store.pinned(version) as full:
-                s = full.delta if delta else full  # what the grant named (a committed version never changes)
-                if s is None:
-                    raise WeightError("not_found", f"version {version} holds no delta")
+            with self.store.pinned(version):
+                s = src
                 dc.send_status(sock, 0)
                 cut = self.truncate.pop() if self.truncate else None
                 for k, ref in enumerate(s.manifest.plan[start:stop]):

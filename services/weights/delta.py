@@ -35,36 +35,30 @@ Checks, and what a refusal leaves behind:
   range, a difference for every changed element, base size and writability) before it writes a
   byte: a refused frame leaves the base untouched. Every refusal is a ``DeltaError`` (a
   ``WeightError``, so the gRPC edge maps its kind); nothing raises ``IndexError`` or ``struct.error``.
-- ``apply_version`` refuses a delta whose base is not the held version (``DeltaBaseMismatch``:
-  another version number or digest) before anything else, then decodes and checks every tensor
-  frame before writing any (a truncated or mismatched delta leaves the base untouched), writes
-  them all, and computes the version digest of the result as the full push does. If it differs
-  (``DeltaDigestMismatch``) the base buffer holds neither version: the caller must discard it and
-  take a full version. Memory: the decoded delta (indices as int64, values) is held at once.
+- ``services.weights.delta_version`` puts the frames of a whole version together and applies
+  them (the version frame, digests, ``apply_version``).
 
 Pure: no I/O, no torch.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import xxhash
 
-from services.common.weights import DIGEST_ALGOS, Manifest, TensorSpec, chunk_digest, version_digest
+from services.common.weights import TensorSpec
 from services.weights import delta_values as V
 from services.weights.delta_values import CODINGS, Coding, DeltaError
 
 FORMAT = 2  # 1: values as planes only, no value coding or index size in the tensor header
 MAGIC = b"BRDD"
-_KIND_VERSION, _KIND_TENSOR = 1, 2
+KIND_VERSION, _KIND_TENSOR = 1, 2
 Mode = Literal["gaps", "bitmap", "whole"]
 MODES: tuple[Mode, ...] = ("gaps", "bitmap", "whole")
 COMPRESS_MIN_GAIN = 0.02  # deflated output kept only if it saves this share: inflating costs the receiver CPU
@@ -74,8 +68,6 @@ SAMPLE_BYTES = 1 << 14  # a section longer than twice this is judged by deflatin
 # magic, format, kind, mode, value coding, codec, itemsize, index, count, changed, index bytes, raw bytes,
 # payload bytes, xxh3_64, name length
 _TENSOR = struct.Struct("<4sBBBBBBIQQQQQQH")
-# magic, format, kind, base version, version, chunk_bytes, tensors
-_VERSION = struct.Struct("<4sBBqqQI")
 
 
 class DeltaBaseMismatch(DeltaError):
@@ -111,32 +103,7 @@ class TensorDelta:
 
 
 @dataclass(frozen=True)
-class DeltaHeader:
-    """The version frame: which version the delta leads from and to, and how to check the result."""
-
-    base_version: int
-    version: int
-    chunk_bytes: int
-    tensors: int
-    algo: str  # chunk digest algorithm of both digests
-    base_digest: str
-    digest: str
-    fingerprint: str  # ``Manifest.fingerprint()``: names, dtypes and shapes
-
-
-@dataclass(frozen=True)
-class Applied:
-    """What ``apply_version`` made of the base buffer."""
-
-    version: int
-    digest: str
-    chunk_digests: tuple[str, ...]
-    changed: int  # elements changed over all tensors
-    delta_bytes: int  # bytes of all frames
-
-
-@dataclass(frozen=True)
-class _Plan:
+class Plan:
     """A decoded, checked tensor delta: the positions to write (None: the whole tensor) and the new
     values there, or (``diff``) the zigzag differences to add to the base's values."""
 
@@ -152,7 +119,7 @@ def itemsize_of(dtype: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------ one tensor
-def _bytes(buf, what: str) -> memoryview:
+def view_of(buf, what: str) -> memoryview:
     """``buf`` as a flat byte view; refused when it is not a contiguous buffer."""
     try:
         return memoryview(buf).cast("B")
@@ -163,7 +130,7 @@ def _bytes(buf, what: str) -> memoryview:
 def _elements(buf, itemsize: int, what: str) -> np.ndarray:
     if itemsize not in V.UINT:
         raise DeltaError(f"element size {itemsize} is not one of {sorted(V.UINT)}")
-    mv = _bytes(buf, what)
+    mv = view_of(buf, what)
     if len(mv) % itemsize:
         raise DeltaError(f"{what} has {len(mv)} bytes, not a whole number of {itemsize}-byte elements")
     return np.frombuffer(mv, dtype=V.UINT[itemsize])
@@ -249,7 +216,36 @@ def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: i
     if not codings or any(c not in CODINGS for c in codings):
         raise DeltaError(f"value codings {list(codings)}: choose from {list(CODINGS)}")
     old_el, new_el = _elements(prev, itemsize, "previous tensor"), _elements(new, itemsize, "new tensor")
-    pos = changed_positions(old_el, new_el, itemsize)
+    return _frame(old_el, new_el, changed_positions(old_el, new_el, itemsize), itemsize, index, name_b, level, codings)
+
+
+def encode_positions(new, pos: np.ndarray | None, itemsize: int, *, index: int = 0, name: str = "",
+                     level: int = 1) -> bytes:
+    """The tensor frame writing ``new``'s values at ``pos`` (ascending int64; None: every element),
+    as ``planes``: it needs no base values, so it is what a chain of deltas composes to (a listed
+    element need not differ from the base)."""
+    name_b = name.encode()
+    if len(name_b) > 0xFFFF or not 0 <= index < 1 << 32:
+        raise DeltaError(f"tensor name of {len(name_b)} bytes or index {index} does not fit a frame")
+    new_el = _elements(new, itemsize, "new tensor")
+    pos = np.arange(len(new_el), dtype=np.int64) if pos is None else pos
+    if len(pos) and (int(pos[0]) < 0 or int(pos[-1]) >= len(new_el)):
+        raise DeltaError(f"positions {int(pos[0])}..{int(pos[-1])} outside a tensor of {len(new_el)} elements")
+    return _frame(new_el, new_el, pos, itemsize, index, name_b, level, ("planes",))
+
+
+def positions_of(frame) -> np.ndarray | None:
+    """The positions a tensor frame writes (int64, ascending; None: the whole tensor), checked."""
+    d = decode(frame)
+    if d.mode == "whole":
+        return None
+    _check_sections(d)
+    return _positions(d, _inflate(d)[: d.index_bytes])
+
+
+def _frame(old_el: np.ndarray, new_el: np.ndarray, pos: np.ndarray, itemsize: int, index: int, name_b: bytes,
+           level: int, codings: Sequence[Coding]) -> bytes:
+    """The frame of ``pos`` changed (from ``old_el`` to ``new_el``): the smallest coding's payload."""
     count, changed = len(new_el), len(pos)
     gap_bytes = _gap_bytes(pos)
     zz = V.zigzag_diff(old_el[pos], new_el[pos]) if set(codings) - {"planes"} else new_el[:0]
@@ -271,7 +267,7 @@ def encode(prev, new, itemsize: int, *, index: int = 0, name: str = "", level: i
     return b"".join((header, name_b, payload))
 
 
-def _check_magic(mv: memoryview, kind: int, what: str, header: int) -> None:
+def check_magic(mv: memoryview, kind: int, what: str, header: int) -> None:
     if mv[:4] != MAGIC or len(mv) < 6:
         raise DeltaError(f"not a delta frame (starts {bytes(mv[:6])!r}, expected {MAGIC!r}, format, kind)")
     _, fmt, got = struct.unpack_from("<4sBB", mv)
@@ -287,8 +283,8 @@ def _check_magic(mv: memoryview, kind: int, what: str, header: int) -> None:
 
 def decode(frame) -> TensorDelta:
     """Parse a tensor frame's header and check its length and payload checksum."""
-    mv = _bytes(frame, "tensor frame")
-    _check_magic(mv, _KIND_TENSOR, "tensor", _TENSOR.size)
+    mv = view_of(frame, "tensor frame")
+    check_magic(mv, _KIND_TENSOR, "tensor", _TENSOR.size)
     (_, _, _, mode, coding, codec, itemsize, index, count, changed, index_bytes, raw, size, check,
      name_len) = _TENSOR.unpack_from(mv)
     want = _TENSOR.size + name_len + size
@@ -356,7 +352,7 @@ def _positions(d: TensorDelta, index: np.ndarray) -> np.ndarray:
     return pos
 
 
-def _plan(d: TensorDelta) -> _Plan:
+def plan_of(d: TensorDelta) -> Plan:
     """Inflate and check a tensor delta completely: every position in range, values of the right size,
     a nonzero difference exactly where an element changed."""
     _check_sections(d)
@@ -368,11 +364,11 @@ def _plan(d: TensorDelta) -> _Plan:
         nonzero = int(np.count_nonzero(values))
         if nonzero != d.changed:
             raise DeltaError(f"tensor {d.name!r}: {nonzero} nonzero differences for {d.changed} changed elements")
-    return _Plan(pos, values, d.changed, diff)
+    return Plan(pos, values, d.changed, diff)
 
 
 def _target(base, d: TensorDelta) -> np.ndarray:
-    mv = _bytes(base, f"the base of tensor {d.name!r}")
+    mv = view_of(base, f"the base of tensor {d.name!r}")
     if mv.readonly:
         raise DeltaError(f"tensor {d.name!r}: the base buffer is read-only")
     if len(mv) != d.count * d.itemsize:
@@ -381,7 +377,7 @@ def _target(base, d: TensorDelta) -> np.ndarray:
     return np.frombuffer(mv, dtype=V.UINT[d.itemsize])
 
 
-def _write(target: np.ndarray, plan: _Plan) -> None:
+def write_plan(target: np.ndarray, plan: Plan) -> None:
     where = slice(None) if plan.positions is None else plan.positions
     target[where] = V.unzigzag_add(target[where], plan.values) if plan.diff else plan.values
 
@@ -392,136 +388,5 @@ def apply(base, delta) -> int:
     checked before the first byte is written: a refused delta leaves ``base`` as it was."""
     d = delta if isinstance(delta, TensorDelta) else decode(delta)
     target = _target(base, d)
-    _write(target, _plan(d))
+    write_plan(target, plan_of(d))
     return d.changed
-
-
-# ---------------------------------------------------------------------------------------- one version
-def _pack_str(s: str) -> bytes:
-    b = s.encode()
-    if len(b) > 0xFFFF:
-        raise DeltaError(f"a {len(b)}-byte string does not fit a delta header")
-    return struct.pack("<H", len(b)) + b
-
-
-def encode_header(h: DeltaHeader) -> bytes:
-    """The version frame."""
-    fixed = _VERSION.pack(MAGIC, FORMAT, _KIND_VERSION, h.base_version, h.version, h.chunk_bytes, h.tensors)
-    return fixed + b"".join(_pack_str(s) for s in (h.algo, h.base_digest, h.digest, h.fingerprint))
-
-
-def decode_header(frame) -> DeltaHeader:
-    """Parse and check the version frame."""
-    mv = _bytes(frame, "version frame")
-    _check_magic(mv, _KIND_VERSION, "version", _VERSION.size)
-    _, _, _, base_version, version, chunk_bytes, tensors = _VERSION.unpack_from(mv)
-    pos, strings = _VERSION.size, []
-    for _ in range(4):
-        n = struct.unpack_from("<H", mv, pos)[0] if pos + 2 <= len(mv) else -1
-        if n < 0 or pos + 2 + n > len(mv):
-            raise DeltaError(f"version frame truncated at byte {pos} of {len(mv)}")
-        try:
-            strings.append(bytes(mv[pos + 2 : pos + 2 + n]).decode())
-        except UnicodeDecodeError:
-            raise DeltaError(f"version frame: the string at byte {pos} is not UTF-8") from None
-        pos += 2 + n
-    if pos != len(mv):
-        raise DeltaError(f"version frame has {len(mv) - pos} bytes after its header")
-    algo, base_digest, digest, fingerprint = strings
-    if algo not in DIGEST_ALGOS:
-        raise DeltaError(f"version frame names chunk digest {algo!r}, not one of {list(DIGEST_ALGOS)}")
-    return DeltaHeader(base_version, version, chunk_bytes, tensors, algo, base_digest, digest, fingerprint)
-
-
-def version_digests(manifest: Manifest, view, algo: str = "xxh3_128") -> tuple[list[str], str]:
-    """The chunk digests and version digest of a version's blob: what the full push sends."""
-    mv = _bytes(view, "version blob")
-    chunks = [chunk_digest(mv[r.blob_offset : r.blob_offset + r.length], algo) for r in manifest.plan]
-    return chunks, version_digest(chunks)
-
-
-def _blob_view(blob, manifest: Manifest, what: str) -> memoryview:
-    mv = _bytes(blob, what)
-    if len(mv) != manifest.total_bytes:
-        raise DeltaError(f"{what} has {len(mv)} bytes, the manifest {manifest.total_bytes}")
-    return mv
-
-
-def encode_version(
-    manifest: Manifest, prev, new, *, base_version: int, version: int, base_digest: str, digest: str,
-    algo: str = "xxh3_128", level: int = 1, workers: int = 0,
-) -> list[bytes]:
-    """The frames of the delta from ``prev`` (the base version's blob) to ``new`` (the new version's
-    blob), both laid out by ``manifest``; the digests are the versions' as the full push has them.
-    Tensors are encoded on ``workers`` threads (0: up to 4, one per core; zlib and numpy's large
-    operations release the GIL)."""
-    manifest.validate()
-    if version <= base_version:
-        raise DeltaError(f"a delta leads to a newer version: {base_version} -> {version}")
-    a, b = _blob_view(prev, manifest, "previous version"), _blob_view(new, manifest, "new version")
-    header = DeltaHeader(base_version, version, manifest.chunk_bytes, len(manifest.tensors), algo, base_digest,
-                         digest, manifest.fingerprint())
-
-    def one(i: int) -> bytes:
-        t = manifest.tensors[i]
-        span = slice(t.offset, t.offset + t.nbytes)
-        return encode(a[span], b[span], itemsize_of(t.dtype), index=i, name=t.name, level=level)
-
-    with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1), thread_name_prefix="delta-encode") as pool:
-        return [encode_header(header), *pool.map(one, range(len(manifest.tensors)))]
-
-
-def check_base(header: DeltaHeader, manifest: Manifest, held_version: int, held_digest: str) -> None:
-    """Refuse a delta that does not lead from the held version of this model."""
-    if header.base_version != held_version or header.base_digest != held_digest:
-        raise DeltaBaseMismatch(
-            f"delta {header.base_version} -> {header.version} (base digest {header.base_digest[:23]}) does not "
-            f"apply to the held version {held_version} (digest {held_digest[:23]}): take a full version")
-    if header.fingerprint != manifest.fingerprint() or header.chunk_bytes != manifest.chunk_bytes:
-        raise DeltaError(
-            f"delta for model {header.fingerprint} in {header.chunk_bytes}-byte chunks; the held version is "
-            f"{manifest.fingerprint()} in {manifest.chunk_bytes}-byte chunks")
-    if header.tensors != len(manifest.tensors):
-        raise DeltaError(f"delta has {header.tensors} tensors, the manifest {len(manifest.tensors)}")
-
-
-def _checked_plans(manifest: Manifest, frames: Sequence) -> list[_Plan]:
-    """Decode every tensor frame against its manifest entry (in order, each once), on up to 4 threads."""
-    if len(frames) != len(manifest.tensors):
-        raise DeltaError(f"{len(frames)} tensor frames for {len(manifest.tensors)} tensors")
-
-    def one(i: int) -> _Plan:
-        t, d = manifest.tensors[i], decode(frames[i])
-        size = itemsize_of(t.dtype)
-        if d.index != i or d.name != t.name or d.itemsize != size or d.count * size != t.nbytes:
-            raise DeltaError(f"tensor frame {i} is for {d.name!r} (index {d.index}, {d.count} x {d.itemsize} "
-                             f"bytes); the manifest has {t.name!r} ({t.nbytes} bytes of {t.dtype}) there")
-        return _plan(d)
-
-    with ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="delta-decode") as pool:
-        return list(pool.map(one, range(len(frames))))
-
-
-def apply_version(manifest: Manifest, base, frames: Sequence, *, held_version: int, held_digest: str) -> Applied:
-    """Turn ``base`` (a writable buffer holding version ``held_version`` with digest ``held_digest``,
-    laid out by ``manifest``) into the delta's new version in place, and check its digest."""
-    if not frames:
-        raise DeltaError("empty delta: no version frame")
-    header = decode_header(frames[0])
-    check_base(header, manifest, held_version, held_digest)
-    if len(frames) - 1 != header.tensors:
-        raise DeltaError(f"delta {header.base_version} -> {header.version} has {len(frames) - 1} tensor frames "
-                         f"of {header.tensors} (truncated or overlong)")
-    view = _blob_view(base, manifest, "base buffer")
-    if view.readonly:
-        raise DeltaError("the base buffer is read-only")
-    plans = _checked_plans(manifest, frames[1:])
-    for t, plan in zip(manifest.tensors, plans, strict=True):
-        if t.nbytes:
-            _write(np.frombuffer(view[t.offset : t.offset + t.nbytes], dtype=V.UINT[itemsize_of(t.dtype)]), plan)
-    chunks, digest = version_digests(manifest, view, header.algo)
-    if digest != header.digest:
-        raise DeltaDigestMismatch(
-            f"delta {header.base_version} -> {header.version} gave digest {digest[:23]}, the publisher's is "
-            f"{header.digest[:23]}: the buffer holds neither version; take a full version")
-    return Applied(header.version, digest, tuple(chunks), sum(p.changed for p in plans), sum(len(f) for f in frames))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.weights import Manifest, WeightError, manifest_of
-from services.weights import delta as D
+from services.weights import delta_version as DV
 from services.weights.blob import Blob
 from services.weights.values import WeightBlob
 
@@ -98,10 +98,10 @@ def encode(
     """Digest the new version (laid out by ``manifest``) and, with a ``base`` of the same layout,
     encode the delta from it; the delta is dropped when it is not below ``MAX_SHARE`` of the full
     version (e.g. a float32 adapter that every step changes whole)."""
-    chunks, digest = D.version_digests(manifest, new, algo)
+    chunks, digest = DV.version_digests(manifest, new, algo)
     if base is None or base.manifest != manifest:
         return Encoded(chunks, digest, None, 0)
-    frames = D.encode_version(manifest, base.view, new, base_version=base.version, version=version,
+    frames = DV.encode_version(manifest, base.view, new, base_version=base.version, version=version,
                               base_digest=base.digest, digest=digest, algo=algo, level=level)
     size = sum(len(f) for f in frames)
     if size >= MAX_SHARE * manifest.total_bytes:
@@ -109,7 +109,7 @@ def encode(
     return Encoded(chunks, digest, pack(frames, manifest.chunk_bytes, shm_dir), size)
 
 
-def materialize(held: Held, manifest: Manifest, view, into) -> D.Applied:
+def materialize(held: Held, manifest: Manifest, view, into) -> DV.Applied:
     """Write the version the delta in ``view`` (laid out by ``manifest``) leads to into ``into`` (a
     writable buffer of the held version's size): the held bytes, then the delta; raises
     ``DeltaError`` (a ``WeightError``) for a delta from another base, a damaged one, or a result
@@ -118,5 +118,5 @@ def materialize(held: Held, manifest: Manifest, view, into) -> D.Applied:
     if len(out) != held.manifest.total_bytes:
         raise WeightError("argument", f"a {len(out)}-byte buffer for a {held.manifest.total_bytes}-byte version")
     out[:] = held.view
-    return D.apply_version(held.manifest, out, frames_of(manifest, view), held_version=held.version,
+    return DV.apply_version(held.manifest, out, frames_of(manifest, view), held_version=held.version,
                            held_digest=held.digest)

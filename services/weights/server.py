@@ -44,6 +44,7 @@ from services.weights.blob import SHM_PREFIX, Blob, host_id
 from services.weights.client import RelayClient, RelayError
 from services.weights.convert import delta_base, delta_fields, manifest_from_pb, manifest_to_pb
 from services.weights.datachan import END
+from services.weights.delta_log import DeltaLog
 from services.weights.store import Incoming, Stored, VersionStore, wait_limit
 from services.weights.wire import WEIGHT_ERROR_CODES, chunk_of, encode_chunk, service_handler
 
@@ -72,6 +73,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         self.hop_timeout_s = hop_timeout_s
         self.relinks: list[dict] = []  # one record per re-link (dead hop, skipped to, seconds)
         self.delta_fallbacks = 0  # deltas a hop refused (no base there): forwarded whole instead
+        self.deltas = DeltaLog()  # the deltas versions arrived as, for pullers one or more versions behind
         self._lock = threading.Lock()
         self._peers: dict[str, RelayClient] = {}
         self.data = None  # the raw-TCP data channel (attach_data_plane)
@@ -163,6 +165,11 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         committed = self.store.try_commit(inc)
         if committed and inc.version not in self._committed_at:
             self._committed_at[inc.version] = time.time()
+            with self.store.cond:
+                stored, held = self.store.committed.get(inc.version), set(self.store.committed)
+            if stored is not None:
+                self.deltas.add(stored)
+            self.deltas.forget(held)
             log.info("version %d committed (%d bytes)", inc.version, inc.manifest.total_bytes)
             self.store.prepare_spare(inc.manifest.total_bytes)
         return committed
@@ -176,7 +183,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             with self.store.pinned(request.version, caller_wait(request.wait_s, context)) as full:
                 shm = request.allow_shm and full.blob.path is not None and request.host_id == self.host
                 # the same host maps the full version (no copy); another takes the delta from what it holds
-                s = full if shm or not request.delta_ok else full.source(request.have_version, request.have_digest)
+                s = full if shm or not request.delta_ok else self.deltas.for_puller(full, request.have_version,
+                                                                                    request.have_digest)
                 plan = s.manifest.plan
                 stop = request.to_chunk or len(plan)
                 if not request.from_chunk <= stop <= len(plan):
@@ -209,6 +217,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         from services.weights.dataplane import RelayDataPlane
 
         self.data = RelayDataPlane(self.store, host, on_begin=self._start_forwarding, on_commit=self._commit,
+                                   source=self.deltas.for_puller,
                                    corrupt=self._corrupt, truncate=self._truncate, tls=self.tls, tls_host=tls_host,
                                    port=port, tls_port=tls_port, advertise=advertise)
 
@@ -419,6 +428,7 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
     def close(self) -> None:
         if self.data is not None:
             self.data.close()
+        self.deltas.close()
         with self._lock:
             for c in self._peers.values():
                 c.close()

@@ -133,3 +133,25 @@ def test_master_relay_and_trainer_killed_together_lose_nothing(tmp_path, tiny_ch
     assert r.weights["ok"] and len(r.weights["relay_digests"]) == 2, r.weights
     assert r.weights["relay_digests"]["relay-0"].startswith("sha256:")
     assert r.recovery_s is not None and r.recovery_s > 0
+
+
+@pytest.mark.long  # `make test-long` (CI runs it; docs/testing.md)
+def test_an_instance_killed_while_deltas_flow_is_readmitted_through_a_whole_version(tmp_path, tiny_checkpoint):
+    """weights.delta with no shared memory (every instance pulls over the network): the killed instance
+    comes back holding no version, takes the newest whole (counted), then deltas again like the others."""
+    s = Scenario("delta", "bounded_delta", ("sgs",))
+    # long enough for the killed instance to start again (a few seconds) and be readmitted before the end
+    r = run_scenario(s, tmp_path, str(tiny_checkpoint), ROOT / "deploy/configs/smoke.yaml", iterations=30,
+                     timeout_s=300)
+    assert r.completed, r.error
+    assert r.faults == ["kill:sgs"] and r.samples_lost == 0 and r.duplicates == 0 and r.violations == 0
+    assert r.instances_readmitted >= 1, r
+    assert r.weights["ok"], r.weights  # every live instance serves the newest version, the relays' digests agree
+    d = r.weights["deltas"]
+    assert d["weights_pushed_delta"] > 0 and d["weights_pulled_delta"] > 0, d
+    assert d["weights_pulled_fallback"] >= 1, d  # whole versions an instance asked a delta for: counted
+    restarted = (tmp_path / "delta" / "sgs-1.log").read_text()  # the restarted process's own log
+    first = next(line for line in restarted.splitlines() if "pulled and staged" in line)
+    assert "whole: this instance held no version yet (new or restarted)" in first, first
+    assert "(delta+tcp)" in restarted  # and deltas from there on
+

@@ -76,7 +76,12 @@ def test_deltas_cross_the_chain_and_a_puller_holding_the_base_gets_the_same_bits
             assert got.delta_base == 2 and got.path.startswith("delta+") and not got.fallback
             assert got.digest == transport.sent[3]["digest"] and 0 < got.delta_bytes < full
             assert all(torch.equal(got.state[k], want[k]) for k in want)
-        whole = site.pull(3, allow_shm=False, have=old)
+        composed = site.pull(3, allow_shm=False, have=old)  # two versions behind: the chain 1 -> 2 -> 3, composed
+        assert composed.delta_base == 1 and composed.path == "delta+tcp" and not composed.fallback
+        assert composed.digest == transport.sent[3]["digest"] and 0 < composed.delta_bytes < full
+        assert all(torch.equal(composed.state[k], want[k]) for k in want)
+        stranger = Held(1, old.manifest, old.view, "sha256:" + "0" * 64)  # a version 1 of other bytes: no chain
+        whole = site.pull(3, allow_shm=False, have=stranger)
         assert whole.delta_base is None and "no delta from version 1" in whole.fallback
         assert all(torch.equal(whole.state[k], want[k]) for k in want)
         same_host = site.pull(3, allow_shm=True, have=base)  # shared memory maps the whole version: no fallback
@@ -175,18 +180,22 @@ def test_an_instance_takes_deltas_and_a_version_it_has_no_base_for_whole(tmp_pat
     try:
         client.wait_ready()
         base = None
-        for v in (1, 2, 3, 4):
+        for v in range(1, 7):
             for t in state.values():  # a sparse step: one element in 50 moves (float32 deltas pay only so)
                 t.view(-1)[v::50] += 1e-3
-            base = _pushed(pusher, v, state, base, dtype="float32")
-            if v <= 2:
+            base = _pushed(pusher, v, state, None if v in (1, 5) else base, dtype="float32")  # 5 goes whole
+            if v <= 2:  # the first version comes whole (no base yet: counted), the next as a delta
                 ack = client.pull_weights(v, wait_s=10)
-                assert ack.staged and ack.path == ("tcp" if v == 1 else "delta+tcp") and not ack.delta_fallback
-        ack = client.pull_weights(4, wait_s=10)  # it holds 2; the relay has only the delta 3 -> 4
-        assert ack.staged and ack.version == 4 and ack.path == "tcp" and ack.delta_fallback
-        assert "no delta from version 2 to 4" in ack.fallback_reason
-        out = list(client.generate([PromptSpec("p", (1, 5, 6))], GenerateParams(2, 4, min_weight_version=4)))
-        assert len(out) == 2 and all(s.weight_version == 4 for s in out)
+                assert ack.staged and ack.path == ("tcp" if v == 1 else "delta+tcp")
+                assert ack.delta_fallback == (v == 1) and ("held no version yet" in ack.fallback_reason) == (v == 1)
+            if v == 4:  # it holds 2: the relay composes the deltas 2 -> 3 -> 4 into one
+                ack = client.pull_weights(4, wait_s=10)
+                assert ack.staged and ack.path == "delta+tcp" and not ack.delta_fallback
+        ack = client.pull_weights(6, wait_s=10)  # it holds 4; version 5 came whole: no chain from 4
+        assert ack.staged and ack.version == 6 and ack.path == "tcp" and ack.delta_fallback
+        assert "no delta from version 4 to 6" in ack.fallback_reason
+        out = list(client.generate([PromptSpec("p", (1, 5, 6))], GenerateParams(2, 4, min_weight_version=6)))
+        assert len(out) == 2 and all(s.weight_version == 6 for s in out)
     finally:
         client.close()
         pusher.close()

@@ -12,6 +12,7 @@ import xxhash
 from services.common.weights import Manifest, TensorSpec, WeightError, manifest_of
 from services.weights import delta as D
 from services.weights import delta_values as V
+from services.weights import delta_version as DV
 from services.weights.datapath import LazyDigests
 
 FRACTIONS = (0.0, 0.01, 0.3, 1.0)
@@ -164,7 +165,7 @@ def test_a_frame_that_is_not_a_delta_or_of_another_format_is_refused():
     _refused(bytearray(prev.tobytes()), _reheader(frame, fmt=1), r"format 1 \(an older codec's\)")
     _refused(bytearray(prev.tobytes()), _reheader(frame, mode=7), "unknown mode 7")
     _refused(bytearray(prev.tobytes()), _reheader(frame, itemsize=3), "element size 3")
-    _refused(bytearray(prev.tobytes()), D.encode_header(D.DeltaHeader(0, 1, 8, 1, "sha256", "", "", "")),
+    _refused(bytearray(prev.tobytes()), DV.encode_header(DV.DeltaHeader(0, 1, 8, 1, "sha256", "", "", "")),
              "where a tensor frame")
 
 
@@ -267,7 +268,7 @@ def _versions(m: Manifest, fracs=(0.01, 0.0, 0.0, 0.3), seed=0) -> tuple[bytes, 
 def _delta(m: Manifest, prev: bytes, new: bytes, algo: str = "xxh3_128") -> tuple[list[bytes], str, str]:
     base_digest = LazyDigests(m, prev, algo).version()  # what the full push computes
     digest = LazyDigests(m, new, algo).version()
-    frames = D.encode_version(m, prev, new, base_version=4, version=5, base_digest=base_digest, digest=digest,
+    frames = DV.encode_version(m, prev, new, base_version=4, version=5, base_digest=base_digest, digest=digest,
                               algo=algo)
     return frames, base_digest, digest
 
@@ -279,7 +280,7 @@ def test_a_version_round_trips_to_the_full_pushs_digest(algo):
     frames, base_digest, digest = _delta(m, prev, new, algo)
     assert len(frames) == 1 + len(m.tensors)
     base = bytearray(prev)
-    applied = D.apply_version(m, base, frames, held_version=4, held_digest=base_digest)
+    applied = DV.apply_version(m, base, frames, held_version=4, held_digest=base_digest)
     assert bytes(base) == new
     assert applied.version == 5 and applied.digest == digest
     assert list(applied.chunk_digests) == LazyDigests(m, new, algo).all()
@@ -291,7 +292,7 @@ def test_a_version_round_trips_to_the_full_pushs_digest(algo):
 def _version_refused(m, base: bytearray, frames, match: str, exc=D.DeltaError, **held) -> None:
     before = bytes(base)
     with pytest.raises(exc, match=match):
-        D.apply_version(m, base, frames, **held)
+        DV.apply_version(m, base, frames, **held)
     assert bytes(base) == before
 
 
@@ -323,7 +324,7 @@ def test_a_truncated_or_shuffled_version_delta_is_refused_before_anything_is_wri
     _version_refused(m, base, [frames[0][:-5], *frames[1:]], "version frame truncated", **held)
     _version_refused(m, bytearray(prev[:-4]), frames, "base buffer has", **held)
     with pytest.raises(D.DeltaError, match="read-only"):
-        D.apply_version(m, prev, frames, **held)
+        DV.apply_version(m, prev, frames, **held)
 
 
 def test_a_result_with_another_digest_is_refused_as_neither_version():
@@ -333,7 +334,7 @@ def test_a_result_with_another_digest_is_refused_as_neither_version():
     drifted = bytearray(prev)
     drifted[-1] ^= 0xFF  # a byte the delta does not rewrite differs from the publisher's base
     with pytest.raises(D.DeltaDigestMismatch, match="holds neither version; take a full version") as err:
-        D.apply_version(m, drifted, frames, held_version=4, held_digest=base_digest)
+        DV.apply_version(m, drifted, frames, held_version=4, held_digest=base_digest)
     assert err.value.kind == "integrity"
 
 
@@ -341,23 +342,23 @@ def test_a_delta_leads_to_a_newer_version_of_the_same_layout():
     m = _manifest()
     prev, new = _versions(m)
     with pytest.raises(D.DeltaError, match="newer version: 5 -> 5"):
-        D.encode_version(m, prev, new, base_version=5, version=5, base_digest="", digest="")
+        DV.encode_version(m, prev, new, base_version=5, version=5, base_digest="", digest="")
     with pytest.raises(D.DeltaError, match="new version has"):
-        D.encode_version(m, prev, new[:-4], base_version=4, version=5, base_digest="", digest="")
+        DV.encode_version(m, prev, new[:-4], base_version=4, version=5, base_digest="", digest="")
 
 
 def test_the_version_frame_round_trips_and_refuses_an_unknown_digest():
-    h = D.DeltaHeader(4, 5, 4096, 3, "xxh3_128", "sha256:ab", "sha256:cd", "f" * 16)
-    assert D.decode_header(D.encode_header(h)) == h
-    bad = D.encode_header(D.DeltaHeader(4, 5, 4096, 3, "md5", "", "", ""))
+    h = DV.DeltaHeader(4, 5, 4096, 3, "xxh3_128", "sha256:ab", "sha256:cd", "f" * 16)
+    assert DV.decode_header(DV.encode_header(h)) == h
+    bad = DV.encode_header(DV.DeltaHeader(4, 5, 4096, 3, "md5", "", "", ""))
     with pytest.raises(D.DeltaError, match="'md5', not one of"):
-        D.decode_header(bad)
+        DV.decode_header(bad)
     with pytest.raises(D.DeltaError, match="bytes after its header"):
-        D.decode_header(D.encode_header(h) + b"\0")
+        DV.decode_header(DV.encode_header(h) + b"\0")
     with pytest.raises(D.DeltaError, match="shorter than its 34-byte header"):
-        D.decode_header(D.encode_header(h)[:20])
+        DV.decode_header(DV.encode_header(h)[:20])
     with pytest.raises(D.DeltaError, match="not a delta frame"):
-        D.decode_header(struct.pack("<4s", D.MAGIC))
+        DV.decode_header(struct.pack("<4s", D.MAGIC))
 
 
 # ------------------------------------------------------------------------------------------ value codings

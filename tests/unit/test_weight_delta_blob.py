@@ -9,6 +9,7 @@ import torch
 from services.common.weights import Manifest, WeightError, WeightStream, blob_chunk, chunk_digest, version_digest
 from services.weights import delta as D
 from services.weights import delta_blob as DB
+from services.weights import delta_version as DV
 from services.weights.store import VersionStore
 from services.weights.values import snapshot_blob
 
@@ -35,7 +36,7 @@ def test_a_bf16_step_goes_as_a_small_delta_that_rebuilds_the_same_bits():
     before = bytes(w1.blob.view)
     enc = DB.encode(w2.manifest, w2.blob.view, version=2, base=base, algo="xxh3_128")
     assert enc.delta is not None and enc.delta_bytes == enc.delta.manifest.total_bytes < 0.5 * w2.manifest.total_bytes
-    assert enc.digest == D.version_digests(w2.manifest, w2.blob.view)[1]
+    assert enc.digest == DV.version_digests(w2.manifest, w2.blob.view)[1]
     assert [t.name for t in enc.delta.manifest.tensors] == ["delta.header", "delta.0", "delta.1"]
     out = bytearray(w2.manifest.total_bytes)
     applied = DB.materialize(base, enc.delta.manifest, enc.delta.blob.view, out)
@@ -105,7 +106,7 @@ def test_a_delta_to_another_digest_is_refused_and_nothing_of_it_kept(tmp_path):
     s1, s2 = _states(2)
     w1, w2 = snapshot_blob(s1, CHUNK, None, dtype="bfloat16"), snapshot_blob(s2, CHUNK, None, dtype="bfloat16")
     base = _held(w1, 1)
-    frames = D.encode_version(w2.manifest, w1.blob.view, w2.blob.view, base_version=1, version=2,
+    frames = DV.encode_version(w2.manifest, w1.blob.view, w2.blob.view, base_version=1, version=2,
                               base_digest=base.digest, digest="f" * 64)  # claims a digest it does not lead to
     bad = DB.pack(frames, CHUNK)
     store = VersionStore(2, None)
@@ -135,3 +136,57 @@ def test_the_config_refuses_delta_settings_that_cannot_work(overrides, match):
     with pytest.raises((ConfigError, ValueError), match=match):
         load_config(ROOT / "deploy/configs/smoke.yaml", overrides)
 
+
+
+def _chain(n: int, seed: int = 3):
+    """``n`` bf16 versions a small step apart, each pushed into a store as the delta from the one before."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {"w": torch.randn(400, 128, generator=gen), "b": torch.randn(33, generator=gen)}
+    store, wbs = VersionStore(n, None), []
+    base = None
+    for v in range(1, n + 1):
+        wb = snapshot_blob(state, CHUNK, None, dtype="bfloat16")
+        enc = DB.encode(wb.manifest, wb.blob.view, version=v, base=base, algo="xxh3_128")
+        assert _push(store, v, enc.delta if base else wb, base=base.version if base else None)
+        base, state = DB.Held(v, wb.manifest, wb.blob.view, enc.digest, wb.blob), {
+            k: t + 2e-3 * torch.randn(t.shape, generator=gen) for k, t in state.items()}
+        wbs.append(base)
+    return store, wbs
+
+
+def test_a_chain_of_deltas_composes_into_one_that_rebuilds_the_last_version():
+    from services.weights.delta_log import DeltaLog
+
+    store, held = _chain(4)
+    log = DeltaLog(keep=8)
+    for v in (2, 3, 4):
+        log.add(store.committed[v])
+    full = store.committed[4]
+    composed = log.for_puller(full, 1, held[0].digest)
+    assert composed is not full and composed is not full.delta and composed.manifest.tensors[0].name == "delta.header"
+    assert log.for_puller(full, 1, held[0].digest) is composed  # made once per (held, wanted) version
+    assert log.for_puller(full, 3, held[2].digest) is full.delta  # one behind: the delta it arrived as
+    assert log.for_puller(full, 1, "sha256:" + "0" * 64) is full  # another version 1: no chain from it
+    out = bytearray(full.manifest.total_bytes)
+    applied = DB.materialize(held[0], composed.manifest, composed.blob.view, out)
+    assert applied.version == 4 and applied.digest == full.digest and bytes(out) == bytes(full.blob.view)
+    assert composed.digest == version_digest(list(composed.digests))
+    log.forget({5})  # version 4 no longer held: its composed deltas go
+    assert log.for_puller(full, 1, held[0].digest) is not composed
+
+
+def test_a_chain_that_does_not_follow_on_is_refused_and_the_log_keeps_its_newest():
+    from services.weights.delta_log import DeltaLog
+
+    store, held = _chain(4, seed=4)
+    full = store.committed[4]
+    frames = [DB.frames_of(store.committed[v].delta.manifest, store.committed[v].delta.blob.view) for v in (2, 4)]
+    with pytest.raises(D.DeltaError, match="do not follow on"):
+        DV.compose(full.manifest, full.blob.view, frames)
+    with pytest.raises(D.DeltaError, match="empty chain"):
+        DV.compose(full.manifest, full.blob.view, [])
+    log = DeltaLog(keep=2)
+    for v in (2, 3, 4):
+        log.add(store.committed[v])
+    assert log.chain(1, held[0].digest, full) is None  # 1 -> 2 fell out of the log
+    assert [e.version for e in log.chain(2, held[1].digest, full)] == [3, 4]

@@ -263,6 +263,19 @@ def allocation_specs(cluster: ClusterSpec, cluster_path: str, model: ModelSpec, 
     return {**out, "objective": "given"}
 
 
+# Delta versions (``weights.delta``, docs/weights.md), as measured on SmolLM2-135M-Instruct in bfloat16 at lr 2e-5
+# across a shaped link (bench/results/weights.json ``delta``, clean 431cce8): a delta carried 3.6% of the version's
+# bytes, and encoding, forwarding, applying and checking it cost about a second per 168 MB of version (2 cores).
+# A declared model's delta is modelled with both: where the link is fast, the codec makes a delta slower than whole.
+DELTA_SHARE = 0.036
+DELTA_CODEC_BYTES_PER_S = 168e6
+
+
+def delta_transfer_s(nbytes: int, gbps: float) -> float:
+    """Seconds a version of ``nbytes`` takes as a delta over a ``gbps`` link (wire plus codec)."""
+    return nbytes * DELTA_SHARE * 8 / (gbps * 1e9) + nbytes / DELTA_CODEC_BYTES_PER_S
+
+
 def plan_dict(cm: CostModel, plan: Plan, cluster: ClusterSpec, where: str, model: ModelSpec, wl: WorkloadSpec,
               elapsed: float) -> dict:
     """A priced allocation as JSON: the plan's fields, its instances, workload and trainer memory,
@@ -279,6 +292,7 @@ def plan_dict(cm: CostModel, plan: Plan, cluster: ClusterSpec, where: str, model
     if cluster.links:
         gbps = min(link.gbps for link in cluster.links)
         out["cross_site_weight_transfer_s"] = model.weight_bytes() * 8 / (gbps * 1e9)
+        out["cross_site_delta_transfer_s"] = delta_transfer_s(model.weight_bytes(), gbps)
     out["emulation"] = emulation_of(cluster, where, model, plan.gen_gpus // out["gen_instances"])
     return out
 
@@ -333,4 +347,8 @@ def format_table(plan: dict) -> str:
     if "cross_site_weight_transfer_s" in plan:
         lines.append(f"weights over link  {plan['cross_site_weight_transfer_s']:.1f} s per version "
                      "(overlapped with training)")
+    if "cross_site_delta_transfer_s" in plan:
+        lines.append(f"  as deltas        {plan['cross_site_delta_transfer_s']:.1f} s per version (weights.delta: "
+                     f"{DELTA_SHARE:.1%} of a version on the wire + the codec at {DELTA_CODEC_BYTES_PER_S / 1e6:.0f} "
+                     "MB/s, as measured)")
     return "\n".join(lines)

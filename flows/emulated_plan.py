@@ -11,8 +11,10 @@ emulated run (``flows.registries.is_emulated``) then runs that plan through the 
 - ``trainer.emulation``: the training site's kind, the plan's GPUs and parallel configuration;
 - ``generation.emulation.reload_s``: one read of the weights at the instance's HBM bandwidth (the
   profile's ``k2``) plus, across two sites, the declared model's bytes over the cluster's link
-  (the plan's ``cross_site_weight_transfer_s``). This is how an emulated version has the declared
-  model's size on the wire: modelled time; the relays carry the run's own (tiny) checkpoint.
+  (the plan's ``cross_site_weight_transfer_s``; with ``weights.delta``, ``cross_site_delta_transfer_s``:
+  the declared model's delta share on the wire plus the codec's time, ``allocator.allocate.DELTA_SHARE``).
+  This is how an emulated version has the declared model's size on the wire: modelled time; the
+  relays carry the run's own (tiny) checkpoint.
 
 Without ``--workload`` the plan's workload is the run's own iteration (``config_workload``): its
 batch, the arith prompts' lengths and the emulated output lengths, so the plan and the emulation
@@ -76,8 +78,10 @@ def plan_for_run(cfg: RunConfig, cluster: str, workload: str | None = None, obje
         raise ConfigError(str(err)) from None
 
 
-def emulated_overrides(plan: dict, page_size: int) -> list[str]:
-    """The config overrides that make an emulated run the fleet ``plan`` describes."""
+def emulated_overrides(plan: dict, page_size: int, delta: bool = False) -> list[str]:
+    """The config overrides that make an emulated run the fleet ``plan`` describes; ``delta``
+    (``weights.delta``): a version crosses the sites as a delta (the plan's
+    ``cross_site_delta_transfer_s``: the declared model's delta share on the wire plus the codec)."""
     from services.generation.emulated_engine import resolve_profile
 
     if "emulation" not in plan:
@@ -87,7 +91,8 @@ def emulated_overrides(plan: dict, page_size: int) -> list[str]:
         emu = plan["emulation"]
         profile = resolve_profile(str(emu["gen_profile"]))
         dp, tp, pp = _parallel(str(plan["train_parallel"]))
-        reload_s = profile.step_cost.k2 + float(plan.get("cross_site_weight_transfer_s", 0.0))
+        crossing = plan.get("cross_site_delta_transfer_s" if delta else "cross_site_weight_transfer_s", 0.0)
+        reload_s = profile.step_cost.k2 + float(crossing)
         trainer = {"gpu": plan["train_kind"], "gpus": plan["train_gpus"], "model": plan["model"],
                    "parallel": f"dp{dp}-tp{tp}-pp{pp}", "gpus_per_node": emu["train_gpus_per_node"],
                    "inter_node_gbps": emu["train_inter_node_gbps"], "train_profile": emu["train_profile"]}

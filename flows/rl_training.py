@@ -201,7 +201,7 @@ def plan_overrides(plan: dict, cfg: RunConfig) -> list[str]:
     if is_emulated(cfg):
         from flows.emulated_plan import emulated_overrides
 
-        return emulated_overrides(plan, cfg.generation.page_size)
+        return emulated_overrides(plan, cfg.generation.page_size, cfg.weights.delta)
     return [f"generation.instances={plan['gen_instances']}"] if plan["model"] == "braid-tiny" else []
 
 

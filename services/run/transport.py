@@ -251,8 +251,6 @@ class RelayTransport(WeightTransport):
     def _send_delta(self, version: int, wb) -> str:
         """Push ``version`` as the delta from the last version pushed when that pays, else whole; a
         master without the base (restarted, a new master) takes it whole (counted). Returns its digest."""
-        import grpc
-
         from services.weights import delta_blob
         from services.weights.client import RelayError
 
@@ -266,9 +264,7 @@ class RelayTransport(WeightTransport):
                 self._push_with_failover(version, enc.delta, delta_base=self._base.version)
                 self.sent[version] = {**row, "sent": "delta"}
                 return enc.digest
-            except RelayError as err:
-                if err.code != grpc.StatusCode.FAILED_PRECONDITION:
-                    raise
+            except RelayError as err:  # no base there (a restarted or new master), or a delta it could not apply
                 row["fallback"] = str(err)
                 log.warning("version %d: the master took no delta (%s); pushing it whole", version, err)
             finally:

@@ -339,8 +339,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                     log.warning("relay %s lost while forwarding version %d: %s", target, inc.version, err)
                 elif code == grpc.StatusCode.ALREADY_EXISTS:
                     time.sleep(0.2)  # another upstream is delivering it; check progress again
-                elif code == grpc.StatusCode.FAILED_PRECONDITION and delta_fields(inc):
-                    full = self._whole(inc, target, err)  # the hop lacks the delta's base
+                elif delta_fields(inc):  # the hop lacks the delta's base (or could not apply it): send it whole
+                    full = self._whole(inc, target, err)
                     if full is None:
                         return
                     inc = full
@@ -362,8 +362,8 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
                       inc.delta_base, inc.version, err)
             return None
         self.delta_fallbacks += 1
-        log.info("relay %s lacks the base of delta %d -> %d: forwarding version %d whole", target, inc.delta_base,
-                 inc.version, inc.version)
+        log.info("relay %s lacks the base of delta %d -> %d: forwarding version %d whole (%s)", target,
+                 inc.delta_base, inc.version, inc.version, err)
         return full
 
     def _forward_to(self, peer: RelayClient, inc: Incoming, start: int) -> None:

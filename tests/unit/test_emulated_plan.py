@@ -72,6 +72,12 @@ def test_a_given_allocation_is_priced_and_emulated_as_a_plan_is():
     assert even["iteration_s"] >= plan["iteration_s"]  # the planner's full generation side is never slower
     run = load_config(EMULATED, emulated_overrides(even, cfg.generation.page_size))
     assert run.generation.instances == even["gen_instances"] and run.trainer.emulation.gpus == 20
+    # weights.delta: the declared 7B model's version crosses the 80 Gbit/s link as a delta, codec included
+    whole_s, delta_s = even["cross_site_weight_transfer_s"], even["cross_site_delta_transfer_s"]
+    assert delta_s == pytest.approx(whole_s * 0.036 + whole_s * 80e9 / 8 / 168e6)
+    with_delta = load_config(EMULATED, emulated_overrides(even, cfg.generation.page_size, delta=True))
+    assert with_delta.generation.emulation.reload_s - run.generation.emulation.reload_s == pytest.approx(
+        delta_s - whole_s)
     with pytest.raises(AllocationInputError, match="outside the sites' budgets"):
         allocation_specs(*args, 40, 8)
 

@@ -49,6 +49,7 @@ from bench.report_io import (  # noqa: E402
     provenance,
     provenance_line,
     results_dir,
+    set_json_key,
 )
 
 SHM = Path("/dev/shm")
@@ -223,6 +224,17 @@ def bench_stall(sizes: list[int], streams: int, chunk: int, work: Path, versions
 
 
 # ---------------------------------------------------------------- report
+def set_section(out: Path, key: str, entry: dict) -> None:
+    """Set ``key`` of ``out/weights.json`` (a part another script measures, with its own provenance:
+    ``shaped_link``, ``delta``, ``delta_parity``) and, when that file holds the whole weight
+    benchmark, rewrite weights.md with it."""
+    path = out / "weights.json"
+    set_json_key(path, key, entry)
+    doc = json.loads(path.read_text())
+    if "machine" in doc and "note" in doc:
+        write_report(doc, out)
+
+
 def write_report(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "weights.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -292,6 +304,10 @@ def write_report(result: dict, out: Path) -> None:
         from bench.weights_delta import markdown as delta_markdown
 
         lines += delta_markdown(result["delta"])
+    if result.get("delta_parity"):  # written by bench/weights_delta_parity.py
+        from bench.weights_delta_parity import markdown as parity_markdown
+
+        lines += parity_markdown(result["delta_parity"])
     lines += ["## Result fields", "", "```json",
               json.dumps({k: result.get(k) for k in ("throughput_ratio_vs_raw", "broadcast_time_s",
                                                      "broadcast_ratio_8_vs_1",
@@ -431,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             for key in (section, *PART_KEYS[part]):
                 if key in previous:
                     result[key] = previous[key]
-    for key in ("shaped_link", "delta"):  # bench/weights_shaped.py's and weights_delta.py's keys (own provenance)
+    for key in ("shaped_link", "delta", "delta_parity"):  # the other scripts' keys, each with its own provenance
         if key in previous:
             result[key] = previous[key]
     result["parts"] = parts_record(PARTS, measured, previous, result["provenance"])

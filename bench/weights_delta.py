@@ -48,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key, spread  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread  # noqa: E402
 from bench.weights_shaped import SITES, _spawn_relay, _wait_committed  # noqa: E402
 
 RATE = "400mbit"
@@ -318,13 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     entry["summary"] = _summary(entry)
     entry["provenance"] = provenance(Path(__file__), {"rate": ns.rate, "versions": n_versions, "rounds": rounds,
                                                       "batch": BATCH, "quick": ns.quick}, config_file=CONFIG)
-    path = out / "weights.json"
-    set_json_key(path, "delta", entry)
-    doc = json.loads(path.read_text())
-    if "machine" in doc and "note" in doc:  # the whole weight benchmark is there: its report gets this section
-        from bench.weights import write_report
+    from bench.weights import set_section
 
-        write_report(doc, out)
+    set_section(out, "delta", entry)
     print("\n".join(markdown(entry)))
     return 0
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key, spread  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread  # noqa: E402
 
 RATE = "400mbit"
 REPS = 3
@@ -268,13 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     entry["quick"] = ns.quick
     entry["provenance"] = provenance(Path(__file__), {"rate": ns.rate, "reps": reps, "payloads": payloads,
                                                       "lora_rank": LORA_RANK, "quick": ns.quick})
-    path = out / "weights.json"
-    set_json_key(path, "shaped_link", entry)
-    doc = json.loads(path.read_text())
-    if "machine" in doc and "note" in doc:  # the whole weight benchmark is there: its report gets this section
-        from bench.weights import write_report
+    from bench.weights import set_section
 
-        write_report(doc, out)
+    set_section(out, "shaped_link", entry)
     print("\n".join(markdown(entry)))
     return 0
 

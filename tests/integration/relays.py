@@ -71,6 +71,18 @@ def model_state(fill: float, scale: int = 1) -> dict[str, torch.Tensor]:
     }
 
 
+def holds(client, version: int) -> bool:
+    """``client``'s relay holds ``version`` complete (False while it is unreachable: a restarted
+    relay's channel may still be reconnecting)."""
+    import grpc
+
+    try:
+        state = client.versions(timeout_s=5).versions.get(version)
+    except grpc.RpcError:
+        return False
+    return state is not None and state.complete
+
+
 def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.05) -> float:
     t0 = time.monotonic()
     while not pred():

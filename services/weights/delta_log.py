@@ -17,7 +17,8 @@ from services.weights import delta_blob as DB
 from services.weights import delta_version as DV
 from services.weights.store import Stored
 
-KEEP = 16  # deltas kept beyond the whole versions (each a few percent of a version in bfloat16)
+KEEP = 16  # deltas kept beyond the whole versions (each a few percent of a version in bfloat16) ...
+# ... and together never more bytes than one whole version (a float32 delta is ~40% of one)
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,24 @@ class DeltaLog:
         self._composing = threading.Lock()  # one composition at a time: each costs a core-second or so
 
     def add(self, full: Stored) -> None:
-        """Log the delta ``full`` arrived as (``full.delta``); the oldest beyond ``keep`` go."""
+        """Log the delta ``full`` arrived as (``full.delta``); the oldest go beyond ``keep`` deltas
+        or beyond one whole version's bytes in all."""
         if full.delta is None:
             return
         with self._lock:
             self._by_base[full.delta_base] = Entry(full.delta_base, full.delta_base_digest, full.version, full.digest,
                                                    full.delta)
-            while len(self._by_base) > self.keep:
+            while len(self._by_base) > self.keep or (
+                    len(self._by_base) > 1 and self._bytes() > full.manifest.total_bytes):
                 self._by_base.pop(min(self._by_base)).delta.blob.release()
+
+    def _bytes(self) -> int:
+        return sum(e.delta.manifest.total_bytes for e in self._by_base.values())
+
+    def logged(self) -> tuple[list[int], int]:
+        """The versions whose deltas are logged, and their bytes in all."""
+        with self._lock:
+            return sorted(e.version for e in self._by_base.values()), self._bytes()
 
     def forget(self, held: set[int]) -> None:
         """Drop composed deltas to versions no longer held."""

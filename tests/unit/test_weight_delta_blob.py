@@ -138,8 +138,8 @@ def test_the_config_refuses_delta_settings_that_cannot_work(overrides, match):
 
 
 
-def _chain(n: int, seed: int = 3):
-    """``n`` bf16 versions a small step apart, each pushed into a store as the delta from the one before."""
+def _chain(n: int, seed: int = 3, step: float = 2e-3):
+    """``n`` bf16 versions ``step`` apart, each pushed into a store as the delta from the one before."""
     gen = torch.Generator().manual_seed(seed)
     state = {"w": torch.randn(400, 128, generator=gen), "b": torch.randn(33, generator=gen)}
     store, wbs = VersionStore(n, None), []
@@ -149,7 +149,7 @@ def _chain(n: int, seed: int = 3):
         enc = DB.encode(wb.manifest, wb.blob.view, version=v, base=base, algo="xxh3_128")
         assert _push(store, v, enc.delta if base else wb, base=base.version if base else None)
         base, state = DB.Held(v, wb.manifest, wb.blob.view, enc.digest, wb.blob), {
-            k: t + 2e-3 * torch.randn(t.shape, generator=gen) for k, t in state.items()}
+            k: t + step * torch.randn(t.shape, generator=gen) for k, t in state.items()}
         wbs.append(base)
     return store, wbs
 
@@ -190,3 +190,10 @@ def test_a_chain_that_does_not_follow_on_is_refused_and_the_log_keeps_its_newest
         log.add(store.committed[v])
     assert log.chain(1, held[0].digest, full) is None  # 1 -> 2 fell out of the log
     assert [e.version for e in log.chain(2, held[1].digest, full)] == [3, 4]
+    assert log.logged()[0] == [3, 4]
+    big, _ = _chain(4, seed=4, step=3e-2)  # deltas of ~43% of a version: two fit in one version's bytes, not three
+    small = DeltaLog(keep=16)
+    for v in (2, 3, 4):
+        small.add(big.committed[v])
+    versions, nbytes = small.logged()
+    assert versions == [3, 4] and nbytes <= big.committed[4].manifest.total_bytes

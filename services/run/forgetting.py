@@ -44,6 +44,13 @@ class Forgetting:
         return asdict(self)
 
 
+def flag_line(flag: dict) -> str:
+    """One line of a flag (``Forgetting.to_json()``) for the trainer's log, the flow's log and the report."""
+    return (f"FORGETTING: suite {flag['suite']} fell from {flag['before']:.3f} to {flag['now']:.3f} at weight "
+            f"version {flag['weight_version']} ({flag['drop_in_stderr']:.1f} standard errors of the difference, "
+            f"s.e. {flag['stderr']:.3f})")
+
+
 def drop_stderr(before: Score, now: Score) -> float:
     """The standard error of ``before.accuracy - now.accuracy`` (independent binomials)."""
     return math.sqrt(before.stderr ** 2 + now.stderr ** 2)

@@ -229,10 +229,12 @@ def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[dict, dict, f
         results = {}
         for suite in held.suites:  # the held-out split first, then eval.suites
             bar, update = _progress_bar(len(suite.items), suite.name)
+            t1 = time.time()
             try:
                 results[suite.name] = held.evaluate_suite(suite, f"eval-checkpoint-{suite.name}", progress=update)
             finally:
                 bar.close()
+            print(f"braid eval: {suite.name} scored in {time.time() - t1:.1f} s", file=sys.stderr)
         fingerprints = {s.name: s.fingerprint for s in held.suites} | {HELDOUT: held.eval_fingerprint()}
         return results, fingerprints, time.time() - t0
     finally:

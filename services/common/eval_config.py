@@ -108,10 +108,6 @@ class EvalConfig(StrictModel):
             raise ValueError(f"suite name '{HELDOUT}' is the run's own held-out split's; choose another")
         return suites
 
-    def schedule(self) -> dict[str, int]:
-        """Each suite's ``every`` by name, the held-out split first."""
-        return {HELDOUT: self.every, **{s.name: s.every for s in self.suites}}
-
 
 def check_suites_fit(run: RunConfig) -> None:
     """What suites and periodic evaluation need of the rest of the run (``RunConfig``'s validator): a
@@ -120,10 +116,9 @@ def check_suites_fit(run: RunConfig) -> None:
     ev = run.eval
     if not ev.suites and not ev.every:
         return
-    periodic = ["eval.every"] if ev.every else []
-    asked = ", ".join(["eval.suites", *periodic] if ev.suites else periodic)
     if run.agentic.enabled:
-        raise ValueError(f"{asked}: agentic runs evaluate their held-out episodes at the start and end only")
+        raise ValueError("eval.suites and eval.every: an agentic run scores its held-out episodes at the warm start "
+                         "and the end only (leave both unset)")
     if ev.suites and run.reward.kind != "rule":
         raise ValueError(f"eval.suites are scored by their own rule terms: reward.kind must be 'rule', not "
                          f"{run.reward.kind!r}")

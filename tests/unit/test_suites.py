@@ -77,18 +77,13 @@ def test_a_suite_is_due_every_n_steps_before_the_last():
     (['eval.suites=[{name: a, data: x.jsonl, max_new_tokens: 65}]'], "exceeds generation.max_new_tokens (64)"),
     (['eval.suites=[{name: a, data: x.jsonl, temperature: 3}]'], "eval.suites.0.temperature"),
     (['eval.suites=[{name: a, data: x.jsonl}]', "reward.kind=model", "reward.model_path=/m"], "reward.kind must be"),
-    (["eval.every=2", "agentic.enabled=true"], "eval.every: agentic runs"),
+    (["eval.every=2", "agentic.enabled=true"], "an agentic run scores its held-out episodes"),
     (["eval.forgetting_se=0"], "eval.forgetting_se"),
 ])
 def test_bad_suites_are_refused_naming_the_field(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(SMOKE, overrides)
     assert message in str(err.value)
-
-
-def test_the_schedule_names_the_held_out_split_first():
-    cfg = load_config(SMOKE, ["eval.every=4", 'eval.suites=[{name: b, data: x.jsonl, every: 2}, {name: a, data: y}]'])
-    assert cfg.eval.schedule() == {"heldout": 4, "b": 2, "a": 0}
 
 
 def test_a_suite_named_like_the_training_dataset_is_refused(tmp_path):

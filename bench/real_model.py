@@ -20,11 +20,15 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
 - **Ranker**: LightGBM trained on this run's generation log, recall@20% on the held-out questions
   against their mean output length under the trained policy, beside the prompt-length baseline.
 
+- **Suites** (``--suites``, a part of its own, issue 57): what full fine-tuning with and without a
+  KL term and LoRA do to the evaluation suites, declared in ``bench/real_model_suites.py``; into
+  ``real_model.json``'s ``suites`` and ``real_model_suites.md``, the rest of the file as it was.
+
 A run of record starts from a clean checkout of a commit: the script refuses a dirty tree unless
 ``--allow-dirty`` (then into /tmp/braid-bench-scratch). Writes ``bench/results/real_model.{json,md,png}``
 (``--quick``: a short run into /tmp/braid-bench-quick, never over the results of record).
 
-    python bench/real_model.py [--quick] [--allow-dirty] [--runs-dir DIR]
+    python bench/real_model.py [--quick] [--allow-dirty] [--runs-dir DIR] [--suites]
 """
 
 from __future__ import annotations
@@ -52,16 +56,22 @@ QUICK = ["trainer.iterations=2", "eval.prompts=16"]  # --quick: the pipeline, no
 QUICK_QUESTIONS = 32
 
 
-def train(run_dir: Path, iterations: int, extra: list[str]) -> dict:
-    """The run itself, through the CLI (the flow, its processes), from this checkout."""
-    sets = [f"runs_dir={run_dir.parent}", f"run_id={run_dir.name}", f"trainer.checkpoint_every={iterations}",
-            f"generation.genlog={run_dir / 'genlog.sqlite'}", *extra]
+def braid_run(run_dir: Path, extra: list[str]) -> dict:
+    """A run of ``CONFIG`` with ``extra`` overrides into ``run_dir``, through the CLI (the flow, its
+    processes), from this checkout; its summary."""
+    sets = [f"runs_dir={run_dir.parent}", f"run_id={run_dir.name}", *extra]
     cmd = [sys.executable, "-m", "flows.cli", "run", "--config", str(CONFIG), *[x for s in sets for x in ("--set", s)]]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's code, in every process the run starts
     proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the training run failed (exit {proc.returncode}); see {run_dir}")
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def train(run_dir: Path, iterations: int, extra: list[str]) -> dict:
+    """The run itself, its trained policy saved and every sample logged."""
+    return braid_run(run_dir, [f"trainer.checkpoint_every={iterations}",
+                               f"generation.genlog={run_dir / 'genlog.sqlite'}", *extra])
 
 
 def measure(run_dir: Path, iterations: int, samples: int, limit: int | None, *, after: Path | None = None,
@@ -190,14 +200,38 @@ def plot(r: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def suites_main(ns) -> int:
+    """``--suites``: each regime's run and what it does to the suites (``bench/real_model_suites.py``), into
+    ``real_model.json``'s ``suites`` (the rest of the file as it was) and ``real_model_suites.md``."""
+    from bench import real_model_suites as rs
+    from bench.report_io import of_record_or_scratch, set_json_key
+
+    prov = provenance(Path(__file__), {"regimes": rs.REGIMES, "kl_coef": rs.KL_COEF, "extra_suites": rs.EXTRA_SUITES,
+                                       "suite_prompts": rs.SUITE_PROMPTS, "goal_se": rs.GOAL_SE, "quick": ns.quick},
+                      CONFIG, engine="vllm")
+    entry = {**rs.measure(Path(ns.runs_dir), ns.quick), "provenance": prov}
+    out = results_dir(ns.out, ns.quick)
+    set_json_key(out / "real_model.json", "suites", entry)
+    text = rs.markdown(entry) + provenance_line(prov) + "\n"
+    md = of_record_or_scratch(out, entry) / "real_model_suites.md"
+    md.write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a 2-iteration run into /tmp/braid-bench-quick")
+    parser.add_argument("--suites", action="store_true",
+                        help="the suites part (bench/real_model_suites.py): one run per regime, into "
+                        "real_model.json's suites")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-real-model"),
                         help="where the run directory goes")
     parser.add_argument("--out", default=None,
                         help="results directory (default bench/results, or /tmp/... with --quick)")
     ns = parser.parse_args(argv)
+    if ns.suites:
+        return suites_main(ns)
     from services.common.config import load_config
 
     prov = provenance(Path(__file__), {"samples": SAMPLES, "logprob_sequences": LOGPROB_SEQUENCES,

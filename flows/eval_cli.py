@@ -7,8 +7,11 @@ the config routes) serving ``DIR``, the reward workers, and for an agentic run t
 workers; then this process plays the trainer's part with the trainer's own code
 (``services.run.heldout.HeldOut.evaluate``): every held-out prompt once at the config's sampling
 settings, each sample scored by the reward service, accuracy with its binomial standard error and
-the breakdown by difficulty or by the dataset's group field, printed as JSON. A run's ``final/``
-holds ``final.json``; its accuracy is printed beside (``run``).
+the breakdown by difficulty or by the dataset's group field, printed as JSON. Then every evaluation
+suite of the config (``eval.suites``, ``services.run.suites``) the same way, at its own temperature:
+``suites`` in the JSON holds each one's accuracy and standard error, the held-out set first, and a line
+per suite goes to stderr; each suite's answers go to ``--out``'s ``evals/``. A run's ``final/`` holds
+``final.json``; its accuracies are printed beside (``run``).
 
 Every evaluation request carries ``eval.seed``; the SGS samples each held-out prompt from a
 generator of its own seeded from it and the prompt's id (``services.run.heldout``): scoring a run's
@@ -29,6 +32,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+HELDOUT = "heldout"  # services.common.eval_config.HELDOUT (not imported: ``--help`` stays instant)
 
 
 class EvalError(ValueError):
@@ -146,13 +151,31 @@ def eval_report(result, *, model: Path, config: str, overrides: list[str], cfg, 
     return report
 
 
-def _progress_bar(total: int):
-    """A bar on stderr over the samples received (``HeldOut.evaluate``'s ``progress``)."""
+def suites_report(results: dict, cfg, fingerprints: dict[str, str], meta: dict | None) -> dict[str, dict]:
+    """Every suite's score (the held-out split first) as ``braid eval`` prints it (pure); beside each, the
+    run's own final score of that suite (``run``) when ``model`` is a run's ``final/`` (``meta``: its
+    ``final.json``) that scored the same prompts."""
+    temperatures = {HELDOUT: cfg.generation.temperature}
+    temperatures |= {s.name: cfg.generation.temperature if s.temperature is None else s.temperature
+                     for s in cfg.eval.suites}
+    out = {}
+    for name, r in results.items():
+        row = {"accuracy": r.accuracy, "stderr": r.stderr, "prompts": r.prompts, "temperature": temperatures[name],
+               "fingerprint": fingerprints[name], "breakdown": r.by_difficulty, "reward_failures": r.reward_failures}
+        ran = ((meta or {}).get("suites") or {}).get(name)
+        if ran is not None and ran.get("fingerprint") == fingerprints[name]:
+            row["run"] = {"accuracy": ran["accuracy"], "stderr": ran["stderr"], "prompts": ran["prompts"]}
+        out[name] = row
+    return out
+
+
+def _progress_bar(total: int, suite: str):
+    """A bar on stderr over a suite's samples received (``HeldOut.evaluate_suite``'s ``progress``)."""
     from tqdm import tqdm
 
     from services.common.progress import progress_interval
 
-    bar = tqdm(total=total, desc="held-out samples", unit="sample", mininterval=progress_interval(), file=sys.stderr)
+    bar = tqdm(total=total, desc=f"{suite} samples", unit="sample", mininterval=progress_interval(), file=sys.stderr)
 
     def update(n: int) -> None:
         bar.update(n - bar.n)
@@ -160,9 +183,10 @@ def _progress_bar(total: int):
     return bar, update
 
 
-def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[object, str, float]:
-    """Start the SGS, reward (and environment) workers for ``cfg`` serving ``model``; score the
-    held-out set; stop them. Returns (the ``EvalResult``, the held-out fingerprint, seconds)."""
+def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[dict, dict, float]:
+    """Start the SGS, reward (and environment) workers for ``cfg`` serving ``model``; score every
+    suite, the held-out set first; stop them. Returns (suite name -> ``EvalResult``, suite name ->
+    its prompts' fingerprint, seconds)."""
     from flows.processes import (
         Supervisor,
         instances_per_process,
@@ -174,6 +198,7 @@ def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[object, str, 
     from flows.reward_pool import RewardPoolController
     from services.generation.client import GenerationClient
     from services.run.heldout import HeldOut, build_agentic, single_turn_rewards
+    from services.run.suites import ANSWERS_DIR
 
     sup = Supervisor(out)
     pool = RewardPoolController(sup, out, cfg)
@@ -194,19 +219,24 @@ def _serve_and_score(cfg, model: Path, policy, out: Path) -> tuple[object, str, 
         rewards = None if cfg.agentic.enabled else single_turn_rewards(cfg, str(pool.membership), out)
         closing += [rewards] if rewards is not None else []
         held = HeldOut(cfg, policy, clients, rewards)
+        held.answers_dir = out / ANSWERS_DIR
         if cfg.agentic.enabled:
             # the turns pick on the HeldOut's table (real capacity), as training's and single-turn evaluation do
             held.rollout = build_agentic(cfg, policy, clients, envs, str(pool.membership), held.fleet)
             closing.append(held.rollout)
             print(f"braid eval: playing {held.eval_size} held-out episodes", file=sys.stderr)
-            result = held.evaluate("eval-checkpoint")
-        else:
-            bar, update = _progress_bar(held.eval_size)
+            return {HELDOUT: held.evaluate("eval-checkpoint")}, {HELDOUT: held.eval_fingerprint()}, time.time() - t0
+        results = {}
+        for suite in held.suites:  # the held-out split first, then eval.suites
+            bar, update = _progress_bar(len(suite.items), suite.name)
+            t1 = time.time()
             try:
-                result = held.evaluate("eval-checkpoint", progress=update)
+                results[suite.name] = held.evaluate_suite(suite, f"eval-checkpoint-{suite.name}", progress=update)
             finally:
                 bar.close()
-        return result, held.eval_fingerprint(), time.time() - t0
+            print(f"braid eval: {suite.name} scored in {time.time() - t1:.1f} s", file=sys.stderr)
+        fingerprints = {s.name: s.fingerprint for s in held.suites} | {HELDOUT: held.eval_fingerprint()}
+        return results, fingerprints, time.time() - t0
     finally:
         for thing in reversed(closing):
             thing.close()
@@ -230,13 +260,18 @@ def _eval(ns: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_config(cfg, out / "config.json")
     try:
-        result, fingerprint, seconds = _serve_and_score(cfg, model, policy, out)
+        results, fingerprints, seconds = _serve_and_score(cfg, model, policy, out)
     except (ServiceDied, TimeoutError, RuntimeError) as err:  # a service that did not start or failed
         print(f"braid eval: {err}\n(logs: {out})", file=sys.stderr)
         return 1
-    report = eval_report(result, model=model, config=ns.config, overrides=eval_overrides(None, ns.prompts, ns.set),
-                         cfg=cfg, fingerprint=fingerprint, meta=read_meta(model), seconds=seconds, out=out)
+    meta = read_meta(model)
+    report = eval_report(results[HELDOUT], model=model, config=ns.config,
+                         overrides=eval_overrides(None, ns.prompts, ns.set), cfg=cfg, fingerprint=fingerprints[HELDOUT],
+                         meta=meta, seconds=seconds, out=out)
+    report["suites"] = suites_report(results, cfg, fingerprints, meta)
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    for name, s in report["suites"].items():
+        print(f"braid eval: {name}: {s['accuracy']:.3f} ± {s['stderr']:.3f} ({s['prompts']} prompts)", file=sys.stderr)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -244,11 +279,13 @@ def _eval(ns: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``braid eval`` on the top-level subparsers (argparse only)."""
     p = sub.add_parser(
-        "eval", help="score a checkpoint (a run's final/, a base model) on a config's held-out set; print JSON",
+        "eval", help="score a checkpoint (a run's final/, a base model) on a config's held-out set and suites; "
+        "print JSON",
         description="Score a Hugging Face checkpoint on the held-out set of a run config, with the config's engine, "
         "sampling settings and reward, by the code a run's own evaluation runs: the SGS and reward workers start, "
         "every held-out prompt is answered once and scored, and accuracy with its standard error (and the breakdown "
-        "by difficulty or the dataset's group field) is printed as JSON. `braid eval --model runs/<id>/final "
+        "by difficulty or the dataset's group field) is printed as JSON, then every evaluation suite of the config "
+        "(eval.suites) at its own temperature. `braid eval --model runs/<id>/final "
         "--config runs/<id>/config.json` scores a run's trained model.",
     )
     p.add_argument("--model", help="checkpoint directory (default: the config's model.path)")

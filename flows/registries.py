@@ -7,9 +7,9 @@ place, when a run is prepared (``braid run``, ``braid config``, ``braid reward t
 ``prepare-run``, ``prefect deploy``'s ``run_config`` step), so a typo fails at once, naming the field
 and what is registered. The launcher checks the run directory's config again before it starts any
 process (benchmarks write that file themselves); the processes it starts read a checked config.
-``check_task`` reads a dataset task's files here too, so a bad file, row or
-field is refused before any process starts, naming the file, the line and the field, and imports the
-reward functions the workers will call.
+``check_task`` reads a dataset task's files here too (``check_suites`` the evaluation suites'), so a
+bad file, row or field is refused before any process starts, naming the file, the line and the field,
+and imports the reward functions the workers will call.
 """
 
 from __future__ import annotations
@@ -98,11 +98,43 @@ def check_reward_functions(cfg: RunConfig) -> None:
                 raise ConfigError(f"reward.terms.{i}: {err}") from None
 
 
+def check_suites(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every evaluation suite's file and the reward's import path made absolute, after
+    reading the files as the trainer will (``services.tasks.dataset.load_suite``: ``ConfigError`` naming
+    the suite and the loader's file, line and field) and importing the suites' reward functions; a
+    suite named like a built-in task is refused."""
+    if not cfg.eval.suites:
+        return cfg
+    from services.reward.dataset import RewardFunctionError, load_function
+    from services.reward.protocol import tasks
+    from services.tasks.dataset import DatasetError, load_suite
+
+    data = cfg.model_dump(mode="json")
+    data["reward"]["python_path"] = python_path = [str(Path(p).resolve()) for p in cfg.reward.python_path]
+    for i, suite in enumerate(cfg.eval.suites):
+        where = f"eval.suites.{i} ({suite.name})"
+        if suite.name in tasks():
+            raise ConfigError(f"{where}: the name is a built-in task's ({tasks()}): choose another")
+        absolute = str(Path(suite.data).resolve())
+        try:
+            load_suite(absolute, suite, suite.prompts, cfg.eval.seed)
+        except DatasetError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        for j, term in enumerate(suite.terms):
+            if ":" in term.fn:
+                try:
+                    load_function(term.fn, python_path)
+                except RewardFunctionError as err:
+                    raise ConfigError(f"{where}.terms.{j}: {err}") from None
+        data["eval"]["suites"][i]["data"] = absolute
+    return RunConfig.model_validate(data)
+
+
 def check_run(cfg: RunConfig) -> RunConfig:
     """Every check of this module: the emulated parts together (``check_emulated``), registries,
-    then the task's data."""
+    then the task's data and the evaluation suites'."""
     check_emulated(cfg)
-    return check_task(check_registries(cfg))
+    return check_suites(check_task(check_registries(cfg)))
 
 
 EMULATED_PARTS = ("generation.engine", "trainer.backend", "reward.kind")

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from flows.online_ranker import report_lines
+from flows.report_suites import banner, plot_suites, suite_lines
 
 
 def _load(run_dir: Path) -> tuple[list[dict], dict, dict]:
@@ -240,6 +241,7 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         f"# Braid run report — mode `{summary['mode']}`" + (" — EMULATED" if "emulated" in summary else ""),
         "",
         *_emulated_lines(summary),
+        *banner(summary),
         "| metric | value |",
         "|---|---|",
         f"| held-out prompts | {summary['eval_prompts']} (fingerprint `{summary['eval_fingerprint']}`) |",
@@ -278,6 +280,7 @@ def render_markdown(rows: list[dict], summary: dict, run_dir: Path = Path(".")) 
         "",
         "Accuracy is one sample per prompt at the training temperature (pass@1); the standard error is",
         "binomial, sqrt(p(1-p)/n).",
+        *suite_lines(rows, summary),
         *report_lines(run_dir, rows),
         *final_lines(summary),
         "",
@@ -348,6 +351,7 @@ def write_report(run_dir: Path) -> Path:
     plot_staleness(rows, run_dir / "staleness.png")
     plot_lengths(rows, run_dir / "lengths.png")
     plot_run_signals(rows, run_dir / "run_signals.png")
+    plot_suites(rows, summary, run_dir / "suites.png")
     path = run_dir / "report.md"
     path.write_text(render_markdown(rows, summary, run_dir))
     return path

@@ -41,6 +41,7 @@ from flows.tracking import tracked
 from flows.two_site import TwoSiteConfig, run_two_sites
 from services.common.config import ConfigError, RunConfig, apply_overrides, load_config, write_config
 from services.common.progress import progress_interval
+from services.run.forgetting import flag_line
 
 
 def new_run_dir(cfg: RunConfig) -> Path:
@@ -111,6 +112,24 @@ def iteration_line(row: dict, iterations: int) -> str:
             f"{row['iteration_time_s'] / scale:.1f} s")
 
 
+def suites_line(row: dict) -> str | None:
+    """The suites a metrics row scored between steps, as one log line (None: it scored none)."""
+    acc = row.get("suite_accuracy")
+    if not acc:
+        return None
+    scores = ", ".join(f"{name} {a:.3f} ± {row['suite_stderr'][name]:.3f}" for name, a in acc.items())
+    return f"suites at weight version {row['weight_version']}: {scores} ({row['suite_eval_s']:.1f} s)"
+
+
+def forgetting_warnings(logger, flags: list[dict], stopped: dict | None = None) -> None:
+    """Each forgetting flag (``services.run.forgetting``) as a warning in the flow's log, and an early stop."""
+    for flag in flags:
+        logger.warning(flag_line(flag))
+    if stopped:
+        logger.warning("the run stopped after the step to weight version %d (%s: %s)", stopped["weight_version"],
+                       stopped["reason"], ", ".join(stopped["suites"]))
+
+
 class _Progress:
     """Mirrors metrics.jsonl into a Prefect progress artifact, a terminal bar and one log line per
     iteration (made in a flow or task run: its logger is that run's)."""
@@ -129,6 +148,9 @@ class _Progress:
         if len(rows) > self.seen:
             for row in rows[self.seen:]:
                 self.logger.info(iteration_line(row, self.iterations))
+                if (line := suites_line(row)) is not None:
+                    self.logger.info(line)
+                forgetting_warnings(self.logger, row.get("forgetting", []))
             self.bar.update(len(rows) - self.seen)
             self.seen = len(rows)
             last = rows[-1]
@@ -284,5 +306,10 @@ def rl_training(
         summary["warmstart_accuracy"], summary["final_accuracy"], summary["accuracy_stderr"],
         summary["eval_prompts"], summary["samples_per_second"], summary["mode"],
     )
+    for name, suite in list((summary.get("suites") or {}).items())[1:]:  # the held-out split's line is above
+        logger.info("suite %s: warm start %.3f -> final %.3f (stderr %.3f) on %d prompts", name,
+                    suite["before"]["accuracy"], suite["after"]["accuracy"], suite["after"]["stderr"],
+                    suite["after"]["prompts"])
+    forgetting_warnings(logger, summary.get("forgetting", []), summary.get("stopped_early"))
     logger.info("final model: %s", summary["final_checkpoint"])  # services/run/final.py
     return {"run_dir": run_dir, **summary}

@@ -2,9 +2,11 @@
 
 ``RunTracking`` follows a run directory from the flow process, on a thread of its own: each
 tracker gets the resolved config as parameters when the run starts, every ``metrics.jsonl`` row's
-numbers at the row's ``iteration`` (the same names: a dict of numbers becomes ``key/sub``; strings
-and lists are left out), and at the end ``summary.json``'s numbers as ``summary/*`` at step
-``iterations`` with the report (``report.md`` and its plots). It never touches training: the
+numbers at the row's ``iteration`` (the same names: a dict of numbers becomes ``key/sub``, so the
+suites scored between steps are ``suite_accuracy/<suite>``; strings and lists are left out), and at the
+end ``summary.json``'s numbers as ``summary/*`` (each suite's warm-start and final accuracy as
+``summary/suite/<suite>/before`` and ``/after``) at step ``iterations`` with the report (``report.md``
+and its plots). It never touches training: the
 trainer only writes its files. A tracker that raises (its server gone, a full disk) is reported
 once in the flow's log and in ``tracking.json``, then left alone; the run goes on. The end waits
 at most ``finish_timeout_s`` for the trackers before the flow returns.
@@ -52,7 +54,14 @@ def row_metrics(row: dict) -> dict[str, float]:
 
 
 def summary_metrics(summary: dict) -> dict[str, float]:
-    return {f"summary/{metric_key(k)}": float(v) for k, v in summary.items() if _number(v)}
+    """``summary.json``'s numbers as ``summary/*``, and each evaluation suite's warm-start and final accuracy
+    and standard error as ``summary/suite/<name>/{before,after}{,_stderr}``."""
+    out = {f"summary/{metric_key(k)}": float(v) for k, v in summary.items() if _number(v)}
+    for name, suite in (summary.get("suites") or {}).items():
+        for when in ("before", "after"):
+            key = metric_key(f"summary/suite/{name}/{when}")
+            out |= {key: float(suite[when]["accuracy"]), f"{key}_stderr": float(suite[when]["stderr"])}
+    return out
 
 
 def flat_params(config: dict, prefix: str = "") -> dict[str, str | int | float | bool]:

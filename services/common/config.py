@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, NonNegativeInt, ValidationError, field_va
 from services.common.agentic_config import AgenticConfig, check_agentic_run
 from services.common.config_errors import ConfigError, format_errors
 from services.common.emulation_config import EmulationConfig
+from services.common.eval_config import EvalConfig, check_suites_fit
 from services.common.pool_config import PoolConfig, check_pools
 from services.common.ranker_config import RetrainConfig, RunSignalsConfig, ranker_dir_problem
 from services.common.reward_config import RewardConfig
@@ -454,13 +455,6 @@ class ForcedLengthReplay(StrictModel):
     )
 
 
-class EvalConfig(StrictModel):
-    """Held-out evaluation, before RL (warm start) and after."""
-
-    prompts: int = Field(500, ge=1, le=1_000_000, description="Held-out prompts.")
-    seed: int = Field(12345, ge=0, description="Seed that fixes the held-out prompts.")
-
-
 class RunConfig(StrictModel):
     """A whole RL run."""
 
@@ -600,6 +594,11 @@ class RunConfig(StrictModel):
     @model_validator(mode="after")
     def _agentic_fits(self) -> RunConfig:
         check_agentic_run(self)
+        return self
+
+    @model_validator(mode="after")
+    def _suites_fit(self) -> RunConfig:
+        check_suites_fit(self)
         return self
 
     @model_validator(mode="after")

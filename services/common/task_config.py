@@ -12,6 +12,7 @@ from services.common.strict import StrictModel
 # the same limit as any text of a transcript there.
 MAX_DATASET_TEXT_CHARS = 4096
 MAX_ROW_JSON_CHARS = 65536  # the whole row, as JSON, travels with each reward request (user functions read it)
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"  # a task tag (services.common.pool_config.task_problem) without ':'
 
 
 class CountdownDistribution(StrictModel):
@@ -45,19 +46,10 @@ class CountdownDistribution(StrictModel):
         }
 
 
-class DatasetConfig(StrictModel):
-    """The user's own prompts and reference answers, read from local files (``services.tasks.dataset``)."""
+class RowsConfig(StrictModel):
+    """How a file's rows become prompts and reference answers (``services.tasks.dataset.read_rows``): the
+    fields a training dataset (``task.dataset``) and an evaluation suite (``eval.suites``) share."""
 
-    train: str = Field(
-        ..., min_length=1,
-        description="Training rows: a local .jsonl file (one JSON object per line) or .parquet file; a relative "
-        "path is taken from the directory braid runs in.",
-    )
-    heldout: str | None = Field(
-        None,
-        description="Held-out evaluation rows (same format); eval.prompts of them are drawn by eval.seed. None = "
-        "eval.prompts rows of train drawn by eval.seed and excluded from training.",
-    )
     prompt_field: str = Field(
         "prompt", min_length=1, max_length=256, description="Field of a row holding the prompt text."
     )
@@ -82,8 +74,29 @@ class DatasetConfig(StrictModel):
         "it form no group. None = no breakdown.",
     )
     name: str = Field(
-        "dataset", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+        "dataset", min_length=1, max_length=64, pattern=NAME_PATTERN,
         description="The task's tag: in prompt ids' routing (generation.affinity), reward requests and the report.",
+    )
+
+    @model_validator(mode="after")
+    def _template_has_prompt(self) -> RowsConfig:
+        if "{prompt}" not in self.template:
+            raise ValueError(f"template {self.template[:80]!r} must contain '{{prompt}}' (where the prompt text goes)")
+        return self
+
+
+class DatasetConfig(RowsConfig):
+    """The user's own prompts and reference answers, read from local files (``services.tasks.dataset``)."""
+
+    train: str = Field(
+        ..., min_length=1,
+        description="Training rows: a local .jsonl file (one JSON object per line) or .parquet file; a relative "
+        "path is taken from the directory braid runs in.",
+    )
+    heldout: str | None = Field(
+        None,
+        description="Held-out evaluation rows (same format); eval.prompts of them are drawn by eval.seed. None = "
+        "eval.prompts rows of train drawn by eval.seed and excluded from training.",
     )
     shuffle: bool = Field(True, description="Shuffle the training rows by task.seed, again at every epoch.")
     epochs: int | None = Field(
@@ -91,9 +104,3 @@ class DatasetConfig(StrictModel):
         description="Passes over the training rows. None = as many as trainer.iterations needs; set, a run that "
         "needs more prompts than epochs x rows is refused before it starts.",
     )
-
-    @model_validator(mode="after")
-    def _template_has_prompt(self) -> DatasetConfig:
-        if "{prompt}" not in self.template:
-            raise ValueError(f"template {self.template[:80]!r} must contain '{{prompt}}' (where the prompt text goes)")
-        return self

@@ -24,12 +24,16 @@ MODEL_META = "reward_meta.json"  # written by `braid reward train` beside the ch
 def _rule(cfg: RunConfig) -> RewardFunction:
     from services.reward.rule import RuleReward
 
-    if cfg.task.kind == "dataset":  # the run's own rows: reward.terms (services.reward.dataset)
-        from services.reward.dataset import DatasetReward
+    if cfg.task.kind != "dataset" and not cfg.eval.suites:
+        return RuleReward(cfg.agentic)
+    from services.reward.dataset import DatasetReward
 
-        assert cfg.task.dataset is not None
-        return RuleReward(cfg.agentic, DatasetReward(cfg.reward, (cfg.task.dataset.name,)))
-    return RuleReward(cfg.agentic)
+    datasets = []
+    if cfg.task.dataset is not None:  # the run's own rows: reward.terms (services.reward.dataset)
+        datasets.append(DatasetReward(cfg.reward, (cfg.task.dataset.name,)))
+    for suite in cfg.eval.suites:  # each evaluation suite: its own terms, under its name
+        datasets.append(DatasetReward(cfg.reward.model_copy(update={"terms": suite.terms}), (suite.name,)))
+    return RuleReward(cfg.agentic, *datasets)
 
 
 @REWARD_KINDS.register("emulated")

@@ -11,8 +11,8 @@ scores what it earned.
 
 The single-turn task ``arith`` (``services.tasks.arith``): the problem is parsed from the prompt
 text and the one action (the completion) is scored by the task's own ``reward``. A dataset task
-(``task.kind: dataset``; the run's dataset name) is scored by its ``reward.terms``
-(``services.reward.dataset``).
+(``task.kind: dataset``; the run's dataset name) is scored by its ``reward.terms``, an evaluation
+suite (``eval.suites``; the suite's name) by the suite's own ``terms`` (``services.reward.dataset``).
 
 Info: ``turns``, ``done``, ``invalid_turns`` and the last step's info (the calculator's
 ``correct``, the walk's ``event``); arith: ``correct``.
@@ -37,16 +37,19 @@ class RuleReward:
     kind: ClassVar[str] = "rule"
     judges: ClassVar[bool] = True
 
-    def __init__(self, agentic: AgenticConfig, dataset: DatasetReward | None = None) -> None:
+    def __init__(self, agentic: AgenticConfig, *datasets: DatasetReward) -> None:
+        """``datasets``: the rewards of the run's dataset tasks (its training data's, each evaluation
+        suite's), each serving its own task names."""
         self.agentic = agentic
-        self.dataset = dataset
-        self.extra_tasks: tuple[str, ...] = dataset.tasks if dataset is not None else ()
+        self.by_task: dict[str, DatasetReward] = {task: d for d in datasets for task in d.tasks}
+        if len(self.by_task) != sum(len(d.tasks) for d in datasets):
+            raise ValueError(f"dataset rewards serve a task name twice: {[d.tasks for d in datasets]}")
+        self.extra_tasks: tuple[str, ...] = tuple(self.by_task)
 
     def score(self, request: RewardRequest) -> Scored:
         check_request(request, self.extra_tasks)
-        if request.task in self.extra_tasks:
-            assert self.dataset is not None
-            return self.dataset.score(request)
+        if request.task in self.by_task:
+            return self.by_task[request.task].score(request)
         if request.task == "arith":
             return score_arith(request)
         return self.replay(request)

@@ -42,8 +42,10 @@ def collect(clients: list[GenerationClient], prompts: list[PromptSpec], params: 
             open_calls += _place(clients, pending, booked, params, fleet, events)
             if not open_calls:  # every instance full or older: wait for room
                 if time.monotonic() > deadline:
+                    rows = "; ".join(f"{r.index} {r.state}{f' ({r.why[:200]})' if r.why else ''} v{r.version} "
+                                     f"load {r.load}/{r.capacity}" for r in fleet.snapshot().rows)
                     raise RuntimeError(f"evaluation: {len(pending)} prompts found no live instance at version "
-                                       f">= {version} with room for {need} samples in {WAIT_S:.0f} s")
+                                       f">= {version} with room for {need} samples in {WAIT_S:.0f} s ({rows})")
                 time.sleep(POLL_S)
                 continue
             item = events.get()

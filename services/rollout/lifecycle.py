@@ -276,12 +276,15 @@ class GroupLifecycle:
         for _ in range(first, iterations):
             while not isinstance(order := self.handoff.take(), StepOrder):
                 self.rt.learner.backward(order)
-            row = self._step(order, t_start)
-            t_start = row["t_end"]
+            row, t_start = self._step(order, t_start)
             if progress is not None:
                 progress(order.iteration, row)
+            if self.rt.evaluations.stop is not None:  # eval.stop_on_forgetting: a suite was forgotten
+                break
 
-    def _step(self, order: StepOrder, t_start: float) -> dict:
+    def _step(self, order: StepOrder, t_start: float) -> tuple[dict, float]:
+        """The step, its metrics row, and when the next iteration's time starts: after the suites
+        evaluated between the steps (``services.run.evaluations``), which neither iteration counts."""
         stats = self.rt.learner.stats
         out = self.rt.step_and_snapshot(stats, offer=self.offer_on_step, consumed=order.groups)
         self.handoff.publish(out)
@@ -291,8 +294,11 @@ class GroupLifecycle:
                 self.rt.tally(s, o, age, acc)
         acc.reward_failures = order.reward_failures
         self.rt.gen_busy.extend(order.gen_busy)
-        row = self.rt.record(order.iteration, t_start, time.time(), acc, stats, out.grad_norm, out.stall_s, order.extra)
+        t_end = time.time()
+        evaluated = self.rt.evaluations.between_steps(out.version, out.snapshot)
+        row = self.rt.record(order.iteration, t_start, t_end, acc, stats, out.grad_norm, out.stall_s,
+                             order.extra | evaluated)
         self.rt.learner.begin()
         if order.checkpoint is not None:
             self.rt.save_recovery(order.checkpoint)
-        return row
+        return row, t_end + evaluated.get("suite_eval_s", 0.0)

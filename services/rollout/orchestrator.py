@@ -480,5 +480,5 @@ class Orchestrator(GroupLifecycle):
             state.complete = True
             self._cancel_calls(state)
         version, state = self.latest
-        if state is not None:
-            self.publisher.offer(version, state)
+        if state is not None:  # not again where it went already (an evaluation between steps): a second push fails
+            self.publisher.offer_missing(version, state)

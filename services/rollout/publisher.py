@@ -109,6 +109,13 @@ class WeightPublisher:
         for i in self._targets():
             self.offer_to(i, version, snap)
 
+    def offer_missing(self, version: int, snap) -> None:
+        """Offer ``version`` to every instance that holds work and was not offered it (or newer) yet: an
+        evaluation between steps brings the whole fleet to the step's weights without sending them twice."""
+        for i in self._targets():
+            if self.pushers[i].offered < version:
+                self.offer_to(i, version, snap)
+
     def offer_to(self, i: int, version: int, snap) -> bool:
         """Offer a snapshot to instance ``i`` and record it on its row; False (nothing offered) when the
         row is lost or removed, or its push failed (the row was lost then). Raises that failure when

@@ -84,20 +84,9 @@ def start_learner(cfg, model: str, run_dir: Path):
     return LearnerProcess(cfg, model, run_dir, cfg.trainer.recovery.max_restarts, on_revive=revived)
 
 
-def warmstart_eval(trainer, run_dir: Path, resumed: bool):
-    """The warm start's evaluation: run once (kept in ``recovery/warmstart_eval.json``), read back
-    by a resumed trainer, whose policy is no longer the warm start."""
-    from services.run.evaluate import EvalResult
-
-    path = run_dir / "recovery" / "warmstart_eval.json"
-    if resumed and path.exists():
-        return EvalResult(**json.loads(path.read_text()))
-    result = trainer.evaluate("eval-warmstart")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_json()) + "\n")
-    tmp.replace(path)
-    return result
+def log_scores(when: str, results: dict) -> None:
+    for name, r in results.items():
+        logging.info("%s accuracy %.3f ± %.3f (%s, %d prompts)", when, r.accuracy, r.stderr, name, r.prompts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,25 +179,32 @@ def main(argv: list[str] | None = None) -> int:
             row["samples_per_s"], row["staleness_mean"],
         )
 
-    before = warmstart_eval(trainer, run_dir, resumed)
-    logging.info("warm-start accuracy %.3f ± %.3f", before.accuracy, before.stderr)
+    evaluations = trainer.evaluations
+    suites_before = evaluations.warm_start(resumed)
+    before = suites_before["heldout"]
+    log_scores("warm start", suites_before)
     t0, first = time.time(), trainer.version
     trainer.run_iterations(progress)
     rl_seconds = time.time() - t0
     trainer.ledger.close()
-    after = trainer.evaluate("eval-final")
-    logging.info("final accuracy %.3f ± %.3f", after.accuracy, after.stderr)
-    final = write_final(trainer, after, ns.config)  # before the learner ends: its weights are the final policy
+    suites_after = evaluations.final()
+    after = suites_after["heldout"]
+    log_scores("final", suites_after)
+    # before the learner ends: its weights are the final policy
+    final = write_final(trainer, after, ns.config, suites_after)
     logging.info("final model: %s", final)
     trainer.write_timeline()
     trainer.publisher.close()
     if parallel is not None or learner is not None:
         trainer.learner.close()  # the learner process ends; data parallel: the followers stop following
-    samples = (cfg.trainer.iterations - first) * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    iterations = trainer.version  # cfg.trainer.iterations, unless eval.stop_on_forgetting ended the run early
+    samples = (iterations - first) * cfg.trainer.prompts_per_iteration * cfg.trainer.group_size
+    suites = evaluations.summary(suites_after, trainer.version)
+    rl_seconds -= evaluations.seconds  # RL time: not the evaluations between steps
     cpu = cpu_info()
     summary = {
         "mode": cfg.trainer.mode,
-        "iterations": cfg.trainer.iterations,
+        "iterations": iterations,
         "warmstart_accuracy": before.accuracy,
         "warmstart_stderr": before.stderr,
         "final_accuracy": after.accuracy,
@@ -232,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_info": cpu.to_json(),
         "trainer_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
         **recovery_summary(run_dir, ns.attempt),
+        **suites,
     }
     if cfg.trainer.backend == "emulated":  # its times are predictions: labelled, never mixed with measured ones
         scale = trainer.learner.time_scale

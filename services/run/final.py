@@ -9,7 +9,8 @@ vLLM load and ``braid eval`` scores:
 final/config.json, generation_config.json, model.safetensors   the weights (Hugging Face names)
 final/tokenizer.json, tokenizer_config.json, chat_template.jinja  the tokenizer (and template, when it has one)
 final/final.json                                               iteration, weight version, held-out accuracy
-                                                               and standard error, the config and its digest
+                                                               and standard error, every suite's, the config
+                                                               and its digest
 final/adapter/adapter_config.json, adapter_model.safetensors   trainer.lora only: the adapter, naming its base
 ```
 
@@ -46,12 +47,13 @@ def config_digest(cfg: RunConfig) -> str:
 
 
 def final_meta(cfg: RunConfig, result: EvalResult, *, version: int, fingerprint: str, config_path: str,
-               final: Path, base: str | None) -> dict:
-    """``final.json``: what the checkpoint is and how it scored (pure)."""
+               final: Path, base: str | None, suites: dict[str, dict] | None = None) -> dict:
+    """``final.json``: what the checkpoint is and how it scored (pure); ``suites``: every evaluation
+    suite's score (``suite_scores``)."""
     adapter = cfg.trainer.lora is not None
     config = str(Path(config_path).resolve())
     meta = {
-        "iteration": cfg.trainer.iterations,
+        "iteration": version,  # the trainer's steps: trainer.iterations, unless the run stopped early
         "weight_version": version,
         "mode": cfg.trainer.mode,
         "accuracy": result.accuracy,
@@ -62,6 +64,7 @@ def final_meta(cfg: RunConfig, result: EvalResult, *, version: int, fingerprint:
         "config_digest": config_digest(cfg),
         "base": base,
         "adapter": str(final / ADAPTER_DIR) if adapter else None,
+        "suites": suites or {},
         "eval_command": f"braid eval --model {final} --config {config}",
         "written_at": time.time(),
     }
@@ -92,9 +95,15 @@ def drop_tied(state: dict, config) -> dict:
     return {k: v for k, v in state.items() if k != "lm_head.weight"} if torch.equal(head, embed) else state
 
 
-def write_final(trainer, result: EvalResult, config_path: str) -> Path:
-    """Write ``trainer``'s current policy (the one ``result`` scored) to ``<run_dir>/final`` and
-    return its absolute path."""
+def suite_scores(results: dict[str, EvalResult], fingerprints: dict[str, str]) -> dict[str, dict]:
+    """Each suite's accuracy, standard error, prompts and prompt-set fingerprint (``final.json``, ``braid eval``)."""
+    return {name: {"accuracy": r.accuracy, "stderr": r.stderr, "prompts": r.prompts,
+                   "fingerprint": fingerprints.get(name)} for name, r in results.items()}
+
+
+def write_final(trainer, result: EvalResult, config_path: str, suites: dict[str, EvalResult] | None = None) -> Path:
+    """Write ``trainer``'s current policy (the one ``result`` scored, and ``suites``) to ``<run_dir>/final``
+    and return its absolute path."""
     from services.common.lora import merge, save_adapter
     from services.policy.model import save_policy
 
@@ -110,8 +119,9 @@ def write_final(trainer, result: EvalResult, config_path: str) -> Path:
         else:
             save_adapter(tmp / ADAPTER_DIR, state, cfg.trainer.lora, base)
             merge(base, tmp / ADAPTER_DIR, tmp)
+        scores = suite_scores(suites or {}, {s.name: s.fingerprint for s in trainer.suites})
         meta = final_meta(cfg, result, version=trainer.version, fingerprint=trainer.eval_fingerprint(),
-                          config_path=config_path, final=final, base=base)
+                          config_path=config_path, final=final, base=base, suites=scores)
         write_json_atomic(tmp / META, meta, indent=2)
         replace_dir(tmp, final)
     except BaseException:

@@ -10,6 +10,10 @@ its binomial standard error, the breakdown by difficulty or by the dataset's gro
 agentic run plays its held-out episodes instead (``services.rollout.agentic_setup.evaluate``;
 unseeded: its turns draw from the engines' generators).
 
+The held-out set is the first of the run's evaluation suites (``services.run.suites``: ``eval.suites``
+follow it); ``evaluate_suite`` scores any of them the same way, at the suite's own temperature and
+answer length, and ``evaluate`` is the held-out one's.
+
 The trainer runtime (``runtime.TrainerRuntime``) is a ``HeldOut`` whose version moves with each
 step and whose publisher waits until the SGS serves it; ``braid eval`` (``flows/eval_cli.py``)
 makes one over a fresh SGS serving a checkpoint, version 0, nothing to wait for. Every evaluation
@@ -36,6 +40,7 @@ from services.rollout.fleet import HOLDS_WORK, fleet_of
 from services.rollout.modes import fleet_capacity
 from services.rollout.rewards import Outcome
 from services.run.evaluate import EvalResult, score
+from services.run.suites import Suite, answers_path, build_suites, write_answers
 from services.tasks.source import TaskItem, build_task
 
 
@@ -64,6 +69,10 @@ class HeldOut:
         self.version = 0
         self.task = build_task(cfg.task, cfg.eval)
         self.eval_set = self.task.eval_set
+        # the held-out split first, then eval.suites (an agentic run plays its episodes: no suites)
+        self.suites: list[Suite] = [] if cfg.agentic.enabled else build_suites(
+            cfg, self.eval_set, self.eval_fingerprint())
+        self.answers_dir: Path | None = None  # where each evaluation's answers go (``suites.write_answers``)
         self.problems: dict[str, TaskItem] = {}
         self.publisher = Served()
         self.timeline: dict[str, list[list[float]]] = {"generation": [], "training": [], "eval": []}
@@ -92,12 +101,18 @@ class HeldOut:
             from services.rollout.agentic_setup import evaluate
 
             return evaluate(self, self._rollout(), self.agentic_eval, tag)
+        return self.evaluate_suite(self.suites[0], tag, progress)
+
+    def evaluate_suite(self, suite: Suite, tag: str, progress: Callable[[int], None] | None = None) -> EvalResult:
+        """Score one suite (``services.run.suites``; the first is the held-out set) at ``version``: each
+        prompt once at the suite's temperature and answer length, seeded; ``progress`` as ``evaluate``'s."""
         t0 = time.time()
         self.publisher.wait(self.version)
         for i in self.fleet.snapshot().in_state(*HOLDS_WORK):  # what ``wait`` saw staged on every live one
             self.fleet.record_version(i, self.version)
-        params = GenerateParams(1, 0, self.version, tag=tag, seed=self.cfg.eval.seed)  # seeded: see the docstring
-        stream = collect(self.clients, self.prompt_specs(self.eval_set), params, self.fleet)
+        params = GenerateParams(1, suite.max_new_tokens, self.version, tag=tag, temperature=suite.wire_temperature,
+                                seed=self.cfg.eval.seed)  # seeded: see the docstring
+        stream = collect(self.clients, self.prompt_specs(suite.items), params, self.fleet)
         pending = []
         for sample in stream:  # scored as they stream in
             pending.append((sample, self.score(sample)))
@@ -106,7 +121,10 @@ class HeldOut:
         samples = [s for s, _ in pending]
         outcomes = [f.result() for _, f in pending]
         self.timeline["eval"].append([-1, t0, time.time()])
-        return score(self.eval_set, samples, outcomes, self.version)
+        if self.answers_dir is not None:
+            write_answers(answers_path(self.answers_dir, suite.name, self.version), samples, outcomes,
+                          [self.policy.decode(list(s.token_ids)) for s in samples])
+        return score(suite.items, samples, outcomes, self.version)
 
     @property
     def eval_size(self) -> int:

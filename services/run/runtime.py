@@ -5,7 +5,8 @@ current weight version, the task's prompt sampler and held-out set, the stage ti
 metrics file) and the steps every mode takes: prompt specs, scoring, tallying a trained sample,
 ``step_and_snapshot`` (the optimizer step, version + 1, the weights copied out through the
 weight transport, the checkpoint when due), recording an iteration's metrics, evaluation. Prompt
-specs, scoring and evaluation are ``heldout.HeldOut``'s, the code ``braid eval`` runs too.
+specs, scoring and evaluation are ``heldout.HeldOut``'s, the code ``braid eval`` runs too; when the
+suites are scored (warm start, between steps, end) is ``evaluations.Evaluations``'.
 
 The rollout orchestrator (``services.rollout.orchestrator``, every single-turn mode) and the
 multi-turn runner (``services.rollout.agentic``) work over this one interface.
@@ -27,7 +28,9 @@ from services.generation.client import GenerationClient
 from services.policy.model import Policy, save_policy
 from services.rollout.publisher import WeightPublisher
 from services.rollout.rewards import Outcome, ServiceRewards
+from services.run.evaluations import Evaluations
 from services.run.heldout import HeldOut
+from services.run.suites import ANSWERS_DIR
 from services.run.timeline import idle
 from services.trainer.learner import Learner, StepStats
 from services.trainer.parallel import Leader, ParallelContext
@@ -77,6 +80,8 @@ class TrainerRuntime(HeldOut):
         self.publisher = WeightPublisher(clients, tc.chunk_bytes, transport, fleet=self.fleet)
         self.gen_busy: list[tuple[float, float]] = []
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.answers_dir = run_dir / ANSWERS_DIR  # every evaluation's answers (services.run.suites)
+        self.evaluations = Evaluations(self, run_dir)  # warm start, between steps, end; the forgetting check
         # recovery (services.run.resume): set by ``open_recovery``
         self.attempt = 0
         self.ledger = None  # services.run.ledger.Ledger once open

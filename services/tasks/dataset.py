@@ -23,6 +23,10 @@ The held-out set (``load_dataset``) is ``eval.prompts`` rows drawn by ``eval.see
 larger one's set (ids ``e0``, ``e1``, ... in drawn order). Training rows whose prompt text equals a
 held-out prompt are dropped: duplicated data cannot leak the held-out set into training.
 
+An evaluation suite (``load_suite``, config ``eval.suites``) is read the same way with its own field
+mapping (``RowsConfig``, the fields a suite shares with ``task.dataset``): every row, or ``prompts``
+of them drawn by ``eval.seed`` as above, ids ``<suite name>:<i>``.
+
 ``DatasetSampler`` walks the training rows in epochs: epoch ``e`` visits every row exactly once,
 in file order or (``shuffle``) in an order fixed by ``seed`` and ``e`` alone (a string seed, which
 ``random`` hashes with SHA-512, so the order does not depend on the process). Its cursor
@@ -45,7 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from services.common.task_config import MAX_DATASET_TEXT_CHARS, MAX_ROW_JSON_CHARS, DatasetConfig
+from services.common.task_config import MAX_DATASET_TEXT_CHARS, MAX_ROW_JSON_CHARS, DatasetConfig, RowsConfig
 
 FORMATS = (".jsonl", ".ndjson", ".json", ".parquet")
 COMPRESSED = (".jsonl.gz", ".ndjson.gz", ".json.gz")
@@ -160,7 +164,7 @@ def _json_rows(data: bytes, shown: str) -> Iterator[tuple[str, Any]]:
         yield f"{shown}:row {i}", row
 
 
-def _parquet_rows(path: Path, shown: str, cfg: DatasetConfig) -> Iterator[tuple[str, Any]]:
+def _parquet_rows(path: Path, shown: str, cfg: RowsConfig) -> Iterator[tuple[str, Any]]:
     import pyarrow as pa  # imported on use: JSON datasets need no pyarrow
     import pyarrow.parquet as pq
 
@@ -209,7 +213,7 @@ def _answer_text(where: str, row: dict, field: str) -> str:
     raise DatasetError(f"{where}: answer field {field!r} must be a string or a number, got {_kind(value)}")
 
 
-def _item(where: str, row: Any, cfg: DatasetConfig) -> DatasetItem:
+def _item(where: str, row: Any, cfg: RowsConfig) -> DatasetItem:
     """One validated row (``prompt_id`` left empty)."""
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object, got {_kind(row)}")
@@ -237,7 +241,7 @@ def _item(where: str, row: Any, cfg: DatasetConfig) -> DatasetItem:
     )
 
 
-def read_rows(path: str | Path, cfg: DatasetConfig) -> list[DatasetItem]:
+def read_rows(path: str | Path, cfg: RowsConfig) -> list[DatasetItem]:
     """Every row of a data file, validated, in file order (``prompt_id`` empty)."""
     shown, file = str(path), Path(path)
     suffix, compressed = _format(file, shown)
@@ -288,6 +292,17 @@ def load_dataset(
             f"{cfg.train}: all {len(train)} training rows repeat a held-out prompt; no training row remains"
         )
     return kept, held
+
+
+def load_suite(path: str | Path, cfg: RowsConfig, prompts: int | None, seed: int) -> list[DatasetItem]:
+    """An evaluation suite's items (``eval.suites``): every row of ``path`` in file order, or ``prompts``
+    of them drawn by ``seed`` as the held-out set is; ids ``<name>:<i>`` (``:`` is in no suite name)."""
+    rows = read_rows(path, cfg)
+    if prompts is not None:
+        if prompts > len(rows):
+            raise DatasetError(f"{path}: {len(rows)} rows, fewer than the suite's prompts ({prompts})")
+        rows = [rows[i] for i in _draw(len(rows), prompts, seed)]
+    return [replace(item, prompt_id=f"{cfg.name}:{i}") for i, item in enumerate(rows)]
 
 
 class DatasetSampler:

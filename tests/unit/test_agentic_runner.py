@@ -21,6 +21,7 @@ from services.common.config import load_config
 from services.common.types import SampleRecord
 from services.policy.model import Policy, char_tokenizer
 from services.rollout.agentic import AgenticRunner
+from services.run.evaluations import Evaluations
 from services.run.runtime import Published, TrainerRuntime
 from services.trainer.learner import StepStats
 
@@ -77,6 +78,8 @@ class FakeRuntime:
         self.start_snapshot = None
         self.steps: list[list] = []
         self.rows: list[dict] = []
+        self.suites = []  # an agentic run: its held-out episodes only, scored at the ends
+        self.evaluations = Evaluations(self, run_dir)
 
     def step_and_snapshot(self, stats, offer, consumed) -> Published:
         assert offer

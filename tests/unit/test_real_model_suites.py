@@ -1,0 +1,91 @@
+"""The suites part of bench/real_model.py (``bench/real_model_suites.py``): paired changes, regimes against full
+fine-tuning, the forgetting list and the declared choice of the shipped default, on hand-made answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.real_model_suites import (
+    REGIMES,
+    against_baseline,
+    choose_default,
+    forgetting_list,
+    markdown,
+    paired,
+    regime_part,
+    suite_sets,
+)
+from services.common.config import load_config
+from tests.conftest import ROOT
+
+
+def _answers(correct: list[int]) -> dict[str, bool]:
+    return {f"q{i}": bool(c) for i, c in enumerate(correct)}
+
+
+N = 100
+BASE = {"heldout": _answers([1] * 20 + [0] * 80), "word-mul": _answers([1] * 70 + [0] * 30)}
+AFTER = {  # full FT forgets word-mul; LoRA keeps it; KL keeps it but its held-out gain is far smaller
+    "full_ft": {"heldout": _answers([1] * 70 + [0] * 30), "word-mul": _answers([1] * 30 + [0] * 70)},
+    "full_ft_kl": {"heldout": _answers([1] * 30 + [0] * 70), "word-mul": _answers([1] * 68 + [0] * 32)},
+    "lora": {"heldout": _answers([1] * 65 + [0] * 35), "word-mul": _answers([1] * 66 + [0] * 34)},
+}
+
+
+def _summary(regime: str, flagged: list[str]) -> dict:
+    def score(a: dict) -> dict:
+        p = sum(a.values()) / N
+        return {"accuracy": p, "stderr": math.sqrt(p * (1 - p) / N), "prompts": N, "weight_version": 0}
+
+    return {"suites": {n: {"temperature": 0.0, "before": score(BASE[n]), "after": score(AFTER[regime][n])}
+                       for n in BASE}, "forgetting": [{"suite": n} for n in flagged]}
+
+
+def _measured(flags: dict[str, list[str]]):
+    answers = {r: {n: (BASE[n], AFTER[r][n]) for n in BASE} for r in REGIMES}
+    parts = {r: regime_part(_summary(r, flags[r]), answers[r]) for r in REGIMES}
+    return parts, against_baseline(answers)
+
+
+def test_paired_change_is_the_mean_difference_per_question_with_its_standard_error():
+    d = paired(_answers([1, 1, 0, 0]), _answers([1, 0, 0, 1]))
+    assert d["difference"] == 0.0 and d["stderr"] == pytest.approx(math.sqrt(2 / 3) / 2) and d["in_stderr"] == 0.0
+    down = paired(BASE["word-mul"], AFTER["full_ft"]["word-mul"])
+    assert down["difference"] == pytest.approx(-0.4) and down["in_stderr"] < -3 and down["questions"] == N
+    with pytest.raises(ValueError, match="different questions"):
+        paired({"a": True}, {"b": True})
+
+
+def test_a_regime_that_keeps_what_full_fine_tuning_forgot_becomes_the_default():
+    parts, versus = _measured({"full_ft": ["word-mul"], "full_ft_kl": [], "lora": []})
+    assert parts["full_ft"]["word-mul"]["dropped"] and parts["lora"]["word-mul"]["after"] == 0.66
+    assert versus["lora"]["word-mul"]["differs"] and versus["lora"]["word-mul"]["difference"] == pytest.approx(0.36)
+    assert versus["full_ft_kl"]["heldout"]["in_stderr"] <= -3  # KL's held-out accuracy is far below full FT's
+    assert set(versus) == {"full_ft_kl", "lora"}
+    choice = choose_default(parts, versus)
+    assert choice["regime"] == "lora" and "word-mul" in choice["reason"]  # KL loses on held-out, LoRA does not
+    text = markdown({"regimes": parts, "versus_full_ft": versus, "shipped_default": choice, "suite_prompts": N,
+                     "kl_coef": 0.04})
+    assert "| word-mul | 0.700 -> 0.300 ± 0.046 **dropped** | " in text and "Shipped default: **lora**" in text
+    assert forgetting_list(parts) == [{"regime": "full_ft", "suite": "word-mul", "before": 0.7, "after": 0.3,
+                                       "change": pytest.approx(-0.4), "change_stderr": pytest.approx(
+                                           parts["full_ft"]["word-mul"]["change"]["stderr"])}]
+
+
+def test_full_fine_tuning_stays_when_it_forgets_nothing_or_nothing_does_better():
+    parts, versus = _measured({"full_ft": [], "full_ft_kl": [], "lora": []})
+    assert choose_default(parts, versus)["regime"] == "full_ft"
+    parts, versus = _measured({"full_ft": ["word-mul"], "full_ft_kl": ["word-mul"], "lora": ["word-mul"]})
+    choice = choose_default(parts, versus)
+    assert choice["regime"] == "full_ft" and "no other regime dropped fewer" in choice["reason"]
+
+
+def test_the_suites_of_the_runs_are_the_configs_and_the_extra_probe_families():
+    cfg = load_config(ROOT / "deploy/configs/smollm2-arith.yaml")
+    (override,) = suite_sets(cfg, 8)
+    run = load_config(ROOT / "deploy/configs/smollm2-arith.yaml", [override])
+    assert [s.name for s in run.eval.suites] == ["word-mul", "word-add", "gsm8k-easy", "equations", "add3"]
+    assert all(s.prompts == 8 and s.temperature == 0 for s in run.eval.suites)
+    assert run.eval.suites[3].every == 0 and run.eval.suites[3].data.endswith("arith-probe/equations.jsonl")

@@ -51,7 +51,10 @@ def test_one_step_runs_lpt_dispatch_partial_rollout_redundancy_repack_and_surviv
     assert list(last["instances_alive"].values()) == [True, last.get("instances_readmitted", 0) == 1]
     # every group was placed by the policy on the ranker's estimates
     assert last["dispatch_policy"] == "lpt" and last["estimator_failures"] == 0
-    assert last["estimated_groups"] == sum(last["instance_groups"]) > 0 and last["dispatched_groups"] > 0
+    # (groups whose instance is killed between the pick and the launch resume sample by sample elsewhere:
+    # estimated, never launched there as groups; one kill here, so at most one round's batch: 4 + 1 redundant)
+    launched = sum(last["instance_groups"])
+    assert launched > 0 and last["dispatched_groups"] > 0 and 0 <= last["estimated_groups"] - launched <= 5, last
     # the run's own estimates followed every group to its end: closed groups' makespans scored
     assert 0.0 <= last["run_signals_recall_at_20"] <= 1.0 and last["run_signals_sigma"] > 0, last
     # and the run's report shows their recall as the run went

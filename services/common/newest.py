@@ -34,19 +34,22 @@ class NewestSender(Generic[T]):
         self.error: BaseException | None = None
         self.offered = 0  # newest version handed over
         self.sent = 0  # newest version sent
+        self._taken = 0  # newest version the thread took to send (sent, or being sent)
         self.seconds: dict[int, float] = {}  # per version, time in ``send``
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def offer(self, version: int, item: T) -> None:
-        """Hand a version over; it replaces an older one not yet sent."""
+        """Hand a version over; it replaces an older one not yet sent. A version not newer than one
+        sent, being sent or waiting is dropped (``on_drop``): a receiver refuses a version it already has."""
         with self.cond:
             self.offered = max(self.offered, version)
-            if self._next is None or self._next[0] < version:
-                if self._next is not None and self._on_drop is not None:
-                    self._on_drop(self._next[1])
-                self._next = (version, item)
+            stale = version <= self._taken or (self._next is not None and version <= self._next[0])
+            dropped, self._next = (item, self._next) if stale else (self._next[1] if self._next else None,
+                                                                     (version, item))
             self.cond.notify_all()
+        if dropped is not None and self._on_drop is not None:
+            self._on_drop(dropped)
 
     def wait_sent(self, version: int, timeout_s: float | None = None, what: str = "weight version") -> int:
         """Block until ``version`` or newer was sent; returns the newest sent. Raises the
@@ -77,6 +80,7 @@ class NewestSender(Generic[T]):
                     return
                 version, item = self._next
                 self._next = None
+                self._taken = version
             try:
                 t0 = time.perf_counter()
                 self._send(version, item)

@@ -30,10 +30,10 @@ def test_a_version_superseded_before_it_was_sent_is_dropped():
         _until(lambda: s._next is None)  # the thread took version 1
         s.offer(2, "b")
         s.offer(3, "c")  # replaces 2, not yet sent
-        s.offer(2, "late")  # older than what is waiting: ignored
+        s.offer(2, "late")  # older than what is waiting: dropped (its owner frees it), never sent
         gate.set()
         assert s.wait_sent(3, 10) == 3
-        assert sent == [(1, "a"), (3, "c")] and dropped == ["b"] and s.offered == 3
+        assert sent == [(1, "a"), (3, "c")] and dropped == ["b", "late"] and s.offered == 3
         assert set(s.seconds) == {1, 3}
         _until(lambda: len(after) == 2)
         assert after == [1, 3]
@@ -53,3 +53,36 @@ def test_the_first_failure_stops_the_sender_and_is_raised_to_waiters():
     with pytest.raises(TimeoutError):
         NewestSender(lambda v, i: None, name="idle").wait_sent(1, 0.1)
     s.close()
+
+
+def test_a_version_already_sent_or_being_sent_is_dropped_not_sent_again():
+    import threading
+
+    from services.common.newest import NewestSender
+
+    sent, dropped, gate, taken = [], [], threading.Event(), threading.Event()
+
+    def send(version, item):
+        taken.set()
+        gate.wait(5)
+        sent.append(version)
+
+    s = NewestSender(send, name="t", on_drop=dropped.append)
+    s.offer(1, "a")
+    assert taken.wait(5)
+    s.offer(1, "again")  # 1 is being sent (the thread took it): a receiver would refuse it twice
+    gate.set()
+    s.wait_sent(1, timeout_s=5)
+    s.offer(1, "late")  # already sent
+    s.offer(2, "b")
+    s.wait_sent(2, timeout_s=5)
+    gate.clear()
+    taken.clear()
+    s.offer(3, "c")
+    assert taken.wait(5)
+    s.offer(4, "d")
+    s.offer(4, "d again")  # 4 waits behind 3: the same version again is dropped, not leaked
+    gate.set()
+    s.wait_sent(4, timeout_s=5)
+    s.close()
+    assert sent == [1, 2, 3, 4] and dropped == ["again", "late", "d again"]

@@ -114,9 +114,13 @@ def test_a_run_leaves_an_mlflow_run_on_the_server_with_the_same_final_metrics(tr
     run = client.get_run(record["mlflow"]["run_id"])
     assert run.info.status == "FINISHED" and run.info.run_name == "tracked"
     assert client.get_experiment(run.info.experiment_id).name == "braid-test"
-    summary = _numbers(tracked_run / "summary.json")
+    want = {f"summary/{k}": v for k, v in _numbers(tracked_run / "summary.json").items()}
+    for name, suite in json.loads((tracked_run / "summary.json").read_text())["suites"].items():
+        for when in ("before", "after"):  # every evaluation suite's warm-start and final score
+            want[f"summary/suite/{name}/{when}"] = suite[when]["accuracy"]
+            want[f"summary/suite/{name}/{when}_stderr"] = suite[when]["stderr"]
     assert {k: v for k, v in run.data.metrics.items() if k.startswith("summary/")} == {
-        f"summary/{k}": pytest.approx(v) for k, v in summary.items()}
+        k: pytest.approx(v) for k, v in want.items()}
     rows = [json.loads(x) for x in (tracked_run / "metrics.jsonl").read_text().splitlines()]
     history = client.get_metric_history(run.info.run_id, "reward_mean")
     assert (sorted((m.step, m.value) for m in history)

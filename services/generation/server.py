@@ -181,7 +181,6 @@ class GenerationServicer(pb_grpc.GenerationServicer):
         self._pull_lock = threading.Lock()
         self.delta = delta
         self._held = None  # the version pulled last (delta_blob.Held): the base of the next delta
-        self.pulls = {"delta": 0, "whole": 0, "fallback": 0}  # how versions came from the relay
 
     def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext):
         prompts, params = convert.request_from_pb(request)
@@ -272,13 +271,12 @@ class GenerationServicer(pb_grpc.GenerationServicer):
                             fallback_reason=pulled.fallback)
 
     def _keep(self, pulled) -> None:
-        """Count how ``pulled`` came and, with deltas on, hold it as the next delta's base."""
+        """With deltas on, hold ``pulled`` as the next delta's base (how it came goes back in the
+        ``UpdateAck``: the trainer counts it)."""
         if not self.delta:
             return
         from services.weights.delta_blob import Held
 
-        kind = "delta" if pulled.delta_base is not None else "fallback" if pulled.fallback else "whole"
-        self.pulls[kind] += 1
         view = memoryview(pulled.blob)[: pulled.manifest.total_bytes]
         self._held = Held(pulled.version, pulled.manifest, view, pulled.digest, data=pulled.blob)
 

@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from flows.online_ranker import report_lines
+from flows.plots import plt, save_figure
 from flows.report_suites import banner, plot_suites, suite_lines
 
 
@@ -42,9 +38,7 @@ def plot_learning(rows: list[dict], summary: dict, path: Path) -> None:
     ax.legend(loc="lower right", fontsize=8)
     emulated = "EMULATED: synthetic tokens, reward at a declared rate; " if "emulated" in summary else ""
     ax.set_title(f"Learning curve ({emulated}{summary['mode']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12, time_scale: float | None = None) -> None:
@@ -69,9 +63,7 @@ def plot_timeline(timeline: dict, path: Path, max_iterations: int = 12, time_sca
     shown = min(max_iterations, len(gen))
     ax.set_title(("EMULATED " if time_scale else "") + f"Stage timeline, first {shown} iterations")
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_staleness(rows: list[dict], path: Path) -> bool:
@@ -95,9 +87,7 @@ def plot_staleness(rows: list[dict], path: Path) -> bool:
     ax.set_ylim(0, 1)
     ax.set_title(f"Staleness per consumed buffer (bound eta = {eta})")
     ax.legend(fontsize=7, ncol=eta + 1, loc="upper center", bbox_to_anchor=(0.5, -0.22))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -121,9 +111,7 @@ def plot_lengths(rows: list[dict], path: Path) -> bool:
     ax.set_title("Output-length distribution")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -143,9 +131,7 @@ def plot_run_signals(rows: list[dict], path: Path) -> bool:
     ax.set_title("Length estimates from the run itself (recent closed groups)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from flows.plots import plt, save_figure
 from services.run.forgetting import flag_line
 
 
@@ -57,9 +53,7 @@ def plot_suites(rows: list[dict], summary: dict, path: Path) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     ax.set_title("Evaluation suites (±1 s.e.; red x: flagged by the forgetting check)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

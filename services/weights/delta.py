@@ -235,8 +235,9 @@ def encode_positions(new, pos: np.ndarray | None, itemsize: int, *, index: int =
 
 
 def positions_of(frame) -> np.ndarray | None:
-    """The positions a tensor frame writes (int64, ascending; None: the whole tensor), checked."""
-    d = decode(frame)
+    """The positions a tensor frame (bytes, or a ``decode``d one) writes (int64, ascending; None: the
+    whole tensor), checked."""
+    d = frame if isinstance(frame, TensorDelta) else decode(frame)
     if d.mode == "whole":
         return None
     _check_sections(d)

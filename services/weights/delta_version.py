@@ -237,11 +237,11 @@ def compose(manifest: Manifest, new, chain: Sequence[Sequence], *, level: int = 
 
     def one(i: int) -> bytes:
         t = manifest.tensors[i]
-        sets = [positions_of(frames[i + 1]) for frames in chain]
-        for frames in chain:
-            d = decode(frames[i + 1])
+        decoded = [decode(frames[i + 1]) for frames in chain]
+        for d in decoded:
             if d.index != i or d.name != t.name or d.count * d.itemsize != t.nbytes:
                 raise DeltaError(f"tensor frame {i} of a delta is for {d.name!r}; the manifest has {t.name!r} there")
+        sets = [positions_of(d) for d in decoded]
         pos = None if any(p is None for p in sets) else np.unique(np.concatenate(sets)).astype(np.int64)
         return encode_positions(view[t.offset : t.offset + t.nbytes], pos, itemsize_of(t.dtype), index=i,
                                 name=t.name, level=level)

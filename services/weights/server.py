@@ -72,7 +72,6 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
         self.data_path = data_path  # how this relay forwards to its peers: "tcp" (data channel) or "grpc"
         self.hop_timeout_s = hop_timeout_s
         self.relinks: list[dict] = []  # one record per re-link (dead hop, skipped to, seconds)
-        self.delta_fallbacks = 0  # deltas a hop refused (no base there): forwarded whole instead
         self.deltas = DeltaLog()  # the deltas versions arrived as, for pullers one or more versions behind
         self._lock = threading.Lock()
         self._peers: dict[str, RelayClient] = {}
@@ -361,7 +360,6 @@ class RelayServicer(pb_grpc.WeightRelayServicer):
             log.error("relay %s refused delta %d -> %d (%s) and the version never committed here", target,
                       inc.delta_base, inc.version, err)
             return None
-        self.delta_fallbacks += 1
         log.info("relay %s lacks the base of delta %d -> %d: forwarding version %d whole (%s)", target,
                  inc.delta_base, inc.version, inc.version, err)
         return full

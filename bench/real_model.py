@@ -28,7 +28,7 @@ A run of record starts from a clean checkout of a commit: the script refuses a d
 ``--allow-dirty`` (then into /tmp/braid-bench-scratch). Writes ``bench/results/real_model.{json,md,png}``
 (``--quick``: a short run into /tmp/braid-bench-quick, never over the results of record).
 
-    python bench/real_model.py [--quick] [--allow-dirty] [--runs-dir DIR] [--suites]
+    python bench/real_model.py [--quick] [--allow-dirty] [--runs-dir DIR] [--suites [--regimes R,...]]
 """
 
 from __future__ import annotations
@@ -206,12 +206,21 @@ def suites_main(ns) -> int:
     from bench import real_model_suites as rs
     from bench.report_io import of_record_or_scratch, set_json_key
 
+    regimes = [r for r in ns.regimes.split(",") if r]
+    unknown = sorted(set(regimes) - set(rs.REGIMES))
+    if unknown or not regimes:
+        raise SystemExit(f"--regimes {ns.regimes!r}: {', '.join(unknown) or 'none named'} (the regimes: "
+                         f"{', '.join(rs.REGIMES)})")
+    out = results_dir(ns.out, ns.quick)
+    path = out / "real_model.json"
+    previous = (json.loads(path.read_text()).get("suites") or {}) if path.is_file() else {}
     prov = provenance(Path(__file__), {"regimes": rs.REGIMES, "kl_coef": rs.KL_COEF, "extra_suites": rs.EXTRA_SUITES,
                                        "suite_prompts": rs.SUITE_PROMPTS, "goal_se": rs.GOAL_SE, "quick": ns.quick},
                       CONFIG, engine="vllm")
-    entry = {**rs.measure(Path(ns.runs_dir), ns.quick), "provenance": prov}
-    out = results_dir(ns.out, ns.quick)
-    set_json_key(out / "real_model.json", "suites", entry)
+    prov["config"] = json.loads(json.dumps(prov["config"]))  # as a results file holds it (tuples as lists)
+    entry = rs.measure(Path(ns.runs_dir), ns.quick, regimes, previous, prov)
+    entry["provenance"] = {**prov, "measured_in_this_run": not any(r.get("carried") for r in entry["runs"].values())}
+    set_json_key(path, "suites", entry)
     text = rs.markdown(entry) + provenance_line(prov) + "\n"
     md = of_record_or_scratch(out, entry) / "real_model_suites.md"
     md.write_text(text)
@@ -225,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suites", action="store_true",
                         help="the suites part (bench/real_model_suites.py): one run per regime, into "
                         "real_model.json's suites")
+    parser.add_argument("--regimes", default="full_ft,full_ft_kl,lora",
+                        help="--suites: the regimes to run now, comma-separated (the others are carried from "
+                        "real_model.json when fresh; bench/real_model_suites.py)")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "bench-real-model"),
                         help="where the run directory goes")
     parser.add_argument("--out", default=None,

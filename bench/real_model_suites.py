@@ -24,8 +24,13 @@ Declared before the run of record (DESIGN.md §5); nothing here is chosen after 
   or more (paired) and at least one of the suites full fine-tuning dropped differs in its favour by
   ``GOAL_SE`` s.e.; among such regimes the one that drops fewest, then the higher held-out accuracy.
   The result names the regime and the reason; the config is changed (or not) in a commit after.
+- **Regimes in separate invocations** (``--regimes``): a regime not run in this invocation is carried
+  from the results file (its part, its answers per question and its own provenance block) only when
+  that block is fresh (``bench/record.py``: a clean commit, and the same code on the measured path
+  as now) and declared the same constants; else the script refuses to carry it. Until every regime
+  is there the entry lists the missing ones as ``pending`` and makes no comparison and no choice.
 
-    python bench/real_model.py --suites [--quick] [--allow-dirty]
+    python bench/real_model.py --suites [--regimes full_ft,full_ft_kl,lora] [--quick] [--allow-dirty]
 
 About 45 minutes per regime on the 2-core machine (25 of RL, the rest the suites' evaluations at
 both ends and between steps): two and a half hours in all. ``--quick``: 2 iterations, 8 questions per
@@ -143,27 +148,71 @@ def answers_of(run_dir: Path, summary: dict) -> dict[str, tuple[dict, dict]]:
             for name, s in summary["suites"].items()}
 
 
-def measure(runs_dir: Path, quick: bool) -> dict:
-    """Every regime's run, then the comparison (module docstring)."""
+def encode_answers(answers: dict[str, tuple[dict, dict]]) -> dict[str, dict]:
+    """Per suite, the questions and whether each was answered right before and after, as ``0``/``1`` strings
+    (what a later invocation needs to pair a carried regime with the others)."""
+    out = {}
+    for name, (before, after) in answers.items():
+        if set(before) != set(after):
+            raise ValueError(f"suite {name}: the warm start and the end answered different questions")
+        ids = sorted(before)
+        out[name] = {"ids": ids, "before": "".join("01"[before[i]] for i in ids),
+                     "after": "".join("01"[after[i]] for i in ids)}
+    return out
+
+
+def decode_answers(doc: dict[str, dict]) -> dict[str, tuple[dict, dict]]:
+    """``encode_answers`` undone."""
+    return {name: tuple({i: c == "1" for i, c in zip(s["ids"], s[side], strict=True)} for side in ("before", "after"))
+            for name, s in doc.items()}
+
+
+def carried_regime(previous: dict, regime: str, declared: dict) -> tuple[dict, dict] | None:
+    """``regime``'s part and run from an earlier invocation's entry, when it is there and may be carried
+    (module docstring); None when it is not there. Refuses a stale one, saying why."""
+    from bench.record import judge_block
+
+    run, part = (previous.get("runs") or {}).get(regime), (previous.get("regimes") or {}).get(regime)
+    if not run or not part or "answers" not in run:
+        return None
+    prov = run.get("provenance") or {}
+    problems = judge_block(prov)
+    if prov.get("config") != declared:
+        problems = [*problems, f"declared {prov.get('config')}, not {declared}"]
+    if problems:
+        raise SystemExit(f"regime {regime} in the results file cannot be carried: {'; '.join(problems)}; "
+                         f"run it again (--regimes {regime})")
+    return part, run
+
+
+def measure(runs_dir: Path, quick: bool, regimes: list[str], previous: dict, prov: dict) -> dict:
+    """The regimes in ``regimes`` run now, the others carried from ``previous`` when they may be, then the
+    comparison once all are there (module docstring). ``prov``: this invocation's provenance block."""
     from bench import real_model
     from services.common.config import load_config
 
     cfg = load_config(real_model.CONFIG)
     common = [*(QUICK if quick else []), *suite_sets(cfg, QUICK_SUITE_PROMPTS if quick else SUITE_PROMPTS)]
-    parts, answers, runs = {}, {}, {}
+    parts, runs = {}, {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for regime, sets in REGIMES.items():
+        if regime not in regimes:
+            if (carried := carried_regime(previous, regime, prov["config"])) is not None:
+                parts[regime], runs[regime] = carried[0], {**carried[1], "carried": True}
+            continue
         run_dir = runs_dir / f"{stamp}-{regime}"
         summary = real_model.braid_run(run_dir, [*sets, *common])
-        answers[regime] = answers_of(run_dir, summary)
-        parts[regime] = regime_part(summary, answers[regime])
+        answers = answers_of(run_dir, summary)
+        parts[regime] = regime_part(summary, answers)
         runs[regime] = {"run_dir": str(run_dir), "sets": sets, "iterations": summary["iterations"],
                         "rl_seconds": summary["rl_seconds"], "suite_eval_seconds": summary["suite_eval_seconds"],
-                        "samples_per_second": summary["samples_per_second"]}
-    versus = against_baseline(answers)
-    return {"regimes": parts, "versus_full_ft": versus, "forgetting": forgetting_list(parts),
-            "shipped_default": choose_default(parts, versus), "runs": runs, "kl_coef": KL_COEF,
-            "goal_se": GOAL_SE, "suite_prompts": QUICK_SUITE_PROMPTS if quick else SUITE_PROMPTS,
+                        "samples_per_second": summary["samples_per_second"], "answers": encode_answers(answers),
+                        "provenance": prov}
+    pending = [r for r in REGIMES if r not in parts]
+    versus = {} if pending else against_baseline({r: decode_answers(runs[r]["answers"]) for r in REGIMES})
+    return {"regimes": parts, "versus_full_ft": versus, "forgetting": forgetting_list(parts), "pending": pending,
+            "shipped_default": None if pending else choose_default(parts, versus), "runs": runs,
+            "kl_coef": KL_COEF, "goal_se": GOAL_SE, "suite_prompts": QUICK_SUITE_PROMPTS if quick else SUITE_PROMPTS,
             "extra_suites": list(EXTRA_SUITES)}
 
 
@@ -185,5 +234,12 @@ def markdown(r: dict) -> str:
                          f"{' **dropped**' if s['dropped'] else ''}{diff}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     d = r["shipped_default"]
-    lines += ["", f"Shipped default: **{d['regime']}** ({d['reason']}).", ""]
-    return "\n".join(lines)
+    lines += ["", f"Shipped default: **{d['regime']}** ({d['reason']})." if d else
+              f"Shipped default: **not chosen yet**: {', '.join(r['pending'])} not measured "
+              f"(`bench/real_model.py --suites --regimes {','.join(r['pending'])}`).", ""]
+    for regime, run in r.get("runs", {}).items():
+        p = run["provenance"]
+        lines.append(f"- {regime}: {'carried from' if run.get('carried') else 'run in'} the invocation at "
+                     f"`{p['commit'][:12]}`{' (dirty tree)' if p.get('dirty') else ''}, {p['date']}; "
+                     f"RL {run['rl_seconds']:.0f} s, suites {run['suite_eval_seconds']:.0f} s.")
+    return "\n".join([*lines, ""])

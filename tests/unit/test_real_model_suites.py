@@ -3,6 +3,7 @@ fine-tuning, the forgetting list and the declared choice of the shipped default,
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,7 +11,11 @@ import pytest
 from bench.real_model_suites import (
     REGIMES,
     against_baseline,
+    answers_of,
+    carried_regime,
     choose_default,
+    decode_answers,
+    encode_answers,
     forgetting_list,
     markdown,
     paired,
@@ -89,3 +94,56 @@ def test_the_suites_of_the_runs_are_the_configs_and_the_extra_probe_families():
     assert [s.name for s in run.eval.suites] == ["word-mul", "word-add", "gsm8k-easy", "equations", "add3"]
     assert all(s.prompts == 8 and s.temperature == 0 for s in run.eval.suites)
     assert run.eval.suites[3].every == 0 and run.eval.suites[3].data.endswith("arith-probe/equations.jsonl")
+
+
+def test_answers_survive_the_results_file_and_refuse_unequal_question_sets():
+    answers = {"heldout": (BASE["heldout"], AFTER["lora"]["heldout"])}
+    doc = json.loads(json.dumps(encode_answers(answers)))
+    assert doc["heldout"]["before"].count("1") == 20 and decode_answers(doc) == answers
+    with pytest.raises(ValueError, match="different questions"):
+        encode_answers({"x": ({"a": True}, {"b": True})})
+
+
+def _previous(regime: str, config: dict) -> dict:
+    answers = encode_answers({n: (BASE[n], AFTER[regime][n]) for n in BASE})
+    prov = {"commit": "0" * 40, "dirty": False, "date": "2026-11-30T00:00:00+00:00", "config": config}
+    return {"regimes": {regime: {"heldout": {}}}, "runs": {regime: {"answers": answers, "provenance": prov,
+                                                                    "rl_seconds": 1.0, "suite_eval_seconds": 2.0}}}
+
+
+def test_a_regime_is_carried_only_when_its_own_block_is_fresh_and_declared_the_same(monkeypatch):
+    import bench.record
+
+    declared = {"kl_coef": 0.04, "quick": False}
+    previous = _previous("lora", declared)
+    assert carried_regime(previous, "full_ft", declared) is None  # not there: pending, nothing to refuse
+    with pytest.raises(SystemExit, match=r"regime lora .* cannot be carried: .*--regimes lora"):
+        carried_regime(previous, "lora", declared)  # commit 000...: not a commit of this repository
+    monkeypatch.setattr(bench.record, "judge_block", lambda block: [])
+    part, run = carried_regime(previous, "lora", declared)
+    assert part == {"heldout": {}} and decode_answers(run["answers"])["word-mul"][1] == AFTER["lora"]["word-mul"]
+    with pytest.raises(SystemExit, match=r"declared .*quick.*True"):
+        carried_regime(previous, "lora", {**declared, "quick": True})
+
+
+def test_until_every_regime_is_there_no_default_is_chosen_and_the_missing_are_named():
+    parts, _ = _measured({"full_ft": ["word-mul"], "full_ft_kl": [], "lora": []})
+    prov = {"commit": "a" * 40, "dirty": False, "date": "2026-11-30T15:00:00+00:00"}
+    text = markdown({"regimes": {"full_ft": parts["full_ft"]}, "versus_full_ft": {}, "shipped_default": None,
+                     "pending": ["full_ft_kl", "lora"], "suite_prompts": N, "kl_coef": 0.04,
+                     "runs": {"full_ft": {"provenance": prov, "rl_seconds": 1500.0, "suite_eval_seconds": 700.0}}})
+    assert "**not chosen yet**: full_ft_kl, lora not measured (`bench/real_model.py --suites --regimes " \
+           "full_ft_kl,lora`)" in text
+    assert "- full_ft: run in the invocation at `aaaaaaaaaaaa`, 2026-11-30T15:00:00+00:00; RL 1500 s" in text
+
+
+def test_a_runs_answers_files_are_read_paired_and_encoded(tmp_path):
+    from services.run.suites import answers_path
+
+    for version, correct in ((0, [1, 0, 0]), (40, [1, 1, 0])):
+        rows = [{"prompt_id": f"word-mul:{i}", "correct": bool(c), "reward": float(c)} for i, c in enumerate(correct)]
+        answers_path(tmp_path / "evals", "word-mul", version).parent.mkdir(exist_ok=True)
+        answers_path(tmp_path / "evals", "word-mul", version).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"suites": {"word-mul": {"before": {"weight_version": 0}, "after": {"weight_version": 40}}}}
+    doc = encode_answers(answers_of(tmp_path, summary))
+    assert doc == {"word-mul": {"ids": ["word-mul:0", "word-mul:1", "word-mul:2"], "before": "100", "after": "110"}}

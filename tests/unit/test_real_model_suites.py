@@ -147,3 +147,44 @@ def test_a_runs_answers_files_are_read_paired_and_encoded(tmp_path):
     summary = {"suites": {"word-mul": {"before": {"weight_version": 0}, "after": {"weight_version": 40}}}}
     doc = encode_answers(answers_of(tmp_path, summary))
     assert doc == {"word-mul": {"ids": ["word-mul:0", "word-mul:1", "word-mul:2"], "before": "100", "after": "110"}}
+
+
+def _fake_braid_run(run_dir, extra):
+    """What ``real_model.braid_run`` leaves behind (answers files, a summary), without a run: the regime is
+    the run directory's name after the stamp."""
+    from services.run.suites import answers_path
+
+    regime = run_dir.name.split("-", 2)[-1]
+    for version, answers in ((0, BASE), (40, AFTER[regime])):
+        for name, a in answers.items():
+            path = answers_path(run_dir / "evals", name, version)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps({"prompt_id": k, "correct": v}) + "\n" for k, v in a.items()))
+    flagged = [{"suite": "word-mul"}] if regime == "full_ft" else []
+    part = _summary(regime, [])["suites"]
+    for s in part.values():
+        s["after"]["weight_version"] = 40
+    return {"suites": part, "forgetting": flagged, "iterations": 40, "rl_seconds": 1.0, "suite_eval_seconds": 2.0,
+            "samples_per_second": 3.0}
+
+
+def test_invocations_run_some_regimes_carry_the_others_and_choose_once_all_are_there(tmp_path, monkeypatch):
+    import bench.record
+    from bench import real_model
+
+    monkeypatch.setattr(real_model, "braid_run", _fake_braid_run)
+    monkeypatch.setattr(bench.record, "judge_block", lambda block: [])  # as if each earlier block were fresh
+    args = ["--suites", "--quick", "--out", str(tmp_path), "--runs-dir", str(tmp_path / "runs")]
+    assert real_model.main([*args, "--regimes", "full_ft"]) == 0
+    first = json.loads((tmp_path / "real_model.json").read_text())["suites"]
+    assert first["pending"] == ["full_ft_kl", "lora"] and first["shipped_default"] is None
+    assert first["regimes"]["full_ft"]["word-mul"]["dropped"] and "not chosen yet" in (
+        tmp_path / "real_model_suites.md").read_text()
+    assert real_model.main([*args, "--regimes", "full_ft_kl,lora"]) == 0
+    second = json.loads((tmp_path / "real_model.json").read_text())["suites"]
+    assert second["pending"] == [] and second["runs"]["full_ft"]["carried"]
+    assert second["runs"]["full_ft"]["provenance"] == first["runs"]["full_ft"]["provenance"]
+    assert not second["provenance"]["measured_in_this_run"] and second["shipped_default"]["regime"] == "lora"
+    assert "- full_ft: carried from the invocation at" in (tmp_path / "real_model_suites.md").read_text()
+    with pytest.raises(SystemExit, match="--regimes 'lora,sft': sft"):
+        real_model.main([*args, "--regimes", "lora,sft"])

@@ -13,6 +13,9 @@ SGS instances run one per process (``sgs-i``), or, with the emulated engine,
 ``generation.emulation.instances_per_process`` per process (``sgs-i-j`` serves instances i..j,
 each on its own port): ``instance_groups`` cuts them, ``instance_service`` names the process of
 an instance, ``restartable_group`` starts a dead one again with all its instances on their ports.
+
+The supervisor holds every port it starts a server on (``Supervisor.ports``, ``flows.ports``) until
+``stop_all``, so that no other process draws a dead server's port before its restart.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from flows.ports import PortReservations
 
 log = logging.getLogger("braid.launcher")
 
@@ -105,6 +110,7 @@ class Supervisor:
         self.lost: list[Service] = []  # tolerated exits, already reported
         self.restarts: dict[str, int] = {}  # by service name
         self._ignoring: list[Service] = []
+        self.ports = PortReservations()  # the servers' ports, held across their deaths (``flows.ports``)
 
     def start(
         self, name: str, module: str, args: list[str], *, threads: int, expect_exit: bool = False,
@@ -184,6 +190,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 svc.proc.kill()
                 svc.proc.wait()
+        self.ports.release_all()
 
 
 def start_relay(
@@ -197,6 +204,8 @@ def start_relay(
     sites' relays; with ``tls_port`` too it also serves other sites there (mutual TLS)."""
     port_file = run_dir / f"{name}.port"
     port_file.unlink(missing_ok=True)
+    port = sup.ports.hold(host, port)
+    tls_port = None if tls_port is None else sup.ports.hold(host, tls_port)
     args = ["--host", host, "--port", str(port), "--port-file", str(port_file), "--id", name,
             "--keep", str(keep), "--max-message-mb", str(max_message_mb)]
     args += [] if shm else ["--no-shm"]
@@ -281,7 +290,8 @@ def start_instances(
     only), named by ``group_service``; ``instance_service`` finds the one serving an instance."""
     if ports is not None and len(ports) != n:
         raise ValueError(f"start_instances: {len(ports)} ports for {n} instances")
-    ports = ports or [base_port + i if base_port else 0 for i in range(first, first + n)]
+    wanted = ports or [base_port + i if base_port else 0 for i in range(first, first + n)]
+    ports = [sup.ports.hold(host, p) for p in wanted]  # held across the process's deaths (flows.ports)
     common = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint, "--host", host]
     common += ["--cpus", ",".join(map(str, cpus))] if cpus else []
     common += ["--tls-dir", tls[0], "--tls-site", tls[1]] if tls else []
@@ -322,6 +332,7 @@ def start_env_worker(sup: Supervisor, run_dir: Path, name: str, *, config: Path 
     port (its trajectories are dropped and counted by the trainer; new ones reach it again)."""
     port_file = run_dir / f"{name}.port"
     port_file.unlink(missing_ok=True)
+    port = sup.ports.hold(host, port)
     args = ["--config", str(config or run_dir / "config.json"), "--host", host, "--port", str(port),
             "--port-file", str(port_file), "--id", name]
     sup.start(name, "services.agentic", args, threads=1)
@@ -350,6 +361,7 @@ def start_router(
     instances (not when instances join and leave at run time: scale-out)."""
     port_file = run_dir / "router.port"
     port_file.unlink(missing_ok=True)
+    port = sup.ports.hold(host, port)
     args = ["--config", str(config or run_dir / "config.json"), "--model", checkpoint,
             "--instances", ",".join(instances),
             "--host", host, "--port", str(port), "--port-file", str(port_file),

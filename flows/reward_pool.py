@@ -223,6 +223,7 @@ class RewardPoolController:
         name = f"reward-{index}"
         port_file = self.run_dir / f"{name}.port"
         port_file.unlink(missing_ok=True)
+        port = self.sup.ports.hold(self.host, port)
         args = ["--config", str(self.config), "--host", self.host, "--port", str(port), "--port-file", str(port_file),
                 "--worker-id", name]
         return name, port_file, self.sup.start(name, "services.reward", args, threads=1)

@@ -5,6 +5,7 @@ consumes every sample once, within the bound, with the same weights everywhere."
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -50,6 +51,10 @@ def test_two_servers_dead_at_once_are_each_started_again_once(tmp_path):
         for svc in list(sup.services):
             svc.proc.kill()
             svc.proc.wait()
+        assert len(sup.ports.held()) == 2
+        for _, port in sup.ports.held():  # dead, their ports stay theirs: no other process draws one meanwhile
+            with socket.socket() as other, pytest.raises(OSError):
+                other.bind(("127.0.0.1", port))
         sup.check()
         records = [json.loads(x) for x in (tmp_path / "recovery" / "services.jsonl").read_text().splitlines()]
         assert (sorted(r["service"] for r in records) == ["relay-0", "relay-1"]

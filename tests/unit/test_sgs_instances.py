@@ -60,6 +60,7 @@ class FakeSupervisor:
 
     def __init__(self) -> None:
         self.started: list[tuple[str, list[str]]] = []
+        self.ports = SimpleNamespace(hold=lambda host, port=0: port)  # holds nothing: port 0 stays 0
 
     def start(self, name: str, module: str, args: list[str], **_: object) -> None:
         self.started.append((name, args))

@@ -346,7 +346,8 @@ class WeightsConfig(StrictModel):
         "float32",
         description="The dtype weight versions travel and are held in: the trainer's publisher casts each version "
         "to it, and a vLLM SGS takes versions in it (it serves in generation.dtype). Set it to the serving dtype "
-        "(bfloat16 on GPUs): nothing then crosses the link that the SGS would round away, and deltas pay.",
+        "(bfloat16 on GPUs): nothing then crosses the link that the SGS would round away, and deltas pay. The "
+        "learner then takes its gradients at that rounding of its float32 masters (trainer.device.ServedWeights).",
     )
     delta: bool = Field(
         False,

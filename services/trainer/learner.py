@@ -32,7 +32,7 @@ from services.policy.model import Policy
 from services.trainer.algorithms import MicroBatch, ObjectiveParams, dapo_keep_group, get_algorithm
 from services.trainer.backends import create_backend
 from services.trainer.critic import ValueModel
-from services.trainer.device import compute_context
+from services.trainer.device import ServedWeights, compute_context
 from services.trainer.parallel import ParallelContext, max_across, sum_across
 
 
@@ -108,6 +108,8 @@ class Learner:
         # what the optimizer steps and clipping sees: every parameter, or with LoRA the adapter's
         self.trainable = self.backend.trainable()
         self.opt = torch.optim.AdamW(self.trainable, lr=tc.lr, weight_decay=tc.weight_decay)
+        # versions served rounded (weights.dtype): forward/backward at that rounding, steps on the masters
+        self.served = ServedWeights(self.trainable, cfg.weights.dtype)
         self.params = ObjectiveParams.from_config(tc)
         self.skip_zero_adv = tc.skip_zero_advantage_groups
         if self.critic is not None:
@@ -124,6 +126,7 @@ class Learner:
 
     def begin(self) -> StepStats:
         """Start a new batch: clear gradients and statistics."""
+        self.served.leave()  # a batch left without its step: the masters back
         self.opt.zero_grad(set_to_none=True)
         if self.critic is not None:
             self.critic_opt.zero_grad(set_to_none=True)
@@ -134,6 +137,7 @@ class Learner:
     def backward(self, groups: list[Group]) -> None:
         """Forward/backward complete groups; gradients accumulate until ``step``."""
         t0 = time.time()
+        self.served.enter()
         chosen: list[tuple[SampleRecord, float]] = []
         for group in groups:
             fate, signal = group_fate(group, self.algo, self.objective, self.params,
@@ -218,6 +222,7 @@ class Learner:
             normaliser, ranks = self._sum_stats(), self.parallel.world
         scale = 1.0 / normaliser if normaliser > 0 else 1.0
         max_norm = self.cfg.trainer.max_grad_norm
+        self.served.leave()  # the gradients taken at the served rounding step the float32 masters
         # FSDP averaged the gradients over ranks: x ranks makes them the sum the normaliser divides
         grad_norm = _apply(self.trainable, self.opt, scale * ranks, max_norm)
         if self.critic is not None:
@@ -242,6 +247,7 @@ class Learner:
         parameter index with one process, so a checkpoint resumes under the same ``ranks``. With
         LoRA one process keeps only the adapter's module state (``_module_state``); data parallel
         keeps the full module (the base too) as gathered."""
+        self.served.leave()  # the masters, not the served rounding (a later backward rounds again)
         if self.parallel is None:
             state = {"module": self._module_state(), "opt": self.opt.state_dict()}
             if self.critic is not None:

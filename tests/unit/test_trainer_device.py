@@ -9,13 +9,14 @@ import torch
 from services.common.config import RunConfig, TrainerConfig, WeightsConfig
 from services.policy.model import build_policy
 from services.run.transport import DirectTransport
-from services.trainer.device import DeviceError, resolve_device
+from services.trainer.device import DeviceError, ServedWeights, resolve_device
 from services.trainer.learner import Learner
-from tests.unit.test_learner import MODEL, _groups, _step
+from tests.unit.test_learner import MODEL, _groups, _state, _step
 
 
-def _learner(parallel=None, **trainer) -> Learner:
-    cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"lr": 1e-2, **trainer}})
+def _learner(parallel=None, weights_dtype="float32", **trainer) -> Learner:
+    cfg = RunConfig.model_validate({"model": MODEL, "trainer": {"lr": 1e-2, **trainer},
+                                    "generation": {"engine": "vllm"}, "weights": {"dtype": weights_dtype}})
     torch.manual_seed(0)
     return Learner(cfg, build_policy(cfg.model), parallel)
 
@@ -84,3 +85,41 @@ def test_the_micro_batch_token_budget_sets_the_passes_not_the_update():
     assert small.stats.micro_batches >= 3 and large.stats.micro_batches == 1
     for k in g_small:
         assert torch.allclose(g_small[k], g_large[k], atol=1e-6, rtol=1e-4), k
+
+
+def test_served_weights_round_in_place_and_give_the_masters_back_bit_for_bit():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 8)), torch.nn.Parameter(torch.randn(5))]
+    masters = [p.detach().clone() for p in params]
+    served = ServedWeights(params, "bfloat16")
+    served.enter()
+    served.enter()  # already rounded: the masters stay the first ones
+    assert served.rounded
+    for p, m in zip(params, masters, strict=True):
+        assert p.dtype == torch.float32 and torch.equal(p, m.to(torch.bfloat16).float()) and not torch.equal(p, m)
+    served.leave()
+    assert not served.rounded and all(torch.equal(p, m) for p, m in zip(params, masters, strict=True))
+    plain = ServedWeights(params, "float32")  # float32 versions: nothing held, nothing changed
+    plain.enter()
+    assert not plain.rounded and all(torch.equal(p, m) for p, m in zip(params, masters, strict=True))
+
+
+def test_bfloat16_versions_take_the_gradient_at_the_served_rounding_and_step_the_float32_masters():
+    """The learner scores the policy the SGS samples from (the masters rounded to weights.dtype):
+    its gradient is a float32 learner's at the rounded weights; the step lands on the masters."""
+    g = _groups()
+    served = _learner(weights_dtype="bfloat16")
+    at_rounding = _learner()
+    masters = _state(served)
+    with torch.no_grad():
+        for p in at_rounding.model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    after, grads = _step(served, [g])
+    _, expected = _step(at_rounding, [g])
+    for k in expected:
+        assert torch.equal(grads[k], expected[k]), k
+    assert not served.served.rounded
+    # the update went to the masters: float32 values a bfloat16 rounding would not keep
+    moved = [k for k in after if not torch.equal(after[k], masters[k])]
+    assert moved and any(not torch.equal(after[k], after[k].to(torch.bfloat16).float()) for k in moved)
+    assert _learner().served.params == []  # float32 versions: no copies

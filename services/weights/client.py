@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import threading
 import time
 from collections.abc import Iterator
 
@@ -43,7 +42,7 @@ from services.weights import datachan as dc
 from services.weights import datapath
 from services.weights.blob import host_id
 from services.weights.convert import manifest_to_pb
-from services.weights.pull import PullSide
+from services.weights.pull import PullSide, run_parts
 from services.weights.values import (
     Pulled,
     RelayError,
@@ -175,25 +174,8 @@ class RelayClient(PullSide):
             from_chunk = held.received if held is not None else 0
         digests, vdigest = lazy.all(), lazy.version()
         parts = max(1, min(streams, len(m.plan) - from_chunk))
-        acks: list[pb.PushAck | BaseException] = [None] * parts  # type: ignore[list-item]
-
-        def run(part: int) -> None:
-            try:
-                acks[part] = self._call_push(
-                    self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender, delta)
-                )
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                acks[part] = exc
-
-        threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
-        for t in threads:
-            t.start()
-        run(0)
-        for t in threads:
-            t.join()
-        for ack in acks:
-            if isinstance(ack, BaseException):
-                raise ack
+        acks = run_parts(parts, lambda part: self._call_push(
+            self._push_messages(wb, version, digests, vdigest, part, parts, from_chunk, sender, delta)))
         return any(a.committed for a in acks) or self.versions().versions.get(version, _NONE).complete
 
     def _push_messages(

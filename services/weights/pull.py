@@ -15,7 +15,8 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import grpc
 
@@ -31,6 +32,31 @@ from services.weights.wire import chunk_of
 
 log = logging.getLogger("braid.weights.client")
 REFETCH_TRIES = 3
+T = TypeVar("T")
+
+
+def run_parts(parts: int, fn: Callable[[int], T]) -> list[T]:
+    """``fn(part)`` for each part 0 .. ``parts`` - 1 at once (part 0 on this thread, the others on
+    their own); the results in part order once all have ended, or the lowest part's exception."""
+    out: list = [None] * parts
+    failed: list[BaseException | None] = [None] * parts
+
+    def run(part: int) -> None:
+        try:
+            out[part] = fn(part)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            failed[part] = exc
+
+    threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
+    for t in threads:
+        t.start()
+    run(0)
+    for t in threads:
+        t.join()
+    for exc in failed:
+        if exc is not None:
+            raise exc
+    return out
 
 
 class PullSide:
@@ -214,24 +240,13 @@ class PullSide:
         digests: list[str] = [""] * len(m.plan)
         bad: list[int] = []
         parts = max(1, min(streams, len(m.plan)))
-        errors: list[BaseException] = []
 
         def run(part: int) -> None:
-            try:
-                _, chunks = self.iter_pull(version, part=part, parts=parts, have=have)
-                for c in chunks:
-                    self._place(m, view, c, digests, bad)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
+            _, chunks = self.iter_pull(version, part=part, parts=parts, have=have)
+            for c in chunks:
+                self._place(m, view, c, digests, bad)
 
-        threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in range(1, parts)]
-        for t in threads:
-            t.start()
-        run(0)
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        run_parts(parts, run)
         refetched = len(bad)
         if bad:
             self._refetch(version, m, view, digests, bad, have)

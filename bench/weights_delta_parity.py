@@ -23,7 +23,7 @@ as deltas or whole, RL seconds per run.
 
     python bench/weights_delta_parity.py [--quick] [--out DIR]
 
-Sets only the key ``delta_parity`` of ``<out>/weights.json``.
+Sets only the key ``delta_parity`` of ``<out>/weights.json`` (and re-renders ``weights.md``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.report_io import RecordParser, provenance, provenance_line, results_dir, set_json_key  # noqa: E402
+from bench.report_io import RecordParser, provenance, provenance_line, results_dir  # noqa: E402
 
 CONFIG = ROOT / "deploy/configs/smollm2-arith.yaml"
 MODES = {"whole": [], "delta": ["weights.delta=true", "weights.dtype=bfloat16"]}
@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{runs['whole']['eval_prompts']} questions, judged as declared in the script.")
     declared = {"modes": MODES, "common": COMMON, "quick": ns.quick, "parity_se": PARITY_SE}
     entry["provenance"] = provenance(Path(__file__), declared, config_file=CONFIG)
-    set_json_key(out / "weights.json", "delta_parity", entry)
+    from bench.weights import set_section  # imports this module for weights.md: import here, not at the top
+
+    set_section(out, "delta_parity", entry)
     print("\n".join(markdown(entry)))
     return 0
 

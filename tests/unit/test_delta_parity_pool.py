@@ -1,0 +1,85 @@
+"""Pooling issue 56's parity pairs (``bench/weights_delta_parity_pool.py``): which pairs join, which
+are dropped and why, and the rule judged on the runs' own spread."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import weights_delta_parity_pool as P
+from bench.weights_delta_parity import COMMON, MODES, PARITY_SE
+
+
+def _entry(whole: float, delta: float, date: str, commit: str = "a" * 40, **kw) -> dict:
+    runs = {m: {"warmstart_accuracy": 0.192, "final_accuracy": f, "accuracy_stderr": 0.02, "eval_prompts": 500,
+                "rl_seconds": 1700.0} for m, f in (("whole", whole), ("delta", delta))}
+    return {"runs": runs, "judged": {"difference_in_se": (delta - whole) / 0.03}, "modes": MODES,
+            "common": COMMON, "parity_se": PARITY_SE, "quick": False,
+            "provenance": {"commit": commit, "date": date}, **kw}
+
+
+def fresh(prov: dict) -> list[str]:
+    return []
+
+
+def test_fresh_pairs_join_once_and_others_are_left_out_with_why():
+    good = _entry(0.62, 0.70, "d1")
+    quick = _entry(0.6, 0.6, "d2", quick=True)
+    other = _entry(0.6, 0.6, "d3", common=["eval.suites=[]", "trainer.iterations=2"])
+    no_final = _entry(0.6, 0.6, "d4")
+    no_final["runs"]["delta"]["final_accuracy"] = None
+    pairs, left = P.merge({}, [good, quick, other, no_final, json.loads(json.dumps(good))], fresh)
+    assert list(pairs) == [P.pair_id(good)]  # the same pair offered twice (from two files) counts once
+    assert left == {P.pair_id(quick): "a quick run",
+                    P.pair_id(other): "other modes or settings than bench/weights_delta_parity.py's now",
+                    P.pair_id(no_final): "a run without its final accuracy"}
+    assert pairs[P.pair_id(good)]["runs"]["delta"]["final_accuracy"] == 0.70
+
+
+def test_a_pair_whose_code_changed_is_dropped_from_the_pool_with_the_reason():
+    def stale_b(prov: dict) -> list[str]:
+        return ["code on its measured path changed since bbbbbbbb: services"] if prov["commit"][0] == "b" else []
+
+    pooled, _ = P.merge({}, [_entry(0.6, 0.6, "d1"), _entry(0.7, 0.7, "d2", commit="b" * 40)], fresh)
+    pairs, left = P.merge(pooled, [], stale_b)
+    assert [p["provenance"]["date"] for p in pairs.values()] == ["d1"]
+    assert left == {f"{'b' * 8}@d2": "code on its measured path changed since bbbbbbbb: services"}
+
+
+def test_below_three_runs_a_mode_the_pool_is_not_judged():
+    pairs, _ = P.merge({}, [_entry(0.618, 0.700, "d1"), _entry(0.692, 0.604, "d2")], fresh)
+    j = P.judge_pool(pairs)
+    assert j["judged"] is False and "2 run(s) a mode" in j["why"] and "parity" not in j
+    assert j["mean"]["whole"] == pytest.approx(0.655) and j["spread"]["delta"]["max"] == 0.700
+
+
+def test_the_rule_uses_the_runs_spread_not_the_evaluations_error():
+    # each pair's own reading is far outside 1 eval s.e. (0.03), both ways; the runs' spread says the
+    # modes do not differ
+    finals = [(0.618, 0.700), (0.692, 0.604), (0.674, 0.680)]
+    pairs, _ = P.merge({}, [_entry(w, d, f"d{i}") for i, (w, d) in enumerate(finals)], fresh)
+    j = P.judge_pool(pairs)
+    whole, delta = [w for w, _ in finals], [d for _, d in finals]
+    se = math.sqrt(sum((sum((x - sum(v) / 3) ** 2 for x in v) / 2) / 3 for v in (whole, delta)))
+    assert j["judged"] and j["se_of_difference"] == pytest.approx(se)
+    assert j["difference"] == pytest.approx(sum(delta) / 3 - sum(whole) / 3)
+    assert j["parity"] is (abs(j["difference"]) <= se) and j["parity"]
+    assert [round(x, 2) for x in j["pairs_own_difference_in_se"]] == [2.73, -2.93, 0.2]
+
+
+def test_a_clear_difference_beyond_the_spread_misses_parity():
+    pairs, _ = P.merge({}, [_entry(0.60 + e, 0.70 + e, f"d{i}") for i, e in enumerate((0.0, 0.01, -0.01))], fresh)
+    j = P.judge_pool(pairs)
+    assert j["judged"] and not j["parity"] and not j["within_2_se"] and j["difference_in_se"] > 10
+
+
+def test_the_markdown_says_not_judged_yet_and_lists_what_was_left_out():
+    pairs, left = P.merge({}, [_entry(0.618, 0.700, "d1"), _entry(0.6, 0.6, "d2", quick=True)], fresh)
+    entry = {"pairs": pairs, "left_out": left, "judged": P.judge_pool(pairs), "summary": "s",
+             "provenance": {"commit": "c" * 40, "dirty": False, "config_hash": "h", "date": "2026-11-30",
+                            "machine": {"cpu": "cpu", "cores": 2, "mem_gb": 24.0}, "versions": {}}}
+    text = P.markdown(entry)
+    assert "**Not judged yet**: 1 run(s) a mode; the rule needs 3." in text
+    assert f"left out: {'a' * 8}@d2: a quick run" in text and "| 0.618 ± 0.020 | 0.700 ± 0.020 | +2.73 |" in text

@@ -136,9 +136,8 @@ def markdown(entry: dict) -> str:
         lines.append(f"| {key} | {w['final_accuracy']:.3f} ± {w['accuracy_stderr']:.3f} | "
                      f"{d['final_accuracy']:.3f} ± {d['accuracy_stderr']:.3f} | "
                      f"{'-' if own is None else f'{own:+.2f}'} |")
-    lines.append("")
-    for key, why in entry["left_out"].items():
-        lines.append(f"- left out: {key}: {why}")
+    if entry["left_out"]:
+        lines += ["", *(f"- left out: {key}: {why}" for key, why in entry["left_out"].items())]
     if j["judged"]:
         verdict, two = "met" if j["parity"] else "missed", "yes" if j["within_2_se"] else "no"
         lines += ["", f"Means: whole {j['mean']['whole']:.3f}, delta {j['mean']['delta']:.3f}; difference "

@@ -35,110 +35,10 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from bench.fuzz_documents import BYTE_OP, VALUE, damage, document, jsonl_dump, key_paths, yaml_dump
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests/fixtures/ranker_small.jsonl"
-
-# ---------------------------------------------------------------- strategies
-SCALAR = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 5), st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12), st.sampled_from(["", "0x10", "1e999", "~"]),
-)
-VALUE = st.recursive(SCALAR,
-                     lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                     max_leaves=6)
-POS = st.integers(0, 10**6)  # a position, taken modulo the document's length
-
-
-def _paths(doc, prefix=()) -> list[tuple]:
-    """Every key path of a nested dict/list document (sections and leaves)."""
-    out = []
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else []
-    for k, v in items:
-        out.append((*prefix, k))
-        out.extend(_paths(v, (*prefix, k)))
-    return out
-
-
-def _apply(doc, op):
-    """Apply one structural mutation to a deep copy of ``doc``."""
-    doc = json.loads(json.dumps(doc))
-    paths = _paths(doc)
-    if not paths:
-        return doc
-    path = paths[op[1] % len(paths)]
-    parent = doc
-    for k in path[:-1]:
-        parent = parent[k]
-    if op[0] == "set":
-        parent[path[-1]] = op[2]
-    elif op[0] == "delete":
-        del parent[path[-1]]
-    elif op[0] == "add" and isinstance(parent, dict):
-        parent[op[2]] = op[3]
-    return doc
-
-
-DOC_OP = st.one_of(
-    st.tuples(st.just("set"), POS, VALUE), st.tuples(st.just("delete"), POS),
-    st.tuples(st.just("add"), POS, st.text(max_size=8), VALUE),
-)
-BYTE_OP = st.one_of(
-    st.tuples(st.just("truncate"), POS), st.tuples(st.just("flip"), POS, st.integers(1, 255)),
-    st.tuples(st.just("insert"), POS, st.binary(min_size=1, max_size=8)),
-)
-
-
-def _damage(data: bytes, ops) -> bytes:
-    for op in ops:
-        n = max(len(data), 1)
-        i = op[1] % n
-        if op[0] == "truncate":
-            data = data[:i]
-        elif op[0] == "flip" and data:
-            data = data[:i] + bytes([data[i] ^ op[2]]) + data[i + 1:]
-        elif op[0] == "insert":
-            data = data[:i] + op[2] + data[i:]
-    return data
-
-
-def document(seeds: list, dump) -> st.SearchStrategy[bytes]:
-    """Bytes of a broken document: a seed with structural mutations and maybe byte damage, or a
-    random value, text or bytes. ``dump(doc) -> str`` serializes (YAML, JSON, JSONL)."""
-    def mutated(s, ops, damage):
-        doc = s
-        for op in ops:
-            doc = _apply(doc, op)
-        try:
-            text = dump(doc).encode()
-        except (ValueError, TypeError, OverflowError):  # e.g. a key JSON cannot hold: write the seed
-            text = dump(s).encode()
-        return _damage(text, damage)
-
-    return st.one_of(
-        st.builds(mutated, st.sampled_from(seeds), st.lists(DOC_OP, min_size=1, max_size=3), st.just([])),
-        st.builds(mutated, st.sampled_from(seeds), st.lists(DOC_OP, max_size=2),
-                  st.lists(BYTE_OP, min_size=1, max_size=2)),
-        st.builds(lambda v: _safe_dump(dump, v), VALUE),
-        st.text(max_size=200).map(str.encode),
-        st.binary(max_size=200),
-    )
-
-
-def _safe_dump(dump, value) -> bytes:
-    try:
-        return dump(value).encode()
-    except (ValueError, TypeError, OverflowError):
-        return repr(value).encode()
-
-
-def yaml_dump(doc) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-
-
-def jsonl_dump(rows) -> str:
-    rows = rows if isinstance(rows, list) else [rows]
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
 
 # ---------------------------------------------------------------- running the CLI
 @dataclass
@@ -226,7 +126,7 @@ class Overrides(Kind):
     def strategy(self):
         from services.common.config import load_config
 
-        keys = [".".join(map(str, p)) for p in _paths(load_config(None).model_dump(mode="json"))]
+        keys = [".".join(map(str, p)) for p in key_paths(load_config(None).model_dump(mode="json"))]
         value = st.one_of(st.text(max_size=20), VALUE.map(lambda v: json.dumps(v, allow_nan=True)),
                           st.sampled_from(["[", "{a: 1", "!!python/object:os.system", "*x", "a: b: c", "'"]))
         item = st.one_of(st.builds(lambda k, v: f"{k}={v}", st.one_of(st.sampled_from(keys), st.text(max_size=10)),
@@ -392,7 +292,7 @@ class GenLog(Kind):
             db.commit()
         if kind == "bytes":
             ops = [(o[0], o[1], bytes(o[2])) if o[0] == "insert" else tuple(o) for o in arg]
-            path.write_bytes(_damage(path.read_bytes(), ops))
+            path.write_bytes(damage(path.read_bytes(), ops))
 
 
 class RankerDir(Kind):
@@ -402,7 +302,7 @@ class RankerDir(Kind):
         manifest = json.loads((saved_ranker(self.work) / "ranker.json").read_text())
         model = (saved_ranker(self.work) / "prompt_length.json").read_bytes()
         return st.one_of(document([manifest], json.dumps).map(lambda b: b"M" + b),
-                         st.one_of(st.lists(BYTE_OP, min_size=1, max_size=2).map(lambda ops: _damage(model, ops)),
+                         st.one_of(st.lists(BYTE_OP, min_size=1, max_size=2).map(lambda ops: damage(model, ops)),
                                    document([json.loads(model)], json.dumps)).map(lambda b: b"P" + b))
 
     def read(self, path):

@@ -46,7 +46,6 @@ written) and reports the planned error with it: what the shipped profile's age c
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
@@ -55,21 +54,19 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allocator.padding import backward_calls, deal_groups, micro_batch_work  # noqa: E402
+from allocator.padding import micro_batch_work  # noqa: E402
 from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
+from bench.train_profile_cases import LENGTHS_FORMAT, Case, load_cases  # noqa: E402
 
 OUT = ROOT / "bench/results"
 LENGTHS = OUT / "train_profile.lengths.json"
-LENGTHS_FORMAT = "braid-train-lengths/1"
 CONFIG = ROOT / "deploy/configs/default.yaml"
 CLUSTER = ROOT / "deploy/clusters/local-cpu.yaml"
-WORKLOAD = ROOT / "deploy/workloads/tiny.yaml"
 TARGET = 0.20
 # Issue 53: the emulated learner (trainer.backend emulated) against the real learner's steps, with the
 # profile measured in this run (as bench/emulation.py measures the engine's): median abs. error <= this.
@@ -77,30 +74,9 @@ EMULATED_LEARNER_TARGET = 0.10
 EMULATED_LABEL = ("EMULATED: emulated_learner and every emulated*_s are the emulated learner's predictions, never "
                   "measurements; measured_s and measured_runs are the real learner's measured steps")
 QUIET_LOAD = 1.5  # --wait-quiet: one core for the learner, half of the other for everything else
-MMLU_MODELS = ("Meta-Llama-3_1-8B-Instruct", "Meta-Llama-3_1-70B-Instruct", "mathstral-7B", "Mistral-7B-Instruct-v0.2",
-               "Qwen1.5-7B-Chat", "Phi-3-mini-4k-instruct", "Yi-6b-Chat", "gemma-7b")
-MMLU_CAP = 2048  # the source's max_new_tokens
-MMLU_QUESTIONS = 16
 # --record: the runs whose batches the countdown lengths file holds (declared before they run): the
 # default config in each mode, from the e2e benchmark's warm start, long enough for lengths to drift
 SOURCE_RUNS = {"modes": ("sync", "one_step"), "iterations": 100, "warmstart_steps": 275}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One batch: groups of (prompt, response) token counts in completion order."""
-
-    name: str
-    source: str
-    groups: tuple[tuple[tuple[int, int], ...], ...]
-    micro_batch_groups: int
-
-    @property
-    def seqs(self) -> list[int]:
-        return [p + r for g in self.groups for p, r in g]
-
-    def calls(self) -> list[list[int]]:
-        return backward_calls([[p + r for p, r in g] for g in self.groups], self.micro_batch_groups)
 
 
 # ---------------------------------------------------------------- data
@@ -228,75 +204,6 @@ def write_lengths(run_dirs: list[Path], per_run: int, path: Path, recorded_here:
             "provenance": prov, "iterations": iterations}
     path.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     return data
-
-
-def countdown_cases(path: Path, micro_batch_groups: int, limit: int | None = None, regroup: int = 2) -> list[Case]:
-    """Cases from a lengths file (``LENGTHS_FORMAT``): each iteration as recorded, and the first
-    ``regroup`` also with one group per backward call."""
-    data = json.loads(path.read_text())
-    if data.get("format") != LENGTHS_FORMAT:
-        raise ValueError(f"{path}: not a {LENGTHS_FORMAT} file (format {data.get('format')!r})")
-    its = data["iterations"][:limit]
-    cases = []
-    for it in its:
-        groups = tuple(tuple((int(p), int(r)) for r in rs) for p, rs in it["groups"])
-        cases.append(Case(f"countdown {it['run']} it{it['iteration']}", str(path), groups, micro_batch_groups))
-    for case in cases[:regroup]:
-        cases.append(Case(case.name + " (1 group/call)", case.source, case.groups, 1))
-    return cases
-
-
-def mmlu_groups(path: Path, questions: int, steps: int, seed: int = 0) -> list[tuple[tuple[tuple[int, int], ...], ...]]:
-    """``steps`` batches of ``questions`` groups: one question's responses from ``MMLU_MODELS``
-    (tokens = characters / 4, capped at ``MMLU_CAP``; prompt = question + options / 4), in
-    completion order (by the longest response)."""
-    rows = []
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            row = json.loads(line)
-            chars = row["resp_chars"]
-            if all(m in chars for m in MMLU_MODELS):
-                prompt = max(1, round((len(row["question"]) + sum(len(o) for o in row["options"])) / 4))
-                rows.append(tuple((prompt, max(1, min(MMLU_CAP, round(chars[m] / 4)))) for m in MMLU_MODELS))
-    if len(rows) < questions * steps:
-        raise ValueError(f"{path}: {len(rows)} questions with all of {MMLU_MODELS}, need {questions * steps}")
-    picked = random.Random(seed).sample(rows, questions * steps)
-    return [tuple(sorted(picked[i:i + questions], key=lambda g: max(p + r for p, r in g)))
-            for i in range(0, len(picked), questions)]
-
-
-def mmlu_cases(path: Path, micro_batch_groups: int, steps: int) -> list[Case]:
-    return [Case(f"mmlu-pro-cot batch {i}", str(path), groups, micro_batch_groups)
-            for i, groups in enumerate(mmlu_groups(path, MMLU_QUESTIONS, steps))]
-
-
-def workload_case(path: Path, group_size: int, micro_batch_groups: int) -> Case:
-    """The batch the allocator plans for ``path`` (its drawn lengths), dealt into groups as a
-    task's are (``allocator.padding.GROUP_CORRELATION``), in completion order."""
-    from allocator.cluster import load_workload, workload_lengths
-    from allocator.padding import GROUP_CORRELATION
-
-    wl = load_workload(path)
-    prompts, outputs = workload_lengths(wl)
-    by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for p, o in zip(prompts, outputs, strict=True):
-        by_length[p + o].append((p, o))
-    lengths = [p + o for p, o in zip(prompts, outputs, strict=True)]
-    dealt = deal_groups(lengths, group_size, random.Random(1), GROUP_CORRELATION)
-    groups = [tuple(by_length[n].pop() for n in g) for g in dealt]
-    return Case(f"{wl.name} workload", str(path), tuple(sorted(groups, key=lambda g: max(p + r for p, r in g))),
-                micro_batch_groups)
-
-
-def load_cases(data: list[Path], micro_batch_groups: int, group_size: int, quick: bool) -> list[Case]:
-    cases: list[Case] = []
-    for path in data:
-        if path.name.endswith(".jsonl.gz"):
-            cases += mmlu_cases(path, micro_batch_groups, 1 if quick else 2)
-        else:
-            cases += countdown_cases(path, micro_batch_groups, 2 if quick else None, 1 if quick else 2)
-    cases.append(workload_case(WORKLOAD, group_size, micro_batch_groups))
-    return cases
 
 
 # ---------------------------------------------------------------- model and measurement

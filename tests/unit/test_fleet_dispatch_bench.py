@@ -35,12 +35,13 @@ def test_replay_rows_take_the_traces_model_and_the_rankers_estimate_in_tokens():
 
 
 def test_the_rankers_quality_on_a_trace():
-    assert fd.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert fd.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
-    assert fd.spearman([1, 1, 2, 2], [1, 1, 2, 2]) == pytest.approx(1.0)  # ties share their mean rank
-    lengths = list(range(10))
-    assert fd.recall_at(lengths, lengths) == 1.0 and fd.recall_at([-x for x in lengths], lengths) == 0.0
-    assert fd.recall_at([5, 0, 0, 0, 0, 0, 0, 0, 0, 9], lengths) == 0.5  # top 2: 9 found, 8 missed
+    rows = [{"length": n, "estimate": float(n)} for n in range(1, 11)]
+    t = fd.trace_summary(rows, "m", cap=10)
+    assert t["model"] == "m" and t["ranker_spearman"] == pytest.approx(1.0) and t["ranker_recall_at_20"] == 1.0
+    rows[0]["estimate"], rows[8]["estimate"] = 50.0, 0.0  # top 2 by estimate: 1 and 10; truly 9 and 10
+    assert fd.trace_summary(rows, "m", cap=10)["ranker_recall_at_20"] == 0.5
+    backwards = fd.trace_summary([{"length": n, "estimate": -n} for n in range(1, 11)], "m", cap=10)
+    assert backwards["ranker_spearman"] == pytest.approx(-1.0) and backwards["ranker_recall_at_20"] == 0.0
 
 
 def test_ratios_are_to_the_best_length_blind_variant_round_by_round():

@@ -1,4 +1,5 @@
-"""Pure parts of the training-model bench (bench/train_profile.py): its batches and predictions; no step runs."""
+"""Pure parts of the training-model bench (bench/train_profile.py, its batches in bench/train_profile_cases.py):
+its batches and predictions; no step runs."""
 
 from __future__ import annotations
 
@@ -8,54 +9,55 @@ import json
 import pytest
 
 from bench import train_profile as bt
+from bench import train_profile_cases as cases_of
 from services.generation.scheduling.models import get_model
 from services.policy.model import Policy, char_tokenizer
 
 
 def test_the_shipped_countdown_lengths_are_the_default_configs_batches():
-    cases = bt.countdown_cases(bt.LENGTHS, 8)
+    cases = cases_of.countdown_cases(bt.LENGTHS, 8)
     recorded = [c for c in cases if c.micro_batch_groups == 8]
     assert len(recorded) == 6 and len(cases) == 8 and all(c.micro_batch_groups == 1 for c in cases[6:])
     for c in recorded:
         assert len(c.groups) == 32 and all(len(g) == 8 and all(p == 11 for p, _ in g) for g in c.groups)
         assert len(c.calls()) == 4 and sum(map(len, c.calls())) == 256 and max(c.seqs) <= 11 + 192
-    assert len(bt.countdown_cases(bt.LENGTHS, 8, limit=2, regroup=1)) == 3
+    assert len(cases_of.countdown_cases(bt.LENGTHS, 8, limit=2, regroup=1)) == 3
 
 
 def test_a_file_of_another_format_is_refused(tmp_path):
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"format": "other", "iterations": []}))
     with pytest.raises(ValueError, match="not a braid-train-lengths/1 file"):
-        bt.countdown_cases(path, 8)
+        cases_of.countdown_cases(path, 8)
 
 
 def test_mmlu_groups_are_one_questions_responses_in_completion_order(tmp_path):
     path = tmp_path / "m.jsonl.gz"
     with gzip.open(path, "wt") as f:
         for q in range(6):
-            chars = {m: 40 * (q + 1) + 4 * i for i, m in enumerate(bt.MMLU_MODELS)}
+            chars = {m: 40 * (q + 1) + 4 * i for i, m in enumerate(cases_of.MMLU_MODELS)}
             if q == 5:
-                del chars[bt.MMLU_MODELS[0]]  # a question some model lacks is left out
+                del chars[cases_of.MMLU_MODELS[0]]  # a question some model lacks is left out
             f.write(json.dumps({"question": "q" * 20, "options": ["ab", "cd"], "resp_chars": chars}) + "\n")
-    batches = bt.mmlu_groups(path, questions=2, steps=2)
+    batches = cases_of.mmlu_groups(path, questions=2, steps=2)
     assert len(batches) == 2 and all(len(b) == 2 for b in batches)
     for b in batches:
         assert all(len(g) == 8 and all(p == 6 for p, _ in g) for g in b)  # (20 + 2 + 2) / 4 prompt tokens
         assert [max(p + r for p, r in g) for g in b] == sorted(max(p + r for p, r in g) for g in b)
     assert {r for b in batches for g in b for _, r in g} <= {10 * (q + 1) + i for q in range(5) for i in range(8)}
     with pytest.raises(ValueError, match="5 questions"):
-        bt.mmlu_groups(path, questions=3, steps=2)
+        cases_of.mmlu_groups(path, questions=3, steps=2)
 
 
 def test_predictions_price_padding_as_the_allocator_does():
     model = get_model("braid-tiny")
     site, prof, path = bt.allocator_site(None, model)
     assert path.name == "cpu-local-braid-tiny-train.json" and site.profile is not None
-    case = bt.countdown_cases(bt.LENGTHS, 8, limit=1, regroup=0)[0]
+    case = cases_of.countdown_cases(bt.LENGTHS, 8, limit=1, regroup=0)[0]
     p = bt.predictions(case, prof, model, site)
     assert p["pad_factor"] > 1.3 and p["expected_pad_factor"] > 1.3 and p["micro_batches"] >= 4
     assert p["unpadded_s"] < p["exact_s"] and p["unpadded_s"] < p["planned_s"]
-    wl = bt.workload_case(bt.WORKLOAD, 8, 8)
+    wl = cases_of.workload_case(cases_of.WORKLOAD, 8, 8)
     assert len(wl.seqs) == 64 and len(wl.calls()) == 1
 
 

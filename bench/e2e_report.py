@@ -43,14 +43,13 @@ def ratio_with_stderr(result: dict, a: str, b: str) -> str:
     return f"{r:.2f}x ± {r * ((sa / va) ** 2 + (sb / vb) ** 2) ** 0.5:.2f}"
 
 
-def markdown(result: dict) -> str:
-    sps, ttt = result["samples_per_s"], result["time_to_target_s"]
-    final, se = result["final_accuracy"], result["accuracy_stderr"]
-    s_sync, s_trl = sps.get("sync"), sps.get("trl")
+def _header_lines(result: dict) -> list[str]:
+    """The page's title, what ran on what, the provenance, the target, and the table's head."""
+    s_trl = result["samples_per_s"].get("trl")
     m = result["settings"]
     trl_clause = (f"TRL {result['host'].get('trl_version') or '—'} (generation backend: {m['trl_generation']}; "
                   f"one process, {m['trl_threads']} threads)." if s_trl else "")
-    lines = [
+    return [
         "# End-to-end benchmark: Braid's pipeline modes"
         f"{' vs TRL GRPOTrainer' if s_trl else ''} (CPU, tiny model, one run per mode)",
         "",
@@ -72,22 +71,31 @@ def markdown(result: dict) -> str:
         "| staleness (groups by V_buf - V_traj) | measured (UTC) | status |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    tps = result.get("tokens_per_s", {})
-    t_sync = tps.get("sync")
-    for mode in result["status"]:
-        d = result["modes"].get(mode, {})
-        hist = d.get("staleness", {}).get("total_hist") if mode != "trl" else None
-        hist_s = ", ".join(f"{k}: {v}" for k, v in hist.items()) if hist else "—"
-        s = sps[mode]
-        lines.append(
-            f"| {mode} | {with_stderr(d, 'samples_per_s', '.1f') if s else fmt(s)} "
-            f"| {fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} "
-            f"| {fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} "
-            f"| {with_stderr(d, 'tokens_per_s', '.0f') if s else '—'} | {ratio(tps.get(mode), t_sync)} "
-            f"| {fmt(ttt[mode])} "
-            f"| {fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | {hist_s} "
-            f"| {when(d.get('started_at'))} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
-        )
+
+
+def _mode_row(result: dict, mode: str) -> str:
+    """One mode's row: its rates against sync and TRL, time to target, final accuracy, staleness."""
+    sps, tps = result["samples_per_s"], result.get("tokens_per_s", {})
+    s_sync, s_trl, t_sync = sps.get("sync"), sps.get("trl"), tps.get("sync")
+    final, se = result["final_accuracy"], result["accuracy_stderr"]
+    d = result["modes"].get(mode, {})
+    hist = d.get("staleness", {}).get("total_hist") if mode != "trl" else None
+    hist_s = ", ".join(f"{k}: {v}" for k, v in hist.items()) if hist else "—"
+    s = sps[mode]
+    return (
+        f"| {mode} | {with_stderr(d, 'samples_per_s', '.1f') if s else fmt(s)} "
+        f"| {fmt(s / s_sync if s and s_sync else None, '.2f')}{'x' if s and s_sync else ''} "
+        f"| {fmt(s / s_trl if s and s_trl else None, '.2f')}{'x' if s and s_trl else ''} "
+        f"| {with_stderr(d, 'tokens_per_s', '.0f') if s else '—'} | {ratio(tps.get(mode), t_sync)} "
+        f"| {fmt(result['time_to_target_s'][mode])} "
+        f"| {fmt(final[mode], '.3f')}{' ± ' + fmt(se[mode], '.3f') if final[mode] is not None else ''} | {hist_s} "
+        f"| {when(d.get('started_at'))} | {result['status'][mode].splitlines()[0][:80].replace('|', '/')} |"
+    )
+
+
+def markdown(result: dict) -> str:
+    m = result["settings"]
+    lines = [*_header_lines(result), *(_mode_row(result, mode) for mode in result["status"])]
     t = result["targets"]
     lines += [
         "",

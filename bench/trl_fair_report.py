@@ -65,20 +65,10 @@ def _thread_lines(result: dict) -> list[str]:
             "its faster setting.", ""]
 
 
-def markdown(result: dict) -> str:
-    from bench.report_io import provenance_line
-
-    sp, tt, m = result["spread"], result["time_to_target_s"], result["matched"]
-    b, t = result["per_run"]["braid"], result["per_run"]["trl"]
-    lines = [
-        "# A fair TRL run: Braid sync vs TRL GRPOTrainer, matched settings",
-        "",
-        f"{result['runs']} runs per system, interleaved (Braid, TRL, Braid, TRL, ...), on {m['cores']} cores. "
-        "**The matched pair is Braid's `hf` engine vs TRL's `generate`** (both: one static batch per step on "
-        "transformers' stock attention). Braid's default vLLM engine is **not** matched here: TRL's vLLM path "
-        "does not run on this CPU machine (see below).",
-        "",
-        *_thread_lines(result),
+def _summary_table(result: dict) -> list[str]:
+    """Braid against TRL over the pairs: rates, lengths, time to target, final accuracy."""
+    sp, tt = result["spread"], result["time_to_target_s"]
+    return [
         "| | Braid sync (hf engine) | TRL GRPOTrainer (generate) | Braid / TRL per pair: median [range] |",
         "|---|---|---|---|",
         f"| samples/s | {_f(sp['samples_per_s']['braid']['median'])} [{_f(sp['samples_per_s']['braid']['min'])}–"
@@ -96,6 +86,37 @@ def markdown(result: dict) -> str:
         f"| TRL / Braid time: {_rs(tt['trl_over_braid'])} |",
         f"| final accuracy, mean | {_f(result['final_accuracy']['braid']['mean'], '.3f')} | "
         f"{_f(result['final_accuracy']['trl']['mean'], '.3f')} | |",
+    ]
+
+
+def _per_run_rows(result: dict) -> list[str]:
+    """Each interleaved pair's own rates and finals."""
+    b, t = result["per_run"]["braid"], result["per_run"]["trl"]
+    lines = []
+    for i, (rb, rt) in enumerate(zip(b, t, strict=True)):
+        lines.append(
+            f"| {i} | {rb['samples_per_s']:.1f} | {rt['samples_per_s']:.1f} "
+            f"| {rb['samples_per_s'] / rt['samples_per_s']:.2f} | {rb['tokens_per_s']:.0f} | {rt['tokens_per_s']:.0f} "
+            f"| {rb['tokens_per_s'] / rt['tokens_per_s']:.2f} | {rb['final_accuracy']:.3f} "
+            f"| {rt['final_accuracy']:.3f} | {_f(rb.get('trained_fraction'), '.3f')} |"
+        )
+    return lines
+
+
+def markdown(result: dict) -> str:
+    from bench.report_io import provenance_line
+
+    tt, m = result["time_to_target_s"], result["matched"]
+    lines = [
+        "# A fair TRL run: Braid sync vs TRL GRPOTrainer, matched settings",
+        "",
+        f"{result['runs']} runs per system, interleaved (Braid, TRL, Braid, TRL, ...), on {m['cores']} cores. "
+        "**The matched pair is Braid's `hf` engine vs TRL's `generate`** (both: one static batch per step on "
+        "transformers' stock attention). Braid's default vLLM engine is **not** matched here: TRL's vLLM path "
+        "does not run on this CPU machine (see below).",
+        "",
+        *_thread_lines(result),
+        *_summary_table(result),
         "",
         f"Warm start {result['warmstart_accuracy']['accuracy']:.3f} ± {result['warmstart_accuracy']['stderr']:.3f}; "
         f"target {_f(tt['target'], '.3f')} ({tt['rule']}). A ratio flagged **(spread >= effect)** has a range "
@@ -114,13 +135,7 @@ def markdown(result: dict) -> str:
         "| TRL final | Braid trained/generated |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for i, (rb, rt) in enumerate(zip(b, t, strict=True)):
-        lines.append(
-            f"| {i} | {rb['samples_per_s']:.1f} | {rt['samples_per_s']:.1f} "
-            f"| {rb['samples_per_s'] / rt['samples_per_s']:.2f} | {rb['tokens_per_s']:.0f} | {rt['tokens_per_s']:.0f} "
-            f"| {rb['tokens_per_s'] / rt['tokens_per_s']:.2f} | {rb['final_accuracy']:.3f} "
-            f"| {rt['final_accuracy']:.3f} | {_f(rb.get('trained_fraction'), '.3f')} |"
-        )
+    lines += _per_run_rows(result)
     lines += ["", "## Matched settings", ""]
     for k, v in m.items():
         if k not in ("model", "task"):

@@ -92,7 +92,9 @@ def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp
     """Issue 29's combination: bounded mode with the ranker's estimates and LPT dispatch, repack,
     partial rollout and a scale-out event, no router: a slow single instance puts generation
     behind, the controller starts a second one, the orchestrator takes it in through the
-    membership file (brought to the newest weights first) and routes to it."""
+    membership file (brought to the newest weights first) and routes to it. Weights go as deltas
+    over the network (issue 56): the joining instance holds no version, so it takes its first one
+    whole (counted), and every later one as a delta like the first instance."""
     from ranker.base import create
     from ranker.store import RankerStore
 
@@ -106,7 +108,7 @@ def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp
         f"generation.ranker_dir={tmp_path / 'store'}", "generation.dispatch.policy=lpt",
         "trainer.partial_rollout=true", "trainer.repack.enabled=true", "trainer.repack.interval_s=0.1",
         "generation.step_delay_ms=[40]", "scaleout.enabled=true", "scaleout.max_instances=2", "scaleout.window=1",
-        "scaleout.cooldown=1", "scaleout.scale_in=false",
+        "scaleout.cooldown=1", "scaleout.scale_in=false", "weights.delta=true", "weights.shm=false",
     ])
     assert summary["final_weight_version"] == 16
     assert all(r["bound_violations"] == 0 and r["samples"] == 16 and r["entry_staleness_max"] <= 2 for r in rows)
@@ -118,3 +120,15 @@ def test_bounded_runs_dispatch_repack_partial_rollout_and_scale_out_together(tmp
     assert last["dispatched_groups"] > 0 and last["estimated_groups"] > 0 and any(r["kv_snapshots"] > 0 for r in rows)
     ack = json.loads((tmp_path / "sgs-membership-ack.json").read_text())
     assert ack[outs[0]["address"]]["state"] == "joined"
+    _check_join_took_deltas(tmp_path, last)
+
+
+def _check_join_took_deltas(run_dir, last: dict) -> None:
+    """The joined instance (``sgs-1``) took its first version whole, counted as a fallback, and any later
+    one as a delta over TCP; the first instance took deltas too."""
+    assert last["weights_pushed_delta"] > 0 and last["weights_pulled_fallback"] >= 1, last
+    pulls = {name: [line for line in (run_dir / f"{name}.log").read_text().splitlines() if "pulled and staged" in line]
+             for name in ("sgs-0", "sgs-1")}
+    assert "whole: this instance held no version yet (new or restarted)" in pulls["sgs-1"][0], pulls["sgs-1"]
+    assert all("(delta+tcp)" in line for line in pulls["sgs-1"][1:]), pulls["sgs-1"]
+    assert any("(delta+tcp)" in line for line in pulls["sgs-0"]), pulls["sgs-0"]

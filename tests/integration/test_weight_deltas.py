@@ -16,7 +16,7 @@ from services.run.transport import RelayTransport
 from services.weights import delta_blob
 from services.weights.client import RelayClient, RelayError, snapshot_blob
 from services.weights.delta_blob import Held
-from tests.conftest import stop_sgs
+from tests.conftest import ROOT, stop_sgs
 from tests.integration.relays import holds, start_relay, start_sgs_with_relay, wait_for
 
 CHUNK = 16 * 1024
@@ -84,6 +84,39 @@ def test_deltas_cross_the_chain_and_a_puller_holding_the_base_gets_the_same_bits
         for c in clients:
             c.close()
         for r in relays:
+            r.stop()
+
+
+def test_deltas_cross_sites_over_mutual_tls(tmp_path: Path):
+    """The training site's master relay forwards deltas to the generation site's relay on its mutual-TLS
+    port (the cross-site link); that relay commits each full version the publisher digested."""
+    from services.common.certs import make_certs
+
+    sites = tmp_path / "sites.yaml"
+    sites.write_text((ROOT / "deploy/sites/local-two-site.yaml").read_text()
+                     .replace("dir: .cache/certs", f"dir: {tmp_path / 'certs'}"))
+    files = make_certs(sites)
+    tls = ("--tls-dir", str(tmp_path / "certs"))
+    master = start_relay(tmp_path, "train", *tls, "--site", "train-site")
+    gen = start_relay(tmp_path, "gen", *tls, "--site", "gen-site", "--tls-host", "127.0.0.1")
+    cfg = WeightsConfig(chunk_bytes=CHUNK, shm=False, heartbeat_s=0.1, heartbeat_timeout_s=2.0, delta=True,
+                        dtype="bfloat16")
+    transport = RelayTransport(cfg, relays=[f"{master.address}@train-site",
+                                            f"{gen.address}@gen-site@tls://{gen.tls_address}"],
+                               training_site="train-site", tls=files["train-site"])
+    site = RelayClient(gen.address)  # the generation site's own loopback port
+    try:
+        for v, state in enumerate(versions(3), 1):
+            transport.publish(v, transport.snapshot(state))
+            wait_for(lambda v=v: v in transport.sent and holds(site, v), 60, f"the generation site holds version {v}")
+        assert [transport.sent[v]["sent"] for v in (1, 2, 3)] == ["whole", "delta", "delta"]
+        info = site.versions().versions
+        assert all(info[v].digest == transport.sent[v]["digest"] for v in (2, 3))  # a relay keeps 2 versions
+        assert info[3].delta and info[3].delta_base == 2  # it came across the link as a delta
+    finally:
+        transport.close()
+        site.close()
+        for r in (master, gen):
             r.stop()
 
 

@@ -23,7 +23,8 @@ sample standard deviations of the finals); parity when the difference is within 
 those standard errors. The 2-s.e. reading is reported beside it, and so is each pair's own reading
 against the evaluation's s.e. (the old metric). Below ``MIN_RUNS`` a mode the pool is not judged.
 The rule was written on 2026-11-30, after the pair at ``87da9fd`` (delta ahead, +2.75 evaluation
-s.e.) and while the next pair ran; it rests on no pair alone, and needs a third.
+s.e.) and while the next pair ran; it rests on no pair alone. It was first judged on 2026-12-01,
+with the third pair (``0748f33``).
 
     python bench/weights_delta_parity_pool.py [--add FILE ...] [--out DIR]
 
@@ -150,7 +151,8 @@ def markdown(entry: dict) -> str:
                       f"(<= {PARITY_SE} s.e.) **{verdict}**; within 2 s.e.: {two}."]
     else:
         lines += ["", f"**Not judged yet**: {j['why']}."]
-    lines += ["", provenance_line(entry["provenance"]), ""]
+    lines += ["", "![each pair's finals and every run's training curve](weights_delta_parity_pool.png)", "",
+              provenance_line(entry["provenance"]), ""]
     return "\n".join(lines)
 
 

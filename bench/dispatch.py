@@ -243,7 +243,7 @@ def targets(makespan: dict[str, dict[str, float]]) -> dict:
     }
 
 
-def main() -> int:
+def _parser():
     from bench.report_io import RecordParser
 
     parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,11 +256,62 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", default="the ranker's", help="how the estimates were made (printed in the report)")
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
-    ns = parser.parse_args()
+    return parser
+
+
+def _fixed_regimes(rows, cpt: float, seed: int, seeds: int, scenarios: int) -> dict[str, dict[str, float]]:
+    """Every instance profile x short/long lengths x one/multi-round workload, simulated."""
+    from bench.dispatch_data import build_workload
+
+    makespan: dict[str, dict[str, float]] = {}
+    for prof_name, (spec, _) in instance_specs().items():
+        for lengths in ("short", "long"):
+            for rounds in ("one", "multi"):
+                w = build_workload(rows, lengths, rounds, chars_per_token=cpt, seed=seed)
+                t0 = time.time()
+                makespan[f"{prof_name}/{w.name}"] = run_regime(w, spec, seeds=seeds, scenarios=scenarios)
+                print(f"simulated {prof_name}/{w.name}: {len(w.lengths)} samples ({time.time() - t0:.1f}s)", flush=True)
+    return makespan
+
+
+def _chosen_regime(rows, cpt: float, points: list, chosen: dict) -> dict:
+    """The regime the search chose (``regime_search``), the ranker's and the oracle's gains there, and
+    how they move with noisier estimates."""
+    kept = ((chosen["ranker_vs_best_blind"]["median"] - 1) / (chosen["oracle_vs_best_blind"]["median"] - 1)
+            if chosen["oracle_vs_best_blind"]["median"] != 1 else None)
+    return {
+        "regime": {k: chosen[k] for k in ("profile", "lengths", "rounds", "unit", "instances", "policy", "seeds")}
+        | {"selection": "grid point where the best length-aware policy with true lengths beats every length-blind "
+                        "policy (round_robin, least_loaded; FCFS or LPT admission inside) by the most, median over "
+                        "seeds, among points where it wins on every seed; the ranker's numbers are for the same "
+                        "policy"},
+        **{k: chosen[k] for k in ("ranker_vs_round_robin", "oracle_vs_round_robin", "ranker_vs_best_blind",
+                                  "oracle_vs_best_blind")},
+        "ranker_kept_of_oracle_gain": kept,
+        "regime_search": points,
+        "estimate_sensitivity": estimate_sensitivity(rows, chosen, cpt=cpt),
+    }
+
+
+def _add_real(result: dict, rows, cpt: float, quick: bool, seed: int) -> None:
+    """The real engines' part (``bench/dispatch_real.py``) and its simulator errors beside the rest."""
+    from bench.dispatch_real import run_real
+
+    result["real"] = run_real(rows, cpt, quick=quick, seed=seed)
+    # the mean over policies hides the worst one (the length-aware policies ran ~20% in 2026-11-25's run):
+    # the max stays beside every mean (issue 34)
+    result.update({"sim_error": result["real"]["sim_error"], "sim_error_in_situ": result["real"]["sim_error"]})
+    for key in ("sim_error_shipped", "sim_error_calibrated", "sim_error_max", "sim_error_calibrated_max",
+                "sim_error_shipped_calibrated"):
+        result[key] = result["real"][key]
+
+
+def main() -> int:
+    ns = _parser().parse_args()
     if not ns.estimates:
         print(HOW_TO_ESTIMATE, file=sys.stderr)
         return 2
-    from bench.dispatch_data import EstimatesError, build_workload, load_estimates, ranker_quality
+    from bench.dispatch_data import EstimatesError, load_estimates, ranker_quality
 
     try:
         rows = load_estimates(ns.estimates)
@@ -270,17 +321,9 @@ def main() -> int:
     cpt = ns.chars_per_token if ns.length_unit == "chars" else 1.0
     t_start = time.time()
     seeds, scenarios = (2, 2) if ns.quick else (5, 3)
-    makespan: dict[str, dict[str, float]] = {}
-    for prof_name, (spec, _) in instance_specs().items():
-        for lengths in ("short", "long"):
-            for rounds in ("one", "multi"):
-                w = build_workload(rows, lengths, rounds, chars_per_token=cpt, seed=ns.seed)
-                t0 = time.time()
-                makespan[f"{prof_name}/{w.name}"] = run_regime(w, spec, seeds=seeds, scenarios=scenarios)
-                print(f"simulated {prof_name}/{w.name}: {len(w.lengths)} samples ({time.time() - t0:.1f}s)", flush=True)
+    makespan = _fixed_regimes(rows, cpt, ns.seed, seeds, scenarios)
     points, chosen = regime_search(rows, cpt=cpt, quick=ns.quick)
     from bench.report_io import provenance, results_dir, write_results
-
     result = {
         "provenance": provenance(Path(__file__), {"estimates": str(ns.estimates), "length_unit": ns.length_unit,
                                                   "chars_per_token": ns.chars_per_token, "quick": ns.quick,
@@ -288,20 +331,7 @@ def main() -> int:
                                  inputs=[Path(ns.estimates)]),
         "makespan_s": makespan,
         **targets(makespan),
-        "regime": {k: chosen[k] for k in ("profile", "lengths", "rounds", "unit", "instances", "policy", "seeds")}
-        | {"selection": "grid point where the best length-aware policy with true lengths beats every length-blind "
-                        "policy (round_robin, least_loaded; FCFS or LPT admission inside) by the most, median over "
-                        "seeds, among points where it wins on every seed; the ranker's numbers are for the same "
-                        "policy"},
-        "ranker_vs_round_robin": chosen["ranker_vs_round_robin"],
-        "oracle_vs_round_robin": chosen["oracle_vs_round_robin"],
-        "ranker_vs_best_blind": chosen["ranker_vs_best_blind"],
-        "oracle_vs_best_blind": chosen["oracle_vs_best_blind"],
-        "ranker_kept_of_oracle_gain": (chosen["ranker_vs_best_blind"]["median"] - 1)
-        / (chosen["oracle_vs_best_blind"]["median"] - 1)
-        if chosen["oracle_vs_best_blind"]["median"] != 1 else None,
-        "regime_search": points,
-        "estimate_sensitivity": estimate_sensitivity(rows, chosen, cpt=cpt),
+        **_chosen_regime(rows, cpt, points, chosen),
         "ranker_quality": ranker_quality(rows),
         "estimates_file": str(ns.estimates),
         "estimates_label": ns.label,
@@ -314,18 +344,7 @@ def main() -> int:
         "host": f"{platform.machine()}, {os.cpu_count()} cores, CPU only (shared, noisy)",
     }
     if not ns.skip_real:
-        from bench.dispatch_real import run_real
-
-        result["real"] = run_real(rows, cpt, quick=ns.quick, seed=ns.seed)
-        result["sim_error"] = result["real"]["sim_error"]
-        result["sim_error_in_situ"] = result["real"]["sim_error"]
-        result["sim_error_shipped"] = result["real"]["sim_error_shipped"]
-        result["sim_error_calibrated"] = result["real"]["sim_error_calibrated"]
-        # the mean over policies hides the worst one (the length-aware policies ran ~20% in 2026-11-25's run):
-        # the max stays beside every mean (issue 34)
-        result["sim_error_max"] = result["real"]["sim_error_max"]
-        result["sim_error_calibrated_max"] = result["real"]["sim_error_calibrated_max"]
-        result["sim_error_shipped_calibrated"] = result["real"]["sim_error_shipped_calibrated"]
+        _add_real(result, rows, cpt, ns.quick, ns.seed)
     result["bench_seconds"] = time.time() - t_start
     from bench.dispatch_report import markdown, plot
 

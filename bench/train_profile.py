@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from allocator.padding import micro_batch_work  # noqa: E402
 from bench.report_io import RecordParser, provenance, provenance_line, results_dir, spread, write_results  # noqa: E402
-from bench.train_profile_cases import LENGTHS_FORMAT, Case, load_cases  # noqa: E402
+from bench.train_profile_cases import LENGTHS_FORMAT, Case, extract_run, load_cases, run_ref  # noqa: E402
 
 OUT = ROOT / "bench/results"
 LENGTHS = OUT / "train_profile.lengths.json"
@@ -80,87 +79,6 @@ SOURCE_RUNS = {"modes": ("sync", "one_step"), "iterations": 100, "warmstart_step
 
 
 # ---------------------------------------------------------------- data
-
-def consumed_groups(ledger: Path) -> dict[int, list[dict]]:
-    """Per optimizer step of a run (1..N), the ``consume`` records of ``ledger.jsonl`` that made
-    its final weights, in the order the step trained them (a restart's rolled-back steps dropped)."""
-    from services.run.ledger import read_records
-
-    effective: dict[int, list[dict]] = {}
-    for r in read_records(ledger)[0]:
-        if r.get("event") == "start":
-            for step in [s for s in effective if s > r["version"]]:
-                del effective[step]
-        elif r.get("event") == "consume":
-            effective.setdefault(r["step"], []).append(r)
-    return effective
-
-
-def logged_lengths(genlog: Path) -> tuple[dict[str, list[tuple[float, int]]], dict[str, str]]:
-    """Every finished sample of a run's generation log: prompt id -> (finished at, tokens) by
-    finish, and prompt id -> the prompt text the log decoded."""
-    import sqlite3
-
-    db = sqlite3.connect(f"file:{genlog}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT prompt_id, prompt, finished_at, response_length FROM generations "
-                          "ORDER BY finished_at").fetchall()
-    finally:
-        db.close()
-    out: dict[str, list[tuple[float, int]]] = defaultdict(list)
-    for pid, _, t, n in rows:
-        out[pid].append((t, n))
-    return out, {pid: text for pid, text, _, _ in rows}
-
-
-def extract_run(run_dir: Path) -> list[dict]:
-    """Per iteration of a run: its groups ([prompt tokens, [response tokens...]]) in the order its
-    optimizer step trained them, from the run's ``ledger.jsonl`` (which prompts each step consumed),
-    its generation log ``genlog.sqlite`` (``generation.genlog``: every sample's length) and the
-    trainer's seeded prompt sampler (prompt lengths, checked against the log's prompt text)."""
-    from services.common.config import load_config
-    from services.policy.model import Policy, char_tokenizer
-    from services.tasks.arith import ProblemSampler, eval_problems
-
-    cfg = load_config(run_dir / "config.json")
-    for need in ("ledger.jsonl", "genlog.sqlite"):
-        if not (run_dir / need).exists():
-            raise SystemExit(f"{run_dir}: no {need} (run with generation.genlog={run_dir / 'genlog.sqlite'})")
-    steps = consumed_groups(run_dir / "ledger.jsonl")
-    lengths, texts = logged_lengths(run_dir / "genlog.sqlite")
-    dist = cfg.task.distribution()
-    held_out = frozenset(p.prompt for p in eval_problems(cfg.eval.seed, cfg.eval.prompts, **dist))
-    sampler = ProblemSampler(cfg.task.seed, exclude=held_out, **dist)
-    wanted = {r["prompt_id"] for recs in steps.values() for r in recs}
-    enc = Policy(model=None, tokenizer=char_tokenizer())  # type: ignore[arg-type]  # the tokenizer only
-    problems = {p.prompt_id: p.prompt for p in sampler.batch(1 + max(int(pid.lstrip("p")) for pid in wanted))}
-    wrong = sorted(pid for pid in wanted if problems.get(pid) is None or problems[pid] not in texts.get(pid, ""))
-    if wrong:  # the sampler mirrored here is not the run's prompt stream: its prompt lengths would be wrong
-        raise SystemExit(f"{run_dir}: {len(wrong)} consumed prompts (first {wrong[0]}) are not the seeded sampler's")
-    plen = {pid: len(enc.encode_prompt(problems[pid])) for pid in wanted}
-    out = []
-    for step in sorted(steps):
-        groups = []
-        for r in steps[step]:
-            got = [n for _, n in lengths.get(r["prompt_id"], [])][:len(r["samples"])]
-            # the log skips samples with no generated token: a trained sample it lacks had none
-            groups.append([plen[r["prompt_id"]], got + [0] * (len(r["samples"]) - len(got))])
-        out.append({"run": run_dir.name, "mode": cfg.trainer.mode, "iteration": step - 1, "groups": groups})
-    return out
-
-
-def _run_ref(run_dir: Path) -> dict:
-    """A source run of a lengths file: its directory, config hash and when its trainer started."""
-    import hashlib
-
-    from services.run.ledger import read_records
-
-    cfg = json.loads((run_dir / "config.json").read_text())
-    start = next((r["time"] for r in read_records(run_dir / "ledger.jsonl")[0] if r.get("event") == "start"), None)
-    return {"run_dir": str(run_dir),
-            "config_hash": hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16],
-            "first_event_unix_s": start}
-
 
 def record_runs(runs_dir: Path) -> list[Path]:
     """The declared source runs (``SOURCE_RUNS``), made here through the CLI from this checkout,
@@ -195,7 +113,7 @@ def write_lengths(run_dirs: list[Path], per_run: int, path: Path, recorded_here:
     # runs made elsewhere generated these lengths, not this extraction: then the block says only when
     # and where the extraction ran, ``source_runs`` which runs it read (their config hash and start)
     prov["measured_in_this_run"] = recorded_here
-    prov["source_runs"] = [_run_ref(r) for r in run_dirs]
+    prov["source_runs"] = [run_ref(r) for r in run_dirs]
     how = "--record" if recorded_here else "--extract"
     data = {"format": LENGTHS_FORMAT,
             "source": "count-down task batches of real runs of the default config (braid-tiny, 32 prompts x 8 samples, "

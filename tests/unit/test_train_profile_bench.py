@@ -99,17 +99,17 @@ def _recorded_run(tmp_path, texts=None):
 
 def test_extract_reads_each_steps_groups_from_the_ledger_and_their_lengths_from_the_log(tmp_path):
     run, problems = _recorded_run(tmp_path)
-    its = bt.extract_run(run)
+    its = cases_of.extract_run(run)
     assert [(it["iteration"], it["mode"]) for it in its] == [(0, "one_step"), (1, "one_step")]
     (p1, l1), (p0, l0) = its[0]["groups"]  # the step's order, not the prompts' ids
     assert (l1, l0) == ([12, 11], [2, 1])  # within a group, by finish time
     assert [g[1] for g in its[1]["groups"]] == [[31, 0], [22, 21]]  # the rolled-back attempt's step 2 is gone
     enc = Policy(model=None, tokenizer=char_tokenizer())
     assert (p0, p1) == tuple(len(enc.encode_prompt(p.prompt)) for p in problems[:2])
-    assert bt._run_ref(run)["first_event_unix_s"] == 5.0
+    assert cases_of.run_ref(run)["first_event_unix_s"] == 5.0
 
 
 def test_extract_refuses_a_run_whose_prompts_are_not_the_seeded_samplers(tmp_path):
     run, _ = _recorded_run(tmp_path, texts={f"p{k}": "another prompt" for k in range(4)})
     with pytest.raises(SystemExit, match="not the seeded sampler's"):
-        bt.extract_run(run)
+        cases_of.extract_run(run)

@@ -106,10 +106,10 @@ def merge(pooled: dict[str, dict], candidates: list[dict],
         if key in left_out:
             continue
         why = why_not(entry, judge)
-        if why and key not in pairs:
-            left_out[key] = why
-        elif not why:
+        if not why:
             pairs[key] = as_pair(entry)
+        elif key not in pairs:  # a stale offer of a pooled pair leaves the pooled one alone
+            left_out[key] = why
     return pairs, left_out
 
 

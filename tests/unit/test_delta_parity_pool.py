@@ -10,6 +10,7 @@ import pytest
 
 from bench import weights_delta_parity_pool as P
 from bench.weights_delta_parity import COMMON, MODES, PARITY_SE
+from bench.weights_delta_parity_bf16 import ARM
 
 
 def _entry(whole: float, delta: float, date: str, commit: str = "a" * 40, **kw) -> dict:
@@ -18,6 +19,21 @@ def _entry(whole: float, delta: float, date: str, commit: str = "a" * 40, **kw) 
     return {"runs": runs, "judged": {"difference_in_se": (delta - whole) / 0.03}, "modes": MODES,
             "common": COMMON, "parity_se": PARITY_SE, "quick": False,
             "provenance": {"commit": commit, "date": date}, **kw}
+
+
+def _bf16(finals: list[float], started: str, commit: str = "a" * 40, **kw) -> dict:
+    runs = [{"warmstart_accuracy": 0.192, "final_accuracy": f, "accuracy_stderr": 0.02, "eval_prompts": 500,
+             "rl_seconds": 1400.0, "wall_s": 1700.0} for f in finals]
+    return {"runs": runs, "arm": ARM, "common": COMMON, "quick": False, "started": started,
+            "provenance": {"commit": commit, "date": f"{started}-end"}, **kw}
+
+
+def _pool(pairs: dict, left: dict, bf16: dict | None = None, bf16_left: dict | None = None) -> dict:
+    bf16 = bf16 or {}
+    return {"pairs": pairs, "left_out": left, "judged": P.judge_pool(pairs), "summary": "s",
+            "bf16_runs": bf16, "bf16_left_out": bf16_left or {}, "judged_bf16": P.judge_bf16(pairs, bf16),
+            "provenance": {"commit": "c" * 40, "dirty": False, "config_hash": "h", "date": "2026-11-30",
+                           "machine": {"cpu": "cpu", "cores": 2, "mem_gb": 24.0}, "versions": {}}}
 
 
 def fresh(prov: dict) -> list[str]:
@@ -77,10 +93,7 @@ def test_a_clear_difference_beyond_the_spread_misses_parity():
 
 def test_the_markdown_says_not_judged_yet_and_lists_what_was_left_out():
     pairs, left = P.merge({}, [_entry(0.618, 0.700, "d1"), _entry(0.6, 0.6, "d2", quick=True)], fresh)
-    entry = {"pairs": pairs, "left_out": left, "judged": P.judge_pool(pairs), "summary": "s",
-             "provenance": {"commit": "c" * 40, "dirty": False, "config_hash": "h", "date": "2026-11-30",
-                            "machine": {"cpu": "cpu", "cores": 2, "mem_gb": 24.0}, "versions": {}}}
-    text = P.markdown(entry)
+    text = P.markdown(_pool(pairs, left))
     assert "**Not judged yet**: 1 run(s) a mode; the rule needs 3." in text
     assert f"left out: {'a' * 8}@d2: a quick run" in text and "| 0.618 ± 0.020 | 0.700 ± 0.020 | +2.73 |" in text
 
@@ -104,5 +117,41 @@ def test_the_plot_draws_each_pair_and_each_curve(tmp_path):
         for r in e["runs"].values():
             r["curve"] = [0.1, 0.3, 0.2, 0.5]
     pairs, _ = P.merge({}, entries, fresh)
-    P.plot({"pairs": pairs, "judged": P.judge_pool(pairs)}, tmp_path / "pool.png")
+    bf16 = _bf16([0.75, 0.70], "s1")
+    for r in bf16["runs"]:
+        r["curve"] = [0.2, 0.3, 0.4, 0.5]
+    pool, _ = P.merge({}, [bf16], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    P.plot(_pool(pairs, {}, pool), tmp_path / "pool.png")
     assert (tmp_path / "pool.png").stat().st_size > 10_000
+
+
+def test_bf16_invocations_join_by_their_start_and_others_are_left_out_with_why():
+    partial = _bf16([0.75], "s1")  # written after its first run, then again after its third
+    done = {**_bf16([0.75, 0.70, 0.72], "s1"), "provenance": {"commit": "a" * 40, "date": "later"}}
+    quick = _bf16([0.5], "s2", quick=True)
+    other = _bf16([0.5], "s3", arm=["weights.dtype=float16"])
+    pooled, left = P.merge({}, [partial, quick, other], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    pooled, left2 = P.merge(pooled, [done], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    assert list(pooled) == [f"{'a' * 8}@s1"] and not left2
+    assert [r["final_accuracy"] for r in pooled[f"{'a' * 8}@s1"]["runs"]] == [0.75, 0.70, 0.72]
+    assert "wall_s" not in pooled[f"{'a' * 8}@s1"]["runs"][0]
+    assert left == {f"{'a' * 8}@s2": "a quick run",
+                    f"{'a' * 8}@s3": "other settings than bench/weights_delta_parity_bf16.py's now"}
+    assert P.why_not_bf16({**done, "runs": []}) == "no runs"
+
+
+def test_deltas_are_judged_against_whole_bf16_runs_by_the_same_rule():
+    pairs, _ = P.merge({}, [_entry(0.618, 0.700, "d1"), _entry(0.642, 0.668, "d2"), _entry(0.632, 0.758, "d3")],
+                       fresh)
+    few, _ = P.merge({}, [_bf16([0.756, 0.70], "s1")], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    assert P.judge_bf16(pairs, few)["judged"] is False
+    bf16, _ = P.merge({}, [_bf16([0.756, 0.70], "s1"), _bf16([0.72], "s2", commit="b" * 40)], fresh,
+                      accept=P.why_not_bf16, keep=P.as_bf16)
+    j = P.judge_bf16(pairs, bf16)
+    assert j["finals"]["whole_bf16"] == [0.756, 0.70, 0.72] and j["judged"]
+    assert j == {**j, **P.compare([0.756, 0.70, 0.72], [0.700, 0.668, 0.758])}
+    assert j["difference"] == pytest.approx((0.700 + 0.668 + 0.758 - 0.756 - 0.70 - 0.72) / 3)
+    assert j["parity"]  # spreads of about 0.045 and 0.028 against a difference of -0.017
+    text = P.markdown(_pool(pairs, {}, bf16, {"x@s9": "a quick run"}))
+    assert "## At the serving dtype" in text and "| aaaaaaaa@s1 | 0.756 ± 0.020, 0.700 ± 0.020 | 1400, 1400 |" in text
+    assert "- left out: x@s9: a quick run" in text and "Means: whole_bf16 0.725, delta 0.709" in text

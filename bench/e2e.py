@@ -321,7 +321,36 @@ def run_mode(mode: str, run_dir: Path, cfg, settings: dict, reuse: bool, measure
     return result
 
 
-def main() -> int:
+def run_with_repeats(mode: str, ns, run_dir: Path, base: list[str], eval_key: dict, checkpoint: str,
+                     measure_scored) -> dict:
+    """``mode``'s scored run (``measure_scored(mode, run_dir, cfg)``) in ``run_dir``, then its
+    throughput-only repeats (``--repeats``, beside it as ``<run_dir>~r<k>``), combined; a failed run
+    ends the mode there, with its status."""
+    from services.common.config import load_config
+
+    pinned = pin_overrides(ns.pin) if mode != "trl" else []
+    scored: dict = {}
+    repeats: list[dict] = []
+    for r in range(1 if mode == "trl" else ns.repeats):
+        rdir = run_dir if r == 0 else run_dir.with_name(f"{run_dir.name}~r{r}")
+        cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances) + pinned + repeat_overrides(r))
+        settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key if r == 0 else None,  # repeats: unscored
+                    "checkpoint": checkpoint, "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
+        if r == 0:
+            scored = run_mode(mode, rdir, cfg, settings, ns.reuse, functools.partial(measure_scored, mode, rdir, cfg))
+            if scored["status"] != "ok":
+                return scored
+            continue
+        repeat = functools.partial(measure_repeat, mode, rdir, cfg, checkpoint)
+        rep = run_mode(mode, rdir, cfg, settings, ns.reuse, repeat)
+        if rep["status"] != "ok":
+            return {**rep, "status": f"repeat {r}: {rep['status']}"}
+        repeats.append(rep)
+    return combine_repeats(scored, repeats) if repeats else scored
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: modes and controls, the evaluation's sizes, the warm start, the peer's threads."""
     parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "deploy/configs/default.yaml"))
     parser.add_argument("--quick", action="store_true", help=f"few iterations, small eval ({QUICK}); < 10 min")
@@ -355,6 +384,11 @@ def main() -> int:
                              "seeds); samples/s is their mean ± standard error")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-e2e"))
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     ns = parser.parse_args()
 
     modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
@@ -413,28 +447,8 @@ def main() -> int:
     work = Path(ns.work) / ("quick" if ns.quick else "full")
     per_mode: dict[str, dict] = {}
     for mode in modes:
-        pinned = pin_overrides(ns.pin) if mode != "trl" else []
-        for r in range(1 if mode == "trl" else ns.repeats):
-            run_dir = work / (mode if r == 0 else f"{mode}~r{r}")
-            cfg = load_config(ns.config, base + mode_overrides(mode, ns.instances) + pinned + repeat_overrides(r))
-            settings = {"config": cfg.model_dump(mode="json"), "eval": eval_key, "checkpoint": checkpoint,
-                        "trl": [ns.trl_threads, ns.trl_generation] if mode == "trl" else None}
-            if r == 0:
-                per_mode[mode] = run_mode(mode, run_dir, cfg, settings, ns.reuse, functools.partial(
-                    measure_mode, mode, run_dir, cfg, checkpoint, warm, problems, paired_problems, ns))
-                repeats: list[dict] = []
-                if per_mode[mode]["status"] != "ok":
-                    break
-                continue
-            settings["eval"] = None  # repeats are not scored
-            rep = run_mode(mode, run_dir, cfg, settings, ns.reuse,
-                           functools.partial(measure_repeat, mode, run_dir, cfg, checkpoint))
-            if rep["status"] != "ok":
-                per_mode[mode] = {**rep, "status": f"repeat {r}: {rep['status']}"}
-                break
-            repeats.append(rep)
-        if repeats and per_mode[mode]["status"] == "ok":
-            per_mode[mode] = combine_repeats(per_mode[mode], repeats)
+        per_mode[mode] = run_with_repeats(mode, ns, work / mode, base, eval_key, checkpoint, functools.partial(
+            measure_mode, checkpoint=checkpoint, warm=warm, problems=problems, paired_problems=paired_problems, ns=ns))
 
     sync = per_mode.get("sync", {})
     target = ns.target if ns.target is not None else choose_target(

@@ -154,7 +154,18 @@ def measure(system: str, run_dir: Path, cfg, checkpoint: str, warm: tuple[float,
     }
 
 
-def main() -> int:
+DEFINITIONS = {  # the result's metrics, written into it
+    "samples_per_s": "completions generated and trained per second of steady RL wall time: end of optimizer "
+                     "step 0 to end of the last step (step 0 excluded), same for both systems",
+    "tokens_per_s": "completion tokens (stop token included, prompt tokens excluded) over the same window; "
+                    "Braid: metrics rows' response_len_mean; TRL: GRPOTrainer's completions/mean_length",
+    "ratio": "Braid / TRL per interleaved pair; median and range over pairs",
+    "spread_as_large_as_effect": "range (max - min) of the per-pair ratios >= |median - 1|",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: presets, runs per system, the cache of finished runs."""
     parser = RecordParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(CONFIG))
     parser.add_argument("--quick", action="store_true", help=f"smoke run {QUICK}, written under /tmp/braid-bench-quick")
@@ -165,6 +176,11 @@ def main() -> int:
     parser.add_argument("--reuse", action="store_true", help="reuse finished runs with identical settings")
     parser.add_argument("--work", default=str(ROOT / "runs" / "bench-trl-fair"))
     parser.add_argument("--out", default=None, help="default bench/results (--quick: /tmp/braid-bench-quick)")
+    return parser
+
+
+def main() -> int:
+    parser = build_parser()
     ns = parser.parse_args()
 
     preset = QUICK if ns.quick else FULL
@@ -236,14 +252,7 @@ def main() -> int:
         "matched": matched,
         "still_differs": STILL_DIFFERS,
         "order": [f"{s}-r{r}" for s, r in interleaved(runs)],
-        "definitions": {
-            "samples_per_s": "completions generated and trained per second of steady RL wall time: end of optimizer "
-                             "step 0 to end of the last step (step 0 excluded), same for both systems",
-            "tokens_per_s": "completion tokens (stop token included, prompt tokens excluded) over the same window; "
-                            "Braid: metrics rows' response_len_mean; TRL: GRPOTrainer's completions/mean_length",
-            "ratio": "Braid / TRL per interleaved pair; median and range over pairs",
-            "spread_as_large_as_effect": "range (max - min) of the per-pair ratios >= |median - 1|",
-        },
+        "definitions": DEFINITIONS,
         "settings": {"quick": ns.quick, "iterations": iterations, "checkpoint_every": every, "eval_prompts": n_eval,
                      "runs": runs, "cores": CORES, "num_blocks": blocks, "decoding": DECODING, "eval_seed": EVAL_SEED},
         "trl": {"versions": versions, "optim": trl_optim(py), "generation": TRL_GENERATION, "threads": CORES},

@@ -52,7 +52,51 @@ def peer_batching(samples_per_step: int, group_size: int, micro_batch: int) -> t
     return micro, samples_per_step // micro
 
 
-def main(argv: list[str] | None = None) -> int:
+def grpo_settings(cfg, generation: str, output_dir: Path, micro: int, accum: int) -> dict:
+    """``GRPOConfig``'s arguments for the run config ``cfg`` (the module docstring's mapping): one
+    optimizer step and one generation per iteration, Braid's loss and sampling, on the CPU."""
+    tc = cfg.trainer
+    return dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        use_vllm=False,
+        report_to="none",
+        seed=tc.seed,
+        max_steps=tc.iterations,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accum,
+        num_generations=tc.group_size,
+        max_completion_length=cfg.generation.max_new_tokens,
+        temperature=cfg.generation.temperature,
+        top_k=0,
+        top_p=1.0,
+        learning_rate=tc.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=tc.weight_decay,
+        max_grad_norm=tc.max_grad_norm,
+        beta=tc.kl_coef,
+        epsilon=tc.clip_eps,
+        num_iterations=1,
+        loss_type="grpo",
+        scale_rewards="group",
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        use_transformers_continuous_batching=generation == "cb",
+        transformers_continuous_batching_config=(
+            {
+                "num_blocks": cfg.generation.num_blocks, "page_size": cfg.generation.page_size,
+                "max_batch_tokens": cfg.generation.max_batch_tokens, "allow_block_sharing": False,
+            } if generation == "cb" else None
+        ),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the run's config, warm start and directory; threads, micro batch, backend."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="resolved run config (config.json)")
     parser.add_argument("--model", required=True, help="warm-start checkpoint dir")
@@ -64,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         help="TRL's generation backend: plain batched generate (TRL's default) or transformers continuous "
         "batching sized like Braid's SGS (generation.num_blocks/page_size/max_batch_tokens)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     ns = parser.parse_args(argv)
 
     import torch
@@ -104,43 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples_per_step = tc.prompts_per_iteration * tc.group_size
     micro, accum = peer_batching(samples_per_step, tc.group_size, ns.micro_batch)
-    args = GRPOConfig(
-        output_dir=str(run_dir / "trl-output"),
-        use_cpu=True,
-        use_vllm=False,
-        report_to="none",
-        seed=tc.seed,
-        max_steps=tc.iterations,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accum,
-        num_generations=tc.group_size,
-        max_completion_length=cfg.generation.max_new_tokens,
-        temperature=cfg.generation.temperature,
-        top_k=0,
-        top_p=1.0,
-        learning_rate=tc.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=tc.weight_decay,
-        max_grad_norm=tc.max_grad_norm,
-        beta=tc.kl_coef,
-        epsilon=tc.clip_eps,
-        num_iterations=1,
-        loss_type="grpo",
-        scale_rewards="group",
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        use_transformers_continuous_batching=ns.generation == "cb",
-        transformers_continuous_batching_config=(
-            {
-                "num_blocks": cfg.generation.num_blocks, "page_size": cfg.generation.page_size,
-                "max_batch_tokens": cfg.generation.max_batch_tokens, "allow_block_sharing": False,
-            } if ns.generation == "cb" else None
-        ),
-    )
+    args = GRPOConfig(**grpo_settings(cfg, ns.generation, run_dir / "trl-output", micro, accum))
 
     timers: dict[str, float] = defaultdict(float)
     original_log = profiling.ProfilingContext._log_metrics

@@ -256,6 +256,29 @@ def test_trl_peer_batching_gives_one_step_per_iteration():
         trl_peer.peer_batching(256, 8, 48)
     with pytest.raises(ValueError):
         trl_peer.peer_batching(100, 8, 50)
+
+
+def test_trl_peer_takes_the_learning_problem_from_the_run_config(tmp_path):
+    """GRPOConfig's arguments mirror the config a Braid run trains with (the module docstring's list)."""
+    from services.common.config import load_config
+
+    cfg = load_config(BENCH.parent / "deploy/configs/default.yaml", ["trainer.kl_coef=0.04", "trainer.lr=3e-5"])
+    tc, gc = cfg.trainer, cfg.generation
+    plain = trl_peer.grpo_settings(cfg, "generate", tmp_path / "out", 64, 4)
+    assert (plain["beta"], plain["epsilon"], plain["learning_rate"]) == (0.04, tc.clip_eps, 3e-5)
+    assert (plain["num_generations"], plain["max_steps"], plain["seed"]) == (tc.group_size, tc.iterations, tc.seed)
+    assert (plain["max_completion_length"], plain["temperature"]) == (gc.max_new_tokens, gc.temperature)
+    assert (plain["per_device_train_batch_size"], plain["gradient_accumulation_steps"]) == (64, 4)
+    assert plain["max_grad_norm"] == tc.max_grad_norm and plain["weight_decay"] == tc.weight_decay
+    assert (plain["top_k"], plain["top_p"], plain["shuffle_dataset"], plain["loss_type"]) == (0, 1.0, False, "grpo")
+    assert plain["output_dir"] == str(tmp_path / "out") and plain["use_cpu"] and not plain["use_vllm"]
+    assert not plain["use_transformers_continuous_batching"]
+    assert plain["transformers_continuous_batching_config"] is None
+    cb = trl_peer.grpo_settings(cfg, "cb", tmp_path / "out", 64, 4)
+    assert cb["use_transformers_continuous_batching"]
+    assert cb["transformers_continuous_batching_config"] == {
+        "num_blocks": gc.num_blocks, "page_size": gc.page_size, "max_batch_tokens": gc.max_batch_tokens,
+        "allow_block_sharing": False}
     assert math.isfinite(core.TARGET_FRACTION)
 
 

@@ -65,6 +65,8 @@ from bench.weights_delta_parity_bf16 import KEY as BF16_KEY  # noqa: E402
 
 KEY = "delta_parity_pool"
 MIN_RUNS = 3  # final accuracies a mode before the pool is judged (DESIGN.md section 5: >= 3 runs)
+# what the pool keeps of each run (a pair's or a bf16 invocation's)
+RUN_FIELDS = ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts", "rl_seconds", "curve")
 
 
 def pair_id(entry: dict) -> str:
@@ -93,8 +95,7 @@ def why_not(entry: dict, judge: Callable[[dict], list[str]] = judge_block) -> st
 def as_pair(entry: dict) -> dict:
     """What the pool keeps of a pair: each run's accuracies, seconds and training curve (each
     iteration's batch accuracy, when the pair has one), the pair's own reading, its provenance."""
-    keep = ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts", "rl_seconds", "curve")
-    return {"runs": {m: {k: entry["runs"][m].get(k) for k in keep} for m in MODES},
+    return {"runs": {m: {k: entry["runs"][m].get(k) for k in RUN_FIELDS} for m in MODES},
             "judged": entry.get("judged"), "provenance": entry["provenance"]}
 
 
@@ -116,8 +117,7 @@ def why_not_bf16(entry: dict, judge: Callable[[dict], list[str]] = judge_block) 
 
 def as_bf16(entry: dict) -> dict:
     """What the pool keeps of a bf16 invocation: each run as ``as_pair`` keeps it, its provenance."""
-    keep = ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts", "rl_seconds", "curve")
-    return {"runs": [{k: r.get(k) for k in keep} for r in entry["runs"]], "provenance": entry["provenance"]}
+    return {"runs": [{k: r.get(k) for k in RUN_FIELDS} for r in entry["runs"]], "provenance": entry["provenance"]}
 
 
 def merge(pooled: dict[str, dict], candidates: list[dict], judge: Callable[[dict], list[str]] = judge_block,

@@ -32,6 +32,13 @@ runs the missing arm, whole bfloat16 versions without deltas; its invocations po
 (fresh, not quick, its arm and common settings now), and the same rule judges the pairs' delta runs
 against them: deltas on against deltas off, the dtype held. The float32 reading stays beside it.
 
+**Interleaved runs, and where the pool stops** (declared 2026-12-01 04:58 UTC, before their runs): the
+three bf16 runs ran after all three pairs, so the arms were never interleaved, and the pool had no
+declared size, so adding runs until the verdict turns would be optional stopping. So: one session adds
+one more pair and then one more whole-bfloat16 run, back to back, from one clean commit with the
+measured code of the pooled runs, alone on the machine (4 runs an arm). The pool is judged once after
+them and that reading is issue 56's verdict, whatever it says; no runs are added to it afterwards.
+
     python bench/weights_delta_parity_pool.py [--add FILE ...] [--out DIR]
 
 Writes the key ``delta_parity_pool`` of ``<out>/weights.json``, ``weights_delta_parity_pool.md`` and

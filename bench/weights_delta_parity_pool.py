@@ -37,7 +37,9 @@ three bf16 runs ran after all three pairs, so the arms were never interleaved, a
 declared size, so adding runs until the verdict turns would be optional stopping. So: one session adds
 one more pair and then one more whole-bfloat16 run, back to back, from one clean commit with the
 measured code of the pooled runs, alone on the machine (4 runs an arm). The pool is judged once after
-them and that reading is issue 56's verdict, whatever it says; no runs are added to it afterwards.
+them and that reading is issue 56's verdict, whatever it says; no runs are added to it afterwards
+(``CLOSED_AT``: ``merge`` refuses a run that would take an arm past it, and the page says when the
+pool is closed and in what order its invocations ran).
 
     python bench/weights_delta_parity_pool.py [--add FILE ...] [--out DIR]
 
@@ -72,6 +74,8 @@ from bench.weights_delta_parity_bf16 import KEY as BF16_KEY  # noqa: E402
 
 KEY = "delta_parity_pool"
 MIN_RUNS = 3  # final accuracies a mode before the pool is judged (DESIGN.md section 5: >= 3 runs)
+CLOSED_AT = 4  # runs an arm at which the pool closes (declared 2026-12-01, before its last runs: module docstring)
+CLOSED = f"the pool closed at {CLOSED_AT} runs an arm (declared 2026-12-01, before its last runs)"
 # what the pool keeps of each run (a pair's or a bf16 invocation's)
 RUN_FIELDS = ("warmstart_accuracy", "final_accuracy", "accuracy_stderr", "eval_prompts", "rl_seconds", "curve")
 
@@ -127,13 +131,19 @@ def as_bf16(entry: dict) -> dict:
     return {"runs": [{k: r.get(k) for k in RUN_FIELDS} for r in entry["runs"]], "provenance": entry["provenance"]}
 
 
+def runs_in(kept: dict) -> int:
+    """How many runs of its arm a pooled entry holds (a pair: one a mode; a bf16 invocation: its runs)."""
+    return len(kept["runs"]) if isinstance(kept["runs"], list) else 1
+
+
 def merge(pooled: dict[str, dict], candidates: list[dict], judge: Callable[[dict], list[str]] = judge_block,
           accept: Callable[..., str | None] = why_not,
           keep: Callable[[dict], dict] = as_pair) -> tuple[dict[str, dict], dict[str, str]]:
     """The pool after re-judging its pairs and offering it ``candidates``: (pairs by id, why each
     pair left out was left out). A pair already pooled is not added twice: offered again, it is
-    taken anew (what an older pool did not keep of it, e.g. its curve, comes with it). ``accept``
-    and ``keep``: ``why_not_bf16`` and ``as_bf16`` pool the bf16 arm's invocations instead."""
+    taken anew (what an older pool did not keep of it, e.g. its curve, comes with it). Nothing takes
+    an arm past ``CLOSED_AT`` runs (a pooled entry offered again with more runs stays as pooled).
+    ``accept`` and ``keep``: ``why_not_bf16`` and ``as_bf16`` pool the bf16 arm's invocations instead."""
     pairs: dict[str, dict] = {}
     left_out: dict[str, str] = {}
     for key, pair in pooled.items():
@@ -147,6 +157,8 @@ def merge(pooled: dict[str, dict], candidates: list[dict], judge: Callable[[dict
         if key in left_out:
             continue
         why = accept(entry, judge)
+        if not why and sum(runs_in(p) for k, p in pairs.items() if k != key) + runs_in(keep(entry)) > CLOSED_AT:
+            why = CLOSED
         if not why:
             pairs[key] = keep(entry)
         elif key not in pairs:  # a stale offer of a pooled pair leaves the pooled one alone
@@ -201,9 +213,29 @@ def markdown(entry: dict) -> str:
         lines += ["", *(f"- left out: {key}: {why}" for key, why in entry["left_out"].items())]
     lines += ["", verdict_line(j, "whole")]
     lines += bf16_markdown(entry)
+    lines += ["", "## Order and size", "", order_line(entry), "", size_line(entry)]
     lines += ["", "![each pair's finals and every run's training curve](weights_delta_parity_pool.png)", "",
               provenance_line(entry["provenance"]), ""]
     return "\n".join(lines)
+
+
+def order_line(entry: dict) -> str:
+    """The invocations in the order they ran (by the time each id names: a bf16 invocation's start, a
+    pair's provenance date), so whether the arms were interleaved reads off the page."""
+    ran = [(key.split("@", 1)[-1], f"pair {key.split('@')[0]}") for key in entry["pairs"]]
+    ran += [(key.split("@", 1)[-1], f"whole bf16 {key.split('@')[0]} ({len(b['runs'])} run(s))")
+            for key, b in entry["bf16_runs"].items()]
+    return "Ran in this order: " + ", then ".join(name for _, name in sorted(ran)) + "."
+
+
+def size_line(entry: dict) -> str:
+    """How full the pool is against its declared closing size, and whether this is its last reading."""
+    held = {"whole": len(entry["pairs"]), "delta": len(entry["pairs"]),
+            "whole bf16": sum(len(b["runs"]) for b in entry["bf16_runs"].values())}
+    state = ("**closed**: this is its final reading" if all(n >= CLOSED_AT for n in held.values())
+             else "open")
+    return (f"Runs an arm: {', '.join(f'{m} {n}' for m, n in held.items())}. The pool closes at {CLOSED_AT} runs "
+            f"an arm (declared 2026-12-01, before its last runs; `CLOSED_AT`): {state}.")
 
 
 def verdict_line(j: dict, base: str) -> str:
@@ -221,8 +253,7 @@ def bf16_markdown(entry: dict) -> list[str]:
     """The section judging deltas on against deltas off at the same dtype (bfloat16)."""
     lines = ["", "## At the serving dtype: deltas on against whole bfloat16 versions", "",
              f"Whole bfloat16 runs (`{' '.join(BF16_ARM)}`, `bench/weights_delta_parity_bf16.py`) against the "
-             "pairs' delta runs above. The delta runs ran in earlier invocations (sessions) than the whole bfloat16 "
-             "runs: the arms are not interleaved.", "",
+             "pairs' delta runs above.", "",
              "| invocation | whole bfloat16 finals (± eval s.e.) | RL s |", "|---|---|---|"]
     for key, b in entry["bf16_runs"].items():
         finals = ", ".join(f"{r['final_accuracy']:.3f} ± {r['accuracy_stderr']:.3f}" for r in b["runs"])
@@ -294,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs, left_out = merge(pooled.get("pairs", {}), [d["delta_parity"] for d in docs if "delta_parity" in d])
     bf16, bf16_left_out = merge(pooled.get("bf16_runs", {}), [d[BF16_KEY] for d in docs if BF16_KEY in d],
                                 accept=why_not_bf16, keep=as_bf16)
-    declared = {"modes": MODES, "common": COMMON, "parity_se": PARITY_SE, "min_runs": MIN_RUNS, "bf16_arm": BF16_ARM}
+    declared = {"modes": MODES, "common": COMMON, "parity_se": PARITY_SE, "min_runs": MIN_RUNS, "bf16_arm": BF16_ARM,
+                "closed_at": CLOSED_AT}
     entry = {"pairs": pairs, "left_out": left_out, "judged": judge_pool(pairs), "declared": declared,
              "bf16_runs": bf16, "bf16_left_out": bf16_left_out, "judged_bf16": judge_bf16(pairs, bf16),
              "summary": (f"`{CONFIG.relative_to(ROOT)}` without its suites, pairs of runs by "

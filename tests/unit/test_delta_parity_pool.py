@@ -155,3 +155,30 @@ def test_deltas_are_judged_against_whole_bf16_runs_by_the_same_rule():
     text = P.markdown(_pool(pairs, {}, bf16, {"x@s9": "a quick run"}))
     assert "## At the serving dtype" in text and "| aaaaaaaa@s1 | 0.756 ± 0.020, 0.700 ± 0.020 | 1400, 1400 |" in text
     assert "- left out: x@s9: a quick run" in text and "Means: whole_bf16 0.725, delta 0.709" in text
+
+
+def test_the_pool_closes_at_its_declared_size_and_a_pooled_entry_keeps_its_place():
+    pairs, _ = P.merge({}, [_entry(0.6 + i / 100, 0.7, f"d{i}") for i in range(P.CLOSED_AT)], fresh)
+    more, left = P.merge(pairs, [_entry(0.5, 0.5, "late")], fresh)
+    assert more == pairs and left == {f"{'a' * 8}@late": P.CLOSED}
+    again, left = P.merge(pairs, [_entry(0.6, 0.7, "d0")], fresh)  # offered again: taken anew, no new run
+    assert list(again) == list(pairs) and not left
+    bf16, _ = P.merge({}, [_bf16([0.7] * (P.CLOSED_AT - 1), "s1")], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    grown = _bf16([0.7] * (P.CLOSED_AT + 1), "s1")  # the same invocation, past the size: stays as pooled
+    kept, left = P.merge(bf16, [grown, _bf16([0.6], "s2")], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    assert [len(b["runs"]) for b in kept.values()] == [P.CLOSED_AT - 1, 1] and not left
+    _, left = P.merge(kept, [_bf16([0.6], "s3")], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    assert left == {f"{'a' * 8}@s3": P.CLOSED}
+
+
+def test_the_page_gives_the_order_the_invocations_ran_in_and_whether_the_pool_is_closed():
+    pairs, _ = P.merge({}, [_entry(0.6, 0.7, f"2026-11-30T0{i}") for i in range(3)], fresh)
+    bf16, _ = P.merge({}, [_bf16([0.7, 0.6, 0.65], "2026-11-30T05")], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    text = P.markdown(_pool(pairs, {}, bf16))
+    assert ("Ran in this order: pair aaaaaaaa, then pair aaaaaaaa, then pair aaaaaaaa, then whole bf16 aaaaaaaa "
+            "(3 run(s)).") in text and "Runs an arm: whole 3, delta 3, whole bf16 3." in text and ": open." in text
+    pairs, _ = P.merge(pairs, [_entry(0.6, 0.7, "2026-11-30T06")], fresh)
+    bf16, _ = P.merge(bf16, [_bf16([0.7], "2026-11-30T04")], fresh, accept=P.why_not_bf16, keep=P.as_bf16)
+    text = P.markdown(_pool(pairs, {}, bf16))
+    assert "then whole bf16 aaaaaaaa (1 run(s)), then whole bf16 aaaaaaaa (3 run(s)), then pair" in text
+    assert "**closed**: this is its final reading" in text

@@ -230,8 +230,8 @@ def order_line(entry: dict) -> str:
 
 def size_line(entry: dict) -> str:
     """How full the pool is against its declared closing size, and whether this is its last reading."""
-    held = {"whole": len(entry["pairs"]), "delta": len(entry["pairs"]),
-            "whole bf16": sum(len(b["runs"]) for b in entry["bf16_runs"].values())}
+    pairs = sum(runs_in(p) for p in entry["pairs"].values())
+    held = {"whole": pairs, "delta": pairs, "whole bf16": sum(runs_in(b) for b in entry["bf16_runs"].values())}
     state = ("**closed**: this is its final reading" if all(n >= CLOSED_AT for n in held.values())
              else "open")
     return (f"Runs an arm: {', '.join(f'{m} {n}' for m, n in held.items())}. The pool closes at {CLOSED_AT} runs "

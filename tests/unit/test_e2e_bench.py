@@ -256,6 +256,7 @@ def test_trl_peer_batching_gives_one_step_per_iteration():
         trl_peer.peer_batching(256, 8, 48)
     with pytest.raises(ValueError):
         trl_peer.peer_batching(100, 8, 50)
+    assert math.isfinite(core.TARGET_FRACTION)
 
 
 def test_trl_peer_takes_the_learning_problem_from_the_run_config(tmp_path):
@@ -279,7 +280,6 @@ def test_trl_peer_takes_the_learning_problem_from_the_run_config(tmp_path):
     assert cb["transformers_continuous_batching_config"] == {
         "num_blocks": gc.num_blocks, "page_size": gc.page_size, "max_batch_tokens": gc.max_batch_tokens,
         "allow_block_sharing": False}
-    assert math.isfinite(core.TARGET_FRACTION)
 
 
 def _verdicts(steps, iterations=100, commit="abc1234"):
